@@ -1,0 +1,257 @@
+"""Hugging Face `config.json` -> `ModelConfig`, one adapter per architecture.
+
+The layer pattern comes from the config's own fields: `layers_block_type` (NemotronH), `layer_types`
+plus `mlp_only_layers` / `decoder_sparse_step` (Qwen3-Next), `layer_types` (Qwen3.5), nothing (Mamba2:
+every layer is a Mamba2 mixer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from jmamba.config import (
+    AttentionConfig,
+    Ffn,
+    GDNConfig,
+    Mamba2Config,
+    Mixer,
+    MlpConfig,
+    ModelConfig,
+    MoeConfig,
+)
+
+HFConfig = dict[str, Any]
+
+
+def _get(cfg: HFConfig, key: str, default: Any = ...) -> Any:
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if default is ...:
+        arch = cfg.get("architectures", ["?"])[0]
+        raise ValueError(f"config.json of {arch} is missing the required field {key!r}")
+    return default
+
+
+def _decode_float(value: Any) -> float:
+    """config.json stores infinity as {"__float__": "Infinity"} (transformers 5.x)."""
+    if isinstance(value, dict) and "__float__" in value:
+        return float(value["__float__"])
+    return float(value)
+
+
+def _eos_ids(cfg: HFConfig) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
+    """(rotary_dim, rope_theta) from 5.x `rope_parameters` or the older top-level fields."""
+    params = cfg.get("rope_parameters") or {}
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    factor = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"rope_type={rope_type!r} is not supported (only 'default')")
+    return int(head_dim * factor), theta
+
+
+def _common(cfg: HFConfig, mixers: list[Mixer], ffns: list[Ffn], **kwargs: Any) -> ModelConfig:
+    return ModelConfig(
+        architecture=cfg["architectures"][0],
+        vocab_size=int(_get(cfg, "vocab_size")),
+        hidden_size=int(_get(cfg, "hidden_size")),
+        mixers=tuple(mixers),
+        ffns=tuple(ffns),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        eos_token_ids=_eos_ids(cfg),
+        **kwargs,
+    )
+
+
+def _mamba2_mixer(cfg: HFConfig, num_heads: int, head_dim: int, dt_limit: tuple[float, float]):
+    return Mamba2Config(
+        num_heads=num_heads,
+        head_dim=head_dim,
+        d_state=int(_get(cfg, "ssm_state_size" if "ssm_state_size" in cfg else "state_size")),
+        n_groups=int(_get(cfg, "n_groups")),
+        d_conv=int(_get(cfg, "conv_kernel")),
+        chunk_size=int(_get(cfg, "chunk_size")),
+        conv_bias=bool(cfg.get("use_conv_bias", True)),
+        dt_limit=dt_limit,
+    )
+
+
+def _check_no_bias(cfg: HFConfig, *keys: str) -> None:
+    for key in keys:
+        if cfg.get(key):
+            raise ValueError(f"{key}=True is not supported")
+
+
+def mamba2(cfg: HFConfig) -> ModelConfig:
+    """Mamba2ForCausalLM: every layer is norm -> Mamba2 mixer -> residual."""
+    _check_no_bias(cfg, "use_bias")
+    hidden, heads, head_dim = int(_get(cfg, "hidden_size")), int(_get(cfg, "num_heads")), int(
+        _get(cfg, "head_dim"))
+    if heads * head_dim != int(cfg.get("expand", 2)) * hidden:
+        raise ValueError(f"num_heads*head_dim={heads * head_dim} must equal expand*hidden_size")
+    limit = cfg.get("time_step_limit", (0.0, math.inf))
+    mixer = _mamba2_mixer(cfg, heads, head_dim, (_decode_float(limit[0]), _decode_float(limit[1])))
+    n = int(_get(cfg, "num_hidden_layers"))
+    return _common(cfg, [Mixer.MAMBA2] * n, [Ffn.NONE] * n,
+                   norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), mamba2=mixer)
+
+
+_NEMOTRON_KINDS = {
+    "linear_attention": (Mixer.MAMBA2, Ffn.NONE), "mamba": (Mixer.MAMBA2, Ffn.NONE),
+    "full_attention": (Mixer.ATTENTION, Ffn.NONE), "attention": (Mixer.ATTENTION, Ffn.NONE),
+    "mlp": (Mixer.NONE, Ffn.MLP), "moe": (Mixer.NONE, Ffn.MOE),
+}
+_NEMOTRON_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def nemotron_h(cfg: HFConfig) -> ModelConfig:
+    """NemotronHForCausalLM: each layer is one of Mamba2, attention (no RoPE), relu2 MLP or MoE."""
+    _check_no_bias(cfg, "use_bias", "mlp_bias", "attention_bias", "mamba_proj_bias")
+    if cfg.get("moe_latent_size") is not None:
+        raise ValueError("moe_latent_size is not supported")
+    pattern = cfg.get("layers_block_type") or cfg.get("layer_types")
+    if pattern is None and "hybrid_override_pattern" in cfg:
+        pattern = [_NEMOTRON_PATTERN[c] for c in cfg["hybrid_override_pattern"]]
+    if not pattern:
+        raise ValueError("config.json of NemotronH needs 'layers_block_type'")
+    unknown = sorted(set(pattern) - set(_NEMOTRON_KINDS))
+    if unknown:
+        raise ValueError(f"unknown NemotronH layer types {unknown}; allowed {sorted(_NEMOTRON_KINDS)}")
+    mixers, ffns = zip(*(_NEMOTRON_KINDS[p] for p in pattern), strict=True)
+    # NemotronH clamps dt to (time_step_min, inf) whatever time_step_limit says.
+    dt_limit = (float(cfg.get("time_step_min", 0.001)), math.inf)
+    act = cfg.get("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise ValueError(f"mlp_hidden_act={act!r} is not supported (only 'relu2')")
+    return _common(
+        cfg, list(mixers), list(ffns),
+        norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        attention=AttentionConfig(
+            num_heads=int(_get(cfg, "num_attention_heads")),
+            num_kv_heads=int(_get(cfg, "num_key_value_heads")),
+            head_dim=int(_get(cfg, "head_dim")),
+        ),
+        mamba2=_mamba2_mixer(cfg, int(_get(cfg, "mamba_num_heads")),
+                             int(_get(cfg, "mamba_head_dim")), dt_limit),
+        mlp=MlpConfig(int(_get(cfg, "intermediate_size")), "relu2"),
+        moe=MoeConfig(
+            num_experts=int(_get(cfg, "n_routed_experts")),
+            top_k=int(_get(cfg, "num_experts_per_tok")),
+            intermediate_size=int(_get(cfg, "moe_intermediate_size")),
+            shared_intermediate_size=int(_get(cfg, "moe_shared_expert_intermediate_size")),
+            activation="relu2",
+            router="sigmoid_grouped",
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+            n_group=int(cfg.get("n_group", 1)),
+            topk_group=int(cfg.get("topk_group", 1)),
+        ) if Ffn.MOE in ffns else None,
+    )
+
+
+def _qwen_layer_mixers(cfg: HFConfig) -> list[Mixer]:
+    kinds = {"linear_attention": Mixer.GDN, "full_attention": Mixer.ATTENTION}
+    layer_types = _get(cfg, "layer_types")
+    unknown = sorted(set(layer_types) - set(kinds))
+    if unknown:
+        raise ValueError(f"unknown layer_types {unknown}; allowed {sorted(kinds)}")
+    return [kinds[t] for t in layer_types]
+
+
+def _qwen_model(cfg: HFConfig, ffns: list[Ffn], moe: MoeConfig | None) -> ModelConfig:
+    _check_no_bias(cfg, "attention_bias")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
+    head_dim = int(_get(cfg, "head_dim"))
+    rotary_dim, theta = _rope(cfg, head_dim)
+    intermediate = cfg.get("intermediate_size")
+    return _common(
+        cfg, _qwen_layer_mixers(cfg), ffns,
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        norm_offset=1.0,
+        attention=AttentionConfig(
+            num_heads=int(_get(cfg, "num_attention_heads")),
+            num_kv_heads=int(_get(cfg, "num_key_value_heads")),
+            head_dim=head_dim, rotary_dim=rotary_dim, rope_theta=theta,
+            output_gate=True, qk_norm=True,
+        ),
+        gdn=GDNConfig(
+            num_k_heads=int(_get(cfg, "linear_num_key_heads")),
+            num_v_heads=int(_get(cfg, "linear_num_value_heads")),
+            head_k_dim=int(_get(cfg, "linear_key_head_dim")),
+            head_v_dim=int(_get(cfg, "linear_value_head_dim")),
+            d_conv=int(_get(cfg, "linear_conv_kernel_dim")),
+        ),
+        mlp=MlpConfig(int(intermediate)) if intermediate and Ffn.MLP in ffns else None,
+        moe=moe,
+    )
+
+
+def _qwen_moe(cfg: HFConfig, norm_topk_prob: bool) -> MoeConfig:
+    return MoeConfig(
+        num_experts=int(_get(cfg, "num_experts")),
+        top_k=int(_get(cfg, "num_experts_per_tok")),
+        intermediate_size=int(_get(cfg, "moe_intermediate_size")),
+        shared_intermediate_size=int(_get(cfg, "shared_expert_intermediate_size")),
+        norm_topk_prob=norm_topk_prob,
+        shared_gate=True,
+    )
+
+
+def qwen3_next(cfg: HFConfig) -> ModelConfig:
+    """Qwen3NextForCausalLM: GDN or gated attention, then a dense MLP or MoE per layer."""
+    n = len(_get(cfg, "layer_types"))
+    dense_layers = set(cfg.get("mlp_only_layers") or [])
+    step = int(cfg.get("decoder_sparse_step", 1))
+    has_experts = int(cfg.get("num_experts", 0)) > 0
+    ffns = [Ffn.MOE if has_experts and i not in dense_layers and (i + 1) % step == 0 else Ffn.MLP
+            for i in range(n)]
+    moe = _qwen_moe(cfg, bool(cfg.get("norm_topk_prob", True))) if Ffn.MOE in ffns else None
+    return _qwen_model(cfg, ffns, moe)
+
+
+def qwen3_5(cfg: HFConfig) -> ModelConfig:
+    """Qwen3_5ForCausalLM (dense text model): every layer has a dense MLP."""
+    return _qwen_model(cfg, [Ffn.MLP] * len(_get(cfg, "layer_types")), None)
+
+
+def qwen3_5_moe(cfg: HFConfig) -> ModelConfig:
+    """Qwen3_5MoeForCausalLM: every layer is MoE; top-k weights are always renormalised."""
+    return _qwen_model(cfg, [Ffn.MOE] * len(_get(cfg, "layer_types")), _qwen_moe(cfg, True))
+
+
+FAMILIES: dict[str, Callable[[HFConfig], ModelConfig]] = {
+    "Mamba2ForCausalLM": mamba2,
+    "NemotronHForCausalLM": nemotron_h,
+    "Qwen3NextForCausalLM": qwen3_next,
+    "Qwen3_5ForCausalLM": qwen3_5,
+    "Qwen3_5MoeForCausalLM": qwen3_5_moe,
+}
+
+
+def from_hf_config(cfg: HFConfig) -> ModelConfig:
+    """Build a `ModelConfig` from a parsed HF `config.json`; unknown architectures raise ValueError."""
+    archs = cfg.get("architectures") or []
+    if len(archs) != 1 or archs[0] not in FAMILIES:
+        raise ValueError(f"architectures={archs} is not supported; expected one of {sorted(FAMILIES)}")
+    return FAMILIES[archs[0]](cfg)
+
+
+def load_hf_config(model_dir: str | Path) -> ModelConfig:
+    """Read `<model_dir>/config.json` into a `ModelConfig`."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"no config.json in {model_dir}")
+    return from_hf_config(json.loads(path.read_text()))

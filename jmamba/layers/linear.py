@@ -1,0 +1,21 @@
+"""A bias-free linear layer storing its kernel as [in, out] (HF stores [out, in])."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Linear(nnx.Module):
+    """`x @ kernel` with kernel [in_features, out_features]."""
+
+    def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs, scale: float = 1.0):
+        std = scale / in_features**0.5
+        init = jax.random.normal(rngs.params(), (in_features, out_features), jnp.float32) * std
+        self.kernel = nnx.Param(init)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.kernel[...]
+        return jnp.dot(x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32).astype(
+            kernel.dtype)

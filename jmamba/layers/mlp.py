@@ -1,0 +1,29 @@
+"""Dense feed-forward blocks: SwiGLU (gate, up, down) and NemotronH's relu^2 (up, down)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jmamba.layers.linear import Linear
+
+
+def relu2(x: jax.Array) -> jax.Array:
+    return jnp.square(jax.nn.relu(x))
+
+
+class MLP(nnx.Module):
+    """`down(silu(gate(x)) * up(x))` for `silu_gated`, `down(relu(up(x))^2)` for `relu2`."""
+
+    def __init__(self, hidden: int, intermediate: int, activation: str, *, rngs: nnx.Rngs):
+        self.gated = activation == "silu_gated"
+        if self.gated:
+            self.gate_proj = Linear(hidden, intermediate, rngs=rngs)
+        self.up_proj = Linear(hidden, intermediate, rngs=rngs)
+        self.down_proj = Linear(intermediate, hidden, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.gated:
+            return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(relu2(self.up_proj(x)))

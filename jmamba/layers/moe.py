@@ -1,0 +1,95 @@
+"""Mixture of experts: a router choosing top-k experts per token, the experts, a shared expert.
+
+Experts are evaluated densely (every expert on every token, weighted by a routing matrix that is zero
+off the chosen experts): exact, simple and jit-friendly; a grouped-matmul kernel can replace it later.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jmamba.config import MoeConfig
+from jmamba.layers.linear import Linear
+from jmamba.layers.mlp import MLP, relu2
+
+
+def _softmax_topk(logits: jax.Array, cfg: MoeConfig) -> tuple[jax.Array, jax.Array]:
+    """Qwen routing: softmax over experts, top-k, optional renormalisation."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    weights, ids = jax.lax.top_k(probs, cfg.top_k)
+    if cfg.norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, ids
+
+
+def _sigmoid_grouped_topk(
+    logits: jax.Array, bias: jax.Array, cfg: MoeConfig
+) -> tuple[jax.Array, jax.Array]:
+    """NemotronH routing: pick experts by biased sigmoid scores inside the best groups, weight them
+    by the unbiased scores (renormalised), times the routed scaling factor."""
+    scores = jax.nn.sigmoid(logits)
+    choice = scores + bias
+    grouped = choice.reshape(*choice.shape[:-1], cfg.n_group, -1)
+    group_scores = jnp.sum(jax.lax.top_k(grouped, min(2, grouped.shape[-1]))[0], axis=-1)
+    _, best_groups = jax.lax.top_k(group_scores, cfg.topk_group)
+    group_mask = jnp.sum(jax.nn.one_hot(best_groups, cfg.n_group, dtype=jnp.bool_), axis=-2) > 0
+    expert_mask = jnp.repeat(group_mask, cfg.num_experts // cfg.n_group, axis=-1)
+    _, ids = jax.lax.top_k(jnp.where(expert_mask, choice, -jnp.inf), cfg.top_k)
+    weights = jnp.take_along_axis(scores, ids, axis=-1)
+    if cfg.norm_topk_prob:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor, ids
+
+
+class MoE(nnx.Module):
+    """Routed experts (SwiGLU or relu^2) plus a shared expert, optionally sigmoid-gated (Qwen)."""
+
+    def __init__(self, hidden: int, cfg: MoeConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        e, i = cfg.num_experts, cfg.intermediate_size
+        self.router = Linear(hidden, e, rngs=rngs)
+        if cfg.router == "sigmoid_grouped":
+            self.router_bias = nnx.Param(jnp.zeros((e,), jnp.float32))
+
+        def expert_weights(shape: tuple[int, ...]) -> nnx.Param:
+            fan_in = shape[1]
+            return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32) / fan_in**0.5)
+
+        if cfg.activation == "silu_gated":
+            self.gate_proj = expert_weights((e, hidden, i))
+        self.up_proj = expert_weights((e, hidden, i))
+        self.down_proj = expert_weights((e, i, hidden))
+        self.shared = MLP(hidden, cfg.shared_intermediate_size, cfg.activation, rngs=rngs)
+        if cfg.shared_gate:
+            self.shared_gate = Linear(hidden, 1, rngs=rngs)
+
+    def route(self, x: jax.Array) -> jax.Array:
+        """Dense routing matrix [T, E]: the weight of each chosen expert, zero elsewhere."""
+        logits = self.router(x.astype(jnp.float32)).astype(jnp.float32)
+        if self.cfg.router == "softmax":
+            weights, ids = _softmax_topk(logits, self.cfg)
+        else:
+            weights, ids = _sigmoid_grouped_topk(logits, self.router_bias[...], self.cfg)
+        one_hot = jax.nn.one_hot(ids, self.cfg.num_experts, dtype=jnp.float32)
+        return jnp.einsum("tk,tke->te", weights, one_hot)
+
+    def experts(self, x: jax.Array, routing: jax.Array) -> jax.Array:
+        up = jnp.einsum("th,ehi->tei", x, self.up_proj[...], preferred_element_type=jnp.float32)
+        if self.cfg.activation == "silu_gated":
+            gate = jnp.einsum("th,ehi->tei", x, self.gate_proj[...],
+                              preferred_element_type=jnp.float32)
+            act = jax.nn.silu(gate) * up
+        else:
+            act = relu2(up)
+        act = act * routing[..., None]
+        return jnp.einsum("tei,eih->th", act.astype(x.dtype), self.down_proj[...],
+                          preferred_element_type=jnp.float32)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        routed = self.experts(x, self.route(x))
+        shared = self.shared(x).astype(jnp.float32)
+        if self.cfg.shared_gate:
+            shared = jax.nn.sigmoid(self.shared_gate(x).astype(jnp.float32)) * shared
+        return (routed + shared).astype(x.dtype)

@@ -1,0 +1,53 @@
+"""RMSNorm and the two gated RMSNorms of the recurrent mixers (all computed in fp32)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) over the last axis, in fp32."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+class RMSNorm(nnx.Module):
+    """`x_hat * (offset + w)`: offset 0 for plain norms, 1 for zero-centred ones (Qwen3-Next)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
+        self.weight = nnx.Param(jnp.full((dim,), 1.0 - offset, jnp.float32))
+        self.eps = eps
+        self.offset = offset
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = self.weight[...].astype(jnp.float32) + self.offset
+        return (rms_normalize(x, self.eps) * w).astype(x.dtype)
+
+
+class GroupGatedRMSNorm(nnx.Module):
+    """Mamba2's gated norm: `rmsnorm_per_group(y * silu(z)) * w` (gate before the norm)."""
+
+    def __init__(self, dim: int, group_size: int, eps: float):
+        self.weight = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.group_size = group_size
+        self.eps = eps
+
+    def __call__(self, y: jax.Array, z: jax.Array) -> jax.Array:
+        gated = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+        groups = gated.reshape(*gated.shape[:-1], -1, self.group_size)
+        normed = rms_normalize(groups, self.eps).reshape(gated.shape)
+        return (normed * self.weight[...].astype(jnp.float32)).astype(y.dtype)
+
+
+class HeadGatedRMSNorm(nnx.Module):
+    """Gated DeltaNet's gated norm per head: `rmsnorm(o) * w * silu(z)` (norm before the gate)."""
+
+    def __init__(self, head_dim: int, eps: float):
+        self.weight = nnx.Param(jnp.ones((head_dim,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, o: jax.Array, z: jax.Array) -> jax.Array:
+        normed = rms_normalize(o, self.eps) * self.weight[...].astype(jnp.float32)
+        return (normed * jax.nn.silu(z.astype(jnp.float32))).astype(o.dtype)

@@ -1,0 +1,64 @@
+"""Causal softmax attention of ragged queries over a paged KV cache, and the KV write.
+
+Shapes:
+  q:            [T, Hq, Dh]  queries (decode lanes or prefill tokens, flattened)
+  k/v_cache:    [num_blocks, block_size, Hkv, Dh]  block 0 is the NULL block
+  block_table:  [R, max_blocks]  blocks of each row, NULL past the row's blocks
+  token_rows:   [T] row of each query
+  positions:    [T] absolute position of each query; it sees keys at positions <= its own
+  valid:        [T] bool, False for padding queries (their output is 0)
+
+Query head h reads KV head h // (Hq // Hkv). Only a plain-jnp implementation exists so far (the anchor
+of DESIGN.md section 7 is exactly this: gather + dense attention under jit); it gathers each query's
+row of keys, which is fine for decode and for the small prefills of tests.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def write_kv(
+    k_cache: jax.Array, v_cache: jax.Array, k: jax.Array, v: jax.Array, kv_slots: jax.Array,
+    valid: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Store k, v [T, Hkv, Dh] at flat slots `block * block_size + offset`.
+
+    Padding tokens (valid False, slot NULL) write back what block 0 already holds, so the NULL
+    block stays bit-identical even though several padding tokens target it.
+    """
+
+    def write(cache: jax.Array, new: jax.Array) -> jax.Array:
+        flat = cache.reshape(-1, *cache.shape[2:])
+        old = flat[kv_slots]
+        mask = valid[:, None, None]
+        return flat.at[kv_slots].set(jnp.where(mask, new.astype(cache.dtype), old)).reshape(
+            cache.shape)
+
+    return write(k_cache, k), write(v_cache, v)
+
+
+def paged_attention_reference(
+    q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_table: jax.Array,
+    token_rows: jax.Array, positions: jax.Array, valid: jax.Array, *, scale: float,
+) -> jax.Array:
+    """Attention of every query over its row's cached keys up to its own position: [T, Hq, Dh]."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    # 1. Gather each query's row of keys and values: [T, C, Hkv, Dh], C = max_blocks * block_size.
+    blocks = block_table[token_rows]
+    keys = k_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
+    values = v_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
+    # 2. Causal mask by absolute position; masked values are zeroed so NaNs in unused blocks
+    #    (the NULL block) cannot reach the output through 0 * NaN.
+    mask = (jnp.arange(keys.shape[1])[None, :] <= positions[:, None]) & valid[:, None]
+    values = jnp.where(mask[..., None, None], values.astype(jnp.float32), 0.0)
+    # 3. Scores per query head, softmax over keys, weighted sum of values.
+    qg = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim)
+    scores = jnp.einsum("tkgd,tckd->tkgc", qg, keys.astype(jnp.float32)) * scale
+    scores = jnp.where(mask[:, None, None, :], scores, -1e30)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("tkgc,tckd->tkgd", probs, values).reshape(num_tokens, num_heads, head_dim)
+    return jnp.where(valid[:, None, None], out, 0.0).astype(q.dtype)

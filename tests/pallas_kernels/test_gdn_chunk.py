@@ -1,0 +1,114 @@
+"""Gated DeltaNet prefill: token reference vs chunked reference vs fp64 oracle (and the kernel)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import gdn_reference as ref
+
+from . import gdn_oracle
+
+HK, HV, K, V = 2, 4, 16, 16
+
+
+def make_case(lengths, nc, has_init, *, T=None, seed=0, decay=1.0, nb=0, bs=None):
+    """numpy inputs for rows of `lengths` tokens (padded to T); slots 1.. in order, garbage pool."""
+    rng = np.random.default_rng(seed)
+    R = len(lengths)
+    T = T or sum(lengths)
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    g = (-decay * np.logaddexp(0, f(T, HV))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-f(T, HV)))).astype(np.float32)
+    state = f(2 * R + 2 + R * nb, HV, V, K)
+    state[0] = np.nan  # NULL slot poisoned: must never be read
+    rs = np.arange(1, R + 1, dtype=np.int32)
+    ws = np.arange(R + 1, 2 * R + 1, dtype=np.int32)
+    args = [
+        f(T, HK, K),
+        f(T, HK, K),
+        f(T, HV, V),
+        g,
+        beta,
+        state,
+        qsl,
+        np.asarray(nc, np.int32),
+        np.asarray(has_init, bool),
+        rs,
+        ws,
+    ]
+    kw = {}
+    if nb:
+        bslots = np.arange(2 * R + 1, 2 * R + 1 + R * nb, dtype=np.int32).reshape(R, nb)
+        kw = dict(block_size=bs, boundary_slots=bslots)
+    return args, kw
+
+
+def check(o, st, args, kw, *, tol=2e-4):
+    o_ref, st_ref = gdn_oracle.prefill(*args, **kw)
+    live = int(args[6][-1])
+    np.testing.assert_allclose(np.asarray(o)[:live], o_ref[:live], rtol=tol, atol=tol)
+    assert np.all(np.asarray(o)[live:] == 0)
+    st = np.asarray(st)
+    assert np.isnan(st[0]).all()  # slot 0 untouched
+    np.testing.assert_allclose(st[1:], st_ref[1:], rtol=tol, atol=tol)
+
+
+CASES = {
+    "one_token": ([1], [0], [False]),
+    "across_chunks": ([37], [5], [True]),
+    "several_in_chunk": ([3, 5, 4, 2], [0, 7, 14, 30], [False, True, True, False]),
+    "mixed": ([20, 1, 17], [11, 63, 0], [True, True, False]),
+}
+
+
+@functools.cache
+def _jitted(fn, chunk_size, nb):
+    def run(*a, **kw):
+        return fn(*a, chunk_size=chunk_size, **kw)
+
+    return jax.jit(run, static_argnames=("block_size",))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("form", ["token", "chunked"])
+def test_reference_matches_oracle(name, form):
+    lengths, nc, hi = CASES[name]
+    args, kw = make_case(lengths, nc, hi, T=48, seed=len(name))
+    fn = ref.gdn_chunk_reference if form == "token" else ref.gdn_chunk_reference_chunked
+    o, st = _jitted(fn, 8, 0)(*map(jnp.asarray, args))
+    check(o, st, args, kw)
+
+
+@pytest.mark.parametrize("form", ["token", "chunked"])
+def test_reference_boundary_states(form):
+    args, kw = make_case([21, 9, 40], [3, 16, 0], [True, False, True], T=72, nb=3, bs=16)
+    kw["boundary_slots"][1, 0] = 0  # padding boundary slot: skipped
+    fn = ref.gdn_chunk_reference if form == "token" else ref.gdn_chunk_reference_chunked
+    jargs = list(map(jnp.asarray, args))
+    o, st = _jitted(fn, 8, 3)(
+        *jargs, block_size=16, boundary_slots=jnp.asarray(kw["boundary_slots"])
+    )
+    check(o, st, args, kw)
+
+
+def test_chunked_equals_token_strong_decay():
+    """Strong decay (|g| large) and chunk 16: the two jnp forms agree."""
+    args, kw = make_case([30, 50], [9, 0], [True, False], T=96, seed=3, decay=8.0)
+    jargs = list(map(jnp.asarray, args))
+    o1, s1 = _jitted(ref.gdn_chunk_reference, 16, 0)(*jargs)
+    o2, s2 = _jitted(ref.gdn_chunk_reference_chunked, 16, 0)(*jargs)
+    np.testing.assert_allclose(np.asarray(o1), np.asarray(o2), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(s1)[1:], np.asarray(s2)[1:], rtol=1e-4, atol=1e-4)
+
+
+def test_bad_shapes_raise():
+    args, _ = make_case([4], [0], [False])
+    args[3] = args[3][:, :3]
+    with pytest.raises(ValueError, match="g has shape"):
+        ref.gdn_chunk_reference(*map(jnp.asarray, args))

@@ -1,0 +1,91 @@
+"""Helpers shared by the recurrent-state ops: argument checks, slot handling, dt processing.
+
+Slot convention (DESIGN.md section 5): slot 0 of every state pool is NULL. A slot index <= 0 means
+padding: it reads zeros and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+NULL = 0
+
+
+def check_shape(name: str, array: jax.Array | None, shape: Sequence[int | None]) -> None:
+    """Raise ValueError unless `array` has `shape` (None matches any size)."""
+    if array is None:
+        return
+    ok = len(array.shape) == len(shape) and all(
+        want is None or got == want for got, want in zip(array.shape, shape, strict=True)
+    )
+    if not ok:
+        raise ValueError(f"{name} has shape {tuple(array.shape)}; expected {tuple(shape)}")
+
+
+def check_int(name: str, value: int, low: int, high: int | None = None) -> None:
+    """Raise ValueError unless low <= value (<= high)."""
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name}={value} must be in [{low}, {'inf' if high is None else high}]")
+
+
+def gather_slots(pool: jax.Array, slots: jax.Array, use: jax.Array | bool = True) -> jax.Array:
+    """Rows `pool[slots]` in fp32, zeros where `slots <= 0` or `use` is False.
+
+    Selects with `where` (never multiplies by a mask) so a NaN in the NULL slot cannot leak.
+    """
+    rows = pool[jnp.clip(slots, 0, pool.shape[0] - 1)].astype(jnp.float32)
+    keep = (slots > NULL) & use
+    keep = keep.reshape(keep.shape + (1,) * (rows.ndim - keep.ndim))
+    return jnp.where(keep, rows, 0.0)
+
+
+def scatter_slots(pool: jax.Array, slots: jax.Array, rows: jax.Array) -> jax.Array:
+    """`pool[slots] = rows` for slots > 0; slots <= 0 write nothing (scatter in drop mode)."""
+    target = jnp.where(slots > NULL, slots, pool.shape[0]).reshape(-1)
+    rows = rows.reshape((-1,) + pool.shape[1:]).astype(pool.dtype)
+    return pool.at[target].set(rows, mode="drop")
+
+
+def token_rows(query_start_loc: jax.Array, num_tokens: int) -> tuple[jax.Array, jax.Array]:
+    """For each flat token: the row that owns it (int32 [T]) and whether it is live (bool [T])."""
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    row = jnp.searchsorted(query_start_loc, t, side="right").astype(jnp.int32) - 1
+    num_rows = query_start_loc.shape[0] - 1
+    live = t < query_start_loc[num_rows]
+    return jnp.clip(row, 0, num_rows - 1), live
+
+
+def process_dt(
+    dt: jax.Array,
+    dt_bias: jax.Array | None,
+    dt_softplus: bool,
+    dt_limit: tuple[float, float],
+) -> jax.Array:
+    """dt' = clamp(softplus(dt + dt_bias) if dt_softplus else dt + dt_bias, *dt_limit), fp32."""
+    dt = dt.astype(jnp.float32)
+    if dt_bias is not None:
+        dt = dt + dt_bias.astype(jnp.float32)
+    if dt_softplus:
+        dt = jax.nn.softplus(dt)
+    low, high = dt_limit
+    if low > 0.0 or high != float("inf"):
+        dt = jnp.clip(dt, low, high)
+    return dt
+
+
+def silu(x: jax.Array) -> jax.Array:
+    return x * jax.nn.sigmoid(x)
+
+
+def pow2(n: int) -> int:
+    """Smallest power of two >= n (at least 1): Triton block sizes must be powers of two."""
+    return int(pl.next_power_of_2(max(int(n), 1)))
+
+
+def sds_like(a: jax.Array) -> jax.ShapeDtypeStruct:
+    """Output shape for pallas_call that keeps shard_map's varying axes (harmless outside it)."""
+    return jax.ShapeDtypeStruct(a.shape, a.dtype, manual_axis_type=jax.typeof(a).manual_axis_type)

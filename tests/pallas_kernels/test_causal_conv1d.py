@@ -1,0 +1,142 @@
+"""causal_conv1d prefill/update: reference and kernel (interpret) against a naive numpy loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pallas_kernels import ops
+
+
+def _act(v: np.ndarray, activation: str | None) -> np.ndarray:
+    return v / (1.0 + np.exp(-v)) if activation == "silu" else v
+
+
+def oracle_prefill(x, w, bias, pool, qsl, has_init, read, write, activation):
+    """Row by row, token by token, in float64."""
+    src = pool.astype(np.float64)
+    y, pool = np.zeros(x.shape, np.float64), src.copy()
+    width = w.shape[1]
+    for r in range(len(qsl) - 1):
+        init = src[read[r]] if (has_init[r] and read[r] > 0) else np.zeros(pool.shape[1:])
+        xx = np.concatenate([init, x[qsl[r] : qsl[r + 1]].T.astype(np.float64)], axis=1)
+        for i in range(qsl[r + 1] - qsl[r]):
+            acc = (xx[:, i : i + width] * w).sum(1) + (0 if bias is None else bias)
+            y[qsl[r] + i] = _act(acc, activation)
+        if write[r] > 0:
+            pool[write[r]] = xx[:, xx.shape[1] - (width - 1) :]
+    return y, pool
+
+
+def oracle_update(x, w, bias, pool, read, write, activation):
+    src = pool.astype(np.float64)
+    y, pool = np.zeros(x.shape, np.float64), src.copy()
+    for b in range(x.shape[0]):
+        win = src[read[b]].copy() if read[b] > 0 else np.zeros(pool.shape[1:])
+        for t in range(x.shape[1]):
+            xx = np.concatenate([win, x[b, t][:, None]], axis=1)
+            acc = (xx * w).sum(1) + (0 if bias is None else bias)
+            y[b, t] = _act(acc, activation) if write[b, t] > 0 else 0.0
+            win = xx[:, 1:]
+            if write[b, t] > 0:
+                pool[write[b, t]] = win
+    return y, pool
+
+
+def prefill_inputs(seed: int, lengths, channels: int, width: int, pad: int = 3, slots: int = 13):
+    """Inputs for rows of the given lengths plus `pad` padding tokens and one empty padding row."""
+    rng = np.random.default_rng(seed)
+    nrows = len(lengths) + 1
+    qsl = np.concatenate([[0], np.cumsum(list(lengths) + [0])]).astype(np.int32)
+    num_tokens = int(qsl[-1]) + pad
+    perm = rng.permutation(np.arange(1, slots))
+    read = perm[:nrows].astype(np.int32)
+    write = perm[nrows : 2 * nrows].astype(np.int32)
+    write[-1] = read[-1] = 0  # padding row
+    has_init = rng.random(nrows) < 0.6
+    has_init[-1] = False
+    return dict(
+        x=rng.standard_normal((num_tokens, channels)).astype(np.float32),
+        weight=rng.standard_normal((channels, width)).astype(np.float32) * 0.5,
+        bias=rng.standard_normal(channels).astype(np.float32),
+        conv_state=rng.standard_normal((slots, channels, width - 1)).astype(np.float32),
+        query_start_loc=qsl,
+        has_initial_state=has_init,
+        read_slots=read,
+        write_slots=write,
+    )
+
+
+def update_inputs(seed: int, batch: int, lanes: int, channels: int, width: int, slots: int = 24):
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(np.arange(1, slots))
+    read = perm[:batch].astype(np.int32)
+    write = perm[batch : batch + batch * lanes].reshape(batch, lanes).astype(np.int32)
+    read[-1] = 0  # a padding row: reads zeros, writes nothing
+    write[-1] = 0
+    if lanes > 1:
+        write[0, -1] = 0  # a dead lane
+    return dict(
+        x=rng.standard_normal((batch, lanes, channels)).astype(np.float32),
+        weight=rng.standard_normal((channels, width)).astype(np.float32) * 0.5,
+        bias=rng.standard_normal(channels).astype(np.float32),
+        conv_state=rng.standard_normal((slots, channels, width - 1)).astype(np.float32),
+        read_slots=read,
+        write_slots=write,
+    )
+
+
+def _args(d: dict, names: tuple[str, ...]):
+    return [d[n] for n in names]
+
+
+PREFILL = (
+    "x",
+    "weight",
+    "bias",
+    "conv_state",
+    "query_start_loc",
+    "has_initial_state",
+    "read_slots",
+    "write_slots",
+)
+UPDATE = ("x", "weight", "bias", "conv_state", "read_slots", "write_slots")
+
+
+def check_prefill(d: dict, implementation: str, activation="silu", bias=True) -> None:
+    if not bias:
+        d = {**d, "bias": None}
+    want_y, want_pool = oracle_prefill(*_args(d, PREFILL), activation)
+    y, pool = ops.causal_conv1d_prefill(
+        *_args(d, PREFILL), activation=activation, implementation=implementation
+    )
+    np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=1e-6, atol=1e-6)
+
+
+def check_update(d: dict, implementation: str, activation="silu") -> None:
+    want_y, want_pool = oracle_update(*_args(d, UPDATE), activation)
+    y, pool = ops.causal_conv1d_update(
+        *_args(d, UPDATE), activation=activation, implementation=implementation
+    )
+    np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("lengths", [(5, 1, 2, 9), (1,), (3, 0, 12)])
+def test_prefill_reference(lengths, activation):
+    check_prefill(
+        prefill_inputs(0, lengths, 12, 4), "reference", activation, bias=activation is None
+    )
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_update_reference(lanes):
+    check_update(update_inputs(1, 3, lanes, 10, 4), "reference")
+
+
+def test_prefill_rejects_bad_weight():
+    d = prefill_inputs(0, (3,), 8, 4)
+    with pytest.raises(ValueError, match="weight"):
+        ops.causal_conv1d_prefill(*_args({**d, "weight": d["weight"][:4]}, PREFILL))

@@ -1,0 +1,136 @@
+"""The NULL-slot contract, one test for every stateful op (DESIGN.md section 5, invariant 3).
+
+Slot 0 of the state pool is poisoned with NaN. Then, for the kernel (interpret) and the reference:
+(a) live outputs equal those of an unpoisoned run, (b) every non-zero slot equals the unpoisoned
+run bit for bit, (c) slot 0 is bit-identical to its poisoned input, (d) padding outputs are finite
+zeros.
+
+Register a case per op in CASES: a function returning a `Case` built from small numpy inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import numpy as np
+import pytest
+
+from pallas_kernels import ops
+
+from . import test_causal_conv1d as conv
+from . import test_ssd_chunk_scan as scan
+from . import test_ssd_state_update as ssu
+
+# Dispatched ops that hold no recurrent state pool.
+NOT_STATEFUL = {"dispatched", "paged_attention", "ragged_attention", "attention", "write_kv"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """run(pool, implementation) -> (output, new_pool); padding: outputs that must be 0 (bool)."""
+
+    run: Callable[[np.ndarray, str], tuple[jax.Array, jax.Array]]
+    pool: np.ndarray
+    padding: np.ndarray
+
+
+CASES: dict[str, Callable[[], Case]] = {}
+
+
+def case(name: str):
+    def register(build: Callable[[], Case]) -> Callable[[], Case]:
+        CASES[name] = build
+        return build
+
+    return register
+
+
+def _with_pool(d: dict, key: str, names: tuple[str, ...], op, **kw):
+    def run(pool, implementation):
+        args = [pool if n == key else d[n] for n in names]
+        return op(*args, **kw, implementation=implementation)
+
+    return run
+
+
+def _varlen_padding(qsl: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    pad = np.zeros(shape, bool)
+    pad[qsl[-1] :] = True
+    return pad
+
+
+@case("causal_conv1d_prefill")
+def _conv_prefill() -> Case:
+    d = conv.prefill_inputs(3, (5, 1, 4), 6, 4)
+    d["has_initial_state"][:] = True
+    d["read_slots"][1] = 0  # has_initial_state with a NULL read slot: must read zeros
+    run = _with_pool(d, "conv_state", conv.PREFILL, ops.causal_conv1d_prefill)
+    return Case(run, d["conv_state"], _varlen_padding(d["query_start_loc"], d["x"].shape))
+
+
+@case("causal_conv1d_update")
+def _conv_update() -> Case:
+    d = conv.update_inputs(4, 3, 2, 6, 4)
+    run = _with_pool(d, "conv_state", conv.UPDATE, ops.causal_conv1d_update)
+    pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None], d["x"].shape)
+    return Case(run, d["conv_state"], pad)
+
+
+@case("ssd_chunk_scan")
+def _ssd_chunk_scan() -> Case:
+    d = scan.make_inputs(5, (6, 1, 9), slots=14)
+    d["has_initial_state"][:] = True
+    d["read_slots"][1] = 0
+    free = sorted(set(range(1, 14)) - set(d["read_slots"]) - set(d["write_slots"]))
+    nb = np.array([[free[0], 0], [0, 0], [free[1], 0], [0, 0]], np.int32)
+    opts = {k: d[k] for k in scan.OPTS}
+    run = _with_pool(
+        d,
+        "ssm_state",
+        scan.ARGS,
+        ops.ssd_chunk_scan,
+        **opts,
+        chunk_size=4,
+        block_size=4,
+        boundary_slots=nb,
+    )
+    return Case(run, d["ssm_state"], _varlen_padding(d["query_start_loc"], d["x"].shape))
+
+
+@case("ssd_state_update")
+def _ssd_state_update() -> Case:
+    d = ssu.make_inputs(6, 3, 2)
+    opts = {k: d[k] for k in ssu.OPTS}
+    run = _with_pool(d, "ssm_state", ssu.ARGS, ops.ssd_state_update, **opts)
+    pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], d["x"].shape)
+    return Case(run, d["ssm_state"], pad)
+
+
+def _bytes(a) -> bytes:
+    return np.ascontiguousarray(np.asarray(a)).tobytes()
+
+
+@pytest.mark.parametrize("implementation", ["interpret", "reference"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_null_slot_contract(name: str, implementation: str):
+    c = CASES[name]()
+    poisoned = c.pool.copy()
+    poisoned[0] = np.nan
+    clean_out, clean_pool = (np.asarray(a) for a in c.run(c.pool.copy(), implementation))
+    out, pool = (np.asarray(a) for a in c.run(poisoned, implementation))
+    live = ~c.padding
+    np.testing.assert_array_equal(out[live], clean_out[live])  # (a)
+    assert _bytes(pool[1:]) == _bytes(clean_pool[1:]), "a non-NULL slot depends on slot 0"  # (b)
+    assert _bytes(pool[0]) == _bytes(poisoned[0]), "slot 0 was written"  # (c)
+    for o in (out, clean_out):  # (d)
+        assert np.all(np.isfinite(o)) and not np.any(o[c.padding]), "padding output is not 0"
+    assert np.all(np.isfinite(pool[1:]))
+
+
+def test_every_stateful_op_has_a_case():
+    exported = {
+        n for n in dir(ops) if not n.startswith("_") and callable(getattr(ops, n))
+    } - NOT_STATEFUL
+    assert exported <= set(CASES), f"ops without a NULL-contract case: {exported - set(CASES)}"

@@ -1,0 +1,145 @@
+"""ssd_chunk_scan: reference and kernel (interpret) against a naive numpy token loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pallas_kernels import ops
+
+ARGS = (
+    "x",
+    "dt",
+    "A",
+    "B",
+    "C",
+    "ssm_state",
+    "query_start_loc",
+    "num_computed",
+    "has_initial_state",
+    "read_slots",
+    "write_slots",
+)
+OPTS = ("D", "z", "dt_bias")
+
+
+def _softplus(v):
+    return np.log1p(np.exp(-np.abs(v))) + np.maximum(v, 0)
+
+
+def oracle(d: dict, dt_softplus=True, dt_limit=(0.0, np.inf), block_size=None, boundary=None):
+    """The contract's definition, head by head and token by token, in float64."""
+    x, dt, a = d["x"].astype(np.float64), d["dt"].astype(np.float64), d["A"].astype(np.float64)
+    bm, cm = d["B"].astype(np.float64), d["C"].astype(np.float64)
+    src = d["ssm_state"].astype(np.float64)
+    pool, y = src.copy(), np.zeros(x.shape)
+    qsl, heads, groups = d["query_start_loc"], x.shape[1], bm.shape[1]
+    for r in range(len(qsl) - 1):
+        slot = d["read_slots"][r]
+        init = src[slot] if (d["has_initial_state"][r] and slot > 0) else np.zeros(src.shape[1:])
+        s = init.copy()
+        for i, t in enumerate(range(qsl[r], qsl[r + 1])):
+            for h in range(heads):
+                g = h // (heads // groups)
+                dth = dt[t, h] + (0 if d.get("dt_bias") is None else d["dt_bias"][h])
+                dth = np.clip(_softplus(dth) if dt_softplus else dth, *dt_limit)
+                s[h] = s[h] * np.exp(dth * a[h]) + dth * np.outer(x[t, h], bm[t, g])
+                y[t, h] = s[h] @ cm[t, g] + (0 if d.get("D") is None else d["D"][h] * x[t, h])
+                if d.get("z") is not None:
+                    zz = d["z"][t, h].astype(np.float64)
+                    y[t, h] *= zz / (1 + np.exp(-zz))
+            pos = d["num_computed"][r] + i
+            if block_size and (pos + 1) % block_size == 0:
+                j = (pos + 1) // block_size - d["num_computed"][r] // block_size - 1
+                if j < boundary.shape[1] and boundary[r, j] > 0:
+                    pool[boundary[r, j]] = s
+        if d["write_slots"][r] > 0:
+            pool[d["write_slots"][r]] = s
+    return y, pool
+
+
+def make_inputs(
+    seed,
+    lengths,
+    heads=4,
+    head_dim=6,
+    groups=2,
+    state=5,
+    pad=3,
+    slots=None,
+    num_computed=None,
+    gate=True,
+):
+    """Rows of the given lengths, one empty padding row, `pad` padding tokens."""
+    rng = np.random.default_rng(seed)
+    nrows = len(lengths) + 1
+    slots = slots or 2 * nrows + 3
+    qsl = np.concatenate([[0], np.cumsum(list(lengths) + [0])]).astype(np.int32)
+    num_tokens = int(qsl[-1]) + pad
+    perm = rng.permutation(np.arange(1, slots))
+    read, write = perm[:nrows].astype(np.int32), perm[nrows : 2 * nrows].astype(np.int32)
+    read[-1] = write[-1] = 0
+    has_init = rng.random(nrows) < 0.6
+    has_init[-1] = False
+    if num_computed is None:
+        num_computed = np.where(has_init, rng.integers(1, 40, nrows), 0)
+    f32 = np.float32
+    d = dict(
+        x=rng.standard_normal((num_tokens, heads, head_dim)).astype(f32),
+        dt=rng.standard_normal((num_tokens, heads)).astype(f32) - 1.0,
+        A=-np.exp(rng.standard_normal(heads)).astype(f32),
+        B=rng.standard_normal((num_tokens, groups, state)).astype(f32),
+        C=rng.standard_normal((num_tokens, groups, state)).astype(f32),
+        ssm_state=rng.standard_normal((slots, heads, head_dim, state)).astype(f32),
+        query_start_loc=qsl,
+        num_computed=np.asarray(num_computed, np.int32),
+        has_initial_state=has_init,
+        read_slots=read,
+        write_slots=write,
+        D=rng.standard_normal(heads).astype(f32),
+        dt_bias=rng.standard_normal(heads).astype(f32) * 0.5,
+    )
+    if gate:
+        d["z"] = rng.standard_normal((num_tokens, heads, head_dim)).astype(f32)
+    return d
+
+
+def run(d: dict, implementation: str, **kw):
+    opts = {k: d[k] for k in OPTS if k in d}
+    return ops.ssd_chunk_scan(*[d[k] for k in ARGS], **opts, **kw, implementation=implementation)
+
+
+def check(d: dict, implementation: str, tol=2e-4, boundary=None, block_size=None, **kw):
+    want_y, want_pool = oracle(
+        d, kw.get("dt_softplus", True), kw.get("dt_limit", (0.0, np.inf)), block_size, boundary
+    )
+    if boundary is not None:
+        kw = {**kw, "boundary_slots": boundary, "block_size": block_size}
+    y, pool = run(d, implementation, **kw)
+    np.testing.assert_allclose(np.asarray(y), want_y, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("lengths", [(7, 1, 13, 2), (1,), (0, 20)])
+def test_reference_matches_oracle(lengths):
+    check(make_inputs(0, lengths), "reference", chunk_size=8)
+
+
+def test_reference_dt_options():
+    d = make_inputs(1, (9, 4), gate=False)
+    d.pop("dt_bias")
+    check(d, "reference", dt_softplus=False, dt_limit=(0.01, 0.5), chunk_size=8)
+
+
+def test_reference_boundary_states():
+    d = make_inputs(2, (13, 6, 20), num_computed=[5, 0, 8, 0], slots=24)
+    free = sorted(set(range(1, 24)) - set(d["read_slots"]) - set(d["write_slots"]))
+    boundary = np.array(free[:12], np.int32).reshape(4, 3)
+    boundary[0, 2] = boundary[3] = 0
+    check(d, "reference", chunk_size=4, block_size=8, boundary=boundary)
+
+
+def test_rejects_bad_block_size():
+    d = make_inputs(0, (3,))
+    with pytest.raises(ValueError, match="block_size"):
+        run(d, "reference", chunk_size=8, block_size=12, boundary_slots=np.zeros((2, 1), np.int32))

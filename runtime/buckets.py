@@ -1,0 +1,85 @@
+"""Bucket policy: the padded shape of a step, chosen from the scheduler's classification.
+
+A `Bucket` fixes every shape of `StepInputs`: decode rows x lanes, prefill tokens, prefill rows.
+Each distinct bucket is one compiled variant of the step (our analogue of a CUDA graph). A step
+with no prefill row uses a decode-only bucket (`num_prefill_rows == 0`); a step with a prefill row
+never does, however few tokens it has, so a one-token prefill cannot alias a decode (the vLLM
+shape-only dispatch bug class).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+from runtime.config import EngineConfig
+from runtime.scheduler import Schedule
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Bucket:
+    """Static shape of one step variant.
+
+    Attributes:
+      num_decode_rows: R_d, decode rows (0 when the step has no decode).
+      width: W = 1 + K_max token lanes per decode row (1 without speculative decoding).
+      num_prefill_tokens: T_p, prefill tokens (0 in a decode-only step).
+      num_prefill_rows: R_p, prefill rows (0 in a decode-only step).
+    """
+
+    num_decode_rows: int
+    width: int
+    num_prefill_tokens: int
+    num_prefill_rows: int
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_prefill_rows == 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode_rows * self.width + self.num_prefill_tokens
+
+    @property
+    def num_logits(self) -> int:
+        return self.num_decode_rows * self.width + self.num_prefill_rows
+
+
+def round_up(sizes: tuple[int, ...], n: int) -> int:
+    """Smallest size >= n (0 stays 0)."""
+    if n == 0:
+        return 0
+    i = bisect.bisect_left(sizes, n)
+    if i == len(sizes):
+        raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
+    return sizes[i]
+
+
+class BucketPolicy:
+    """Maps a `Schedule` to its `Bucket`; lists the decode buckets to compile at start-up."""
+
+    def __init__(self, config: EngineConfig, width: int = 1) -> None:
+        self.decode_rows = config.decode_row_buckets
+        self.prefill_tokens = config.prefill_token_buckets
+        self.prefill_rows = config.prefill_row_buckets
+        self.width = width
+
+    def bucket_for(self, schedule: Schedule) -> Bucket:
+        num_prefill_rows = len(schedule.prefills)
+        return Bucket(
+            num_decode_rows=round_up(self.decode_rows, len(schedule.decodes)),
+            width=self.width,
+            num_prefill_tokens=round_up(self.prefill_tokens, schedule.num_prefill_tokens),
+            num_prefill_rows=round_up(self.prefill_rows, num_prefill_rows),
+        )
+
+    def decode_buckets(self) -> list[Bucket]:
+        """The decode-only variants, compiled by warm-up."""
+        return [Bucket(rows, self.width, 0, 0) for rows in self.decode_rows]
+
+    @property
+    def max_num_variants(self) -> int:
+        """How many buckets `bucket_for` can return: (decode rows or none) x (prefill or none)."""
+        num_decode = len(self.decode_rows) + 1
+        num_prefill = len(self.prefill_tokens) * len(self.prefill_rows) + 1
+        return num_decode * num_prefill - 1  # the empty step never runs

@@ -1,0 +1,159 @@
+"""The step-input builder: a `Schedule` and a `Bucket` in, a fresh padded `StepInputs` out.
+
+Every array is allocated at bucket size, zero-filled (NULL padding by construction) and filled from
+the schedule alone: decode rows first, then prefill rows, then padding. Nothing is carried over
+from an earlier step, which removes the stale-row bug class of persistent metadata buffers.
+Uses numpy only (jmamba.inputs is imported for the dataclass, not for any jax call).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
+from runtime.buckets import Bucket
+from runtime.scheduler import Schedule, ScheduledRequest
+
+
+class SamplingInputs(NamedTuple):
+    """Per-logits-row sampling parameters (a pytree); padding rows are greedy.
+
+    Attributes:
+      temperature: [N] float32, 0 for greedy.
+      top_k: [N] int32, 0 for no limit.
+      top_p: [N] float32, 1 for no limit.
+      seeds: [N] uint32 request seeds.
+      counters: [N] int32 index of the token being sampled (folded into the seed's key, so a
+        request's random stream does not depend on the batch).
+    """
+
+    temperature: np.ndarray
+    top_k: np.ndarray
+    top_p: np.ndarray
+    seeds: np.ndarray
+    counters: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBatch:
+    """A built step: device inputs, sampling inputs, and where each scheduled request's logits are.
+
+    Attributes:
+      inputs: the padded `StepInputs`.
+      sampling: the padded `SamplingInputs`.
+      sample_rows: [num scheduled] int, logits row of `schedule.items[i]`.
+    """
+
+    inputs: StepInputs
+    sampling: SamplingInputs
+    sample_rows: np.ndarray
+
+
+class _Arrays:
+    """Zeroed numpy arrays of one bucket (every padding value is NULL / 0 / False)."""
+
+    def __init__(self, bucket: Bucket, max_blocks: int) -> None:
+        rd, w, rp, n = (
+            bucket.num_decode_rows,
+            bucket.width,
+            bucket.num_prefill_rows,
+            bucket.num_logits,
+        )
+        t = bucket.num_tokens
+        i32 = np.int32
+        self.token_ids, self.positions, self.kv_slots = (np.zeros(t, i32) for _ in range(3))
+        self.d_query_lens, self.d_seq_lens, self.d_read = (np.zeros(rd, i32) for _ in range(3))
+        self.d_write = np.zeros((rd, w), i32)
+        self.d_table = np.zeros((rd, max_blocks), i32)
+        self.qsl = np.zeros(rp + 1, i32)
+        self.p_computed, self.p_seq_lens = np.zeros(rp, i32), np.zeros(rp, i32)
+        self.p_read, self.p_write = np.zeros(rp, i32), np.zeros(rp, i32)
+        self.p_initial = np.zeros(rp, bool)
+        self.p_table = np.zeros((rp, max_blocks), i32)
+        self.logits_indices = np.zeros(n, i32)
+        self.temperature, self.top_p = np.zeros(n, np.float32), np.ones(n, np.float32)
+        self.top_k, self.counters = np.zeros(n, i32), np.zeros(n, i32)
+        self.seeds = np.zeros(n, np.uint32)
+
+    def step_inputs(self) -> StepInputs:
+        decode = DecodeRows(self.d_query_lens, self.d_seq_lens, self.d_read, self.d_write,
+                            self.d_table)  # fmt: skip
+        prefill = PrefillRows(self.qsl, self.p_computed, self.p_seq_lens, self.p_initial,
+                              self.p_read, self.p_write, self.p_table)  # fmt: skip
+        return StepInputs(self.token_ids, self.positions, self.kv_slots, decode, prefill,
+                          self.logits_indices)  # fmt: skip
+
+    def sampling(self) -> SamplingInputs:
+        return SamplingInputs(self.temperature, self.top_k, self.top_p, self.seeds, self.counters)
+
+    def set_sampling(self, row: int, item: ScheduledRequest) -> None:
+        request = item.request
+        params = request.sampling_params
+        self.temperature[row] = params.temperature
+        self.top_k[row] = params.top_k
+        self.top_p[row] = params.top_p
+        self.seeds[row] = request.seed
+        self.counters[row] = len(request.output_token_ids)
+
+    def set_tokens(self, first: int, item: ScheduledRequest, block_size: int) -> None:
+        """Fill token lanes [first, first + n) with the item's token ids, positions, KV slots."""
+        n, start = item.num_tokens, item.start
+        lanes = slice(first, first + n)
+        self.token_ids[lanes] = item.token_ids
+        positions = np.arange(start, start + n, dtype=np.int32)
+        self.positions[lanes] = positions
+        blocks = item.request.block_ids
+        if blocks:
+            table = np.asarray(blocks, np.int32)
+            self.kv_slots[lanes] = (
+                table[positions // block_size] * block_size + positions % block_size
+            )
+
+
+def build_step(
+    schedule: Schedule, bucket: Bucket, *, block_size: int, max_blocks: int
+) -> StepBatch:
+    """Build the padded inputs of one step (shapes fixed by `bucket`, values from `schedule`)."""
+    a = _Arrays(bucket, max_blocks)
+    width = bucket.width
+    sample_rows = []
+    for r, item in enumerate(schedule.decodes):
+        request = item.request
+        a.d_query_lens[r] = item.num_tokens
+        a.d_seq_lens[r] = item.start + item.num_tokens
+        a.d_read[r] = request.state_slot
+        a.d_write[r, : item.num_tokens] = request.state_slot
+        a.d_table[r, : len(request.block_ids)] = request.block_ids
+        a.set_tokens(r * width, item, block_size)
+        lanes = np.arange(r * width, r * width + item.num_tokens)
+        a.logits_indices[lanes] = lanes
+        a.set_sampling(r * width, item)
+        sample_rows.append(r * width + item.num_tokens - 1)
+    num_decode_lanes = bucket.num_decode_rows * width
+    offset = 0
+    for j, item in enumerate(schedule.prefills):
+        request = item.request
+        a.qsl[j + 1] = offset + item.num_tokens
+        a.p_computed[j] = item.start
+        a.p_seq_lens[j] = item.start + item.num_tokens
+        a.p_initial[j] = item.start > 0
+        # A first chunk reads NULL (zeros) whatever its own slot holds: pools are never zeroed.
+        a.p_read[j] = request.state_slot if item.start > 0 else 0
+        a.p_write[j] = request.state_slot
+        a.p_table[j, : len(request.block_ids)] = request.block_ids
+        a.set_tokens(num_decode_lanes + offset, item, block_size)
+        offset += item.num_tokens
+        a.logits_indices[num_decode_lanes + j] = num_decode_lanes + offset - 1
+        a.set_sampling(num_decode_lanes + j, item)
+        sample_rows.append(num_decode_lanes + j)
+    a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
+    return StepBatch(a.step_inputs(), a.sampling(), np.asarray(sample_rows, np.int64))
+
+
+def build_dummy(bucket: Bucket, *, max_blocks: int) -> StepBatch:
+    """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
+    a = _Arrays(bucket, max_blocks)
+    return StepBatch(a.step_inputs(), a.sampling(), np.zeros(0, np.int64))

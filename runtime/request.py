@@ -1,0 +1,116 @@
+"""`Request`: one generation request and its host-side bookkeeping (no jax)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from runtime.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued; holds no blocks or slot (new, or preempted for recompute)
+    RUNNING = "running"  # holds its blocks and state slot
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # generated a stop token
+    LENGTH = "length"  # reached max_tokens or max_model_len
+    ABORT = "abort"
+
+
+@dataclasses.dataclass(eq=False)  # identity: two requests are never 'equal'
+class Request:
+    """A request: its tokens, its progress and the pool entries it holds.
+
+    `num_computed` counts tokens whose effect is in the request's state (and KV blocks). The
+    request is a *prefill* while `num_computed < num_prefill_tokens` (its prompt, or after a
+    preemption every token it had) and a *decode* afterwards, when exactly one token (the last
+    sampled one) is left to feed.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    seed: int
+    output_token_ids: list[int] = dataclasses.field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed: int = 0
+    num_prefill_tokens: int = 0
+    block_ids: list[int] = dataclasses.field(default_factory=list)
+    state_slot: int = 0
+    num_preemptions: int = 0
+    arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.num_prefill_tokens = len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_computed >= self.num_prefill_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) of prompt + output."""
+        num_prompt = len(self.prompt_token_ids)
+        head = self.prompt_token_ids[start:stop]
+        tail = self.output_token_ids[max(start - num_prompt, 0) : max(stop - num_prompt, 0)]
+        return head + tail
+
+    def reset_for_recompute(self) -> None:
+        """Forget all progress: the next prefill recomputes every token it has (prompt + output)."""
+        self.num_computed = 0
+        self.num_prefill_tokens = self.num_tokens
+        self.block_ids = []
+        self.state_slot = 0
+        self.status = RequestStatus.WAITING
+        self.num_preemptions += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOutput:
+    """What a finished (or aborted) request returns.
+
+    Attributes:
+      request_id: the id given to `add_request`.
+      prompt_token_ids / token_ids: prompt and generated token ids.
+      text: decoded generated text when a tokenizer is available, else None.
+      finish_reason: "stop", "length" or "abort".
+      time_to_first_token / latency: seconds from arrival (None if no token was generated).
+      num_preemptions: how often the request was preempted and recomputed.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+    time_to_first_token: float | None
+    latency: float
+    num_preemptions: int = 0
+    text: str | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> RequestOutput:
+        first = request.first_token_time
+        end = request.finish_time or time.perf_counter()
+        return cls(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            token_ids=list(request.output_token_ids),
+            finish_reason=request.finish_reason.value if request.finish_reason else "running",
+            time_to_first_token=None if first is None else first - request.arrival_time,
+            latency=end - request.arrival_time,
+            num_preemptions=request.num_preemptions,
+        )

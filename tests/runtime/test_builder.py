@@ -1,0 +1,108 @@
+"""The builder's StepInputs for real schedules pass validate(); planted bugs are each caught."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from jmamba.inputs import StepInputs
+from runtime.buckets import Bucket, BucketPolicy
+from runtime.builder import build_dummy, build_step
+from tests.runtime.test_scheduler import make_request, make_scheduler
+
+BS, MAX_BLOCKS = 4, 16  # block_size and table width of make_scheduler (max_model_len 64)
+
+
+def mixed_batch():
+    """A step with two decode rows and two prefill rows (one a continued chunk)."""
+    scheduler = make_scheduler(max_num_batched_tokens=16)
+    for n in (3, 5):
+        scheduler.add(make_request(n, max_tokens=8))
+    scheduler.postprocess(s := scheduler.schedule(), [7] * len(s.items))
+    scheduler.add(make_request(23))
+    scheduler.postprocess(s := scheduler.schedule(), [7] * len(s.items))
+    scheduler.add(make_request(2))
+    schedule = scheduler.schedule()
+    assert len(schedule.decodes) == 2 and len(schedule.prefills) == 2
+    bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
+    return schedule, bucket, build_step(schedule, bucket, block_size=BS, max_blocks=MAX_BLOCKS)
+
+
+def validate(inputs: StepInputs) -> None:
+    inputs.validate(block_size=BS, chunk_size=4, num_blocks=65, num_slots=5, vocab_size=32)
+
+
+def test_mixed_step_layout():
+    """Decode lanes first, then ragged prefill tokens; logits on each row's last token."""
+    schedule, bucket, batch = mixed_batch()
+    inputs = batch.inputs
+    validate(inputs)
+    assert bucket == Bucket(2, 1, 16, 2)
+    assert inputs.decode.query_lens.tolist() == [1, 1]
+    assert inputs.decode.seq_lens.tolist() == [5, 7]
+    assert inputs.prefill.query_start_loc.tolist() == [0, 11, 13]
+    assert inputs.prefill.num_computed.tolist() == [12, 0]
+    assert inputs.prefill.has_initial_state.tolist() == [True, False]
+    assert inputs.prefill.read_slots[1] == 0  # a first chunk reads NULL
+    assert inputs.positions[:2].tolist() == [4, 6]
+    assert inputs.positions[2:15].tolist() == list(range(12, 23)) + [0, 1]
+    assert inputs.logits_indices.tolist() == [0, 1, 12, 14]
+    assert batch.sample_rows.tolist() == [0, 1, 2, 3]
+    assert (inputs.token_ids[15:] == 0).all()
+    assert schedule.prefills[0].token_ids == inputs.token_ids[2:13].tolist()
+
+
+def test_dummy_step_is_all_null():
+    """An all-padding step validates and every leaf is zero."""
+    batch = build_dummy(Bucket(4, 1, 8, 2), max_blocks=MAX_BLOCKS)
+    validate(batch.inputs)
+    assert all(not np.asarray(leaf).any() for leaf in jax.tree.leaves(batch.inputs))
+
+
+def corrupt(inputs: StepInputs, path: str, index, value) -> StepInputs:
+    copy = jax.tree.map(np.copy, inputs)
+    target = copy
+    for name in path.split("."):
+        target = getattr(target, name)
+    target[index] = value
+    return copy
+
+
+@pytest.mark.parametrize(
+    "path, index, value, message",
+    [
+        ("decode.block_table", (0, 5), -1, "negative index"),
+        ("prefill.block_table", (1, 9), 3, "stale tail"),
+        ("decode.read_slots", 1, 0, "read NULL"),
+        ("prefill.write_slots", 1, 1, "write slots"),
+        ("prefill.has_initial_state", 1, True, "has_initial_state"),
+        ("positions", 3, 9, "positions"),
+        ("logits_indices", 2, 7, "logits_indices"),
+        ("kv_slots", 4, 1, "kv_slots"),
+        ("token_ids", 15, 5, "padding tokens"),
+        ("token_ids", 0, 40, "token_ids hold 40"),
+        ("prefill.num_computed", 0, 14, "seq_lens|chunk_size"),
+        ("decode.query_lens", 0, 0, "live rows must come before"),
+    ],
+)
+def test_validate_catches_planted_bug(path, index, value, message):
+    """Each planted violation of DESIGN.md section 5 raises a ValueError naming it."""
+    _, _, batch = mixed_batch()
+    with pytest.raises(ValueError, match=message):
+        validate(corrupt(batch.inputs, path, index, value))
+
+
+def test_validate_catches_stale_padding_row():
+    """A padding row that still holds a slot (the vLLM stale-row class) is rejected."""
+    batch = build_dummy(Bucket(2, 1, 8, 2), max_blocks=MAX_BLOCKS)
+    with pytest.raises(ValueError, match="padding rows"):
+        validate(corrupt(batch.inputs, "decode.read_slots", 1, 3))
+
+
+def test_bucket_policy_counts_and_decode_only():
+    """Decode-only steps get R_p = 0; the variant count covers every combination."""
+    scheduler = make_scheduler(max_num_seqs=4, max_num_batched_tokens=16)
+    policy = BucketPolicy(scheduler.config)
+    assert [b.num_decode_rows for b in policy.decode_buckets()] == [1, 2, 4]
+    assert policy.max_num_variants == 4 * (2 * 3 + 1) - 1

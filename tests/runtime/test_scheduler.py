@@ -1,0 +1,129 @@
+"""Scheduler decisions on plain requests: admission, chunking, classification, preemption, abort."""
+
+from __future__ import annotations
+
+import itertools
+
+from runtime.config import EngineConfig
+from runtime.request import Request, RequestStatus
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler
+
+_ids = itertools.count()
+
+
+def make_request(num_prompt: int, max_tokens: int = 4) -> Request:
+    prompt = [1 + i % 7 for i in range(num_prompt)]
+    return Request(f"r{next(_ids)}", prompt, SamplingParams(max_tokens=max_tokens), seed=0)
+
+
+def make_scheduler(chunk_size: int = 4, **options) -> Scheduler:
+    options = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
+               "block_size": 4} | options  # fmt: skip
+    return Scheduler(EngineConfig(**options), chunk_size, uses_blocks=True, uses_slots=True)
+
+
+def run_step(scheduler: Scheduler, token: int = 5):
+    schedule = scheduler.schedule()
+    finished = scheduler.postprocess(schedule, [token] * len(schedule.items))
+    return schedule, finished
+
+
+def test_chunks_end_on_chunk_multiples_unless_prompt_ends():
+    """A 23-token prompt under a 10-token budget is fed as 8 + 8 + 7 (chunk size 4)."""
+    scheduler = make_scheduler(max_num_batched_tokens=10)
+    request = make_request(23)
+    scheduler.add(request)
+    lengths = []
+    for _ in range(3):
+        schedule, _ = run_step(scheduler)
+        assert [s.request for s in schedule.prefills] == [request] and not schedule.decodes
+        lengths.append(schedule.prefills[0].num_tokens)
+    assert lengths == [8, 8, 7]
+    assert request.output_token_ids == [5]  # only the last chunk samples
+
+
+def test_one_token_prompt_is_a_prefill_then_decodes():
+    """A first chunk is always a prefill, even of one token; afterwards the request decodes."""
+    scheduler = make_scheduler()
+    request = make_request(1, max_tokens=3)
+    scheduler.add(request)
+    schedule, _ = run_step(scheduler)
+    assert len(schedule.prefills) == 1 and not schedule.decodes
+    schedule, _ = run_step(scheduler)
+    assert len(schedule.decodes) == 1 and not schedule.prefills
+    assert schedule.decodes[0].start == 1 and schedule.decodes[0].token_ids == [5]
+
+
+def test_max_num_seqs_and_budget_limit_admission():
+    """At most max_num_seqs rows, and prefill tokens never exceed the token budget."""
+    scheduler = make_scheduler(max_num_seqs=2, max_num_batched_tokens=12)
+    for _ in range(4):
+        scheduler.add(make_request(5))
+    schedule = scheduler.schedule()
+    assert len(schedule.prefills) == 2
+    assert sum(s.num_tokens for s in schedule.items) <= 12
+
+
+def test_slots_and_blocks_are_distinct_and_never_null():
+    """Running requests hold distinct non-NULL slots and blocks."""
+    scheduler = make_scheduler()
+    for n in (3, 9, 4):
+        scheduler.add(make_request(n))
+    run_step(scheduler)
+    slots = [r.state_slot for r in scheduler.running]
+    blocks = [b for r in scheduler.running for b in r.block_ids]
+    assert 0 not in slots and len(set(slots)) == len(slots)
+    assert 0 not in blocks and len(set(blocks)) == len(blocks)
+
+
+def test_preemption_when_blocks_run_out_then_recompute():
+    """With too few blocks the newest request is preempted, later recomputes prompt + output."""
+    scheduler = make_scheduler(num_blocks=17, max_model_len=64, block_size=4)
+    old, new = make_request(16, max_tokens=40), make_request(16, max_tokens=40)
+    scheduler.add(old)
+    scheduler.add(new)
+    preempted = []
+    for _ in range(30):
+        schedule, _ = run_step(scheduler)
+        preempted += schedule.preempted
+        if preempted:
+            break
+    assert preempted == [new] and new.status is RequestStatus.WAITING
+    assert new.num_computed == 0 and new.block_ids == [] and new.state_slot == 0
+    assert new.num_prefill_tokens == 16 + len(new.output_token_ids)
+    assert scheduler.waiting[0] is new
+
+
+def test_finish_frees_everything():
+    """After max_tokens the request finishes and its blocks and slot return to the pools."""
+    scheduler = make_scheduler()
+    request = make_request(6, max_tokens=2)
+    scheduler.add(request)
+    finished = []
+    for _ in range(3):
+        finished += run_step(scheduler)[1]
+    assert finished == [request] and request.finish_reason.value == "length"
+    assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
+
+
+def test_stop_token_finishes():
+    scheduler = make_scheduler()
+    request = Request("s", [1, 2], SamplingParams(max_tokens=9, stop_token_ids=(5,)), seed=0)
+    scheduler.add(request)
+    _, finished = run_step(scheduler, token=5)
+    assert finished == [request] and request.finish_reason.value == "stop"
+
+
+def test_abort_waiting_and_running():
+    """Abort frees a running request's pool entries and drops a waiting one."""
+    scheduler = make_scheduler(max_num_seqs=1)
+    running, waiting = make_request(4), make_request(4)
+    scheduler.add(running)
+    scheduler.add(waiting)
+    run_step(scheduler)
+    assert scheduler.abort(running.request_id) is running
+    assert scheduler.abort(waiting.request_id) is waiting
+    assert scheduler.abort("nope") is None
+    assert not scheduler.has_unfinished and scheduler.block_pool.num_used == 0
+    assert running.finish_reason.value == "abort"

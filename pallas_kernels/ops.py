@@ -9,7 +9,9 @@ from pallas_kernels import gdn_chunk as _gdn_chunk  # noqa: E402
 from pallas_kernels import gdn_state_update as _gdn_state_update  # noqa: E402
 
 gdn_chunk = dispatched(None, _gdn_chunk.gdn_chunk_reference)
-gdn_state_update = dispatched(None, _gdn_state_update.gdn_state_update_reference)
+gdn_state_update = dispatched(
+    _gdn_state_update.gdn_state_update, _gdn_state_update.gdn_state_update_reference
+)
 
 from pallas_kernels import causal_conv1d as _conv1d  # noqa: E402
 from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan  # noqa: E402

@@ -83,3 +83,13 @@ def decode(q, k, v, a, b, A_log, dt_bias, state, rs, ws, *, scale=None, l2=True)
                 o[i, t] = ot
                 new[ws[i, t]] = s
     return o, new
+
+
+def lower_for_cuda(f, *args, device_kind="NVIDIA H100 80GB HBM3", num_cores=132) -> str:
+    """Lower `f` for CUDA on this CPU machine (Triton IR, no PTX): catches non-pow2 shapes etc."""
+    import jax
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    ad = AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="gpu")
+    with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("_",), abstract_device=ad)):
+        return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels import gdn_reference as ref
+from pallas_kernels.gdn_state_update import gdn_state_update
 
 from . import gdn_oracle
+from .gdn_oracle import lower_for_cuda
 
 HK, HV, K, V = 2, 4, 16, 16
 
@@ -68,3 +72,18 @@ def test_bad_shapes_raise():
     args[3] = args[3][:, :, :3]
     with pytest.raises(ValueError, match="a has shape"):
         ref.gdn_state_update_reference(*map(jnp.asarray, args))
+
+
+@pytest.mark.parametrize("L", [1, 2, 3, 4])
+def test_kernel_interpret(L):
+    """K = L - 1 draft tokens; padding row, dead lane; NaN in slot 0 never leaks."""
+    args = make_case(3, L, seed=10 + L, pad_rows=(0,), dead=((1, L - 1),))
+    fn = jax.jit(functools.partial(gdn_state_update, interpret=True, block_v=8))
+    o, st = fn(*map(jnp.asarray, args))
+    check(o, st, args)
+
+
+def test_kernel_lowers_for_triton():
+    args = [jnp.asarray(x) for x in make_case(2, 2)]
+    text = lower_for_cuda(functools.partial(gdn_state_update, interpret=False), *args)
+    assert "triton" in text

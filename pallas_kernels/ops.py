@@ -8,7 +8,7 @@ from pallas_kernels._dispatch import dispatched
 from pallas_kernels import gdn_chunk as _gdn_chunk  # noqa: E402
 from pallas_kernels import gdn_state_update as _gdn_state_update  # noqa: E402
 
-gdn_chunk = dispatched(None, _gdn_chunk.gdn_chunk_reference)
+gdn_chunk = dispatched(_gdn_chunk.gdn_chunk, _gdn_chunk.gdn_chunk_reference)
 gdn_state_update = dispatched(
     _gdn_state_update.gdn_state_update, _gdn_state_update.gdn_state_update_reference
 )

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from pallas_kernels import gdn_reference as ref
+from pallas_kernels.gdn_chunk import gdn_chunk
 
 from . import gdn_oracle
+from .gdn_oracle import lower_for_cuda
 
 HK, HV, K, V = 2, 4, 16, 16
 
@@ -112,3 +114,40 @@ def test_bad_shapes_raise():
     args[3] = args[3][:, :3]
     with pytest.raises(ValueError, match="g has shape"):
         ref.gdn_chunk_reference(*map(jnp.asarray, args))
+
+
+def _kernel(C, **kw):
+    return jax.jit(
+        functools.partial(gdn_chunk, interpret=True, chunk_size=C, solve_block=4, block_v=8, **kw),
+        static_argnames=("block_size",),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernel_interpret(name):
+    """Length 1, across chunks, several rows in one chunk, garbage slots without initial state."""
+    lengths, nc, hi = CASES[name]
+    args, kw = make_case(lengths, nc, hi, T=48, seed=len(name))
+    o, st = _kernel(16)(*map(jnp.asarray, args))
+    check(o, st, args, kw)
+
+
+def test_kernel_interpret_boundaries_chunk64():
+    """Default chunk 64 with its 16-blocked inverse, boundary states, a padding boundary slot."""
+    args, kw = make_case([70, 3, 90], [10, 64, 0], [True, True, False], T=176, nb=2, bs=64)
+    kw["boundary_slots"][2, 1] = 0
+    fn = jax.jit(
+        functools.partial(gdn_chunk, interpret=True, block_v=8), static_argnames=("block_size",)
+    )
+    o, st = fn(
+        *map(jnp.asarray, args), block_size=64, boundary_slots=jnp.asarray(kw["boundary_slots"])
+    )
+    check(o, st, args, kw, tol=5e-4)
+
+
+def test_kernel_lowers_for_triton():
+    args, _ = make_case([5, 20], [3, 0], [True, False], T=32)
+    text = lower_for_cuda(
+        functools.partial(gdn_chunk, interpret=False, chunk_size=16), *map(jnp.asarray, args)
+    )
+    assert "triton" in text

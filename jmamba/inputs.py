@@ -202,10 +202,8 @@ def _check_layout(s: StepInputs) -> None:
             _require(array.dtype == np.bool_, f"{key}.dtype={array.dtype} must be bool")
             continue
         _require(array.dtype == np.int32, f"{key}.dtype={array.dtype} must be int32")
-        _require(
-            array.size == 0 or array.min() >= 0,
-            f"{key} holds {array.min()}: no negative index may reach a device (NULL is 0)",
-        )
+        low = int(array.min()) if array.size else 0
+        _require(low >= 0, f"{key} holds {low}: no negative index may reach a device (NULL is 0)")
 
 
 def _live_prefix(lengths: np.ndarray, what: str) -> np.ndarray:
@@ -219,7 +217,8 @@ def _live_prefix(lengths: np.ndarray, what: str) -> np.ndarray:
 
 
 def _require_null(values: np.ndarray, where: np.ndarray, name: str) -> None:
-    bad = np.nonzero(where & np.any(values.reshape(len(values), -1) != 0, axis=1))[0]
+    rows = values if values.ndim == 2 else values[:, None]
+    bad = np.nonzero(where & np.any(rows != 0, axis=1))[0]
     _require(bad.size == 0, f"{name} of padding rows {bad.tolist()} must be NULL/0/False")
 
 

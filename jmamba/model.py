@@ -1,0 +1,124 @@
+"""`HybridLM`: embedding, a stack of layers whose kinds are data, final norm, LM head.
+
+Each layer is an optional token mixer and an optional feed-forward block, each pre-normed with a
+residual connection. The model is a pure function of its inputs and caches:
+`logits, caches = model(inputs, caches)`; the runtime splits it once (`nnx.split`) and jits
+`step(params, caches, inputs)` with the caches donated.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.inputs import StepInputs
+from jmamba.layers.linear import Linear
+from jmamba.layers.mlp import MLP
+from jmamba.layers.moe import MoE
+from jmamba.layers.norms import RMSNorm
+from jmamba.mixers.attention import Attention, KVCache
+from jmamba.mixers.gated_deltanet import GatedDeltaNet, GDNState
+from jmamba.mixers.mamba2 import Mamba2, Mamba2State
+
+LayerCache = KVCache | Mamba2State | GDNState | None
+
+
+def _make_mixer(config: ModelConfig, kind: Mixer, rngs: nnx.Rngs) -> nnx.Module | None:
+    hidden, eps = config.hidden_size, config.norm_eps
+    match kind:
+        case Mixer.ATTENTION:
+            return Attention(hidden, config.attention, eps, config.norm_offset, rngs=rngs)
+        case Mixer.MAMBA2:
+            return Mamba2(hidden, config.mamba2, eps, rngs=rngs)
+        case Mixer.GDN:
+            return GatedDeltaNet(hidden, config.gdn, eps, rngs=rngs)
+        case Mixer.NONE:
+            return None
+
+
+def _make_ffn(config: ModelConfig, kind: Ffn, rngs: nnx.Rngs) -> nnx.Module | None:
+    match kind:
+        case Ffn.MLP:
+            return MLP(config.hidden_size, config.mlp.intermediate_size, config.mlp.activation,
+                       rngs=rngs)
+        case Ffn.MOE:
+            return MoE(config.hidden_size, config.moe, rngs=rngs)
+        case Ffn.NONE:
+            return None
+
+
+class Layer(nnx.Module):
+    """`x += mixer(norm(x))`, then `x += ffn(norm(x))`, each part present or not."""
+
+    def __init__(self, config: ModelConfig, mixer: Mixer, ffn: Ffn, *, rngs: nnx.Rngs):
+        norm = lambda: RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)  # noqa: E731
+        self.mixer_norm = norm() if mixer != Mixer.NONE else None
+        self.mixer = _make_mixer(config, mixer, rngs)
+        self.ffn_norm = norm() if ffn != Ffn.NONE else None
+        self.ffn = _make_ffn(config, ffn, rngs)
+
+    def __call__(self, x: jax.Array, cache: LayerCache, inputs: StepInputs
+                 ) -> tuple[jax.Array, LayerCache]:
+        if self.mixer is not None:
+            y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
+            x = x + y
+        if self.ffn is not None:
+            x = x + self.ffn(self.ffn_norm(x))
+        return x, cache
+
+
+class HybridLM(nnx.Module):
+    """A hybrid causal language model over the token layout of `StepInputs`."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        embed = jax.random.normal(rngs.params(), (config.vocab_size, config.hidden_size))
+        self.embed = nnx.Param(embed.astype(jnp.float32))
+        self.layers = nnx.List(
+            [Layer(config, m, f, rngs=rngs) for m, f in zip(config.mixers, config.ffns,
+                                                           strict=True)])
+        self.final_norm = RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)
+        self.lm_head = (None if config.tie_word_embeddings
+                        else Linear(config.hidden_size, config.vocab_size, rngs=rngs))
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return self.embed[...].dtype
+
+    def init_caches(self, *, num_blocks: int, block_size: int, num_slots: int,
+                    state_dtype: jnp.dtype = jnp.float32) -> tuple[LayerCache, ...]:
+        """Zeroed per-layer caches; block 0 and slot 0 are the reserved NULL entries."""
+        if num_slots < 2 or num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_slots >= 2 (got {num_slots}), num_blocks >= 1 "
+                             f"(got {num_blocks}) and block_size >= 1 (got {block_size})")
+        cfg, dtype = self.config, self.dtype
+
+        def cache_for(kind: Mixer) -> LayerCache:
+            match kind:
+                case Mixer.ATTENTION:
+                    return KVCache.zeros(cfg.attention, num_blocks, block_size, dtype)
+                case Mixer.MAMBA2:
+                    return Mamba2State.zeros(cfg.mamba2, num_slots, dtype, state_dtype)
+                case Mixer.GDN:
+                    return GDNState.zeros(cfg.gdn, num_slots, dtype, state_dtype)
+                case Mixer.NONE:
+                    return None
+
+        return tuple(cache_for(kind) for kind in cfg.mixers)
+
+    def __call__(self, inputs: StepInputs, caches: tuple[LayerCache, ...]
+                 ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+        """Run one step; returns fp32 logits at `inputs.logits_indices` and the new caches."""
+        x = self.embed[...][inputs.token_ids]
+        new_caches = []
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x, cache = layer(x, cache, inputs)
+            new_caches.append(cache)
+        x = self.final_norm(x[inputs.logits_indices])
+        if self.lm_head is None:
+            logits = jnp.dot(x, self.embed[...].T, preferred_element_type=jnp.float32)
+        else:
+            logits = self.lm_head(x)
+        return logits.astype(jnp.float32), tuple(new_caches)

@@ -1,0 +1,188 @@
+"""Load a Hugging Face checkpoint (config.json + safetensors, one file or sharded) into `HybridLM`.
+
+The tensor names are those transformers writes on disk (`save_pretrained` reverts its in-memory
+fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert, HF linear weights [out, in]
+(ours are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
+used; otherwise a ValueError lists the missing and unexpected names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors.numpy import load_file
+
+from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.families import load_hf_config
+from jmamba.model import HybridLM
+
+Path_ = tuple[str | int, ...]
+Source = tuple[tuple[str, ...], Callable[..., np.ndarray]]
+
+
+def _same(name: str) -> Source:
+    return (name,), lambda t: t
+
+
+def _linear(name: str) -> Source:
+    return (f"{name}.weight",), lambda t: t.T
+
+
+def _conv(name: str) -> Source:
+    return (f"{name}.weight",), lambda t: t[:, 0, :]
+
+
+def _experts(prefix: str, proj: str, num_experts: int) -> Source:
+    names = tuple(f"{prefix}.experts.{e}.{proj}.weight" for e in range(num_experts))
+    return names, lambda *ts: np.stack([t.T for t in ts])
+
+
+def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """Qwen3-Next packs q|k|v|z (and b|a) per key-head group; we use flat [q|k|v|z|b|a]."""
+    g = cfg.gdn
+    r = g.num_v_heads // g.num_k_heads
+    per_group = qkvz.reshape(g.num_k_heads, -1, qkvz.shape[-1])
+    q, k, v, z = np.split(per_group, np.cumsum([g.head_k_dim, g.head_k_dim, r * g.head_v_dim]),
+                          axis=1)
+    b, a = np.split(ba.reshape(g.num_k_heads, 2 * r, -1), [r], axis=1)
+    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    return np.concatenate([flat(t) for t in (q, k, v, z, b, a)]).T
+
+
+def _gdn_in_proj(prefix: str, cfg: ModelConfig) -> Source:
+    if cfg.architecture == "Qwen3NextForCausalLM":
+        return ((f"{prefix}.in_proj_qkvz.weight", f"{prefix}.in_proj_ba.weight"),
+                lambda qkvz, ba: _deinterleave_qwen3_next(qkvz, ba, cfg))
+    names = tuple(f"{prefix}.in_proj_{p}.weight" for p in ("qkv", "z", "b", "a"))
+    return names, lambda *ts: np.concatenate(ts).T
+
+
+def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
+    match kind:
+        case Mixer.MAMBA2:
+            src = {("in_proj", "kernel"): _linear(f"{hf}.in_proj"),
+                   ("conv_weight",): _conv(f"{hf}.conv1d"),
+                   ("norm", "weight"): _same(f"{hf}.norm.weight"),
+                   ("out_proj", "kernel"): _linear(f"{hf}.out_proj")}
+            if cfg.mamba2.conv_bias:
+                src[("conv_bias",)] = _same(f"{hf}.conv1d.bias")
+            src.update({(p,): _same(f"{hf}.{p}") for p in ("dt_bias", "A_log", "D")})
+            return src
+        case Mixer.GDN:
+            return {("in_proj", "kernel"): _gdn_in_proj(hf, cfg),
+                    ("conv_weight",): _conv(f"{hf}.conv1d"),
+                    ("dt_bias",): _same(f"{hf}.dt_bias"), ("A_log",): _same(f"{hf}.A_log"),
+                    ("norm", "weight"): _same(f"{hf}.norm.weight"),
+                    ("out_proj", "kernel"): _linear(f"{hf}.out_proj")}
+        case Mixer.ATTENTION:
+            src = {(p, "kernel"): _linear(f"{hf}.{p}") for p in ("q_proj", "k_proj", "v_proj",
+                                                                 "o_proj")}
+            if cfg.attention.qk_norm:
+                src.update({(n, "weight"): _same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
+            return src
+    return {}
+
+
+def _mlp_sources(hf: str, gated: bool) -> dict[Path_, Source]:
+    projs = ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
+    return {(p, "kernel"): _linear(f"{hf}.{p}") for p in projs}
+
+
+def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
+    match kind:
+        case Ffn.MLP:
+            return _mlp_sources(hf, cfg.mlp.activation == "silu_gated")
+        case Ffn.MOE:
+            moe = cfg.moe
+            gated = moe.activation == "silu_gated"
+            src = {("router", "kernel"): _linear(f"{hf}.gate")}
+            for proj in ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj"):
+                src[(proj,)] = _experts(hf, proj, moe.num_experts)
+            shared = "shared_expert" if moe.shared_gate else "shared_experts"
+            src.update({("shared", *k): v for k, v in _mlp_sources(f"{hf}.{shared}", gated).items()})
+            if moe.shared_gate:
+                src[("shared_gate", "kernel")] = _linear(f"{hf}.shared_expert_gate")
+            if moe.router == "sigmoid_grouped":
+                src[("router_bias",)] = _same(f"{hf}.gate.e_score_correction_bias")
+            return src
+    return {}
+
+
+def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
+    """HF names of (mixer norm, mixer, ffn norm, ffn) of layer i."""
+    if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
+        layer = f"backbone.layers.{i}"
+        return f"{layer}.norm", f"{layer}.mixer", f"{layer}.norm", f"{layer}.mixer"
+    layer = f"model.layers.{i}"
+    mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "linear_attn"
+    return (f"{layer}.input_layernorm", f"{layer}.{mixer}", f"{layer}.post_attention_layernorm",
+            f"{layer}.mlp")
+
+
+def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
+    """Map every parameter path of `HybridLM(cfg)` to the HF tensors it is built from."""
+    if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
+        embed, final = "backbone.embeddings.weight", "backbone.norm_f.weight"
+    else:
+        embed, final = "model.embed_tokens.weight", "model.norm.weight"
+    src: dict[Path_, Source] = {("embed",): _same(embed), ("final_norm", "weight"): _same(final)}
+    if not cfg.tie_word_embeddings:
+        src[("lm_head", "kernel")] = _linear("lm_head")
+    for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
+        mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
+        if mixer != Mixer.NONE:
+            src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
+            src.update({("layers", i, "mixer", *k): v
+                        for k, v in _mixer_sources(mixer, mixer_hf, cfg).items()})
+        if ffn != Ffn.NONE:
+            src[("layers", i, "ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
+            src.update({("layers", i, "ffn", *k): v
+                        for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()})
+    return src
+
+
+def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
+    """All tensors of `model.safetensors`, or of the shards named by `model.safetensors.index.json`."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (model_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+    tensors: dict[str, np.ndarray] = {}
+    for name in files:
+        if not (model_dir / name).is_file():
+            raise ValueError(f"checkpoint shard {name} listed in the index is missing in {model_dir}")
+        tensors.update(load_file(model_dir / name))
+    return tensors
+
+
+def load_pretrained(model_dir: str | Path, dtype: jnp.dtype = jnp.float32) -> HybridLM:
+    """Build `HybridLM` from a HF checkpoint directory, parameters cast to `dtype`."""
+    cfg = load_hf_config(model_dir)
+    tensors = read_safetensors(model_dir)
+    sources = tensor_sources(cfg)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
+    flat = nnx.to_flat_state(state)
+    wanted = {name for names, _ in sources.values() for name in names}
+    missing = sorted(wanted - tensors.keys())
+    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    unexpected = sorted(tensors.keys() - wanted - ignorable)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {model_dir} does not match {cfg.architecture}: "
+                         f"missing tensors {missing}; unexpected tensors {unexpected}")
+    for path, variable in flat:
+        names, build = sources[path]
+        value = np.asarray(build(*(tensors[n] for n in names)))
+        if value.shape != variable.get_value().shape:
+            raise ValueError(f"tensor(s) {list(names)} give shape {value.shape} for parameter "
+                             f"{'.'.join(map(str, path))}, expected {variable.get_value().shape}")
+        variable.set_value(jnp.asarray(value, dtype=dtype))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))

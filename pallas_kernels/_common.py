@@ -89,3 +89,16 @@ def pow2(n: int) -> int:
 def sds_like(a: jax.Array) -> jax.ShapeDtypeStruct:
     """Output shape for pallas_call that keeps shard_map's varying axes (harmless outside it)."""
     return jax.ShapeDtypeStruct(a.shape, a.dtype, manual_axis_type=jax.typeof(a).manual_axis_type)
+
+
+def lower_for_cuda(fn, *args, device_kind: str = "NVIDIA H100 80GB HBM3", num_cores: int = 132):
+    """Lower `fn(*args)` for CUDA on a machine without a GPU; returns the StableHLO text.
+
+    This runs the Pallas -> Triton IR lowering (catches non-power-of-two blocks, bad indexing) but not
+    the PTX compile. `args` may be jax.ShapeDtypeStruct.
+    """
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    device = AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="gpu")
+    with use_abstract_mesh(AbstractMesh((1,), ("_",), abstract_device=device)):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()

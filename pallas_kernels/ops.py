@@ -18,7 +18,13 @@ from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan  # noqa: E402
 from pallas_kernels import ssd_state_update as _ssd_state_update  # noqa: E402
 
 # Mamba2 path (issue 3). The first argument becomes the Pallas entry once it exists.
-causal_conv1d_prefill = dispatched(None, _conv1d.causal_conv1d_prefill_reference)
-causal_conv1d_update = dispatched(None, _conv1d.causal_conv1d_update_reference)
+causal_conv1d_prefill = dispatched(
+    _conv1d.causal_conv1d_prefill, _conv1d.causal_conv1d_prefill_reference
+)
+causal_conv1d_update = dispatched(
+    _conv1d.causal_conv1d_update, _conv1d.causal_conv1d_update_reference
+)
 ssd_chunk_scan = dispatched(None, _ssd_chunk_scan.ssd_chunk_scan_reference)
-ssd_state_update = dispatched(None, _ssd_state_update.ssd_state_update_reference)
+ssd_state_update = dispatched(
+    _ssd_state_update.ssd_state_update, _ssd_state_update.ssd_state_update_reference
+)

@@ -10,8 +10,18 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import check_shape, gather_slots, process_dt, scatter_slots, silu
+from pallas_kernels._common import (
+    check_shape,
+    gather_slots,
+    pow2,
+    process_dt,
+    scatter_slots,
+    sds_like,
+    silu,
+)
 
 
 def check_args(x, dt, A, B, C, ssm_state, read_slots, write_slots, D, z, dt_bias):
@@ -78,3 +88,142 @@ def ssd_state_update_reference(
     y = jnp.stack(ys, axis=1)
     y = jnp.where((write_slots > 0)[:, :, None, None], y, 0.0).astype(x.dtype)
     return y, scatter_slots(ssm_state, write_slots, jnp.stack(states, axis=1))
+
+
+def _ssu_kernel(
+    read_ref,
+    write_ref,
+    x_ref,
+    dt_ref,
+    a_ref,
+    b_ref,
+    c_ref,
+    d_ref,
+    z_ref,
+    bias_ref,
+    state_in_ref,
+    y_ref,
+    state_ref,
+    *,
+    lanes,
+    heads_per_group,
+    head_dim,
+    state_size,
+    block_p,
+    block_n,
+    dt_softplus,
+    dt_limit,
+    has_z,
+):
+    """One (row, head, P-block): the state block stays in registers across the row's lanes."""
+    del state_in_ref  # aliased to state_ref
+    b, h, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    g = h // heads_per_group
+    p_idx = pb * block_p + jnp.arange(block_p)
+    p_mask, n_mask = p_idx < head_dim, jnp.arange(block_n) < state_size
+    pn_mask = p_mask[:, None] & n_mask[None, :]
+    p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
+    read = read_ref[b]
+    s = plgpu.load(
+        state_ref.at[jnp.maximum(read, 0), h, p_sl, n_sl], mask=pn_mask & (read > 0), other=0.0
+    ).astype(jnp.float32)
+    a, d_skip, bias = a_ref[h].astype(jnp.float32), d_ref[h], bias_ref[h]
+    for t in range(lanes):
+        t = jnp.int32(t)  # a traced index (interpret mode rejects Python ints in .at[])
+        x = plgpu.load(x_ref.at[b, t, h, p_sl], mask=p_mask, other=0.0).astype(jnp.float32)
+        dt = dt_ref[b, t, h].astype(jnp.float32) + bias.astype(jnp.float32)
+        dt = _dt_activation(dt, dt_softplus, dt_limit)
+        bv = plgpu.load(b_ref.at[b, t, g, n_sl], mask=n_mask, other=0.0).astype(jnp.float32)
+        cv = plgpu.load(c_ref.at[b, t, g, n_sl], mask=n_mask, other=0.0).astype(jnp.float32)
+        s = s * jnp.exp(dt * a) + (dt * x)[:, None] * bv[None, :]
+        y = jnp.sum(s * cv[None, :], axis=1) + d_skip.astype(jnp.float32) * x
+        if has_z:
+            y = y * silu(
+                plgpu.load(z_ref.at[b, t, h, p_sl], mask=p_mask, other=0.0).astype(jnp.float32)
+            )
+        write = write_ref[b, t]
+        y = jnp.where(write > 0, y, 0.0)
+        plgpu.store(y_ref.at[b, t, h, p_sl], y.astype(y_ref.dtype), mask=p_mask)
+        plgpu.store(
+            state_ref.at[jnp.maximum(write, 0), h, p_sl, n_sl],
+            s.astype(state_ref.dtype),
+            mask=pn_mask & (write > 0),
+        )
+
+
+def _dt_activation(dt: jax.Array, dt_softplus: bool, dt_limit: tuple[float, float]) -> jax.Array:
+    if dt_softplus:  # softplus, linear above 20 as in the reference implementations
+        dt = jnp.where(dt > 20.0, dt, jnp.log1p(jnp.exp(jnp.minimum(dt, 20.0))))
+    low, high = dt_limit
+    if low > 0.0 or high != float("inf"):
+        dt = jnp.clip(dt, low, high)
+    return dt
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("dt_softplus", "dt_limit", "interpret", "block_p", "num_warps", "num_stages"),
+)
+def ssd_state_update(
+    x: jax.Array,
+    dt: jax.Array,
+    A: jax.Array,
+    B: jax.Array,
+    C: jax.Array,
+    ssm_state: jax.Array,
+    read_slots: jax.Array,
+    write_slots: jax.Array,
+    *,
+    D: jax.Array | None = None,
+    z: jax.Array | None = None,
+    dt_bias: jax.Array | None = None,
+    dt_softplus: bool = True,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    interpret: bool = False,
+    block_p: int = 16,
+    num_warps: int = 4,
+    num_stages: int = 1,
+) -> tuple[jax.Array, jax.Array]:
+    """Pallas kernel for `ssd_state_update_reference` (same arguments and results).
+
+    Grid (B, H, P / block_p). The state is read from and written to its slots inside the kernel;
+    `ssm_state` is aliased to the returned pool (donate it under jit to update in place).
+    """
+    batch, lanes, heads, head_dim, groups, state_size = check_args(
+        x, dt, A, B, C, ssm_state, read_slots, write_slots, D, z, dt_bias
+    )
+    block_p = min(pow2(block_p), pow2(head_dim))
+    zeros = jnp.zeros((heads,), jnp.float32)
+    kernel = functools.partial(
+        _ssu_kernel,
+        lanes=lanes,
+        heads_per_group=heads // groups,
+        head_dim=head_dim,
+        state_size=state_size,
+        block_p=block_p,
+        block_n=pow2(state_size),
+        dt_softplus=dt_softplus,
+        dt_limit=tuple(dt_limit),
+        has_z=z is not None,
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=(sds_like(x), sds_like(ssm_state)),
+        grid=(batch, heads, pl.cdiv(head_dim, block_p)),
+        input_output_aliases={10: 1},
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="ssd_state_update",
+    )(
+        read_slots.astype(jnp.int32),
+        write_slots.astype(jnp.int32),
+        x,
+        dt,
+        A,
+        B,
+        C,
+        zeros if D is None else D,
+        x if z is None else z,
+        zeros if dt_bias is None else dt_bias,
+        ssm_state,
+    )

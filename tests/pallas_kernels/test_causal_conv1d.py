@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pallas_kernels import causal_conv1d as conv_mod
 from pallas_kernels import ops
 
 
@@ -140,3 +141,28 @@ def test_prefill_rejects_bad_weight():
     d = prefill_inputs(0, (3,), 8, 4)
     with pytest.raises(ValueError, match="weight"):
         ops.causal_conv1d_prefill(*_args({**d, "weight": d["weight"][:4]}, PREFILL))
+
+
+@pytest.mark.parametrize(
+    ("lengths", "channels", "width", "block_t"),
+    [((5, 1, 2, 9), 12, 4, 4), ((1,), 6, 2, 8), ((3, 0, 12), 20, 3, 4), ((2, 1, 7), 12, 4, 16)],
+)
+def test_prefill_kernel(lengths, channels, width, block_t):
+    """Short rows, empty rows, several rows in one token block, channel counts not powers of two."""
+    d = prefill_inputs(5, lengths, channels, width)
+    want_y, want_pool = oracle_prefill(*_args(d, PREFILL), "silu")
+    y, pool = conv_mod.causal_conv1d_prefill(
+        *_args(d, PREFILL), interpret=True, block_t=block_t, block_d=8
+    )
+    np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=1e-6, atol=1e-6)
+
+
+def test_prefill_kernel_no_bias_no_activation():
+    check_prefill(prefill_inputs(6, (4, 2), 10, 4), "interpret", None, bias=False)
+
+
+@pytest.mark.parametrize(("lanes", "width"), [(1, 4), (2, 4), (3, 2), (4, 4)])
+def test_update_kernel(lanes, width):
+    """K = 0..3 speculative lanes; a padding row and a dead lane."""
+    check_update(update_inputs(7, 3, lanes, 10, width), "interpret")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -103,3 +104,25 @@ def test_rejects_bad_groups():
     d["B"] = d["C"] = d["B"][:, :, :1].repeat(3, axis=2)
     with pytest.raises(ValueError, match="groups"):
         run(d, "reference")
+
+
+@pytest.mark.parametrize(
+    ("batch", "lanes", "heads", "head_dim", "groups", "state"),
+    [(3, 1, 4, 6, 2, 5), (2, 2, 4, 6, 2, 5), (3, 3, 2, 16, 1, 16), (2, 4, 4, 6, 2, 5)],
+)
+def test_kernel_matches_oracle(batch, lanes, heads, head_dim, groups, state):
+    """K = 0..3 speculative lanes, head dims and state sizes that are not powers of two."""
+    check(make_inputs(2, batch, lanes, heads, head_dim, groups, state), "interpret")
+
+
+def test_kernel_dt_options_and_bf16():
+    d = make_inputs(3, 2, 2, gate=False)
+    d.pop("dt_bias")
+    check(d, "interpret", dt_softplus=False, dt_limit=(0.01, 0.5))
+    d = make_inputs(4, 2, 2)
+    d["x"] = d["x"].astype(jnp.bfloat16)
+    want_y, want_pool = oracle({**d, "x": np.asarray(d["x"], np.float32)})
+    y, pool = run(d, "interpret")
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float32), want_y, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=1e-5, atol=1e-5)

@@ -53,9 +53,10 @@ def test_mixed_step_layout():
     assert schedule.prefills[0].token_ids == inputs.token_ids[2:13].tolist()
 
 
-def test_dummy_step_is_all_null():
-    """An all-padding step validates and every leaf is zero."""
-    batch = build_dummy(Bucket(4, 1, 8, 2), max_blocks=MAX_BLOCKS)
+@pytest.mark.parametrize("bucket", [Bucket(4, 1, 8, 2), Bucket(2, 1, 0, 0), Bucket(0, 1, 8, 1)])
+def test_dummy_step_is_all_null(bucket):
+    """An all-padding step (also with an empty section) validates and every leaf is zero."""
+    batch = build_dummy(bucket, max_blocks=MAX_BLOCKS)
     validate(batch.inputs)
     assert all(not np.asarray(leaf).any() for leaf in jax.tree.leaves(batch.inputs))
 

@@ -1,0 +1,118 @@
+"""`LLM`: load a model (built-in preset or checkpoint directory) and generate for many prompts."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from runtime.config import EngineConfig
+from runtime.engine import Engine
+from runtime.request import RequestOutput
+from runtime.sampling_params import SamplingParams
+
+PRESET_PREFIX = "tiny-"
+DEFAULT_MODEL = "tiny-nemotron_h"
+
+
+def load_model(model: str, seed: int = 0) -> tuple[Any, Any]:
+    """Return (HybridLM, tokenizer or None) for a preset ("tiny-<family>") or an HF directory."""
+    from flax import nnx
+
+    import jmamba
+
+    if model.startswith(PRESET_PREFIX) and not Path(model).exists():
+        family = model.removeprefix(PRESET_PREFIX)
+        if family not in jmamba.presets.names():
+            raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
+        config = jmamba.presets.tiny(family)
+        return jmamba.HybridLM(config, rngs=nnx.Rngs(seed)), None
+    path = Path(model)
+    if not path.is_dir():
+        raise ValueError(
+            f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()}"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"checkpoint directory {model!r} has no config.json")
+    if not list(path.glob("*.safetensors")):
+        raise ValueError(f"checkpoint directory {model!r} has no *.safetensors files")
+    return jmamba.load_pretrained(path), load_tokenizer(path)
+
+
+def preset_names() -> list[str]:
+    import jmamba
+
+    return [PRESET_PREFIX + name for name in jmamba.presets.names()]
+
+
+def load_tokenizer(path: Path) -> Any:
+    """A `tokenizers.Tokenizer` from `path/tokenizer.json`, or None (no file or no package)."""
+    if not (path / "tokenizer.json").is_file():
+        return None
+    try:
+        import tokenizers
+    except ImportError:
+        return None
+    return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
+class LLM:
+    """Offline generation: `LLM("tiny-nemotron_h").generate([[1, 2, 3]], SamplingParams())`."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, warmup: bool = True, **engine_options):
+        """`engine_options` are `EngineConfig` fields (max_num_seqs, max_model_len, ...)."""
+        fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(engine_options) - fields)
+        if unknown:
+            raise ValueError(f"unknown engine options {unknown}; known: {sorted(fields)}")
+        config = EngineConfig(**engine_options)
+        self.model, self.tokenizer = load_model(model, seed=config.seed)
+        self.engine = Engine(self.model, config)
+        if warmup:
+            self.engine.warmup()
+
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (strings need a tokenizer); outputs in prompt order.
+
+        Every prompt is checked before any is queued: a bad one raises ValueError and queues none.
+        """
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not isinstance(sampling_params, Sequence):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        token_ids = [self._encode(p) for p in prompts]
+        for ids in token_ids:
+            self.engine._check_prompt(ids)
+        ids = [
+            self.engine.add_request(t, p) for t, p in zip(token_ids, sampling_params, strict=True)
+        ]
+        outputs: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+            while len(outputs) < len(ids):
+                for output in self.engine.step():
+                    outputs[output.request_id] = self._decode(output)
+                    bar.update(1)
+        return [outputs[i] for i in ids]
+
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ValueError("string prompts need a tokenizer.json in the model directory; "
+                             "pass token-id lists instead")  # fmt: skip
+        return self.tokenizer.encode(prompt).ids
+
+    def _decode(self, output: RequestOutput) -> RequestOutput:
+        if self.tokenizer is None:
+            return output
+        return dataclasses.replace(output, text=self.tokenizer.decode(output.token_ids))

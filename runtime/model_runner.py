@@ -1,0 +1,84 @@
+"""`ModelRunner`: the model split once, one compiled step per bucket, caches donated.
+
+The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)`; sampling
+runs inside it, so only N int32 token ids come back to the host each step. The runner makes no
+policy decision: it runs whatever `StepBatch` it is given, in the bucket it is told.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jmamba.inputs import StepInputs
+from runtime.buckets import Bucket
+from runtime.builder import SamplingInputs, StepBatch, build_dummy
+from runtime.config import EngineConfig
+from runtime.sampler import sample
+
+
+def _step(
+    graphdef: nnx.GraphDef,
+    keep_logits: bool,
+    params: nnx.State,
+    caches: Any,
+    inputs: StepInputs,
+    sampling: SamplingInputs,
+) -> tuple[jax.Array, jax.Array | None, Any]:
+    model = nnx.merge(graphdef, params)
+    logits, caches = model(inputs, caches)
+    return sample(logits, sampling), (logits if keep_logits else None), caches
+
+
+class ModelRunner:
+    """Holds params and caches; compiles and runs one step variant per `Bucket`.
+
+    Attributes:
+      caches: the device caches (replaced, not mutated, by every step: the old ones are donated).
+      last_logits: [N, vocab] fp32 logits of the last step when `keep_logits`, else None.
+      compile_seconds: time spent compiling, per bucket.
+    """
+
+    def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
+        self.config = config
+        self.graphdef, self.params = nnx.split(model)
+        self.caches = model.init_caches(
+            num_blocks=config.num_blocks, block_size=config.block_size, num_slots=config.num_slots
+        )
+        self.keep_logits = keep_logits
+        self.last_logits: jax.Array | None = None
+        self.compile_seconds: dict[Bucket, float] = {}
+        self._jitted = jax.jit(_step, static_argnums=(0, 1), donate_argnames=("caches",))
+        self._compiled: dict[Bucket, Any] = {}
+
+    @property
+    def num_variants(self) -> int:
+        """How many step variants are compiled so far."""
+        return len(self._compiled)
+
+    def run(self, bucket: Bucket, batch: StepBatch) -> np.ndarray:
+        """Run one step; returns each scheduled request's sampled token, [len(sample_rows)]."""
+        compiled = self._compiled.get(bucket) or self._compile(bucket, batch)
+        tokens, logits, self.caches = compiled(
+            self.params, self.caches, batch.inputs, batch.sampling
+        )
+        self.last_logits = logits
+        return np.asarray(tokens)[batch.sample_rows]
+
+    def warmup(self, buckets: list[Bucket]) -> None:
+        """Compile `buckets`, running each once on an all-padding step (changes no live slot)."""
+        for bucket in buckets:
+            self.run(bucket, build_dummy(bucket, max_blocks=self.config.max_blocks_per_seq))
+
+    def _compile(self, bucket: Bucket, batch: StepBatch) -> Any:
+        start = time.perf_counter()
+        lower = functools.partial(self._jitted.lower, self.graphdef, self.keep_logits)
+        compiled = lower(self.params, self.caches, batch.inputs, batch.sampling).compile()
+        self.compile_seconds[bucket] = time.perf_counter() - start
+        self._compiled[bucket] = compiled
+        return compiled

@@ -1,0 +1,110 @@
+"""Shared engines for the runtime tests: one model and one compiled runner per family per session.
+
+Every engine built from `make_engine` shares its family's runner (fixed bucket tables, so at most
+three step variants compile per family) and therefore its caches: each test starts on pools full of
+an earlier test's states, which is what DESIGN.md section 5 invariant 4 must make harmless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import jmamba
+from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
+from runtime.config import EngineConfig
+from runtime.engine import Engine
+from runtime.model_runner import ModelRunner
+
+FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
+MAX_MODEL_LEN = 64
+BLOCK_SIZE = 8
+
+
+def base_config(family: str) -> EngineConfig:
+    """Small pools (13 KV blocks: 12 usable, 8 per full-length request) to force preemption."""
+    budget = max(32, jmamba.presets.tiny(family).chunk_size)
+    return EngineConfig(
+        max_num_seqs=4,
+        max_num_batched_tokens=budget,
+        max_model_len=MAX_MODEL_LEN,
+        block_size=BLOCK_SIZE,
+        num_blocks=13,
+        num_slots=6,
+        decode_row_buckets=(4,),
+        prefill_token_buckets=(budget,),
+        prefill_row_buckets=(4,),
+        validate_inputs=True,
+    )
+
+
+@functools.cache
+def model_and_runner(family: str) -> tuple[nnx.Module, ModelRunner]:
+    model = jmamba.HybridLM(jmamba.presets.tiny(family), rngs=nnx.Rngs(0))
+    return model, ModelRunner(model, base_config(family), keep_logits=True)
+
+
+def make_engine(family: str, **options) -> Engine:
+    """A fresh engine (fresh scheduler and pools) on the family's shared runner and caches."""
+    model, runner = model_and_runner(family)
+    return Engine(model, dataclasses.replace(base_config(family), **options), runner=runner)
+
+
+def run_to_completion(engine: Engine, max_steps: int = 500) -> dict[str, list[int]]:
+    outputs = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished:
+            return outputs
+        outputs |= {o.request_id: o.token_ids for o in engine.step()}
+    raise AssertionError(f"engine did not finish in {max_steps} steps")
+
+
+@functools.cache
+def _naive_forward(family: str):
+    model, _ = model_and_runner(family)
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def forward(params, inputs):
+        caches = model.init_caches(num_blocks=MAX_MODEL_LEN // BLOCK_SIZE + 1,
+                                   block_size=BLOCK_SIZE, num_slots=2)  # fmt: skip
+        logits, _ = nnx.merge(graphdef, params)(inputs, caches)
+        return logits[0]
+
+    return functools.partial(forward, params)
+
+
+def _whole_sequence_inputs(tokens: list[int]) -> StepInputs:
+    """The whole sequence as one prefill row from fresh caches, written independently of builder."""
+    n, width = len(tokens), MAX_MODEL_LEN // BLOCK_SIZE
+    i32 = functools.partial(np.array, dtype=np.int32)
+    padded = np.zeros(MAX_MODEL_LEN, np.int32)
+    padded[:n] = tokens
+    positions = np.where(np.arange(MAX_MODEL_LEN) < n, np.arange(MAX_MODEL_LEN), 0).astype(np.int32)
+    kv_slots = np.where(np.arange(MAX_MODEL_LEN) < n, BLOCK_SIZE + np.arange(MAX_MODEL_LEN), 0)
+    table = np.where(np.arange(width) < -(-n // BLOCK_SIZE), 1 + np.arange(width), 0)
+    empty = np.zeros((0,), np.int32)
+    decode = DecodeRows(
+        empty, empty, empty, np.zeros((0, 1), np.int32), np.zeros((0, width), np.int32)
+    )
+    prefill = PrefillRows(i32([0, n]), i32([0]), i32([n]), np.array([False]), i32([0]), i32([1]),
+                          table[None].astype(np.int32))  # fmt: skip
+    return StepInputs(padded, positions, kv_slots.astype(np.int32), decode, prefill, i32([n - 1]))
+
+
+def naive_greedy(family: str, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens by full recompute: fresh caches, the whole sequence as one prefill row."""
+    forward, tokens = _naive_forward(family), list(prompt)
+    for _ in range(max_tokens):
+        tokens.append(int(np.argmax(np.asarray(forward(_whole_sequence_inputs(tokens))))))
+    return tokens[len(prompt) :]
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request) -> str:
+    return request.param

@@ -77,6 +77,16 @@ def process_dt(
     return dt
 
 
+def dt_activation(dt: jax.Array, dt_softplus: bool, dt_limit: tuple[float, float]) -> jax.Array:
+    """In-kernel dt activation: softplus (linear above 20), then the dt_limit clamp."""
+    if dt_softplus:  # softplus, linear above 20 as in the reference implementations
+        dt = jnp.where(dt > 20.0, dt, jnp.log1p(jnp.exp(jnp.minimum(dt, 20.0))))
+    low, high = dt_limit
+    if low > 0.0 or high != float("inf"):
+        dt = jnp.clip(dt, low, high)
+    return dt
+
+
 def silu(x: jax.Array) -> jax.Array:
     return x * jax.nn.sigmoid(x)
 
@@ -94,8 +104,8 @@ def sds_like(a: jax.Array) -> jax.ShapeDtypeStruct:
 def lower_for_cuda(fn, *args, device_kind: str = "NVIDIA H100 80GB HBM3", num_cores: int = 132):
     """Lower `fn(*args)` for CUDA on a machine without a GPU; returns the StableHLO text.
 
-    This runs the Pallas -> Triton IR lowering (catches non-power-of-two blocks, bad indexing) but not
-    the PTX compile. `args` may be jax.ShapeDtypeStruct.
+    This runs the Pallas -> Triton IR lowering (catches non-power-of-two blocks, bad indexing) but
+    not the PTX compile. `args` may be jax.ShapeDtypeStruct.
     """
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 

@@ -24,7 +24,9 @@ causal_conv1d_prefill = dispatched(
 causal_conv1d_update = dispatched(
     _conv1d.causal_conv1d_update, _conv1d.causal_conv1d_update_reference
 )
-ssd_chunk_scan = dispatched(None, _ssd_chunk_scan.ssd_chunk_scan_reference)
+ssd_chunk_scan = dispatched(
+    _ssd_chunk_scan.ssd_chunk_scan, _ssd_chunk_scan.ssd_chunk_scan_reference
+)
 ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_state_update.ssd_state_update_reference
 )

@@ -15,6 +15,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
     check_shape,
+    dt_activation,
     gather_slots,
     pow2,
     process_dt,
@@ -132,7 +133,7 @@ def _ssu_kernel(
         t = jnp.int32(t)  # a traced index (interpret mode rejects Python ints in .at[])
         x = plgpu.load(x_ref.at[b, t, h, p_sl], mask=p_mask, other=0.0).astype(jnp.float32)
         dt = dt_ref[b, t, h].astype(jnp.float32) + bias.astype(jnp.float32)
-        dt = _dt_activation(dt, dt_softplus, dt_limit)
+        dt = dt_activation(dt, dt_softplus, dt_limit)
         bv = plgpu.load(b_ref.at[b, t, g, n_sl], mask=n_mask, other=0.0).astype(jnp.float32)
         cv = plgpu.load(c_ref.at[b, t, g, n_sl], mask=n_mask, other=0.0).astype(jnp.float32)
         s = s * jnp.exp(dt * a) + (dt * x)[:, None] * bv[None, :]
@@ -149,15 +150,6 @@ def _ssu_kernel(
             s.astype(state_ref.dtype),
             mask=pn_mask & (write > 0),
         )
-
-
-def _dt_activation(dt: jax.Array, dt_softplus: bool, dt_limit: tuple[float, float]) -> jax.Array:
-    if dt_softplus:  # softplus, linear above 20 as in the reference implementations
-        dt = jnp.where(dt > 20.0, dt, jnp.log1p(jnp.exp(jnp.minimum(dt, 20.0))))
-    low, high = dt_limit
-    if low > 0.0 or high != float("inf"):
-        dt = jnp.clip(dt, low, high)
-    return dt
 
 
 @functools.partial(

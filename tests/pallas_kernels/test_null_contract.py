@@ -92,8 +92,8 @@ def _ssd_chunk_scan() -> Case:
         scan.ARGS,
         ops.ssd_chunk_scan,
         **opts,
-        chunk_size=4,
-        block_size=4,
+        chunk_size=16,
+        block_size=16,
         boundary_slots=nb,
     )
     return Case(run, d["ssm_state"], _varlen_padding(d["query_start_loc"], d["x"].shape))

@@ -143,3 +143,31 @@ def test_rejects_bad_block_size():
     d = make_inputs(0, (3,))
     with pytest.raises(ValueError, match="block_size"):
         run(d, "reference", chunk_size=8, block_size=12, boundary_slots=np.zeros((2, 1), np.int32))
+
+
+@pytest.mark.parametrize(
+    ("lengths", "num_computed", "heads", "head_dim", "groups", "state"),
+    [
+        ((7, 1, 13, 2), None, 4, 6, 2, 5),  # several rows in one chunk, lengths not multiples
+        ((1,), [0, 0], 2, 16, 1, 16),  # a single token
+        ((0, 40), [3, 21, 0], 4, 6, 4, 5),  # an empty row; starts mid-chunk, spans chunks
+    ],
+)
+def test_kernel_matches_oracle(lengths, num_computed, heads, head_dim, groups, state):
+    d = make_inputs(7, lengths, heads, head_dim, groups, state, num_computed=num_computed)
+    check(d, "interpret", chunk_size=16)
+
+
+def test_kernel_garbage_slot_without_initial_state_and_dt_options():
+    d = make_inputs(8, (9, 5), gate=False)
+    d["has_initial_state"][:] = False  # the read slots hold random garbage: must read zeros
+    d.pop("dt_bias")
+    check(d, "interpret", chunk_size=16, dt_softplus=False, dt_limit=(0.01, 0.5))
+
+
+def test_kernel_boundary_states():
+    d = make_inputs(2, (13, 6, 20), num_computed=[5, 0, 8, 0], slots=24)
+    free = sorted(set(range(1, 24)) - set(d["read_slots"]) - set(d["write_slots"]))
+    boundary = np.array(free[:12], np.int32).reshape(4, 3)
+    boundary[0, 2] = boundary[3] = 0
+    check(d, "interpret", chunk_size=16, block_size=16, boundary=boundary)

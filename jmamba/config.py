@@ -53,15 +53,19 @@ class AttentionConfig:
     qk_norm: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.num_heads % self.num_kv_heads == 0,
-                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
-        _require(0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0,
-                 f"rotary_dim={self.rotary_dim} must be even and in [0, head_dim={self.head_dim}]")
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}",
+        )
+        _require(
+            0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0,
+            f"rotary_dim={self.rotary_dim} must be even and in [0, head_dim={self.head_dim}]",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class Mamba2Config:
-    """Mamba2 (SSD) mixer: in_proj -> [z | xBC | dt], conv on xBC, SSM, gated group norm, out_proj."""
+    """Mamba2 (SSD) mixer: in_proj -> [z | xBC | dt], conv(xBC), SSM, gated group norm, out_proj."""
 
     num_heads: int
     head_dim: int
@@ -73,8 +77,10 @@ class Mamba2Config:
     dt_limit: tuple[float, float] = (0.0, math.inf)
 
     def __post_init__(self) -> None:
-        _require(self.num_heads % self.n_groups == 0,
-                 f"mamba num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}")
+        _require(
+            self.num_heads % self.n_groups == 0,
+            f"mamba num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}",
+        )
         _require(self.d_conv >= 2, f"conv kernel d_conv={self.d_conv} must be >= 2")
 
     @property
@@ -97,9 +103,11 @@ class GDNConfig:
     d_conv: int
 
     def __post_init__(self) -> None:
-        _require(self.num_v_heads % self.num_k_heads == 0,
-                 f"linear_num_value_heads={self.num_v_heads} must be a multiple of "
-                 f"linear_num_key_heads={self.num_k_heads}")
+        _require(
+            self.num_v_heads % self.num_k_heads == 0,
+            f"linear_num_value_heads={self.num_v_heads} must be a multiple of "
+            f"linear_num_key_heads={self.num_k_heads}",
+        )
 
     @property
     def key_dim(self) -> int:
@@ -116,14 +124,16 @@ class GDNConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MlpConfig:
-    """Dense feed-forward: `silu_gated` is SwiGLU (gate, up, down); `relu2` is up -> relu^2 -> down."""
+    """Dense feed-forward: `silu_gated` is SwiGLU (gate, up, down); `relu2`: up, relu^2, down."""
 
     intermediate_size: int
     activation: str = "silu_gated"
 
     def __post_init__(self) -> None:
-        _require(self.activation in ("silu_gated", "relu2"),
-                 f"mlp activation={self.activation!r} must be 'silu_gated' or 'relu2'")
+        _require(
+            self.activation in ("silu_gated", "relu2"),
+            f"mlp activation={self.activation!r} must be 'silu_gated' or 'relu2'",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,13 +158,19 @@ class MoeConfig:
     shared_gate: bool = False
 
     def __post_init__(self) -> None:
-        _require(1 <= self.top_k <= self.num_experts,
-                 f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]")
-        _require(self.router in ("softmax", "sigmoid_grouped"),
-                 f"router={self.router!r} must be 'softmax' or 'sigmoid_grouped'")
-        _require(self.num_experts % self.n_group == 0 and 1 <= self.topk_group <= self.n_group,
-                 f"n_group={self.n_group} must divide num_experts={self.num_experts} and "
-                 f"topk_group={self.topk_group} must be in [1, n_group]")
+        _require(
+            1 <= self.top_k <= self.num_experts,
+            f"num_experts_per_tok={self.top_k} must be in [1, num_experts={self.num_experts}]",
+        )
+        _require(
+            self.router in ("softmax", "sigmoid_grouped"),
+            f"router={self.router!r} must be 'softmax' or 'sigmoid_grouped'",
+        )
+        _require(
+            self.num_experts % self.n_group == 0 and 1 <= self.topk_group <= self.n_group,
+            f"n_group={self.n_group} must divide num_experts={self.num_experts} and "
+            f"topk_group={self.topk_group} must be in [1, n_group]",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,17 +198,28 @@ class ModelConfig:
     moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
-        _require(self.vocab_size > 0 and self.hidden_size > 0,
-                 f"vocab_size={self.vocab_size} and hidden_size={self.hidden_size} must be > 0")
-        _require(len(self.mixers) == len(self.ffns) and len(self.mixers) > 0,
-                 f"layer pattern needs one mixer and one ffn per layer, got {len(self.mixers)} "
-                 f"and {len(self.ffns)}")
-        needs = {Mixer.ATTENTION: "attention", Mixer.MAMBA2: "mamba2", Mixer.GDN: "gdn",
-                 Ffn.MLP: "mlp", Ffn.MOE: "moe"}
+        _require(
+            self.vocab_size > 0 and self.hidden_size > 0,
+            f"vocab_size={self.vocab_size} and hidden_size={self.hidden_size} must be > 0",
+        )
+        _require(
+            len(self.mixers) == len(self.ffns) and len(self.mixers) > 0,
+            f"layer pattern needs one mixer and one ffn per layer, got {len(self.mixers)} "
+            f"and {len(self.ffns)}",
+        )
+        needs = {
+            Mixer.ATTENTION: "attention",
+            Mixer.MAMBA2: "mamba2",
+            Mixer.GDN: "gdn",
+            Ffn.MLP: "mlp",
+            Ffn.MOE: "moe",
+        }
         for kind in set(self.mixers) | set(self.ffns):
             if kind in needs:
-                _require(getattr(self, needs[kind]) is not None,
-                         f"layer kind {kind.value!r} is used but the {needs[kind]} config is missing")
+                _require(
+                    getattr(self, needs[kind]) is not None,
+                    f"layer kind {kind.value!r} is used but the {needs[kind]} config is missing",
+                )
 
     @property
     def num_layers(self) -> int:

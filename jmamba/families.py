@@ -1,8 +1,8 @@
 """Hugging Face `config.json` -> `ModelConfig`, one adapter per architecture.
 
 The layer pattern comes from the config's own fields: `layers_block_type` (NemotronH), `layer_types`
-plus `mlp_only_layers` / `decoder_sparse_step` (Qwen3-Next), `layer_types` (Qwen3.5), nothing (Mamba2:
-every layer is a Mamba2 mixer).
+plus `mlp_only_layers` / `decoder_sparse_step` (Qwen3-Next), `layer_types` (Qwen3.5), nothing
+(Mamba2:every layer is a Mamba2 mixer).
 """
 
 from __future__ import annotations
@@ -97,21 +97,32 @@ def _check_no_bias(cfg: HFConfig, *keys: str) -> None:
 def mamba2(cfg: HFConfig) -> ModelConfig:
     """Mamba2ForCausalLM: every layer is norm -> Mamba2 mixer -> residual."""
     _check_no_bias(cfg, "use_bias")
-    hidden, heads, head_dim = int(_get(cfg, "hidden_size")), int(_get(cfg, "num_heads")), int(
-        _get(cfg, "head_dim"))
+    hidden, heads, head_dim = (
+        int(_get(cfg, "hidden_size")),
+        int(_get(cfg, "num_heads")),
+        int(_get(cfg, "head_dim")),
+    )
     if heads * head_dim != int(cfg.get("expand", 2)) * hidden:
         raise ValueError(f"num_heads*head_dim={heads * head_dim} must equal expand*hidden_size")
     limit = cfg.get("time_step_limit", (0.0, math.inf))
     mixer = _mamba2_mixer(cfg, heads, head_dim, (_decode_float(limit[0]), _decode_float(limit[1])))
     n = int(_get(cfg, "num_hidden_layers"))
-    return _common(cfg, [Mixer.MAMBA2] * n, [Ffn.NONE] * n,
-                   norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), mamba2=mixer)
+    return _common(
+        cfg,
+        [Mixer.MAMBA2] * n,
+        [Ffn.NONE] * n,
+        norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        mamba2=mixer,
+    )
 
 
 _NEMOTRON_KINDS = {
-    "linear_attention": (Mixer.MAMBA2, Ffn.NONE), "mamba": (Mixer.MAMBA2, Ffn.NONE),
-    "full_attention": (Mixer.ATTENTION, Ffn.NONE), "attention": (Mixer.ATTENTION, Ffn.NONE),
-    "mlp": (Mixer.NONE, Ffn.MLP), "moe": (Mixer.NONE, Ffn.MOE),
+    "linear_attention": (Mixer.MAMBA2, Ffn.NONE),
+    "mamba": (Mixer.MAMBA2, Ffn.NONE),
+    "full_attention": (Mixer.ATTENTION, Ffn.NONE),
+    "attention": (Mixer.ATTENTION, Ffn.NONE),
+    "mlp": (Mixer.NONE, Ffn.MLP),
+    "moe": (Mixer.NONE, Ffn.MOE),
 }
 _NEMOTRON_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
@@ -128,7 +139,9 @@ def nemotron_h(cfg: HFConfig) -> ModelConfig:
         raise ValueError("config.json of NemotronH needs 'layers_block_type'")
     unknown = sorted(set(pattern) - set(_NEMOTRON_KINDS))
     if unknown:
-        raise ValueError(f"unknown NemotronH layer types {unknown}; allowed {sorted(_NEMOTRON_KINDS)}")
+        raise ValueError(
+            f"unknown NemotronH layer types {unknown}; allowed {sorted(_NEMOTRON_KINDS)}"
+        )
     mixers, ffns = zip(*(_NEMOTRON_KINDS[p] for p in pattern), strict=True)
     # NemotronH clamps dt to (time_step_min, inf) whatever time_step_limit says.
     dt_limit = (float(cfg.get("time_step_min", 0.001)), math.inf)
@@ -136,15 +149,18 @@ def nemotron_h(cfg: HFConfig) -> ModelConfig:
     if act != "relu2":
         raise ValueError(f"mlp_hidden_act={act!r} is not supported (only 'relu2')")
     return _common(
-        cfg, list(mixers), list(ffns),
+        cfg,
+        list(mixers),
+        list(ffns),
         norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
         attention=AttentionConfig(
             num_heads=int(_get(cfg, "num_attention_heads")),
             num_kv_heads=int(_get(cfg, "num_key_value_heads")),
             head_dim=int(_get(cfg, "head_dim")),
         ),
-        mamba2=_mamba2_mixer(cfg, int(_get(cfg, "mamba_num_heads")),
-                             int(_get(cfg, "mamba_head_dim")), dt_limit),
+        mamba2=_mamba2_mixer(
+            cfg, int(_get(cfg, "mamba_num_heads")), int(_get(cfg, "mamba_head_dim")), dt_limit
+        ),
         mlp=MlpConfig(int(_get(cfg, "intermediate_size")), "relu2"),
         moe=MoeConfig(
             num_experts=int(_get(cfg, "n_routed_experts")),
@@ -157,7 +173,9 @@ def nemotron_h(cfg: HFConfig) -> ModelConfig:
             routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
             n_group=int(cfg.get("n_group", 1)),
             topk_group=int(cfg.get("topk_group", 1)),
-        ) if Ffn.MOE in ffns else None,
+        )
+        if Ffn.MOE in ffns
+        else None,
     )
 
 
@@ -178,14 +196,19 @@ def _qwen_model(cfg: HFConfig, ffns: list[Ffn], moe: MoeConfig | None) -> ModelC
     rotary_dim, theta = _rope(cfg, head_dim)
     intermediate = cfg.get("intermediate_size")
     return _common(
-        cfg, _qwen_layer_mixers(cfg), ffns,
+        cfg,
+        _qwen_layer_mixers(cfg),
+        ffns,
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         norm_offset=1.0,
         attention=AttentionConfig(
             num_heads=int(_get(cfg, "num_attention_heads")),
             num_kv_heads=int(_get(cfg, "num_key_value_heads")),
-            head_dim=head_dim, rotary_dim=rotary_dim, rope_theta=theta,
-            output_gate=True, qk_norm=True,
+            head_dim=head_dim,
+            rotary_dim=rotary_dim,
+            rope_theta=theta,
+            output_gate=True,
+            qk_norm=True,
         ),
         gdn=GDNConfig(
             num_k_heads=int(_get(cfg, "linear_num_key_heads")),
@@ -216,8 +239,10 @@ def qwen3_next(cfg: HFConfig) -> ModelConfig:
     dense_layers = set(cfg.get("mlp_only_layers") or [])
     step = int(cfg.get("decoder_sparse_step", 1))
     has_experts = int(cfg.get("num_experts", 0)) > 0
-    ffns = [Ffn.MOE if has_experts and i not in dense_layers and (i + 1) % step == 0 else Ffn.MLP
-            for i in range(n)]
+    ffns = [
+        Ffn.MOE if has_experts and i not in dense_layers and (i + 1) % step == 0 else Ffn.MLP
+        for i in range(n)
+    ]
     moe = _qwen_moe(cfg, bool(cfg.get("norm_topk_prob", True))) if Ffn.MOE in ffns else None
     return _qwen_model(cfg, ffns, moe)
 
@@ -242,10 +267,12 @@ FAMILIES: dict[str, Callable[[HFConfig], ModelConfig]] = {
 
 
 def from_hf_config(cfg: HFConfig) -> ModelConfig:
-    """Build a `ModelConfig` from a parsed HF `config.json`; unknown architectures raise ValueError."""
+    """`ModelConfig` from a parsed HF `config.json`; unknown architectures raise ValueError."""
     archs = cfg.get("architectures") or []
     if len(archs) != 1 or archs[0] not in FAMILIES:
-        raise ValueError(f"architectures={archs} is not supported; expected one of {sorted(FAMILIES)}")
+        raise ValueError(
+            f"architectures={archs} is not supported; expected one of {sorted(FAMILIES)}"
+        )
     return FAMILIES[archs[0]](cfg)
 
 

@@ -41,8 +41,9 @@ def _make_mixer(config: ModelConfig, kind: Mixer, rngs: nnx.Rngs) -> nnx.Module 
 def _make_ffn(config: ModelConfig, kind: Ffn, rngs: nnx.Rngs) -> nnx.Module | None:
     match kind:
         case Ffn.MLP:
-            return MLP(config.hidden_size, config.mlp.intermediate_size, config.mlp.activation,
-                       rngs=rngs)
+            return MLP(
+                config.hidden_size, config.mlp.intermediate_size, config.mlp.activation, rngs=rngs
+            )
         case Ffn.MOE:
             return MoE(config.hidden_size, config.moe, rngs=rngs)
         case Ffn.NONE:
@@ -59,8 +60,9 @@ class Layer(nnx.Module):
         self.ffn_norm = norm() if ffn != Ffn.NONE else None
         self.ffn = _make_ffn(config, ffn, rngs)
 
-    def __call__(self, x: jax.Array, cache: LayerCache, inputs: StepInputs
-                 ) -> tuple[jax.Array, LayerCache]:
+    def __call__(
+        self, x: jax.Array, cache: LayerCache, inputs: StepInputs
+    ) -> tuple[jax.Array, LayerCache]:
         if self.mixer is not None:
             y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
             x = x + y
@@ -77,22 +79,36 @@ class HybridLM(nnx.Module):
         embed = jax.random.normal(rngs.params(), (config.vocab_size, config.hidden_size))
         self.embed = nnx.Param(embed.astype(jnp.float32))
         self.layers = nnx.List(
-            [Layer(config, m, f, rngs=rngs) for m, f in zip(config.mixers, config.ffns,
-                                                           strict=True)])
+            [
+                Layer(config, m, f, rngs=rngs)
+                for m, f in zip(config.mixers, config.ffns, strict=True)
+            ]
+        )
         self.final_norm = RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)
-        self.lm_head = (None if config.tie_word_embeddings
-                        else Linear(config.hidden_size, config.vocab_size, rngs=rngs))
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else Linear(config.hidden_size, config.vocab_size, rngs=rngs)
+        )
 
     @property
     def dtype(self) -> jnp.dtype:
         return self.embed[...].dtype
 
-    def init_caches(self, *, num_blocks: int, block_size: int, num_slots: int,
-                    state_dtype: jnp.dtype = jnp.float32) -> tuple[LayerCache, ...]:
+    def init_caches(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        state_dtype: jnp.dtype = jnp.float32,
+    ) -> tuple[LayerCache, ...]:
         """Zeroed per-layer caches; block 0 and slot 0 are the reserved NULL entries."""
         if num_slots < 2 or num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_slots >= 2 (got {num_slots}), num_blocks >= 1 "
-                             f"(got {num_blocks}) and block_size >= 1 (got {block_size})")
+            raise ValueError(
+                f"need num_slots >= 2 (got {num_slots}), num_blocks >= 1 "
+                f"(got {num_blocks}) and block_size >= 1 (got {block_size})"
+            )
         cfg, dtype = self.config, self.dtype
 
         def cache_for(kind: Mixer) -> LayerCache:
@@ -108,8 +124,9 @@ class HybridLM(nnx.Module):
 
         return tuple(cache_for(kind) for kind in cfg.mixers)
 
-    def __call__(self, inputs: StepInputs, caches: tuple[LayerCache, ...]
-                 ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+    def __call__(
+        self, inputs: StepInputs, caches: tuple[LayerCache, ...]
+    ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
         """Run one step; returns fp32 logits at `inputs.logits_indices` and the new caches."""
         x = self.embed[...][inputs.token_ids]
         new_caches = []

@@ -11,29 +11,70 @@ from typing import Any
 from jmamba.config import ModelConfig
 from jmamba.families import from_hf_config
 
-_COMMON: dict[str, Any] = dict(vocab_size=256, hidden_size=64, max_position_embeddings=2048,
-                               eos_token_id=2, tie_word_embeddings=False)
+_COMMON: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=64,
+    max_position_embeddings=2048,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
 _QWEN: dict[str, Any] = dict(
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-    linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
-    rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"})
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"},
+)
 
 _PRESETS: dict[str, dict[str, Any]] = {
-    "mamba2": dict(architectures=["Mamba2ForCausalLM"], num_hidden_layers=2, num_heads=8,
-                   head_dim=16, expand=2, state_size=16, n_groups=2, conv_kernel=4, chunk_size=16),
+    "mamba2": dict(
+        architectures=["Mamba2ForCausalLM"],
+        num_hidden_layers=2,
+        num_heads=8,
+        head_dim=16,
+        expand=2,
+        state_size=16,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=16,
+    ),
     "nemotron_h": dict(
         architectures=["NemotronHForCausalLM"],
         layers_block_type=["linear_attention", "mlp", "full_attention", "moe"],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-        mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
-        chunk_size=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        mamba_num_heads=8,
+        mamba_head_dim=16,
+        ssm_state_size=16,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
+        n_group=1,
+        topk_group=1,
+    ),
     "qwen3_next": dict(
         architectures=["Qwen3NextForCausalLM"],
         layer_types=["linear_attention", "linear_attention", "full_attention"],
-        intermediate_size=128, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[1], **_QWEN),
+        intermediate_size=128,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        **_QWEN,
+    ),
 }
 
 

@@ -47,8 +47,9 @@ def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig)
     g = cfg.gdn
     r = g.num_v_heads // g.num_k_heads
     per_group = qkvz.reshape(g.num_k_heads, -1, qkvz.shape[-1])
-    q, k, v, z = np.split(per_group, np.cumsum([g.head_k_dim, g.head_k_dim, r * g.head_v_dim]),
-                          axis=1)
+    q, k, v, z = np.split(
+        per_group, np.cumsum([g.head_k_dim, g.head_k_dim, r * g.head_v_dim]), axis=1
+    )
     b, a = np.split(ba.reshape(g.num_k_heads, 2 * r, -1), [r], axis=1)
     flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
     return np.concatenate([flat(t) for t in (q, k, v, z, b, a)]).T
@@ -56,8 +57,10 @@ def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig)
 
 def _gdn_in_proj(prefix: str, cfg: ModelConfig) -> Source:
     if cfg.architecture == "Qwen3NextForCausalLM":
-        return ((f"{prefix}.in_proj_qkvz.weight", f"{prefix}.in_proj_ba.weight"),
-                lambda qkvz, ba: _deinterleave_qwen3_next(qkvz, ba, cfg))
+        return (
+            (f"{prefix}.in_proj_qkvz.weight", f"{prefix}.in_proj_ba.weight"),
+            lambda qkvz, ba: _deinterleave_qwen3_next(qkvz, ba, cfg),
+        )
     names = tuple(f"{prefix}.in_proj_{p}.weight" for p in ("qkv", "z", "b", "a"))
     return names, lambda *ts: np.concatenate(ts).T
 
@@ -65,23 +68,30 @@ def _gdn_in_proj(prefix: str, cfg: ModelConfig) -> Source:
 def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
     match kind:
         case Mixer.MAMBA2:
-            src = {("in_proj", "kernel"): _linear(f"{hf}.in_proj"),
-                   ("conv_weight",): _conv(f"{hf}.conv1d"),
-                   ("norm", "weight"): _same(f"{hf}.norm.weight"),
-                   ("out_proj", "kernel"): _linear(f"{hf}.out_proj")}
+            src = {
+                ("in_proj", "kernel"): _linear(f"{hf}.in_proj"),
+                ("conv_weight",): _conv(f"{hf}.conv1d"),
+                ("norm", "weight"): _same(f"{hf}.norm.weight"),
+                ("out_proj", "kernel"): _linear(f"{hf}.out_proj"),
+            }
             if cfg.mamba2.conv_bias:
                 src[("conv_bias",)] = _same(f"{hf}.conv1d.bias")
             src.update({(p,): _same(f"{hf}.{p}") for p in ("dt_bias", "A_log", "D")})
             return src
         case Mixer.GDN:
-            return {("in_proj", "kernel"): _gdn_in_proj(hf, cfg),
-                    ("conv_weight",): _conv(f"{hf}.conv1d"),
-                    ("dt_bias",): _same(f"{hf}.dt_bias"), ("A_log",): _same(f"{hf}.A_log"),
-                    ("norm", "weight"): _same(f"{hf}.norm.weight"),
-                    ("out_proj", "kernel"): _linear(f"{hf}.out_proj")}
+            return {
+                ("in_proj", "kernel"): _gdn_in_proj(hf, cfg),
+                ("conv_weight",): _conv(f"{hf}.conv1d"),
+                ("dt_bias",): _same(f"{hf}.dt_bias"),
+                ("A_log",): _same(f"{hf}.A_log"),
+                ("norm", "weight"): _same(f"{hf}.norm.weight"),
+                ("out_proj", "kernel"): _linear(f"{hf}.out_proj"),
+            }
         case Mixer.ATTENTION:
-            src = {(p, "kernel"): _linear(f"{hf}.{p}") for p in ("q_proj", "k_proj", "v_proj",
-                                                                 "o_proj")}
+            src = {
+                (p, "kernel"): _linear(f"{hf}.{p}")
+                for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+            }
             if cfg.attention.qk_norm:
                 src.update({(n, "weight"): _same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
             return src
@@ -101,10 +111,14 @@ def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
             moe = cfg.moe
             gated = moe.activation == "silu_gated"
             src = {("router", "kernel"): _linear(f"{hf}.gate")}
-            for proj in ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj"):
+            for proj in (
+                ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
+            ):
                 src[(proj,)] = _experts(hf, proj, moe.num_experts)
             shared = "shared_expert" if moe.shared_gate else "shared_experts"
-            src.update({("shared", *k): v for k, v in _mlp_sources(f"{hf}.{shared}", gated).items()})
+            src.update(
+                {("shared", *k): v for k, v in _mlp_sources(f"{hf}.{shared}", gated).items()}
+            )
             if moe.shared_gate:
                 src[("shared_gate", "kernel")] = _linear(f"{hf}.shared_expert_gate")
             if moe.router == "sigmoid_grouped":
@@ -120,8 +134,12 @@ def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
         return f"{layer}.norm", f"{layer}.mixer", f"{layer}.norm", f"{layer}.mixer"
     layer = f"model.layers.{i}"
     mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "linear_attn"
-    return (f"{layer}.input_layernorm", f"{layer}.{mixer}", f"{layer}.post_attention_layernorm",
-            f"{layer}.mlp")
+    return (
+        f"{layer}.input_layernorm",
+        f"{layer}.{mixer}",
+        f"{layer}.post_attention_layernorm",
+        f"{layer}.mlp",
+    )
 
 
 def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
@@ -137,17 +155,22 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
         mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
         if mixer != Mixer.NONE:
             src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
-            src.update({("layers", i, "mixer", *k): v
-                        for k, v in _mixer_sources(mixer, mixer_hf, cfg).items()})
+            src.update(
+                {
+                    ("layers", i, "mixer", *k): v
+                    for k, v in _mixer_sources(mixer, mixer_hf, cfg).items()
+                }
+            )
         if ffn != Ffn.NONE:
             src[("layers", i, "ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
-            src.update({("layers", i, "ffn", *k): v
-                        for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()})
+            src.update(
+                {("layers", i, "ffn", *k): v for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()}
+            )
     return src
 
 
 def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of `model.safetensors`, or of the shards named by `model.safetensors.index.json`."""
+    """All tensors of `model.safetensors`, or of the shards listed in its `.index.json`."""
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -159,7 +182,9 @@ def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
     for name in files:
         if not (model_dir / name).is_file():
-            raise ValueError(f"checkpoint shard {name} listed in the index is missing in {model_dir}")
+            raise ValueError(
+                f"checkpoint shard {name} listed in the index is missing in {model_dir}"
+            )
         tensors.update(load_file(model_dir / name))
     return tensors
 
@@ -176,13 +201,17 @@ def load_pretrained(model_dir: str | Path, dtype: jnp.dtype = jnp.float32) -> Hy
     ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     unexpected = sorted(tensors.keys() - wanted - ignorable)
     if missing or unexpected:
-        raise ValueError(f"checkpoint {model_dir} does not match {cfg.architecture}: "
-                         f"missing tensors {missing}; unexpected tensors {unexpected}")
+        raise ValueError(
+            f"checkpoint {model_dir} does not match {cfg.architecture}: "
+            f"missing tensors {missing}; unexpected tensors {unexpected}"
+        )
     for path, variable in flat:
         names, build = sources[path]
         value = np.asarray(build(*(tensors[n] for n in names)))
         if value.shape != variable.get_value().shape:
-            raise ValueError(f"tensor(s) {list(names)} give shape {value.shape} for parameter "
-                             f"{'.'.join(map(str, path))}, expected {variable.get_value().shape}")
+            raise ValueError(
+                f"tensor(s) {list(names)} give shape {value.shape} for parameter "
+                f"{'.'.join(map(str, path))}, expected {variable.get_value().shape}"
+            )
         variable.set_value(jnp.asarray(value, dtype=dtype))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))

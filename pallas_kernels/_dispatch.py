@@ -10,13 +10,12 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Literal
 
 import jax
 
 Implementation = Literal["pallas", "interpret", "reference"]
 _CHOICES: tuple[Implementation, ...] = ("pallas", "interpret", "reference")
-F = TypeVar("F", bound=Callable)
 
 
 def resolve(implementation: Implementation | None) -> Implementation:
@@ -30,11 +29,11 @@ def resolve(implementation: Implementation | None) -> Implementation:
     return implementation
 
 
-def dispatched(kernel: Callable | None, reference: F) -> F:
+def dispatched[F: Callable](kernel: Callable | None, reference: F) -> F:
     """Wrap an op so it takes `implementation=` and routes to its kernel or its reference.
 
-    `kernel` takes the reference's arguments plus keyword `interpret: bool`; tuning knobs of the kernel
-    are not reachable through the dispatched op (call the kernel directly to tune it).
+    `kernel` takes the reference's arguments plus keyword `interpret: bool`. Its tuning knobs are
+    not reachable through the dispatched op: call the kernel directly to tune it.
     """
 
     @functools.wraps(reference)

@@ -8,9 +8,9 @@ Shapes:
   positions:    [T] absolute position of each query; it sees keys at positions <= its own
   valid:        [T] bool, False for padding queries (their output is 0)
 
-Query head h reads KV head h // (Hq // Hkv). Only a plain-jnp implementation exists so far (the anchor
-of DESIGN.md section 7 is exactly this: gather + dense attention under jit); it gathers each query's
-row of keys, which is fine for decode and for the small prefills of tests.
+Query head h reads KV head h // (Hq // Hkv). Only a plain-jnp implementation exists so far (the
+anchor of DESIGN.md section 7 is exactly this: gather + dense attention under jit); it gathers each
+query's row of keys, which is fine for decode and for the small prefills of tests.
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ import jax.numpy as jnp
 
 
 def write_kv(
-    k_cache: jax.Array, v_cache: jax.Array, k: jax.Array, v: jax.Array, kv_slots: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    kv_slots: jax.Array,
     valid: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     """Store k, v [T, Hkv, Dh] at flat slots `block * block_size + offset`.
@@ -33,15 +37,25 @@ def write_kv(
         flat = cache.reshape(-1, *cache.shape[2:])
         old = flat[kv_slots]
         mask = valid[:, None, None]
-        return flat.at[kv_slots].set(jnp.where(mask, new.astype(cache.dtype), old)).reshape(
-            cache.shape)
+        return (
+            flat.at[kv_slots]
+            .set(jnp.where(mask, new.astype(cache.dtype), old))
+            .reshape(cache.shape)
+        )
 
     return write(k_cache, k), write(v_cache, v)
 
 
 def paged_attention_reference(
-    q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_table: jax.Array,
-    token_rows: jax.Array, positions: jax.Array, valid: jax.Array, *, scale: float,
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    block_table: jax.Array,
+    token_rows: jax.Array,
+    positions: jax.Array,
+    valid: jax.Array,
+    *,
+    scale: float,
 ) -> jax.Array:
     """Attention of every query over its row's cached keys up to its own position: [T, Hq, Dh]."""
     num_tokens, num_heads, head_dim = q.shape

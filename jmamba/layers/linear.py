@@ -18,4 +18,5 @@ class Linear(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel = self.kernel[...]
         return jnp.dot(x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32).astype(
-            kernel.dtype)
+            kernel.dtype
+        )

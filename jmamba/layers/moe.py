@@ -1,7 +1,8 @@
 """Mixture of experts: a router choosing top-k experts per token, the experts, a shared expert.
 
-Experts are evaluated densely (every expert on every token, weighted by a routing matrix that is zero
-off the chosen experts): exact, simple and jit-friendly; a grouped-matmul kernel can replace it later.
+Experts are evaluated densely (every expert on every token, weighted by a routing matrix that is
+zero off the chosen experts): exact, simple and jit-friendly; a grouped-matmul kernel can replace
+it later.
 """
 
 from __future__ import annotations
@@ -78,14 +79,19 @@ class MoE(nnx.Module):
     def experts(self, x: jax.Array, routing: jax.Array) -> jax.Array:
         up = jnp.einsum("th,ehi->tei", x, self.up_proj[...], preferred_element_type=jnp.float32)
         if self.cfg.activation == "silu_gated":
-            gate = jnp.einsum("th,ehi->tei", x, self.gate_proj[...],
-                              preferred_element_type=jnp.float32)
+            gate = jnp.einsum(
+                "th,ehi->tei", x, self.gate_proj[...], preferred_element_type=jnp.float32
+            )
             act = jax.nn.silu(gate) * up
         else:
             act = relu2(up)
         act = act * routing[..., None]
-        return jnp.einsum("tei,eih->th", act.astype(x.dtype), self.down_proj[...],
-                          preferred_element_type=jnp.float32)
+        return jnp.einsum(
+            "tei,eih->th",
+            act.astype(x.dtype),
+            self.down_proj[...],
+            preferred_element_type=jnp.float32,
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         routed = self.experts(x, self.route(x))

@@ -1,10 +1,10 @@
 """Softmax attention over a paged KV cache (NemotronH plain, Qwen3-Next gated with qk-norm + RoPE).
 
-    q, k, v = x Wq, x Wk, x Wv                  (Qwen3-Next: Wq also yields a per-head output gate)
-    q, k    = rmsnorm(q), rmsnorm(k)            (per head, when qk_norm)
-    q, k    = rope(q, pos), rope(k, pos)        (first rotary_dim dims, when rotary_dim > 0)
-    o       = softmax(q k^T / sqrt(d) + causal) v, over this row's cached keys
-    y       = (o * sigmoid(gate)) Wo            (gate only when output_gate)
+q, k, v = x Wq, x Wk, x Wv                  (Qwen3-Next: Wq also yields a per-head output gate)
+q, k    = rmsnorm(q), rmsnorm(k)            (per head, when qk_norm)
+q, k    = rope(q, pos), rope(k, pos)        (first rotary_dim dims, when rotary_dim > 0)
+o       = softmax(q k^T / sqrt(d) + causal) v, over this row's cached keys
+y       = (o * sigmoid(gate)) Wo            (gate only when output_gate)
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ class KVCache:
     v: jax.Array
 
     @classmethod
-    def zeros(cls, cfg: AttentionConfig, num_blocks: int, block_size: int,
-              dtype: jnp.dtype) -> KVCache:
+    def zeros(
+        cls, cfg: AttentionConfig, num_blocks: int, block_size: int, dtype: jnp.dtype
+    ) -> KVCache:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
@@ -47,8 +48,15 @@ class KVCache:
 class Attention(nnx.Module):
     """Multi-head (grouped-query) attention reading and writing a paged KV cache."""
 
-    def __init__(self, hidden: int, cfg: AttentionConfig, norm_eps: float, norm_offset: float,
-                 *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden: int,
+        cfg: AttentionConfig,
+        norm_eps: float,
+        norm_offset: float,
+        *,
+        rngs: nnx.Rngs,
+    ):
         self.cfg = cfg
         q_width = cfg.num_heads * cfg.head_dim * (2 if cfg.output_gate else 1)
         self.q_proj = Linear(hidden, q_width, rngs=rngs)
@@ -65,7 +73,7 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(t, cfg.num_heads, -1)
         gate = None
         if cfg.output_gate:  # per head: [q | gate]
-            q, gate = q[..., : cfg.head_dim], q[..., cfg.head_dim:].reshape(t, -1)
+            q, gate = q[..., : cfg.head_dim], q[..., cfg.head_dim :].reshape(t, -1)
         k = self.k_proj(x).reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(t, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
@@ -74,15 +82,24 @@ class Attention(nnx.Module):
         k = apply_rope(k, positions, cfg.rotary_dim, cfg.rope_theta)
         return q, k, v, gate
 
-    def __call__(self, x: jax.Array, cache: KVCache, inputs: StepInputs
-                 ) -> tuple[jax.Array, KVCache]:
+    def __call__(
+        self, x: jax.Array, cache: KVCache, inputs: StepInputs
+    ) -> tuple[jax.Array, KVCache]:
         cfg = self.cfg
         q, k, v, gate = self._project(x, inputs.positions)
         rows, valid = _token_rows(inputs)
         k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, inputs.kv_slots, valid)
         block_table = jnp.concatenate([inputs.decode.block_table, inputs.prefill.block_table])
-        o = ops.paged_attention(q, k_cache, v_cache, block_table, rows, inputs.positions, valid,
-                                scale=cfg.head_dim**-0.5)
+        o = ops.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            rows,
+            inputs.positions,
+            valid,
+            scale=cfg.head_dim**-0.5,
+        )
         o = o.reshape(x.shape[0], -1)
         if gate is not None:
             o = (o.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(x.dtype)

@@ -1,12 +1,12 @@
 """The Gated DeltaNet mixer (Qwen3-Next / Qwen3.5 linear attention) and its per-slot state.
 
-    [q | k | v | z | b | a] = x W_in                (one projection; the loader packs HF's)
-    [q | k | v]             = silu(causal_conv1d([q | k | v]))
-    q, k                    = l2norm(q), l2norm(k);  q *= 1 / sqrt(d_k)
-    beta = sigmoid(b),  g = -exp(A_log) * softplus(a + dt_bias)          (log decay, per value head)
-    S_t  = S_{t-1} exp(g_t) + beta_t (v_t - S_{t-1} exp(g_t) k_t) k_t^T    (S: [d_v, d_k] per head)
-    o_t  = S_t q_t
-    out  = (rmsnorm(o) * w * silu(z)) W_out          (per head)
+[q | k | v | z | b | a] = x W_in                (one projection; the loader packs HF's)
+[q | k | v]             = silu(causal_conv1d([q | k | v]))
+q, k                    = l2norm(q), l2norm(k);  q *= 1 / sqrt(d_k)
+beta = sigmoid(b),  g = -exp(A_log) * softplus(a + dt_bias)          (log decay, per value head)
+S_t  = S_{t-1} exp(g_t) + beta_t (v_t - S_{t-1} exp(g_t) k_t) k_t^T    (S: [d_v, d_k] per head)
+o_t  = S_t q_t
+out  = (rmsnorm(o) * w * silu(z)) W_out          (per head)
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ class GDNState:
     recurrent: jax.Array
 
     @classmethod
-    def zeros(cls, cfg: GDNConfig, num_slots: int, dtype: jnp.dtype,
-              state_dtype: jnp.dtype = jnp.float32) -> GDNState:
+    def zeros(
+        cls, cfg: GDNConfig, num_slots: int, dtype: jnp.dtype, state_dtype: jnp.dtype = jnp.float32
+    ) -> GDNState:
         return cls(
             jnp.zeros((num_slots, cfg.conv_dim, cfg.d_conv - 1), dtype),
             jnp.zeros((num_slots, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), state_dtype),
@@ -52,11 +53,11 @@ class GatedDeltaNet(nnx.Module):
 
     def __init__(self, hidden: int, cfg: GDNConfig, norm_eps: float, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.in_proj = Linear(hidden, cfg.conv_dim + cfg.value_dim + 2 * cfg.num_v_heads,
-                              rngs=rngs)
+        self.in_proj = Linear(hidden, cfg.conv_dim + cfg.value_dim + 2 * cfg.num_v_heads, rngs=rngs)
         self.conv_weight = nnx.Param(
             jax.random.normal(rngs.params(), (cfg.conv_dim, cfg.d_conv), jnp.float32)
-            / cfg.d_conv**0.5)
+            / cfg.d_conv**0.5
+        )
         self.dt_bias = nnx.Param(jnp.ones((cfg.num_v_heads,), jnp.float32))
         self.A_log = nnx.Param(jnp.log(jnp.linspace(1.0, 16.0, cfg.num_v_heads)))
         self.norm = HeadGatedRMSNorm(cfg.head_v_dim, norm_eps)
@@ -66,43 +67,86 @@ class GatedDeltaNet(nnx.Module):
         cfg = self.cfg
         q, k, v = jnp.split(qkv, [cfg.key_dim, 2 * cfg.key_dim], axis=-1)
         lead = qkv.shape[:-1]
-        return (q.reshape(*lead, cfg.num_k_heads, cfg.head_k_dim),
-                k.reshape(*lead, cfg.num_k_heads, cfg.head_k_dim),
-                v.reshape(*lead, cfg.num_v_heads, cfg.head_v_dim))
+        return (
+            q.reshape(*lead, cfg.num_k_heads, cfg.head_k_dim),
+            k.reshape(*lead, cfg.num_k_heads, cfg.head_k_dim),
+            v.reshape(*lead, cfg.num_v_heads, cfg.head_v_dim),
+        )
 
     def _decode(self, qkv, b, a, state: GDNState, inputs: StepInputs):
         rows = inputs.decode
-        qkv, conv = ops.causal_conv1d_update(qkv, self.conv_weight[...], None, state.conv,
-                                             rows.read_slots, rows.write_slots, activation="silu")
+        qkv, conv = ops.causal_conv1d_update(
+            qkv,
+            self.conv_weight[...],
+            None,
+            state.conv,
+            rows.read_slots,
+            rows.write_slots,
+            activation="silu",
+        )
         q, k, v = self._split_qkv(qkv)
         o, rec = ops.gdn_state_update(
-            q, k, v, a, b, self.A_log[...].astype(jnp.float32),
-            self.dt_bias[...].astype(jnp.float32), state.recurrent, rows.read_slots,
-            rows.write_slots, use_qk_l2norm=True)
+            q,
+            k,
+            v,
+            a,
+            b,
+            self.A_log[...].astype(jnp.float32),
+            self.dt_bias[...].astype(jnp.float32),
+            state.recurrent,
+            rows.read_slots,
+            rows.write_slots,
+            use_qk_l2norm=True,
+        )
         return o, GDNState(conv, rec)
 
     def _prefill(self, qkv, b, a, state: GDNState, inputs: StepInputs):
         rows = inputs.prefill
         qkv, conv = ops.causal_conv1d_prefill(
-            qkv, self.conv_weight[...], None, state.conv, rows.query_start_loc,
-            rows.has_initial_state, rows.read_slots, rows.write_slots, activation="silu")
+            qkv,
+            self.conv_weight[...],
+            None,
+            state.conv,
+            rows.query_start_loc,
+            rows.has_initial_state,
+            rows.read_slots,
+            rows.write_slots,
+            activation="silu",
+        )
         q, k, v = self._split_qkv(qkv)
         a32 = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a32)
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         o, rec = ops.gdn_chunk(
-            q, k, v, g, beta, state.recurrent, rows.query_start_loc, rows.num_computed,
-            rows.has_initial_state, rows.read_slots, rows.write_slots, use_qk_l2norm=True,
-            chunk_size=GDN_CHUNK_SIZE)
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state.recurrent,
+            rows.query_start_loc,
+            rows.num_computed,
+            rows.has_initial_state,
+            rows.read_slots,
+            rows.write_slots,
+            use_qk_l2norm=True,
+            chunk_size=GDN_CHUNK_SIZE,
+        )
         return o, GDNState(conv, rec)
 
-    def __call__(self, hidden: jax.Array, state: GDNState, inputs: StepInputs
-                 ) -> tuple[jax.Array, GDNState]:
+    def __call__(
+        self, hidden: jax.Array, state: GDNState, inputs: StepInputs
+    ) -> tuple[jax.Array, GDNState]:
         cfg = self.cfg
         qkv, z, b, a = jnp.split(
             self.in_proj(hidden),
-            [cfg.conv_dim, cfg.conv_dim + cfg.value_dim, cfg.conv_dim + cfg.value_dim
-             + cfg.num_v_heads], axis=-1)
+            [
+                cfg.conv_dim,
+                cfg.conv_dim + cfg.value_dim,
+                cfg.conv_dim + cfg.value_dim + cfg.num_v_heads,
+            ],
+            axis=-1,
+        )
         sections = [split_sections(t, inputs) for t in (qkv, b, a)]
         (qkv_d, qkv_p), (b_d, b_p), (a_d, a_p) = sections
         o_d = jnp.zeros((*qkv_d.shape[:2], cfg.num_v_heads, cfg.head_v_dim), hidden.dtype)

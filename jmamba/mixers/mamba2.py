@@ -41,8 +41,9 @@ class Mamba2State:
     ssm: jax.Array
 
     @classmethod
-    def zeros(cls, cfg: Mamba2Config, num_slots: int, dtype: jnp.dtype,
-              ssm_dtype: jnp.dtype = jnp.float32) -> Mamba2State:
+    def zeros(
+        cls, cfg: Mamba2Config, num_slots: int, dtype: jnp.dtype, ssm_dtype: jnp.dtype = jnp.float32
+    ) -> Mamba2State:
         return cls(
             jnp.zeros((num_slots, cfg.conv_dim, cfg.d_conv - 1), dtype),
             jnp.zeros((num_slots, cfg.num_heads, cfg.head_dim, cfg.d_state), ssm_dtype),
@@ -54,11 +55,13 @@ class Mamba2(nnx.Module):
 
     def __init__(self, hidden: int, cfg: Mamba2Config, norm_eps: float, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.in_proj = Linear(hidden, 2 * cfg.d_inner + 2 * cfg.n_groups * cfg.d_state
-                              + cfg.num_heads, rngs=rngs)
+        self.in_proj = Linear(
+            hidden, 2 * cfg.d_inner + 2 * cfg.n_groups * cfg.d_state + cfg.num_heads, rngs=rngs
+        )
         key = rngs.params()
         self.conv_weight = nnx.Param(
-            jax.random.normal(key, (cfg.conv_dim, cfg.d_conv), jnp.float32) / cfg.d_conv**0.5)
+            jax.random.normal(key, (cfg.conv_dim, cfg.d_conv), jnp.float32) / cfg.d_conv**0.5
+        )
         if cfg.conv_bias:
             self.conv_bias = nnx.Param(jnp.zeros((cfg.conv_dim,), jnp.float32))
         self.dt_bias = nnx.Param(jnp.ones((cfg.num_heads,), jnp.float32))
@@ -72,46 +75,79 @@ class Mamba2(nnx.Module):
         return self.conv_weight[...], bias
 
     def _ssm_kwargs(self) -> dict:
-        return dict(D=self.D[...].astype(jnp.float32), dt_bias=self.dt_bias[...].astype(jnp.float32),
-                    dt_softplus=True, dt_limit=self.cfg.dt_limit)
+        return dict(
+            D=self.D[...].astype(jnp.float32),
+            dt_bias=self.dt_bias[...].astype(jnp.float32),
+            dt_softplus=True,
+            dt_limit=self.cfg.dt_limit,
+        )
 
     def _split_xbc(self, xbc: jax.Array):
         cfg = self.cfg
         gn = cfg.n_groups * cfg.d_state
         x, b, c = jnp.split(xbc, [cfg.d_inner, cfg.d_inner + gn], axis=-1)
         lead = xbc.shape[:-1]
-        return (x.reshape(*lead, cfg.num_heads, cfg.head_dim),
-                b.reshape(*lead, cfg.n_groups, cfg.d_state),
-                c.reshape(*lead, cfg.n_groups, cfg.d_state))
+        return (
+            x.reshape(*lead, cfg.num_heads, cfg.head_dim),
+            b.reshape(*lead, cfg.n_groups, cfg.d_state),
+            c.reshape(*lead, cfg.n_groups, cfg.d_state),
+        )
 
     def _decode(self, xbc, dt, state: Mamba2State, inputs: StepInputs):
         rows = inputs.decode
-        xbc, conv = ops.causal_conv1d_update(xbc, *self._conv_args(), state.conv, rows.read_slots,
-                                             rows.write_slots, activation="silu")
+        xbc, conv = ops.causal_conv1d_update(
+            xbc,
+            *self._conv_args(),
+            state.conv,
+            rows.read_slots,
+            rows.write_slots,
+            activation="silu",
+        )
         x, b, c = self._split_xbc(xbc)
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
-        y, ssm = ops.ssd_state_update(x, dt, a, b, c, state.ssm, rows.read_slots, rows.write_slots,
-                                      **self._ssm_kwargs())
+        y, ssm = ops.ssd_state_update(
+            x, dt, a, b, c, state.ssm, rows.read_slots, rows.write_slots, **self._ssm_kwargs()
+        )
         return y, Mamba2State(conv, ssm)
 
     def _prefill(self, xbc, dt, state: Mamba2State, inputs: StepInputs):
         rows = inputs.prefill
         xbc, conv = ops.causal_conv1d_prefill(
-            xbc, *self._conv_args(), state.conv, rows.query_start_loc, rows.has_initial_state,
-            rows.read_slots, rows.write_slots, activation="silu")
+            xbc,
+            *self._conv_args(),
+            state.conv,
+            rows.query_start_loc,
+            rows.has_initial_state,
+            rows.read_slots,
+            rows.write_slots,
+            activation="silu",
+        )
         x, b, c = self._split_xbc(xbc)
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
         y, ssm = ops.ssd_chunk_scan(
-            x, dt, a, b, c, state.ssm, rows.query_start_loc, rows.num_computed,
-            rows.has_initial_state, rows.read_slots, rows.write_slots,
-            chunk_size=self.cfg.chunk_size, **self._ssm_kwargs())
+            x,
+            dt,
+            a,
+            b,
+            c,
+            state.ssm,
+            rows.query_start_loc,
+            rows.num_computed,
+            rows.has_initial_state,
+            rows.read_slots,
+            rows.write_slots,
+            chunk_size=self.cfg.chunk_size,
+            **self._ssm_kwargs(),
+        )
         return y, Mamba2State(conv, ssm)
 
-    def __call__(self, hidden: jax.Array, state: Mamba2State, inputs: StepInputs
-                 ) -> tuple[jax.Array, Mamba2State]:
+    def __call__(
+        self, hidden: jax.Array, state: Mamba2State, inputs: StepInputs
+    ) -> tuple[jax.Array, Mamba2State]:
         cfg = self.cfg
-        z, xbc, dt = jnp.split(self.in_proj(hidden), [cfg.d_inner, cfg.d_inner + cfg.conv_dim],
-                               axis=-1)
+        z, xbc, dt = jnp.split(
+            self.in_proj(hidden), [cfg.d_inner, cfg.d_inner + cfg.conv_dim], axis=-1
+        )
         (xbc_d, xbc_p), (dt_d, dt_p) = split_sections(xbc, inputs), split_sections(dt, inputs)
         y_d = jnp.zeros((*xbc_d.shape[:2], cfg.num_heads, cfg.head_dim), hidden.dtype)
         y_p = jnp.zeros((xbc_p.shape[0], cfg.num_heads, cfg.head_dim), hidden.dtype)

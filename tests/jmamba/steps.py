@@ -24,9 +24,17 @@ class Row:
     blocks: list[int]
 
 
-def build(decode: list[Row], prefill: list[Row], *, block_size: int, max_blocks: int,
-          pad_decode_rows: int = 0, pad_prefill_rows: int = 0, pad_tokens: int = 0,
-          all_logits: bool = False) -> StepInputs:
+def build(
+    decode: list[Row],
+    prefill: list[Row],
+    *,
+    block_size: int,
+    max_blocks: int,
+    pad_decode_rows: int = 0,
+    pad_prefill_rows: int = 0,
+    pad_tokens: int = 0,
+    all_logits: bool = False,
+) -> StepInputs:
     """StepInputs with decode rows (1 lane each), prefill rows, and the requested padding."""
     rd, rp = len(decode) + pad_decode_rows, len(prefill) + pad_prefill_rows
     tp = sum(len(r.tokens) for r in prefill) + pad_tokens
@@ -51,7 +59,7 @@ def build(decode: list[Row], prefill: list[Row], *, block_size: int, max_blocks:
     for i, r in enumerate(prefill):
         place(rd + qsl[i], r)
         qsl[i + 1] = qsl[i] + len(r.tokens)
-    qsl[len(prefill) + 1:] = qsl[len(prefill)]
+    qsl[len(prefill) + 1 :] = qsl[len(prefill)]
 
     def column(rows: list[Row], n: int, f) -> np.ndarray:
         out = np.zeros(n, np.int32)

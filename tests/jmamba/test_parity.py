@@ -1,10 +1,10 @@
 """Parity with transformers (the independent reference) on tiny random checkpoints of each family.
 
-Fixtures are written by tests/reference/make_fixtures.py under transformers 5.23.0. Our model loads the
-same safetensors and must reproduce HF's logits and final states within 1e-4 (fp32): for a full
-forward, and for chunked prefill followed by token-by-token decode with the states carried in our pools
-at non-trivial slots, with padding rows and tokens in every batch, garbage in every pool entry a
-request does not own, and NaN in the NULL slot and block.
+Fixtures are written by tests/reference/make_fixtures.py under transformers 5.23.0. Our model loads
+the same safetensors and must reproduce HF's logits and final states within 1e-4 (fp32): for a full
+forward, and for chunked prefill followed by token-by-token decode with the states carried in our
+pools at non-trivial slots, with padding rows and tokens in every batch, garbage in every pool entry
+a request does not own, and NaN in the NULL slot and block.
 """
 
 from __future__ import annotations
@@ -51,23 +51,31 @@ def poisoned_caches(model):
 
 
 def row(seq, start, end, slot, blocks, num_computed=None):
-    return Row(list(seq[start:end]), start if num_computed is None else num_computed, slot, slot,
-               blocks)
+    return Row(
+        list(seq[start:end]), start if num_computed is None else num_computed, slot, slot, blocks
+    )
 
 
 def test_full_forward_matches_transformers(family):
     """One prefill step over both sequences (plus padding) gives HF's full-forward logits."""
     model, params, step, exp = family
     a, b = exp["seq_a"], exp["seq_b"]
-    inputs = build([], [row(a, 0, len(a), SLOT_A, BLOCKS_A), row(b, 0, len(b), SLOT_B, BLOCKS_B)],
-                   block_size=BLOCK, max_blocks=MAX_BLOCKS, pad_prefill_rows=1, pad_tokens=5,
-                   all_logits=True)
+    inputs = build(
+        [],
+        [row(a, 0, len(a), SLOT_A, BLOCKS_A), row(b, 0, len(b), SLOT_B, BLOCKS_B)],
+        block_size=BLOCK,
+        max_blocks=MAX_BLOCKS,
+        pad_prefill_rows=1,
+        pad_tokens=5,
+        all_logits=True,
+    )
     logits, _ = step(params, poisoned_caches(model), inputs)
     logits = np.asarray(logits)
     np.testing.assert_allclose(logits[: len(a)], exp["logits_full_a"], atol=TOL, rtol=0)
-    np.testing.assert_allclose(logits[len(a): len(a) + len(b)], exp["logits_full_b"], atol=TOL,
-                               rtol=0)
-    assert np.all(logits[len(a) + len(b):] == logits[len(a) + len(b):])  # padding stays finite
+    np.testing.assert_allclose(
+        logits[len(a) : len(a) + len(b)], exp["logits_full_b"], atol=TOL, rtol=0
+    )
+    assert np.all(logits[len(a) + len(b) :] == logits[len(a) + len(b) :])  # padding stays finite
 
 
 def run_chunked(model, params, step, a, b):
@@ -78,8 +86,15 @@ def run_chunked(model, params, step, a, b):
 
     def run(decode, prefill):
         nonlocal caches
-        inputs = build(decode, prefill, block_size=BLOCK, max_blocks=MAX_BLOCKS,
-                       pad_decode_rows=2 - len(decode) + 1, pad_prefill_rows=1, pad_tokens=3)
+        inputs = build(
+            decode,
+            prefill,
+            block_size=BLOCK,
+            max_blocks=MAX_BLOCKS,
+            pad_decode_rows=2 - len(decode) + 1,
+            pad_prefill_rows=1,
+            pad_tokens=3,
+        )
         logits, caches = step(params, caches, inputs)
         return np.asarray(logits)
 
@@ -116,7 +131,6 @@ def test_chunked_prefill_then_decode_matches_transformers(family):
             rec = rec.transpose(0, 1, 3, 2)  # ours [V, K] per head, HF [K, V]
         for slot, name in ((SLOT_A, "a"), (SLOT_B, "b")):
             # HF keeps the whole kernel window; we keep its last d_conv - 1 inputs.
-            np.testing.assert_allclose(conv[slot], exp[f"conv_{name}_{i}"][:, 1:], atol=TOL,
-                                       rtol=0)
+            np.testing.assert_allclose(conv[slot], exp[f"conv_{name}_{i}"][:, 1:], atol=TOL, rtol=0)
             np.testing.assert_allclose(rec[slot], exp[f"rec_{name}_{i}"], atol=TOL, rtol=0)
         assert np.isnan(conv[0]).all() and np.isnan(rec[0]).all()  # NULL slot never written

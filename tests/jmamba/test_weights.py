@@ -1,0 +1,115 @@
+"""Loader and config adapter: shards, bf16, and clear errors for bad checkpoints or configs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from jmamba import from_hf_config, load_pretrained
+from jmamba.config import Ffn, Mixer
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+def copy_fixture(tmp_path: Path, family: str) -> Path:
+    target = tmp_path / family
+    shutil.copytree(FIXTURES / family, target)
+    (target / "expected.npz").unlink()
+    return target
+
+
+def params_of(model) -> dict:
+    from flax import nnx
+
+    return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
+
+
+def test_sharded_checkpoint_loads_the_same_parameters(tmp_path):
+    """Two shards plus an index give exactly the parameters of the single file."""
+    target = copy_fixture(tmp_path, "qwen3_next")
+    tensors = load_file(target / "model.safetensors")
+    names = sorted(tensors)
+    halves = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
+    for file, part in halves.items():
+        save_file({n: tensors[n] for n in part}, target / file)
+    (target / "model.safetensors").unlink()
+    index = {"weight_map": {n: f for f, part in halves.items() for n in part}}
+    (target / "model.safetensors.index.json").write_text(json.dumps(index))
+    sharded, single = (
+        params_of(load_pretrained(target)),
+        params_of(load_pretrained(FIXTURES / "qwen3_next")),
+    )
+    assert sharded.keys() == single.keys()
+    assert all(np.array_equal(sharded[k], single[k]) for k in single)
+
+
+def test_bf16_load_casts_every_parameter():
+    model = load_pretrained(FIXTURES / "mamba2", dtype=jnp.bfloat16)
+    assert {v.dtype for v in params_of(model).values()} == {jnp.dtype(jnp.bfloat16)}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t.pop("lm_head.weight"), r"missing tensors \['lm_head.weight'\]"),
+        (lambda t: t.update(extra=np.zeros(3, np.float32)), r"unexpected tensors \['extra'\]"),
+    ],
+)
+def test_missing_or_unexpected_tensors_are_listed(tmp_path, change, message):
+    target = copy_fixture(tmp_path, "mamba2")
+    tensors = load_file(target / "model.safetensors")
+    change(tensors)
+    save_file(tensors, target / "model.safetensors")
+    with pytest.raises(ValueError, match=message):
+        load_pretrained(target)
+
+
+def test_missing_checkpoint_files_raise(tmp_path):
+    target = copy_fixture(tmp_path, "mamba2")
+    (target / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        load_pretrained(target)
+    with pytest.raises(ValueError, match="no config.json"):
+        load_pretrained(tmp_path / "nowhere")
+
+
+def fixture_config(family: str) -> dict:
+    return json.loads((FIXTURES / family / "config.json").read_text())
+
+
+def test_layer_pattern_comes_from_the_config_fields():
+    nemotron = from_hf_config(fixture_config("nemotron_h"))
+    assert nemotron.mixers[:4] == (Mixer.MAMBA2, Mixer.NONE, Mixer.ATTENTION, Mixer.NONE)
+    assert nemotron.ffns[:4] == (Ffn.NONE, Ffn.MLP, Ffn.NONE, Ffn.MOE)
+    assert nemotron.mamba2.dt_limit[1] == float("inf")  # decoded from {"__float__": "Infinity"}
+    qwen = from_hf_config(fixture_config("qwen3_next"))
+    assert qwen.ffns == (Ffn.MOE, Ffn.MLP, Ffn.MOE, Ffn.MOE)  # mlp_only_layers=[1]
+    assert qwen.attention.rotary_dim == 4 and qwen.norm_offset == 1.0
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(architectures=["LlamaForCausalLM"]), "architectures=.*not supported"),
+        (lambda c: c.pop("vocab_size"), "missing the required field 'vocab_size'"),
+        (
+            lambda c: c.update(layers_block_type=["mamba", "rnn"]),
+            r"unknown NemotronH layer types \['rnn'\]",
+        ),
+        (lambda c: c.update(n_routed_experts=3, n_group=2), "n_group=2 must divide num_experts=3"),
+    ],
+)
+def test_invalid_configs_raise_value_errors_naming_the_field(edit, message):
+    cfg = fixture_config("nemotron_h")
+    edit(cfg)
+    with pytest.raises(ValueError, match=message):
+        from_hf_config(cfg)

@@ -73,6 +73,7 @@ class Scheduler:
         self.slot_pool = Pool("state slot", config.num_slots)
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     @property
     def has_unfinished(self) -> bool:
@@ -188,6 +189,7 @@ class Scheduler:
         self._release(request)
         request.reset_for_recompute()
         self.waiting.appendleft(request)
+        self.num_preemptions += 1
         return request
 
     def _finish(self, request: Request, reason: FinishReason) -> None:

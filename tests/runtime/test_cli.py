@@ -1,0 +1,47 @@
+"""`jmamba generate` and `LLM` end to end: text prompts through a tokenizer.json, and errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import main
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "mamba2"
+
+
+def write_tokenizer(path: Path, vocab_size: int = 64) -> None:
+    """A word-level tokenizer.json over words w0..w{n-1} (ids below the model's vocab)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(vocab_size)} | {"[UNK]": vocab_size}
+    model = tokenizers.models.WordLevel(vocab, unk_token="[UNK]")
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.save(str(path / "tokenizer.json"))
+
+
+def test_generate_text_prompts_from_checkpoint_dir(tmp_path, capsys):
+    """A checkpoint dir with tokenizer.json: text in, text out, finish reason and variant count."""
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(FIXTURE / name, tmp_path / name)
+    write_tokenizer(tmp_path)
+    code = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2 w3", "--prompt",
+                 "w7", "--max-tokens", "4", "--max-num-seqs", "2"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("length:") == 2 and "compiled step variants" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "tiny-nope"], "unknown preset 'tiny-nope'"),
+        (["--model", "tiny-mamba2", "--top-p", "2"], "top_p=2.0"),
+        (["--prompt-ids", "1,x"], "comma-separated ints"),
+    ],
+)
+def test_cli_errors_name_the_problem(argv, message, capsys):
+    assert main(["generate", *argv]) == 2
+    assert message in capsys.readouterr().err

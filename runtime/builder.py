@@ -9,6 +9,7 @@ Uses numpy only (jmamba.inputs is imported for the dataclass, not for any jax ca
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -118,21 +119,8 @@ def build_step(
 ) -> StepBatch:
     """Build the padded inputs of one step (shapes fixed by `bucket`, values from `schedule`)."""
     a = _Arrays(bucket, max_blocks)
-    width = bucket.width
-    sample_rows = []
-    for r, item in enumerate(schedule.decodes):
-        request = item.request
-        a.d_query_lens[r] = item.num_tokens
-        a.d_seq_lens[r] = item.start + item.num_tokens
-        a.d_read[r] = request.state_slot
-        a.d_write[r, : item.num_tokens] = request.state_slot
-        a.d_table[r, : len(request.block_ids)] = request.block_ids
-        a.set_tokens(r * width, item, block_size)
-        lanes = np.arange(r * width, r * width + item.num_tokens)
-        a.logits_indices[lanes] = lanes
-        a.set_sampling(r * width, item)
-        sample_rows.append(r * width + item.num_tokens - 1)
-    num_decode_lanes = bucket.num_decode_rows * width
+    sample_rows = _fill_decode(a, schedule.decodes, bucket.width, block_size)
+    num_decode_lanes = bucket.num_decode_rows * bucket.width
     offset = 0
     for j, item in enumerate(schedule.prefills):
         request = item.request
@@ -151,6 +139,49 @@ def build_step(
         sample_rows.append(num_decode_lanes + j)
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
     return StepBatch(a.step_inputs(), a.sampling(), np.asarray(sample_rows, np.int64))
+
+
+def _fill_decode(
+    a: _Arrays, decodes: list[ScheduledRequest], width: int, block_size: int
+) -> list[int]:
+    """Fill the decode section with whole-array writes (this is the per-step hot path)."""
+    n = len(decodes)
+    if n == 0:
+        return []
+    requests = [item.request for item in decodes]
+    query_lens = np.fromiter((item.num_tokens for item in decodes), np.int32, n)
+    starts = np.fromiter((item.start for item in decodes), np.int32, n)
+    slots = np.fromiter((r.state_slot for r in requests), np.int32, n)
+    a.d_query_lens[:n] = query_lens
+    a.d_seq_lens[:n] = starts + query_lens
+    a.d_read[:n] = slots
+    lane_live = np.arange(width)[None, :] < query_lens[:, None]
+    a.d_write[:n] = np.where(lane_live, slots[:, None], 0)
+    num_blocks = np.fromiter((len(r.block_ids) for r in requests), np.int64, n)
+    if num_blocks.any():
+        rows = np.repeat(np.arange(n), num_blocks)
+        columns = np.arange(rows.size) - np.repeat(np.cumsum(num_blocks) - num_blocks, num_blocks)
+        a.d_table[rows, columns] = list(
+            itertools.chain.from_iterable(r.block_ids for r in requests)
+        )
+    rows = np.repeat(np.arange(n), query_lens)
+    lanes = np.arange(rows.size) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
+    index = rows * width + lanes
+    positions = starts[rows] + lanes
+    a.token_ids[index] = list(itertools.chain.from_iterable(item.token_ids for item in decodes))
+    a.positions[index] = positions
+    if num_blocks.any():
+        blocks = a.d_table[rows, positions // block_size]
+        a.kv_slots[index] = blocks * block_size + positions % block_size
+    a.logits_indices[index] = index
+    last = rows * width + query_lens[rows] - 1
+    params = [r.sampling_params for r in requests]
+    a.temperature[index] = [params[r].temperature for r in rows]
+    a.top_k[index] = [params[r].top_k for r in rows]
+    a.top_p[index] = [params[r].top_p for r in rows]
+    a.seeds[index] = [requests[r].seed for r in rows]
+    a.counters[index] = [len(requests[r].output_token_ids) for r in rows]
+    return np.unique(last).tolist()
 
 
 def build_dummy(bucket: Bucket, *, max_blocks: int) -> StepBatch:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 import time
 
 from runtime.config import EngineConfig
@@ -169,14 +168,16 @@ class Scheduler:
     def _blocks_needed(self, request: Request, num_tokens: int) -> int:
         if not self.uses_blocks:
             return 0
-        total = math.ceil((request.num_computed + num_tokens) / self.config.block_size)
+        total = -(-(request.num_computed + num_tokens) // self.config.block_size)
         return max(total - len(request.block_ids), 0)
 
     def _can_grow(self, request: Request, num_tokens: int) -> bool:
         return self.block_pool.can_allocate(self._blocks_needed(request, num_tokens))
 
     def _grow(self, request: Request, num_tokens: int) -> None:
-        request.block_ids += self.block_pool.allocate(self._blocks_needed(request, num_tokens))
+        needed = self._blocks_needed(request, num_tokens)
+        if needed:
+            request.block_ids += self.block_pool.allocate(needed)
 
     def _release(self, request: Request) -> None:
         self.block_pool.free(request.block_ids)

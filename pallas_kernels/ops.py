@@ -1,23 +1,20 @@
-"""The public, dispatched ops: Pallas on GPU, plain-jnp reference elsewhere (see `_dispatch`)."""
+"""The public, dispatched ops: Pallas on GPU, plain-jnp reference elsewhere (see `_dispatch`).
+
+Models call these and nothing else from this package. Each op takes the arguments of its
+`<op>_reference` plus `implementation=None | "pallas" | "interpret" | "reference"`.
+"""
 
 from __future__ import annotations
 
+from pallas_kernels import causal_conv1d as _conv1d
+from pallas_kernels import gdn_chunk as _gdn_chunk
+from pallas_kernels import gdn_state_update as _gdn_state_update
+from pallas_kernels import paged_attention as _paged_attention
+from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan
+from pallas_kernels import ssd_state_update as _ssd_state_update
 from pallas_kernels._dispatch import dispatched
 
-# Gated DeltaNet path (issue 4).
-from pallas_kernels import gdn_chunk as _gdn_chunk  # noqa: E402
-from pallas_kernels import gdn_state_update as _gdn_state_update  # noqa: E402
-
-gdn_chunk = dispatched(_gdn_chunk.gdn_chunk, _gdn_chunk.gdn_chunk_reference)
-gdn_state_update = dispatched(
-    _gdn_state_update.gdn_state_update, _gdn_state_update.gdn_state_update_reference
-)
-
-from pallas_kernels import causal_conv1d as _conv1d  # noqa: E402
-from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan  # noqa: E402
-from pallas_kernels import ssd_state_update as _ssd_state_update  # noqa: E402
-
-# Mamba2 path (issue 3). The first argument becomes the Pallas entry once it exists.
+# Mamba2 path.
 causal_conv1d_prefill = dispatched(
     _conv1d.causal_conv1d_prefill, _conv1d.causal_conv1d_prefill_reference
 )
@@ -30,3 +27,13 @@ ssd_chunk_scan = dispatched(
 ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_state_update.ssd_state_update_reference
 )
+
+# Gated DeltaNet path.
+gdn_chunk = dispatched(_gdn_chunk.gdn_chunk, _gdn_chunk.gdn_chunk_reference)
+gdn_state_update = dispatched(
+    _gdn_state_update.gdn_state_update, _gdn_state_update.gdn_state_update_reference
+)
+
+# Attention over the paged KV cache (reference only so far).
+paged_attention = dispatched(None, _paged_attention.paged_attention_reference)
+write_kv = _paged_attention.write_kv

@@ -246,6 +246,42 @@ def _chain_kernel(
         )
 
 
+def _intra_call(k, v, g, beta, cstart, clen, *, HV, C, blk, l2, prec, inter, num_warps, interpret):
+    """WY factors W [NC, HV, C, BK] and U [NC, HV, C, BV] of every chunk tile (kernel 1)."""
+    HK, K = k.shape[1], k.shape[2]
+    V = v.shape[2]
+    BK, BVf = pow2(K), pow2(V)
+    NCH = cstart.shape[0]
+    kern = functools.partial(
+        _intra_kernel, rep=HV // HK, C=C, K=K, V=V, BK=BK, BV=BVf, blk=blk, l2=l2, prec=prec
+    )
+    mat = functools.partial(jax.ShapeDtypeStruct, dtype=inter)
+    return pl.pallas_call(
+        kern,
+        out_shape=(mat((NCH, HV, C, BK)), mat((NCH, HV, C, BVf))),
+        grid=(NCH, HV),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="gdn_chunk_intra",
+    )(cstart, clen, k, v, g, beta)
+
+
+def chunk_tiles(query_start_loc, num_computed, T: int, C: int):
+    """Per chunk tile: first token and token count (int32 [NC]); per row: chunk count and first
+    tile index (int32 [R]). Chunks are aligned to absolute positions."""
+    i32 = jnp.int32
+    qsl, nc = query_start_loc.astype(i32), num_computed.astype(i32)
+    R = nc.shape[0]
+    row, tok0, _, _, _ = chunk_table(qsl, nc, T, C)
+    rowc = jnp.minimum(row, R - 1)
+    cstart = jnp.maximum(tok0, qsl[rowc])
+    clen = jnp.where(row < R, jnp.minimum(tok0 + C, qsl[rowc + 1]) - cstart, 0).astype(i32)
+    length = qsl[1:] - qsl[:-1]
+    count = jnp.where(length > 0, (nc % C + length + C - 1) // C, 0).astype(i32)
+    c0 = (jnp.cumsum(count) - count).astype(i32)
+    return cstart.astype(i32), clen, count, c0
+
+
 def gdn_chunk(
     q,
     k,
@@ -272,6 +308,7 @@ def gdn_chunk(
     num_stages: int = 2,
     intra_num_warps: int = 4,
     precision=None,
+    intra_precision=None,
 ):
     """Pallas Gated DeltaNet prefill; same contract as `gdn_chunk_reference`.
 
@@ -279,7 +316,8 @@ def gdn_chunk(
     query_start_loc [R + 1]; num_computed, has_initial_state, read_slots, write_slots [R].
     Tuning: block_v (V rows per chain program), solve_block (diagonal block of the triangular
     inverse), inter_dtype (storage of the WY factors; default v.dtype), warps/stages, precision
-    of the in-kernel dots on GPU (None = TF32; interpret mode always uses HIGHEST).
+    of the in-kernel dots on GPU (None = TF32; intra_precision for the first kernel; interpret
+    mode always uses HIGHEST).
     """
     check_prefill_args(
         q,
@@ -302,38 +340,27 @@ def gdn_chunk(
     R, C = num_computed.shape[0], chunk_size
     i32 = jnp.int32
     qsl, nc = query_start_loc.astype(i32), num_computed.astype(i32)
-    row, tok0, _, _, _ = chunk_table(qsl, nc, T, C)
-    rowc = jnp.minimum(row, R - 1)
-    cstart = jnp.maximum(tok0, qsl[rowc])
-    clen = jnp.where(row < R, jnp.minimum(tok0 + C, qsl[rowc + 1]) - cstart, 0).astype(i32)
-    length = qsl[1:] - qsl[:-1]
-    count = jnp.where(length > 0, (nc % C + length + C - 1) // C, 0).astype(i32)
-    c0 = (jnp.cumsum(count) - count).astype(i32)
-    NCH = row.shape[0]
+    cstart, clen, count, c0 = chunk_tiles(qsl, nc, T, C)
     BK, BVf = pow2(K), pow2(V)
     prec = jax.lax.Precision.HIGHEST if interpret else precision
     blk = min(solve_block, C)
     inter = v.dtype if inter_dtype is None else inter_dtype
-    mat = functools.partial(jax.ShapeDtypeStruct, dtype=inter)
-    w, u = pl.pallas_call(
-        functools.partial(
-            _intra_kernel,
-            rep=HV // HK,
-            C=C,
-            K=K,
-            V=V,
-            BK=BK,
-            BV=BVf,
-            blk=blk,
-            l2=use_qk_l2norm,
-            prec=prec,
-        ),
-        out_shape=(mat((NCH, HV, C, BK)), mat((NCH, HV, C, BVf))),
-        grid=(NCH, HV),
-        compiler_params=plgpu.CompilerParams(num_warps=intra_num_warps, num_stages=1),
+    w, u = _intra_call(
+        k,
+        v,
+        g,
+        beta,
+        cstart,
+        clen,
+        HV=HV,
+        C=C,
+        blk=blk,
+        l2=use_qk_l2norm,
+        prec=prec if intra_precision is None else intra_precision,
+        inter=inter,
+        num_warps=intra_num_warps,
         interpret=interpret,
-        name="gdn_chunk_intra",
-    )(cstart.astype(i32), clen, k, v, g, beta)
+    )
     NB = 0 if boundary_slots is None else boundary_slots.shape[1]
     bsl = jnp.zeros((R, 1), i32) if NB == 0 else boundary_slots.astype(i32)
     BV = min(pow2(block_v), BVf)

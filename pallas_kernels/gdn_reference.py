@@ -66,6 +66,7 @@ def read_initial(
 
 def scatter_states(state: jax.Array, slots: jax.Array, values: jax.Array) -> jax.Array:
     """state[slots[i]] = values[i] for slots > 0 (flat [N] slots); others are dropped."""
+    state = jnp.asarray(state)  # numpy pools are accepted outside jit
     idx = jnp.where(slots > 0, slots, state.shape[0])  # out of range -> dropped
     return state.at[idx].set(values.astype(state.dtype), mode="drop")
 

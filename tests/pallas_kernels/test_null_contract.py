@@ -20,6 +20,8 @@ import pytest
 from pallas_kernels import ops
 
 from . import test_causal_conv1d as conv
+from . import test_gdn_chunk as gdnc
+from . import test_gdn_state_update as gdnu
 from . import test_ssd_chunk_scan as scan
 from . import test_ssd_state_update as ssu
 
@@ -106,6 +108,36 @@ def _ssd_state_update() -> Case:
     run = _with_pool(d, "ssm_state", ssu.ARGS, ops.ssd_state_update, **opts)
     pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], d["x"].shape)
     return Case(run, d["ssm_state"], pad)
+
+
+@case("gdn_chunk")
+def _gdn_chunk() -> Case:
+    args, kw = gdnc.make_case([5, 1, 20], [0, 3, 9], [True, True, True], T=30, nb=1, bs=16)
+    args[9][1] = 0  # has_initial_state with a NULL read slot: must read zeros
+    pool = args[5]
+    pool[0] = 0.0
+
+    def run(p, implementation):
+        a = list(args)
+        a[5] = p
+        return ops.gdn_chunk(*a, chunk_size=16, **kw, implementation=implementation)
+
+    return Case(run, pool, _varlen_padding(args[6], args[2].shape))
+
+
+@case("gdn_state_update")
+def _gdn_state_update() -> Case:
+    args = gdnu.make_case(3, 2, pad_rows=(0,), dead=((1, 1),))
+    pool = args[7]
+    pool[0] = 0.0
+
+    def run(p, implementation):
+        a = list(args)
+        a[7] = p
+        return ops.gdn_state_update(*a, implementation=implementation)
+
+    pad = np.broadcast_to((args[9] <= 0)[:, :, None, None], args[2].shape)
+    return Case(run, pool, pad)
 
 
 def _bytes(a) -> bytes:

@@ -229,6 +229,8 @@ def jax_part(out_path: str) -> None:
 
 # ----------------------------------------------------------------------------------------- FLA
 def fla_part(out_path: str, only: str = "") -> None:
+    import functools
+
     import torch
     import torch.nn.functional as F
     import triton
@@ -262,18 +264,18 @@ def fla_part(out_path: str, only: str = "") -> None:
         beta = torch.sigmoid(torch.randn(B, 1, HV, device=dev))
         h0 = torch.randn(B, HV, D, D, device=dev) * 0.1
 
-        def fn():
-            return fused_recurrent_gated_delta_rule(
-                q,
-                k,
-                v,
-                g=g,
-                beta=beta,
-                initial_state=h0,
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-                state_v_first=True,
-            )
+        fn = functools.partial(
+            fused_recurrent_gated_delta_rule,
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            initial_state=h0,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=True,
+        )
 
         ms, how = graph_bench(fn)
         res["decode"][str(B)] = {"us": ms * 1e3, "how": how}
@@ -299,19 +301,19 @@ def fla_part(out_path: str, only: str = "") -> None:
             else None
         )
 
-        def fn():
-            return chunk_gated_delta_rule(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                initial_state=h0,
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-                state_v_first=True,
-                cu_seqlens=cu,
-            )
+        fn = functools.partial(
+            chunk_gated_delta_rule,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=h0,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=True,
+            cu_seqlens=cu,
+        )
 
         t0 = time.time()
         fn()

@@ -258,8 +258,8 @@ def causal_conv1d_prefill(
     *,
     activation: str | None = "silu",
     interpret: bool = False,
-    block_t: int = 64,
-    block_d: int = 128,
+    block_t: int = 16,
+    block_d: int = 512,
     num_warps: int = 4,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernel for `causal_conv1d_prefill_reference` (same arguments and results).

@@ -358,7 +358,7 @@ def ssd_chunk_scan(
     block_size: int | None = None,
     boundary_slots: jax.Array | None = None,
     interpret: bool = False,
-    block_q: int = 64,
+    block_q: int = 32,
     block_p: int = 64,
     num_warps: int = 4,
     num_stages: int = 1,

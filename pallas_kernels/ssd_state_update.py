@@ -172,7 +172,7 @@ def ssd_state_update(
     dt_softplus: bool = True,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
     interpret: bool = False,
-    block_p: int = 16,
+    block_p: int = 32,
     num_warps: int = 4,
     num_stages: int = 1,
 ) -> tuple[jax.Array, jax.Array]:

@@ -1,14 +1,18 @@
 """Gated DeltaNet chunked prefill (varlen, slots in-kernel), Pallas/Triton, two kernels.
 
-1. `_intra_kernel`, grid (chunks, HV), all chunks in parallel: l2norm(k), in-chunk cumulative log
-   decay G, A = strict-lower(beta_i (k_i . k_j) exp(G_i - G_j)), T = (I + A)^-1 (blocked: 16x16
-   diagonal blocks by doubling products, then the block merge, all as dots), and the WY factors
-   W = T (beta exp(G) k), U = T (beta v), stored per chunk tile.
+1. `_intra_kernel`, grid (chunk tiles, HV), all chunks in parallel. Everything that does not depend
+   on the state: l2norm(q, k), in-chunk cumulative log decay G, A = strict-lower(beta_i (k_i . k_j)
+   exp(G_i - G_j)), T = (I + A)^-1 (blocked doubling products, all dots), the WY factors
+   W = T (beta exp(G) k), U = T (beta v), and the tiles the chain needs as they are used there:
+   KD = exp(G_last - G) k, QE = scale exp(G) q, AQK = scale (q k^T) o causal decay.
 2. `_chain_kernel`, grid (R + 1, HV, V tiles): sequential over the chunks of one row with the
-   state slice [BV, K] in registers: v_new = U - W S^T, o = (exp(G) q) S^T + (q k^T o decay) v_new,
-   S = exp(G_last) S + v_new^T (exp(G_last - G) k). Reads the initial state from its slot, writes
-   block-boundary states and the final state to theirs. Program R zeroes the padding tokens.
-Chunks are aligned to absolute positions (num_computed), so results do not depend on chunking.
+   transposed state slice S^T [K, BV] in fp32 registers. Per chunk only four small dots:
+   v_new = U - W S^T, o = QE S^T + AQK v_new, S^T = exp(G_last) S^T + KD^T v_new. Reads the
+   initial state from its slot, writes block-boundary states and the final state to theirs.
+   Program R zeroes the padding tokens.
+Dot operands are in `inter_dtype` (bf16 for bf16 inputs: tensor cores, fp32 accumulation); the
+triangular inverse uses `solve_dtype` (fp32 = TF32 on GPU by default). Chunks are aligned to
+absolute positions (num_computed), so results do not depend on chunking.
 """
 
 from __future__ import annotations
@@ -31,25 +35,30 @@ from pallas_kernels.gdn_reference import (
 
 __all__ = ["gdn_chunk", "gdn_chunk_reference", "gdn_chunk_reference_chunked"]
 
+_NN = (((1,), (0,)), ((), ()))  # a @ b
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
 
-def _dot(a, b, prec, dims=None):
-    dims = (((1,), (0,)), ((), ())) if dims is None else dims
-    return jax.lax.dot_general(a, b, dims, precision=prec, preferred_element_type=jnp.float32)
+def _mm(a, b, dt, prec, dims=_NN):
+    """a @ b (per dims) with operands cast to dt, fp32 accumulation; prec only for fp32 operands."""
+    p = prec if dt == jnp.float32 else None
+    return jax.lax.dot_general(
+        a.astype(dt), b.astype(dt), dims, precision=p, preferred_element_type=jnp.float32
+    )
 
 
 def _l2n_rows(x: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=1) + L2_EPS)[:, None]
 
 
-def _unit_lower_inverse(A: jax.Array, blk: int, prec) -> jax.Array:
-    """(I + A)^-1 for strictly lower-triangular A [C, C], with dots only.
+def _unit_lower_inverse(A: jax.Array, blk: int, dt, prec, refine: bool) -> jax.Array:
+    """(I + A)^-1 for strictly lower-triangular A [C, C], with dots only (operands in dt).
 
     Diagonal blocks of size blk: (I + X)^-1 = (I - X)(I + X^2)(I + X^4)... (X^blk = 0). Then with D
     the block-diagonal inverse and N = D A_off (strictly block-lower, N^(C/blk) = 0),
-    (I + A)^-1 = (I + N)^-1 D, the same doubling product over the blocks.
+    (I + A)^-1 = (I + N)^-1 D, the same doubling product over the blocks. `refine`: one Newton
+    step T <- 2T - T (I + A) T with fp32 (TF32) operands, for a low-precision dt.
     """
     C = A.shape[0]
     ii, jj = jnp.arange(C)[:, None], jnp.arange(C)[None, :]
@@ -61,27 +70,35 @@ def _unit_lower_inverse(A: jax.Array, blk: int, prec) -> jax.Array:
         acc = eye + P
         m = 2
         while m < n:
-            P = _dot(P, P, prec)
-            acc = _dot(acc, eye + P, prec)
+            P = _mm(P, P, dt, prec)
+            acc = _mm(acc, eye + P, dt, prec)
             m *= 2
         return acc
 
     D = neumann(jnp.where(same, A, 0.0), blk)
-    if blk >= C:
-        return D
-    N = _dot(D, jnp.where(same, 0.0, A), prec)
-    return _dot(neumann(N, C // blk), D, prec)
+    Tinv = D
+    if blk < C:
+        N = _mm(D, jnp.where(same, 0.0, A), dt, prec)
+        Tinv = _mm(neumann(N, C // blk), D, dt, prec)
+    if refine:
+        f32 = jnp.float32
+        Tinv = 2.0 * Tinv - _mm(Tinv, _mm(eye + A, Tinv, f32, prec), f32, prec)
+    return Tinv
 
 
 def _intra_kernel(
     cstart_ref,
     clen_ref,
+    q_ref,
     k_ref,
     v_ref,
     g_ref,
     b_ref,
     w_ref,
     u_ref,
+    kd_ref,
+    qe_ref,
+    aqk_ref,
     *,
     rep,
     C,
@@ -91,38 +108,49 @@ def _intra_kernel(
     BV,
     blk,
     l2,
+    scale,
     prec,
+    dt,
+    sdt,
+    refine,
 ):
     c, hv = pl.program_id(0), pl.program_id(1)
     st, n = cstart_ref[c], clen_ref[c]
     rows = jnp.arange(C)
     rmask = rows < n
     kmask, vmask = jnp.arange(BK) < K, jnp.arange(BV) < V
-    k = plgpu.load(
-        k_ref.at[pl.ds(st, C), hv // rep, pl.ds(0, BK)],
-        mask=rmask[:, None] & kmask[None, :],
-        other=0.0,
-    ).astype(jnp.float32)
+    qk_at = (pl.ds(st, C), hv // rep, pl.ds(0, BK))
+    qk_mask = rmask[:, None] & kmask[None, :]
+    q = plgpu.load(q_ref.at[qk_at], mask=qk_mask, other=0.0).astype(jnp.float32)
+    k = plgpu.load(k_ref.at[qk_at], mask=qk_mask, other=0.0).astype(jnp.float32)
     if l2:
-        k = _l2n_rows(k)
+        q, k = _l2n_rows(q), _l2n_rows(k)
     v = plgpu.load(
         v_ref.at[pl.ds(st, C), hv, pl.ds(0, BV)], mask=rmask[:, None] & vmask[None, :], other=0.0
     ).astype(jnp.float32)
     g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
     beta = plgpu.load(b_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
     G = jnp.cumsum(g)
+    eG = jnp.exp(G)
     ii, jj = rows[:, None], rows[None, :]
-    dec = jnp.exp(jnp.where(ii > jj, G[:, None] - G[None, :], 0.0))
-    A = jnp.where(ii > jj, beta[:, None] * _dot(k, k, prec, _NT) * dec, 0.0)
-    Tinv = _unit_lower_inverse(A, blk, prec)
-    W = _dot(Tinv, (beta * jnp.exp(G))[:, None] * k, prec)
-    U = _dot(Tinv, beta[:, None] * v, prec)
-    plgpu.store(
-        w_ref.at[c, hv, pl.ds(0, C), pl.ds(0, BK)], W.astype(w_ref.dtype), mask=kmask[None, :]
-    )
-    plgpu.store(
-        u_ref.at[c, hv, pl.ds(0, C), pl.ds(0, BV)], U.astype(u_ref.dtype), mask=vmask[None, :]
-    )
+    dec = jnp.where(ii >= jj, jnp.exp(jnp.where(ii >= jj, G[:, None] - G[None, :], 0.0)), 0.0)
+    A = jnp.where(ii > jj, beta[:, None] * _mm(k, k, dt, prec, _NT) * dec, 0.0)
+    Tinv = _unit_lower_inverse(A, blk, sdt, prec, refine)
+    W = _mm(Tinv, (beta * eG)[:, None] * k, dt, prec)
+    U = _mm(Tinv, beta[:, None] * v, dt, prec)
+    aqk = (scale * _mm(q, k, dt, prec, _NT)) * dec
+    kd = jnp.exp(jnp.sum(g) - G)[:, None] * k
+
+    def put(ref, x, width, mask):
+        plgpu.store(
+            ref.at[c, hv, pl.ds(0, C), pl.ds(0, width)], x.astype(ref.dtype), mask=mask[None, :]
+        )
+
+    put(w_ref, W, BK, kmask)
+    put(u_ref, U, BV, vmask)
+    put(kd_ref, kd, BK, kmask)
+    put(qe_ref, (scale * eG)[:, None] * q, BK, kmask)
+    put(aqk_ref, aqk, C, rows < C)
 
 
 def _chain_kernel(
@@ -134,36 +162,34 @@ def _chain_kernel(
     c0_ref,
     cnt_ref,
     bsl_ref,
-    q_ref,
-    k_ref,
     g_ref,
     w_ref,
     u_ref,
+    kd_ref,
+    qe_ref,
+    aqk_ref,
     _s_in,
     o_ref,
     s_ref,
     *,
     R,
     T,
-    rep,
     C,
     K,
     V,
     BK,
     BV,
-    scale,
-    l2,
     bs,
     NB,
     prec,
+    dt,
 ):
     r, hv, vt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     rows = jnp.arange(C)
     kmask = jnp.arange(BK) < K
-    vcol = vt * BV + jnp.arange(BV)
-    vmask = vcol < V
+    vmask = (vt * BV + jnp.arange(BV)) < V
     smask = vmask[:, None] & kmask[None, :]
-    ii, jj = rows[:, None], rows[None, :]
+    srow = pl.ds(vt * BV, BV)
 
     @pl.when(r == R)
     def _zero_padding():  # tokens at or past query_start_loc[R] get output 0
@@ -172,20 +198,22 @@ def _chain_kernel(
         def body(j, carry):
             st = p0 + j * C
             m = ((st + rows) < T)[:, None] & vmask[None, :]
-            plgpu.store(
-                o_ref.at[pl.ds(st, C), hv, pl.ds(vt * BV, BV)],
-                jnp.zeros((C, BV), o_ref.dtype),
-                mask=m,
-            )
+            plgpu.store(o_ref.at[pl.ds(st, C), hv, srow], jnp.zeros((C, BV), o_ref.dtype), mask=m)
             return carry
 
         jax.lax.fori_loop(0, (T - p0 + C - 1) // C, body, jnp.int32(0))
+
+    def put_state(slot, sT, live):
+        plgpu.store(
+            s_ref.at[jnp.maximum(slot, 0), hv, srow, pl.ds(0, BK)],
+            sT.T.astype(s_ref.dtype),
+            mask=smask & live,
+        )
 
     @pl.when(r < R)
     def _row():
         q0, q1, nc = qsl_ref[r], qsl_ref[r + 1], nc_ref[r]
         rs, ws, c0 = rs_ref[r], ws_ref[r], c0_ref[r]
-        srow = pl.ds(vt * BV, BV)
         s = plgpu.load(
             s_ref.at[jnp.maximum(rs, 0), hv, srow, pl.ds(0, BK)],
             mask=smask & (rs > 0) & (hi_ref[r] != 0),
@@ -193,77 +221,95 @@ def _chain_kernel(
         ).astype(jnp.float32)
         base = q0 - nc % C  # token index of the first chunk's absolute chunk start
 
-        def chunk(j, s):
+        def chunk(j, sT):
             tok0 = base + j * C
             st = jnp.maximum(tok0, q0)
             n = jnp.minimum(tok0 + C, q1) - st
             rmask = rows < n
-            qk_mask = rmask[:, None] & kmask[None, :]
-            q = plgpu.load(
-                q_ref.at[pl.ds(st, C), hv // rep, pl.ds(0, BK)], mask=qk_mask, other=0.0
-            ).astype(jnp.float32)
-            k = plgpu.load(
-                k_ref.at[pl.ds(st, C), hv // rep, pl.ds(0, BK)], mask=qk_mask, other=0.0
-            ).astype(jnp.float32)
-            if l2:
-                q, k = _l2n_rows(q), _l2n_rows(k)
-            q = q * scale
+            tile = (c0 + j, hv, pl.ds(0, C))
             g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
-            G = jnp.cumsum(g)
-            g_last = jnp.sum(g)
-            w = plgpu.load(w_ref.at[c0 + j, hv, pl.ds(0, C), pl.ds(0, BK)]).astype(jnp.float32)
-            u = plgpu.load(u_ref.at[c0 + j, hv, pl.ds(0, C), srow]).astype(jnp.float32)
-            v_new = u - _dot(w, s, prec, _NT)  # [C, BV]
-            dec = jnp.where(
-                ii >= jj, jnp.exp(jnp.where(ii >= jj, G[:, None] - G[None, :], 0.0)), 0.0
-            )
-            qk = _dot(q, k, prec, _NT) * dec
-            o = _dot(q * jnp.exp(G)[:, None], s, prec, _NT) + _dot(qk, v_new, prec)
+            w = plgpu.load(w_ref.at[tile + (pl.ds(0, BK),)])
+            u = plgpu.load(u_ref.at[tile + (srow,)]).astype(jnp.float32)
+            kd = plgpu.load(kd_ref.at[tile + (pl.ds(0, BK),)])
+            qe = plgpu.load(qe_ref.at[tile + (pl.ds(0, BK),)])
+            aqk = plgpu.load(aqk_ref.at[tile + (pl.ds(0, C),)])
+            v_new = u - _mm(w, sT, dt, prec)  # [C, BV]
+            o = _mm(qe, sT, dt, prec) + _mm(aqk, v_new, dt, prec)
             plgpu.store(
                 o_ref.at[pl.ds(st, C), hv, srow],
                 o.astype(o_ref.dtype),
                 mask=rmask[:, None] & vmask[None, :],
             )
-            kd = jnp.exp(g_last - G)[:, None] * k
-            s = jnp.exp(g_last) * s + _dot(v_new, kd, prec, _TN)  # [BV, BK]
+            sT = jnp.exp(jnp.sum(g)) * sT + _mm(kd, v_new, dt, prec, _TN)  # [BK, BV]
             if NB:
                 p1 = nc - nc % C + (j + 1) * C  # absolute position just past this chunk
                 jb = p1 // bs - nc // bs - 1
                 slot = bsl_ref[r, jnp.clip(jb, 0, NB - 1)]
                 hit = (p1 % bs == 0) & (tok0 + C <= q1) & (jb < NB) & (slot > 0)
-                plgpu.store(
-                    s_ref.at[jnp.maximum(slot, 0), hv, srow, pl.ds(0, BK)],
-                    s.astype(s_ref.dtype),
-                    mask=smask & hit,
-                )
-            return s
 
-        s = jax.lax.fori_loop(0, cnt_ref[r], chunk, s)
-        plgpu.store(
-            s_ref.at[jnp.maximum(ws, 0), hv, srow, pl.ds(0, BK)],
-            s.astype(s_ref.dtype),
-            mask=smask & (ws > 0),
-        )
+                @pl.when(hit)
+                def _boundary():
+                    put_state(slot, sT, True)
+
+            return sT
+
+        sT = jax.lax.fori_loop(0, cnt_ref[r], chunk, s.T)
+        put_state(ws, sT, ws > 0)
 
 
-def _intra_call(k, v, g, beta, cstart, clen, *, HV, C, blk, l2, prec, inter, num_warps, interpret):
-    """WY factors W [NC, HV, C, BK] and U [NC, HV, C, BV] of every chunk tile (kernel 1)."""
+def _intra_call(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cstart,
+    clen,
+    *,
+    HV,
+    C,
+    blk,
+    l2,
+    scale,
+    prec,
+    inter,
+    solve,
+    refine,
+    warps,
+    interpret,
+):
+    """Per chunk tile (kernel 1): W, KD, QE [NC, HV, C, BK], U [NC, HV, C, BV], AQK [NC, HV, C, C],
+    all in `inter` dtype."""
     HK, K = k.shape[1], k.shape[2]
     V = v.shape[2]
     BK, BVf = pow2(K), pow2(V)
     NCH = cstart.shape[0]
     kern = functools.partial(
-        _intra_kernel, rep=HV // HK, C=C, K=K, V=V, BK=BK, BV=BVf, blk=blk, l2=l2, prec=prec
+        _intra_kernel,
+        rep=HV // HK,
+        C=C,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BVf,
+        blk=blk,
+        l2=l2,
+        scale=scale,
+        prec=prec,
+        dt=inter,
+        sdt=solve,
+        refine=refine,
     )
     mat = functools.partial(jax.ShapeDtypeStruct, dtype=inter)
+    kt = mat((NCH, HV, C, BK))
     return pl.pallas_call(
         kern,
-        out_shape=(mat((NCH, HV, C, BK)), mat((NCH, HV, C, BVf))),
+        out_shape=(kt, mat((NCH, HV, C, BVf)), kt, kt, mat((NCH, HV, C, C))),
         grid=(NCH, HV),
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
         interpret=interpret,
         name="gdn_chunk_intra",
-    )(cstart, clen, k, v, g, beta)
+    )(cstart, clen, q, k, v, g, beta)
 
 
 def chunk_tiles(query_start_loc, num_computed, T: int, C: int):
@@ -304,20 +350,21 @@ def gdn_chunk(
     block_v: int = 32,
     solve_block: int = 16,
     inter_dtype=None,
+    solve_dtype=jnp.float32,
+    solve_refine: bool = False,
     num_warps: int = 4,
     num_stages: int = 2,
     intra_num_warps: int = 4,
     precision=None,
-    intra_precision=None,
 ):
     """Pallas Gated DeltaNet prefill; same contract as `gdn_chunk_reference`.
 
     q, k [T, HK, K]; v [T, HV, V]; g, beta [T, HV]; state [S, HV, V, K] (updated in place);
     query_start_loc [R + 1]; num_computed, has_initial_state, read_slots, write_slots [R].
     Tuning: block_v (V rows per chain program), solve_block (diagonal block of the triangular
-    inverse), inter_dtype (storage of the WY factors; default v.dtype), warps/stages, precision
-    of the in-kernel dots on GPU (None = TF32; intra_precision for the first kernel; interpret
-    mode always uses HIGHEST).
+    inverse), inter_dtype (storage and dot operands of the per-chunk tiles and the chain; default
+    v.dtype), solve_dtype / solve_refine (operands of the inverse's dots; a Newton step in fp32),
+    warps/stages, precision of fp32 dots on GPU (None = TF32; interpret mode uses HIGHEST).
     """
     check_prefill_args(
         q,
@@ -343,9 +390,9 @@ def gdn_chunk(
     cstart, clen, count, c0 = chunk_tiles(qsl, nc, T, C)
     BK, BVf = pow2(K), pow2(V)
     prec = jax.lax.Precision.HIGHEST if interpret else precision
-    blk = min(solve_block, C)
-    inter = v.dtype if inter_dtype is None else inter_dtype
-    w, u = _intra_call(
+    inter = jnp.dtype(v.dtype if inter_dtype is None else inter_dtype)
+    tiles = _intra_call(
+        q,
         k,
         v,
         g,
@@ -354,56 +401,44 @@ def gdn_chunk(
         clen,
         HV=HV,
         C=C,
-        blk=blk,
+        blk=min(solve_block, C),
         l2=use_qk_l2norm,
-        prec=prec if intra_precision is None else intra_precision,
+        scale=float(K**-0.5 if scale is None else scale),
+        prec=prec,
         inter=inter,
-        num_warps=intra_num_warps,
+        solve=jnp.dtype(solve_dtype),
+        refine=solve_refine,
+        warps=intra_num_warps,
         interpret=interpret,
     )
     NB = 0 if boundary_slots is None else boundary_slots.shape[1]
     bsl = jnp.zeros((R, 1), i32) if NB == 0 else boundary_slots.astype(i32)
     BV = min(pow2(block_v), BVf)
-    o, state = pl.pallas_call(
-        functools.partial(
-            _chain_kernel,
-            R=R,
-            T=T,
-            rep=HV // HK,
-            C=C,
-            K=K,
-            V=V,
-            BK=BK,
-            BV=BV,
-            scale=float(K**-0.5 if scale is None else scale),
-            l2=use_qk_l2norm,
-            bs=block_size or C,
-            NB=NB,
-            prec=prec,
-        ),
+    kern = functools.partial(
+        _chain_kernel,
+        R=R,
+        T=T,
+        C=C,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        bs=block_size or C,
+        NB=NB,
+        prec=prec,
+        dt=inter,
+    )
+    meta = (qsl, nc, has_initial_state.astype(i32), read_slots.astype(i32))
+    meta += (write_slots.astype(i32), c0, count, bsl)
+    return pl.pallas_call(
+        kern,
         out_shape=(
             jax.ShapeDtypeStruct((T, HV, V), v.dtype),
             jax.ShapeDtypeStruct(state.shape, state.dtype),
         ),
         grid=(R + 1, HV, pl.cdiv(V, BV)),
-        input_output_aliases={13: 1},
+        input_output_aliases={len(meta) + 1 + len(tiles): 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gdn_chunk_chain",
-    )(
-        qsl,
-        nc,
-        has_initial_state.astype(i32),
-        read_slots.astype(i32),
-        write_slots.astype(i32),
-        c0,
-        count,
-        bsl,
-        q,
-        k,
-        g,
-        w,
-        u,
-        state,
-    )
-    return o, state
+    )(*meta, g, *tiles, state)

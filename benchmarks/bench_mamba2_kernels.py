@@ -79,15 +79,24 @@ def time_loop(step, pool, inner: int, reps: int = 15) -> float:
 
 
 def copy_bandwidth() -> float:
-    """Read + write TB/s of an XLA elementwise op over 1 GiB, timed with the same harness.
+    """Read + write TB/s of a jitted `a + 1` over 1 GiB of fp32 (median of 20 timings).
 
-    The barrier keeps XLA from fusing the unrolled multiplies into one pass (which it did in run 2
-    of 2026-11-22 and reported 47.9 TB/s).
+    Each timing dispatches 10 calls back to back and blocks once, so the ~40 us dispatch overlaps
+    the previous call's ~0.7 ms of device time. (Run 2 fused 20 unrolled multiplies into one pass
+    and reported 47.9 TB/s; separate jitted calls cannot be fused.)
     """
-    x = jnp.ones((256 * 1024 * 1024,), F32)
-    step = lambda i, a: (a, jax.lax.optimization_barrier(a * 1.0001))  # noqa: E731
-    us = time_loop(step, x, inner=20, reps=10)
-    return 2 * x.nbytes / (us * 1e-6) / 1e12
+    add = jax.jit(lambda a: a + 1.0, donate_argnums=0)
+    x = jax.block_until_ready(add(jnp.ones((256 * 1024 * 1024,), F32)))
+    nbytes = 2 * x.nbytes
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            x = add(x)
+        x = jax.block_until_ready(x)
+        times.append((time.perf_counter() - t0) / 10)
+    del x
+    return nbytes / statistics.median(times) / 1e12
 
 
 def pct_roofline(nbytes: float, us: float) -> float:
@@ -307,7 +316,12 @@ def bench_scan(anchors, configs):
         y_a, s_a = call()
         torch.cuda.synchronize()
         log(f"mamba_chunk_scan_combined first call (autotune) {time.time() - t0:.1f} s")
-        anchor_us = bench_eager(triton, call)
+        anchor_us = bench_graph(torch, triton, call)
+        anchor_eager_us = bench_eager(triton, call)
+        log(
+            f"mamba_chunk_scan_combined {batch}x{seqlen}: graph {anchor_us:.1f} us, eager "
+            f"{anchor_eager_us:.1f} us"
+        )
         cross_y = rel_err(np.asarray(y, np.float32), y_a.float().cpu().numpy().reshape(T, H, P))
         cross_s = rel_err(np.asarray(p[batch + 1 :]), s_a.float().cpu().numpy())
         nbytes = T * (2 * H * P * 2 + 2 * G * N * 2 + H * 2) + 2 * batch * H * P * N * 4
@@ -315,8 +329,9 @@ def bench_scan(anchors, configs):
             op="ssd_chunk_scan",
             shape=f"{batch}x{seqlen} H{H} P{P} N{N} G{G} chunk256",
             ours_us=best[0],
-            anchor="mamba_ssm mamba_chunk_scan_combined",
+            anchor="mamba_ssm mamba_chunk_scan_combined (CUDA graph)",
             anchor_us=anchor_us,
+            anchor_eager_us=anchor_eager_us,
             ratio=anchor_us / best[0],
             pct_roofline=pct_roofline(nbytes, best[0]),
             config=best[1],
@@ -448,29 +463,39 @@ def main() -> None:
         (
             bench_conv,
             [
-                dict(block_t=bt, block_d=bd, num_warps=w)
-                for bt, bd, w in ((64, 128, 4), (32, 256, 4), (16, 512, 4), (8, 1024, 4))
+                dict(block_t=bt, block_d=bd, num_warps=w, split_paths=sp)
+                for bt, bd, w, sp in (
+                    (16, 512, 4, False),
+                    (16, 512, 4, True),
+                    (32, 256, 4, True),
+                    (64, 128, 4, True),
+                    (32, 512, 8, True),
+                    (64, 256, 8, True),
+                )
             ],
         ),
         (
             bench_scan,
             [
-                dict(block_q=q, block_p=p, num_warps=w, num_stages=s)
-                for q, p, w, s in (
-                    (64, 64, 4, 1),
-                    (64, 32, 4, 1),
-                    (64, 64, 8, 1),
-                    (128, 64, 8, 1),
-                    (32, 64, 4, 1),
-                    (64, 64, 4, 2),
+                dict(block_q=q, num_warps=w, num_stages=st, state_chunk=c, pass_block_n=pn)
+                for q, w, st, c, pn in (
+                    (64, 4, 2, 256, 32),
+                    (64, 4, 1, 256, 32),
+                    (64, 8, 2, 256, 32),
+                    (32, 4, 2, 256, 32),
+                    (128, 8, 2, 256, 32),
+                    (64, 4, 3, 256, 32),
+                    (64, 4, 2, 128, 32),
+                    (64, 4, 2, 256, 64),
+                    (64, 4, 2, 256, 16),
                 )
             ],
         ),
     ]
-    only = os.environ.get("BENCH_ONLY")
+    only = os.environ.get("BENCH_ONLY")  # e.g. "scan,conv": those sections, in that order
+    if only:
+        sections = [sec for o in only.split(",") for sec in sections if o in sec[0].__name__]
     for fn, configs in sections:
-        if only and only not in fn.__name__:
-            continue
         try:
             fn(anchors, configs)
         except Exception:  # noqa: BLE001

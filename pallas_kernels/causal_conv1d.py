@@ -162,41 +162,58 @@ def _prefill_kernel(
     block_t,
     block_d,
     activation,
+    split_paths,
 ):
-    """One (token block, channel block): every tap reads x or, near a row start, the slot window."""
-    t = pl.program_id(0) * block_t + jnp.arange(block_t)
+    """One (token block, channel block): every tap reads x or, near a row start, the slot window.
+
+    With `split_paths`, blocks after the first read x as contiguous shifted tiles (pl.ds rows) and
+    gather the slot windows only when a row's first W - 1 tokens fall in the block; block 0 (whose
+    shifted tiles would start before token 0) keeps the general gather path.
+    """
+    tb0 = pl.program_id(0) * block_t
+    t = tb0 + jnp.arange(block_t)
     d = pl.program_id(1) * block_d + jnp.arange(block_d)
     t_mask, d_mask = t < num_tokens, d < channels
     d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
-    start = plgpu.load(
-        start_ref.at[pl.ds(pl.program_id(0) * block_t, block_t)], mask=t_mask, other=num_tokens + 1
-    )
-    slot = plgpu.load(slot_ref.at[pl.ds(pl.program_id(0) * block_t, block_t)], mask=t_mask, other=0)
+    start = plgpu.load(start_ref.at[pl.ds(tb0, block_t)], mask=t_mask, other=num_tokens + 1)
+    slot = plgpu.load(slot_ref.at[pl.ds(tb0, block_t)], mask=t_mask, other=0)
     local = t - start  # < 0 for padding tokens
-    taps, acc = _load_taps(w_ref, bias_ref, d_sl, d_mask, width)
-    acc = jnp.broadcast_to(acc[None, :], (block_t, block_d))
+    taps, bias = _load_taps(w_ref, bias_ref, d_sl, d_mask, width)
     td_mask = t_mask[:, None] & d_mask[None, :]
-    for j in range(width):
-        back = width - 1 - j  # tap j reads the token `back` steps earlier
-        in_row = local >= back
-        xv = plgpu.load(
-            x_ref.at[jnp.maximum(t - back, 0)[:, None], d[None, :]],
-            mask=td_mask & in_row[:, None],
-            other=0.0,
-        )
-        acc = acc + taps[j][None, :] * xv.astype(jnp.float32)
-        if back:  # the row's first `back` tokens read its initial window at column local + j
-            from_init = (~in_row) & (local >= 0) & (slot > 0)
-            col = jnp.clip(local + j, 0, width - 2)
-            iv = plgpu.load(
-                state_ref.at[slot[:, None], d[None, :], col[:, None]],
-                mask=td_mask & from_init[:, None],
+
+    def block(contiguous: bool, with_init: bool) -> None:
+        acc = jnp.broadcast_to(bias[None, :], (block_t, block_d))
+        for j in range(width):
+            back = width - 1 - j  # tap j reads the token `back` steps earlier
+            in_row = local >= back
+            rows = pl.ds(tb0 - back, block_t) if contiguous else jnp.maximum(t - back, 0)[:, None]
+            xv = plgpu.load(
+                x_ref.at[rows, d_sl if contiguous else d[None, :]],
+                mask=td_mask & in_row[:, None],
                 other=0.0,
             )
-            acc = acc + taps[j][None, :] * iv.astype(jnp.float32)
-    y = silu(acc) if activation == "silu" else acc
-    y = jnp.where((local >= 0)[:, None], y, 0.0)
-    plgpu.store(y_ref.at[t[:, None], d[None, :]], y.astype(y_ref.dtype), mask=td_mask)
+            acc = acc + taps[j][None, :] * xv.astype(jnp.float32)
+            if back and with_init:  # a row's first `back` tokens read its window at local + j
+                from_init = (~in_row) & (local >= 0) & (slot > 0)
+                col = jnp.clip(local + j, 0, width - 2)
+                iv = plgpu.load(
+                    state_ref.at[slot[:, None], d[None, :], col[:, None]],
+                    mask=td_mask & from_init[:, None],
+                    other=0.0,
+                )
+                acc = acc + taps[j][None, :] * iv.astype(jnp.float32)
+        y = silu(acc) if activation == "silu" else acc
+        y = jnp.where((local >= 0)[:, None], y, 0.0)
+        plgpu.store(y_ref.at[pl.ds(tb0, block_t), d_sl], y.astype(y_ref.dtype), mask=td_mask)
+
+    if not split_paths:
+        block(False, True)
+        return
+    starts = (local >= 0) & (local < width - 1) & (slot > 0) & t_mask
+    need_init = jnp.sum(starts.astype(jnp.int32)) > 0  # (no reduce_or in the Triton lowering)
+    pl.when(tb0 == 0)(lambda: block(False, True))
+    pl.when((tb0 > 0) & need_init)(lambda: block(True, True))
+    pl.when((tb0 > 0) & ~need_init)(lambda: block(True, False))
 
 
 def _final_window_kernel(
@@ -244,7 +261,8 @@ def _final_window_kernel(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("activation", "interpret", "block_t", "block_d", "num_warps")
+    jax.jit,
+    static_argnames=("activation", "interpret", "block_t", "block_d", "num_warps", "split_paths"),
 )
 def causal_conv1d_prefill(
     x: jax.Array,
@@ -261,6 +279,7 @@ def causal_conv1d_prefill(
     block_t: int = 16,
     block_d: int = 512,
     num_warps: int = 4,
+    split_paths: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernel for `causal_conv1d_prefill_reference` (same arguments and results).
 
@@ -288,6 +307,7 @@ def causal_conv1d_prefill(
             block_t=block_t,
             block_d=block_d,
             activation=activation,
+            split_paths=split_paths,
         ),
         out_shape=sds_like(x),
         grid=(pl.cdiv(num_tokens, block_t), pl.cdiv(channels, block_d)),

@@ -16,10 +16,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import _ssd_chunk_kernels as _k
 from pallas_kernels._common import (
     check_int,
     check_shape,
-    dt_activation,
     gather_slots,
     pow2,
     process_dt,
@@ -179,147 +179,37 @@ def ssd_chunk_scan_reference(
     return y.astype(x.dtype), pool
 
 
-# ----------------------------------------------------------------------------- Pallas kernel
+# ----------------------------------------------------------------------------- Pallas kernels
 
 
-def _dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
-    """a @ b with operands in `dtype` (bf16 on the fast path) and an fp32 accumulator."""
-    precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
-    return jnp.dot(
-        a.astype(dtype), b.astype(dtype), precision=precision, preferred_element_type=jnp.float32
-    )
+def chunk_table(
+    query_start_loc: jax.Array, num_computed: jax.Array, num_tokens: int, chunk: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Flat list of the chunks (ending at absolute multiples of `chunk`) of every row.
 
-
-def _chunk(s, x, dt, a, bm, cm, dtype):
-    """One chunk of n <= Q tokens (rows past n are zero, dt = 0 there). Returns (y, new state).
-
-    The SSD paper's steps, for one head and a block of head-dim rows; s is [BP, N]:
-      1. cum = cumsum(dt A): the log decay from the chunk start through each token
-      2. y_diag = ((C B^T) * exp(segsum) * dt) x        (intra-chunk, the diagonal blocks)
-      3. y_off  = exp(cum) * (C s^T)                     (the state entering the chunk)
-      4. s' = exp(cum_last) s + (x * dt * exp(cum_last - cum))^T B
+    Returns chunk_t0 [NC] (first flat token), chunk_n [NC] (tokens; 0 for unused entries),
+    row_start [R] (index of the row's first chunk) and row_chunks [R], with the static bound
+    NC = cdiv(T, chunk) + R (each row adds at most one partial chunk).
     """
-    q = x.shape[0]
-    i, j = jnp.arange(q)[:, None], jnp.arange(q)[None, :]
-    causal = j <= i
-    log_decay = dt * a
-    cum = jnp.sum(jnp.where(causal, log_decay[None, :], 0.0), axis=1)  # 1. (inclusive cumsum)
-    total = jnp.sum(log_decay)
-    segsum = jnp.where(causal, cum[:, None] - cum[None, :], -jnp.inf)
-    scores = _dot(cm, bm.T, dtype) * jnp.exp(segsum) * dt[None, :]
-    y = _dot(scores, x, dtype)  # 2.
-    y = y + jnp.exp(cum)[:, None] * _dot(cm, s.T, dtype)  # 3.
-    weight = dt * jnp.exp(total - cum)
-    s = jnp.exp(total) * s + _dot((x * weight[:, None]).T, bm, dtype)  # 4.
-    return y, s
-
-
-def _scan_kernel(
-    qsl_ref,
-    nc_ref,
-    init_ref,
-    read_ref,
-    write_ref,
-    bnd_ref,
-    x_ref,
-    dt_ref,
-    a_ref,
-    b_ref,
-    c_ref,
-    d_ref,
-    z_ref,
-    bias_ref,
-    state_in_ref,
-    y_ref,
-    state_ref,
-    *,
-    num_rows,
-    num_tokens,
-    heads_per_group,
-    head_dim,
-    state_size,
-    block_q,
-    block_p,
-    block_n,
-    dt_softplus,
-    dt_limit,
-    has_z,
-    block_size,
-):
-    """Program (row, head, P-block): the row's chunks in order, the state kept in registers."""
-    del state_in_ref  # aliased to state_ref
-    r, h, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    g = h // heads_per_group
-    p_mask = pb * block_p + jnp.arange(block_p) < head_dim
-    n_mask = jnp.arange(block_n) < state_size
-    p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
-    dtype = x_ref.dtype
-    rows = jnp.arange(block_q)
-
-    @pl.when(r == num_rows)  # the extra program row zeroes the padding tokens
-    def _():
-        pad0 = qsl_ref[num_rows]
-
-        def body(k, carry):
-            t = pad0 + k * block_q + rows
-            zeros = jnp.zeros((block_q, block_p), y_ref.dtype)
-            mask = (t < num_tokens)[:, None] & p_mask[None, :]
-            plgpu.store(y_ref.at[pl.ds(pad0 + k * block_q, block_q), h, p_sl], zeros, mask=mask)
-            return carry
-
-        jax.lax.fori_loop(0, pl.cdiv(num_tokens - pad0, block_q), body, 0)
-
-    @pl.when(r < num_rows)
-    def _():
-        start, length, pos0 = qsl_ref[r], qsl_ref[r + 1] - qsl_ref[r], nc_ref[r]
-        read = jnp.where(init_ref[r] != 0, read_ref[r], 0)
-        pn_mask = p_mask[:, None] & n_mask[None, :]
-        s = plgpu.load(
-            state_ref.at[jnp.maximum(read, 0), h, p_sl, n_sl], mask=pn_mask & (read > 0), other=0.0
-        ).astype(jnp.float32)
-        a = a_ref[h].astype(jnp.float32)
-        d_skip, bias = d_ref[h].astype(jnp.float32), bias_ref[h].astype(jnp.float32)
-        # Chunks end where the absolute position is a multiple of block_q.
-        first = jnp.minimum(length, block_q - pos0 % block_q)
-        num_chunks = jnp.where(length > 0, pl.cdiv(length - first, block_q) + 1, 0)
-
-        def body(k, s):
-            off = jnp.where(k == 0, 0, first + (k - 1) * block_q)
-            n = jnp.where(k == 0, first, jnp.minimum(block_q, length - off))
-            tok = pl.ds(start + off, block_q)
-            valid = rows < n
-            qp = valid[:, None] & p_mask[None, :]
-            qn = valid[:, None] & n_mask[None, :]
-            x = plgpu.load(x_ref.at[tok, h, p_sl], mask=qp, other=0.0)
-            dt = plgpu.load(dt_ref.at[tok, h], mask=valid, other=0.0).astype(jnp.float32)
-            dt = jnp.where(valid, dt_activation(dt + bias, dt_softplus, dt_limit), 0.0)
-            bm = plgpu.load(b_ref.at[tok, g, n_sl], mask=qn, other=0.0)
-            cm = plgpu.load(c_ref.at[tok, g, n_sl], mask=qn, other=0.0)
-            y, s = _chunk(s, x.astype(jnp.float32), dt, a, bm, cm, dtype)
-            y = y + d_skip * x.astype(jnp.float32)
-            if has_z:
-                zv = plgpu.load(z_ref.at[tok, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
-                y = y * silu(zv)
-            plgpu.store(y_ref.at[tok, h, p_sl], y.astype(y_ref.dtype), mask=qp)
-            if block_size is not None:  # prefix caching: the state at each block boundary
-                end = pos0 + off + n
-                j = end // block_size - pos0 // block_size - 1
-                slot = bnd_ref[r, jnp.clip(j, 0, bnd_ref.shape[1] - 1)]
-                hit = (end % block_size == 0) & (j < bnd_ref.shape[1]) & (slot > 0)
-                plgpu.store(
-                    state_ref.at[jnp.maximum(slot, 0), h, p_sl, n_sl],
-                    s.astype(state_ref.dtype),
-                    mask=pn_mask & hit,
-                )
-            return s
-
-        s = jax.lax.fori_loop(0, num_chunks, body, s)
-        write = write_ref[r]
-        plgpu.store(
-            state_ref.at[jnp.maximum(write, 0), h, p_sl, n_sl],
-            s.astype(state_ref.dtype),
-            mask=pn_mask & (write > 0),
-        )
+    num_rows = query_start_loc.shape[0] - 1
+    length = query_start_loc[1:] - query_start_loc[:-1]
+    first = jnp.minimum(length, chunk - num_computed % chunk)
+    nch = jnp.where(length > 0, (length - first + chunk - 1) // chunk + 1, 0)
+    cend = jnp.cumsum(nch)
+    cstart = cend - nch
+    c = jnp.arange(-(-num_tokens // chunk) + num_rows, dtype=jnp.int32)
+    r = jnp.minimum(jnp.sum(cend[None, :] <= c[:, None], axis=1), num_rows - 1)
+    k = c - cstart[r]
+    off = jnp.where(k == 0, 0, first[r] + (k - 1) * chunk)
+    n = jnp.where(k == 0, first[r], jnp.minimum(chunk, length[r] - off))
+    n = jnp.where(c < cend[num_rows - 1], n, 0)
+    i32 = jnp.int32
+    return (
+        (query_start_loc[r] + off).astype(i32),
+        n.astype(i32),
+        cstart.astype(i32),
+        nch.astype(i32),
+    )
 
 
 @functools.partial(
@@ -330,10 +220,13 @@ def _scan_kernel(
         "chunk_size",
         "block_size",
         "interpret",
+        "state_chunk",
         "block_q",
         "block_p",
+        "pass_block_n",
         "num_warps",
         "num_stages",
+        "state_warps",
     ),
 )
 def ssd_chunk_scan(
@@ -358,18 +251,24 @@ def ssd_chunk_scan(
     block_size: int | None = None,
     boundary_slots: jax.Array | None = None,
     interpret: bool = False,
-    block_q: int = 32,
+    state_chunk: int | None = None,
+    block_q: int = 64,
     block_p: int = 64,
+    pass_block_n: int = 32,
     num_warps: int = 4,
-    num_stages: int = 1,
+    num_stages: int = 2,
+    state_warps: int = 4,
 ) -> tuple[jax.Array, jax.Array]:
-    """Pallas kernel for `ssd_chunk_scan_reference` (same arguments and results).
+    """Pallas kernels for `ssd_chunk_scan_reference` (same arguments and results).
 
-    Grid (R + 1, H, P / block_p): one program walks one row's chunks for one head, keeping the
-    [block_p, N] state in registers; the extra program row zeroes the padding tokens. The kernel's
-    chunk is `block_q`, a divisor of `chunk_size`, so chunk ends still fall on absolute multiples.
+    Three launches (see `_ssd_chunk_kernels`): chunk states in parallel over (head, chunk), a
+    sequential pass over the [H, P, N] chunk states of each row, then the outputs in parallel over
+    (head, token block). The state chunk Q = `state_chunk` (default `chunk_size`) divides
+    `chunk_size`, so chunks end at absolute multiples of `chunk_size` as the contract asks; the
+    outputs are computed in blocks of `block_q` tokens. Extra memory: fp32 [NC, H, P, N] chunk
+    states and fp32 [H, T] dt' and cumulative decay, NC = cdiv(T, Q) + R.
     """
-    _, heads, head_dim, groups, state_size, num_rows = check_args(
+    num_tokens, heads, head_dim, groups, state_size, num_rows = check_args(
         x,
         dt,
         A,
@@ -388,50 +287,100 @@ def ssd_chunk_scan(
         block_size,
         boundary_slots,
     )
-    block_q = max(16, min(pow2(block_q), pow2(chunk_size)))
-    if chunk_size % block_q:
-        raise ValueError(f"chunk_size={chunk_size} must be a multiple of block_q={block_q}")
+    chunk = chunk_size if state_chunk is None else state_chunk
+    if chunk_size % chunk:
+        raise ValueError(f"state_chunk={chunk} must divide chunk_size={chunk_size}")
+    block_q = max(16, min(pow2(block_q), pow2(chunk)))
+    if chunk % block_q:
+        raise ValueError(f"state_chunk={chunk} must be a multiple of block_q={block_q}")
     block_p = max(16, min(pow2(block_p), pow2(head_dim)))
-    zeros = jnp.zeros((heads,), jnp.float32)
-    i32 = jnp.int32
+    block_n = max(16, pow2(state_size))
+    pass_block_n = max(16, min(pow2(pass_block_n), block_n))
+    f32, i32 = jnp.float32, jnp.int32
+    zeros = jnp.zeros((heads,), f32)
     bnd = jnp.zeros((num_rows, 1), i32) if boundary_slots is None else boundary_slots.astype(i32)
-    kernel = functools.partial(
-        _scan_kernel,
-        num_rows=num_rows,
-        num_tokens=x.shape[0],
-        heads_per_group=heads // groups,
-        head_dim=head_dim,
-        state_size=state_size,
-        block_q=block_q,
-        block_p=block_p,
-        block_n=max(16, pow2(state_size)),
-        dt_softplus=dt_softplus,
-        dt_limit=tuple(dt_limit),
-        has_z=z is not None,
-        block_size=block_size,
-    )
-    return pl.pallas_call(
-        kernel,
-        out_shape=(sds_like(x), sds_like(ssm_state)),
-        grid=(num_rows + 1, heads, pl.cdiv(head_dim, block_p)),
-        input_output_aliases={14: 1},
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+    qsl = query_start_loc.astype(i32)
+    nc = num_computed.astype(i32)
+    t0, n, cstart, nch = chunk_table(qsl, nc, num_tokens, chunk)
+    num_chunks = t0.shape[0]
+    p_blocks = pl.cdiv(head_dim, block_p)
+    shape = dict(head_dim=head_dim, state_size=state_size)
+
+    def params(warps, stages=1):
+        return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
+
+    states, cum, dtp = pl.pallas_call(
+        functools.partial(
+            _k.state_kernel,
+            heads_per_group=heads // groups,
+            block_q=block_q,
+            block_p=block_p,
+            block_n=block_n,
+            dt_softplus=dt_softplus,
+            dt_limit=tuple(dt_limit),
+            **shape,
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((num_chunks, heads, head_dim, state_size), f32),
+            jax.ShapeDtypeStruct((heads, num_tokens), f32),
+            jax.ShapeDtypeStruct((heads, num_tokens), f32),
+        ),
+        grid=(heads, num_chunks, p_blocks),
+        compiler_params=params(state_warps, num_stages),
         interpret=interpret,
-        name="ssd_chunk_scan",
+        name="ssd_chunk_state",
+    )(t0, n, x, dt, A, B, zeros if dt_bias is None else dt_bias)
+
+    states, pool, y = pl.pallas_call(
+        functools.partial(
+            _k.pass_kernel,
+            num_rows=num_rows,
+            num_tokens=num_tokens,
+            block_t=32,
+            block_p=max(16, pow2(head_dim)),
+            block_n=pass_block_n,
+            block_size=block_size,
+            **shape,
+        ),
+        out_shape=(sds_like(states), sds_like(ssm_state), sds_like(x)),
+        grid=(num_rows + 1, heads, pl.cdiv(state_size, pass_block_n)),
+        input_output_aliases={11: 0, 12: 1},
+        compiler_params=params(4),
+        interpret=interpret,
+        name="ssd_state_pass",
     )(
-        query_start_loc.astype(i32),
-        num_computed.astype(i32),
+        qsl,
+        nc,
         has_initial_state.astype(i32),
         read_slots.astype(i32),
         write_slots.astype(i32),
         bnd,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        zeros if D is None else D,
-        x if z is None else z,
-        zeros if dt_bias is None else dt_bias,
+        cstart,
+        nch,
+        t0,
+        n,
+        cum,
+        states,
         ssm_state,
     )
+
+    blocks_per_chunk = chunk // block_q
+    y = pl.pallas_call(
+        functools.partial(
+            _k.output_kernel,
+            heads_per_group=heads // groups,
+            blocks_per_chunk=blocks_per_chunk,
+            block_q=block_q,
+            block_p=block_p,
+            block_n=block_n,
+            has_z=z is not None,
+            **shape,
+        ),
+        out_shape=sds_like(x),
+        grid=(heads, num_chunks * blocks_per_chunk, p_blocks),
+        input_output_aliases={10: 0},
+        compiler_params=params(num_warps, num_stages),
+        interpret=interpret,
+        name="ssd_chunk_output",
+    )(t0, n, x, cum, dtp, B, C, zeros if D is None else D, x if z is None else z, states, y)
+    return y, pool

@@ -166,3 +166,28 @@ def test_prefill_kernel_no_bias_no_activation():
 def test_update_kernel(lanes, width):
     """K = 0..3 speculative lanes; a padding row and a dead lane."""
     check_update(update_inputs(7, 3, lanes, 10, width), "interpret")
+
+
+@pytest.mark.parametrize("split_paths", [True, False])
+def test_prefill_kernel_lowers_for_triton(split_paths):
+    """The Pallas -> Triton lowering (no PTX compile) at the benchmark's channel count."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels._common import lower_for_cuda
+
+    sds, i32 = jax.ShapeDtypeStruct, jnp.int32
+    args = (
+        sds((1000, 8192), jnp.bfloat16),
+        sds((8192, 4), jnp.bfloat16),
+        sds((8192,), jnp.bfloat16),
+        sds((5, 8192, 3), jnp.bfloat16),
+        sds((3,), i32),
+        sds((2,), jnp.bool_),
+        sds((2,), i32),
+        sds((2,), i32),
+    )
+    fn = functools.partial(conv_mod.causal_conv1d_prefill, split_paths=split_paths)
+    assert "causal_conv1d_prefill" in lower_for_cuda(fn, *args)

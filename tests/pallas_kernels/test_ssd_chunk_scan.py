@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels import ops
+from pallas_kernels.ssd_chunk_scan import ssd_chunk_scan
 
 ARGS = (
     "x",
@@ -146,16 +149,55 @@ def test_rejects_bad_block_size():
 
 
 @pytest.mark.parametrize(
-    ("lengths", "num_computed", "heads", "head_dim", "groups", "state"),
+    ("lengths", "num_computed", "heads", "head_dim", "groups", "state", "kw"),
     [
-        ((7, 1, 13, 2), None, 4, 6, 2, 5),  # several rows in one chunk, lengths not multiples
-        ((1,), [0, 0], 2, 16, 1, 16),  # a single token
-        ((0, 40), [3, 21, 0], 4, 6, 4, 5),  # an empty row; starts mid-chunk, spans chunks
+        # several rows in one chunk, lengths not multiples
+        ((7, 1, 13, 2), None, 4, 6, 2, 5, {}),
+        ((1,), [0, 0], 2, 16, 1, 16, {}),  # a single token
+        # an empty row; starts mid-chunk, spans chunks of 2 token blocks (output loop over blocks)
+        ((0, 70), [3, 21, 0], 4, 6, 4, 5, {"chunk_size": 32, "block_q": 16}),
     ],
 )
-def test_kernel_matches_oracle(lengths, num_computed, heads, head_dim, groups, state):
+def test_kernel_matches_oracle(lengths, num_computed, heads, head_dim, groups, state, kw):
     d = make_inputs(7, lengths, heads, head_dim, groups, state, num_computed=num_computed)
-    check(d, "interpret", chunk_size=16)
+    check(d, "interpret", **{"chunk_size": 16, **kw})
+
+
+def test_kernel_state_chunk_divides_chunk_size():
+    d = make_inputs(3, (37, 5), num_computed=[30, 0, 0])
+    check(d, "interpret", chunk_size=64, state_chunk=32, block_q=16)
+
+
+def test_kernel_lowers_for_triton():
+    """The Pallas -> Triton lowering (no PTX compile) at the benchmark's head shape."""
+    from pallas_kernels._common import lower_for_cuda
+
+    sds = jax.ShapeDtypeStruct
+    bf, f32, i32 = jnp.bfloat16, jnp.float32, jnp.int32
+    t, h, p, g, n, r = 600, 8, 64, 2, 128, 3
+    args = (
+        sds((t, h, p), bf),
+        sds((t, h), bf),
+        sds((h,), f32),
+        sds((t, g, n), bf),
+        sds((t, g, n), bf),
+        sds((5, h, p, n), f32),
+        sds((r + 1,), i32),
+        sds((r,), i32),
+        sds((r,), jnp.bool_),
+        sds((r,), i32),
+        sds((r,), i32),
+    )
+    opts = (sds((h,), f32), sds((t, h, p), bf), sds((h,), f32), sds((r, 2), i32))
+
+    def fn(*a):
+        d, z, bias, bnd = a[11:]
+        kw = dict(D=d, z=z, dt_bias=bias, boundary_slots=bnd, block_size=512)
+        return ssd_chunk_scan(*a[:11], **kw, interpret=False)
+
+    text = lower_for_cuda(fn, *args, *opts)
+    for name in ("ssd_chunk_state", "ssd_state_pass", "ssd_chunk_output"):
+        assert name in text
 
 
 def test_kernel_garbage_slot_without_initial_state_and_dt_options():

@@ -1,0 +1,251 @@
+"""The three Pallas kernels behind `ssd_chunk_scan`, in the SSD paper's order (arXiv 2405.21060).
+
+Chunks of Q tokens end at absolute multiples of Q inside each row; the wrapper lists them flat
+(`chunk_t0` [NC]: first flat token, `chunk_n` [NC]: live tokens, 0 for unused entries).
+
+1. `state_kernel`, grid (H, NC, P/bp), all chunks in parallel: dt' and the chunk-relative
+   cumulative log decay `cum` (to [H, T] buffers), and the chunk's own state
+   sum_t exp(cum_last - cum_t) dt'_t x_t B_t^T, built block by block of bq tokens.
+2. `pass_kernel`, grid (R + 1, H, N/bn), one short sequential walk per row over chunk states
+   only: s_in(c) = exp(cum_last(c - 1)) s_in(c - 1) + state(c - 1), starting from the row's slot;
+   it overwrites each chunk state with the state entering that chunk and writes the final and
+   block-boundary states to their slots. The extra program row zeroes the padding tokens of y.
+3. `output_kernel`, grid (H, NC * Q/bq, P/bp), all token blocks in parallel:
+   y_i = exp(cum_i) C_i s_in^T + sum_{k <= i} ((C_i B_k^T) * exp(cum_i - cum_k) * dt'_k) x_k
+   + D x_i, gated by silu(z_i).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._common import dt_activation, silu
+
+
+def _dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """a @ b with operands in `dtype` (bf16 on the fast path) and an fp32 accumulator."""
+    precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+    return jnp.dot(
+        a.astype(dtype), b.astype(dtype), precision=precision, preferred_element_type=jnp.float32
+    )
+
+
+def _local_cumsum(v: jax.Array) -> jax.Array:
+    """Inclusive cumsum of a short vector as a masked row sum (no scan primitive in Triton)."""
+    q = v.shape[0]
+    causal = jnp.arange(q)[None, :] <= jnp.arange(q)[:, None]
+    return jnp.sum(jnp.where(causal, v[None, :], 0.0), axis=1)
+
+
+def state_kernel(
+    t0_ref,
+    n_ref,
+    x_ref,
+    dt_ref,
+    a_ref,
+    b_ref,
+    bias_ref,
+    st_ref,
+    cum_ref,
+    dtp_ref,
+    *,
+    heads_per_group,
+    head_dim,
+    state_size,
+    block_q,
+    block_p,
+    block_n,
+    dt_softplus,
+    dt_limit,
+):
+    """Program (head, chunk, P-block): the chunk's own state and its dt', cum (P-block 0 only)."""
+    h, c, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    t0, n = t0_ref[c], n_ref[c]
+    g = h // heads_per_group
+    p_mask = pb * block_p + jnp.arange(block_p) < head_dim
+    n_mask = jnp.arange(block_n) < state_size
+    p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
+    rows = jnp.arange(block_q)
+    dtype = x_ref.dtype
+
+    @pl.when(n > 0)
+    def _():
+        a = a_ref[h].astype(jnp.float32)
+        bias = bias_ref[h].astype(jnp.float32)
+
+        def body(j, carry):
+            s, base = carry
+            tok = pl.ds(t0 + j * block_q, block_q)
+            valid = j * block_q + rows < n
+            dt = plgpu.load(dt_ref.at[tok, h], mask=valid, other=0.0).astype(jnp.float32)
+            dt = jnp.where(valid, dt_activation(dt + bias, dt_softplus, dt_limit), 0.0)
+            cum = _local_cumsum(dt * a)
+            total = jnp.sum(dt * a)
+            first = valid & (pb == 0)
+            plgpu.store(cum_ref.at[h, tok], base + cum, mask=first)
+            plgpu.store(dtp_ref.at[h, tok], dt, mask=first)
+            x = plgpu.load(x_ref.at[tok, h, p_sl], mask=valid[:, None] & p_mask[None, :], other=0)
+            bm = plgpu.load(b_ref.at[tok, g, n_sl], mask=valid[:, None] & n_mask[None, :], other=0)
+            weight = dt * jnp.exp(total - cum)
+            s = jnp.exp(total) * s + _dot((x.astype(jnp.float32) * weight[:, None]).T, bm, dtype)
+            return s, base + total
+
+        s0 = jnp.zeros((block_p, block_n), jnp.float32)
+        s, _ = jax.lax.fori_loop(0, pl.cdiv(n, block_q), body, (s0, jnp.float32(0.0)))
+        mask = p_mask[:, None] & n_mask[None, :]
+        plgpu.store(st_ref.at[c, h, p_sl, n_sl], s, mask=mask)
+
+
+def pass_kernel(
+    qsl_ref,
+    nc_ref,
+    init_ref,
+    read_ref,
+    write_ref,
+    bnd_ref,
+    cstart_ref,
+    nch_ref,
+    t0_ref,
+    n_ref,
+    cum_ref,
+    st_in_ref,
+    pool_in_ref,
+    st_ref,
+    pool_ref,
+    y_ref,
+    *,
+    num_rows,
+    num_tokens,
+    head_dim,
+    state_size,
+    block_t,
+    block_p,
+    block_n,
+    block_size,
+):
+    """Program (row, head, N-block): the row's chunk states in order; row R zeroes padding y."""
+    del st_in_ref, pool_in_ref  # aliased to st_ref, pool_ref
+    r, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    p_mask = jnp.arange(block_p) < head_dim
+    n_mask = nb * block_n + jnp.arange(block_n) < state_size
+    pn_mask = p_mask[:, None] & n_mask[None, :]
+    p_sl, n_sl = pl.ds(0, block_p), pl.ds(nb * block_n, block_n)
+
+    @pl.when((r == num_rows) & (nb == 0))
+    def _():
+        pad0 = qsl_ref[num_rows]
+        rows = jnp.arange(block_t)
+
+        def body(k, carry):
+            t = pad0 + k * block_t + rows
+            mask = (t < num_tokens)[:, None] & p_mask[None, :]
+            zeros = jnp.zeros((block_t, block_p), y_ref.dtype)
+            plgpu.store(y_ref.at[pl.ds(pad0 + k * block_t, block_t), h, p_sl], zeros, mask=mask)
+            return carry
+
+        jax.lax.fori_loop(0, pl.cdiv(num_tokens - pad0, block_t), body, 0)
+
+    @pl.when(r < num_rows)
+    def _():
+        pos0, start = nc_ref[r], qsl_ref[r]
+        read = jnp.where(init_ref[r] != 0, read_ref[r], 0)
+        s = plgpu.load(
+            pool_ref.at[jnp.maximum(read, 0), h, p_sl, n_sl], mask=pn_mask & (read > 0), other=0.0
+        ).astype(jnp.float32)
+
+        def body(k, s):
+            c = cstart_ref[r] + k
+            t0, n = t0_ref[c], n_ref[c]
+            own = plgpu.load(st_ref.at[c, h, p_sl, n_sl], mask=pn_mask, other=0.0)
+            plgpu.store(st_ref.at[c, h, p_sl, n_sl], s, mask=pn_mask)
+            s = jnp.exp(cum_ref[h, t0 + n - 1]) * s + own
+            if block_size is not None:  # prefix caching: the state at each block boundary
+                end = pos0 + t0 - start + n
+                j = end // block_size - pos0 // block_size - 1
+                slot = bnd_ref[r, jnp.clip(j, 0, bnd_ref.shape[1] - 1)]
+                hit = (end % block_size == 0) & (j < bnd_ref.shape[1]) & (slot > 0)
+                plgpu.store(
+                    pool_ref.at[jnp.maximum(slot, 0), h, p_sl, n_sl],
+                    s.astype(pool_ref.dtype),
+                    mask=pn_mask & hit,
+                )
+            return s
+
+        s = jax.lax.fori_loop(0, nch_ref[r], body, s)
+        write = write_ref[r]
+        plgpu.store(
+            pool_ref.at[jnp.maximum(write, 0), h, p_sl, n_sl],
+            s.astype(pool_ref.dtype),
+            mask=pn_mask & (write > 0),
+        )
+
+
+def output_kernel(
+    t0_ref,
+    n_ref,
+    x_ref,
+    cum_ref,
+    dtp_ref,
+    b_ref,
+    c_ref,
+    d_ref,
+    z_ref,
+    st_ref,
+    y_in_ref,
+    y_ref,
+    *,
+    heads_per_group,
+    head_dim,
+    state_size,
+    blocks_per_chunk,
+    block_q,
+    block_p,
+    block_n,
+    has_z,
+):
+    """Program (head, chunk x token block, P-block): y for block_q tokens of one chunk."""
+    del y_in_ref  # aliased to y_ref (its padding tokens were zeroed by pass_kernel)
+    h, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    c, i = ci // blocks_per_chunk, ci % blocks_per_chunk
+    t0, n = t0_ref[c], n_ref[c]
+    g = h // heads_per_group
+    p_mask = pb * block_p + jnp.arange(block_p) < head_dim
+    n_mask = jnp.arange(block_n) < state_size
+    p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
+    rows = jnp.arange(block_q)
+    dtype = x_ref.dtype
+
+    @pl.when(i * block_q < n)
+    def _():
+        tq = pl.ds(t0 + i * block_q, block_q)
+        valid_q = i * block_q + rows < n
+        qn = valid_q[:, None] & n_mask[None, :]
+        cm = plgpu.load(c_ref.at[tq, g, n_sl], mask=qn, other=0.0)
+        cum_q = plgpu.load(cum_ref.at[h, tq], mask=valid_q, other=0.0)
+        s_in = plgpu.load(
+            st_ref.at[c, h, p_sl, n_sl], mask=p_mask[:, None] & n_mask[None, :], other=0.0
+        )
+        y = jnp.exp(cum_q)[:, None] * _dot(cm, s_in.T, dtype)
+
+        def body(k, y):
+            tk = pl.ds(t0 + k * block_q, block_q)
+            valid_k = k * block_q + rows < n
+            bm = plgpu.load(b_ref.at[tk, g, n_sl], mask=valid_k[:, None] & n_mask[None, :], other=0)
+            xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=valid_k[:, None] & p_mask[None, :], other=0)
+            cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
+            dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
+            causal = (k * block_q + rows[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]
+            decay = jnp.where(causal, jnp.exp(cum_q[:, None] - cum_k[None, :]), 0.0)
+            scores = _dot(cm, bm.T, dtype) * decay * dt_k[None, :]
+            return y + _dot(scores, xk, dtype)
+
+        y = jax.lax.fori_loop(0, i + 1, body, y)
+        qp = valid_q[:, None] & p_mask[None, :]
+        xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
+        y = y + d_ref[h].astype(jnp.float32) * xq
+        if has_z:
+            y = y * silu(plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32))
+        plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)

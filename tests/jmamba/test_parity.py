@@ -9,6 +9,8 @@ a request does not own, and NaN in the NULL slot and block.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import jax
@@ -28,12 +30,39 @@ SLOT_A, SLOT_B = 3, 6
 BLOCKS_A, BLOCKS_B = [5, 2, 7, 9, 11], [13, 4]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+# Every family through the jnp references; two families again through the Pallas kernels (interpret
+# mode on CPU), which checks how the mixers wire the kernels: Mamba2 + attention + MoE, and GDN.
+CASES = [(f, "reference") for f in FAMILIES] + [
+    ("nemotron_h", "interpret"),
+    ("qwen3_next", "interpret"),
+]
+
+
+@contextlib.contextmanager
+def kernels(implementation: str):
+    """Pick the kernel implementation while the step is traced (`_dispatch` reads it then)."""
+    previous = os.environ.get("JMAMBA_KERNELS")
+    os.environ["JMAMBA_KERNELS"] = implementation
+    try:
+        yield
+    finally:
+        os.environ.pop("JMAMBA_KERNELS")
+        if previous is not None:
+            os.environ["JMAMBA_KERNELS"] = previous
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
 def family(request):
-    model = load_pretrained(FIXTURES / request.param)
+    name, implementation = request.param
+    model = load_pretrained(FIXTURES / name)
     graphdef, params = nnx.split(model)
-    step = jax.jit(lambda p, c, i: nnx.merge(graphdef, p)(i, c), donate_argnums=1)
-    expected = dict(np.load(FIXTURES / request.param / "expected.npz"))
+    jitted = jax.jit(lambda p, c, i: nnx.merge(graphdef, p)(i, c), donate_argnums=1)
+
+    def step(p, c, i):
+        with kernels(implementation):
+            return jitted(p, c, i)
+
+    expected = dict(np.load(FIXTURES / name / "expected.npz"))
     return model, params, step, expected
 
 

@@ -198,6 +198,7 @@ def output_kernel(
     y_ref,
     *,
     heads_per_group,
+    heads_per_program,
     head_dim,
     state_size,
     blocks_per_chunk,
@@ -206,12 +207,14 @@ def output_kernel(
     block_n,
     has_z,
 ):
-    """Program (head, chunk x token block, P-block): y for block_q tokens of one chunk."""
+    """Program (head group of `heads_per_program`, chunk x token block, P-block): y for block_q
+    tokens of one chunk; the heads of a program share one group, so C_i B_k^T is computed once."""
     del y_in_ref  # aliased to y_ref (its padding tokens were zeroed by pass_kernel)
-    h, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    hp, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    heads = [hp * heads_per_program + jnp.int32(e) for e in range(heads_per_program)]
     c, i = ci // blocks_per_chunk, ci % blocks_per_chunk
     t0, n = t0_ref[c], n_ref[c]
-    g = h // heads_per_group
+    g = heads[0] // heads_per_group
     p_mask = pb * block_p + jnp.arange(block_p) < head_dim
     n_mask = jnp.arange(block_n) < state_size
     p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
@@ -223,29 +226,36 @@ def output_kernel(
         tq = pl.ds(t0 + i * block_q, block_q)
         valid_q = i * block_q + rows < n
         qn = valid_q[:, None] & n_mask[None, :]
+        pn = p_mask[:, None] & n_mask[None, :]
         cm = plgpu.load(c_ref.at[tq, g, n_sl], mask=qn, other=0.0)
-        cum_q = plgpu.load(cum_ref.at[h, tq], mask=valid_q, other=0.0)
-        s_in = plgpu.load(
-            st_ref.at[c, h, p_sl, n_sl], mask=p_mask[:, None] & n_mask[None, :], other=0.0
-        )
-        y = jnp.exp(cum_q)[:, None] * _dot(cm, s_in.T, dtype)
+        cum_q = [plgpu.load(cum_ref.at[h, tq], mask=valid_q, other=0.0) for h in heads]
+        ys = []
+        for h, cq in zip(heads, cum_q, strict=True):
+            s_in = plgpu.load(st_ref.at[c, h, p_sl, n_sl], mask=pn, other=0.0)
+            ys.append(jnp.exp(cq)[:, None] * _dot(cm, s_in.T, dtype))
 
-        def body(k, y):
+        def body(k, ys):
             tk = pl.ds(t0 + k * block_q, block_q)
             valid_k = k * block_q + rows < n
+            kp = valid_k[:, None] & p_mask[None, :]
             bm = plgpu.load(b_ref.at[tk, g, n_sl], mask=valid_k[:, None] & n_mask[None, :], other=0)
-            xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=valid_k[:, None] & p_mask[None, :], other=0)
-            cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
-            dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
+            cb = _dot(cm, bm.T, dtype)
             causal = (k * block_q + rows[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]
-            decay = jnp.where(causal, jnp.exp(cum_q[:, None] - cum_k[None, :]), 0.0)
-            scores = _dot(cm, bm.T, dtype) * decay * dt_k[None, :]
-            return y + _dot(scores, xk, dtype)
+            out = []
+            for h, cq, y in zip(heads, cum_q, ys, strict=True):
+                xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=kp, other=0)
+                cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
+                dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
+                decay = jnp.where(causal, jnp.exp(cq[:, None] - cum_k[None, :]), 0.0)
+                out.append(y + _dot(cb * decay * dt_k[None, :], xk, dtype))
+            return tuple(out)
 
-        y = jax.lax.fori_loop(0, i + 1, body, y)
+        ys = jax.lax.fori_loop(0, i + 1, body, tuple(ys))
         qp = valid_q[:, None] & p_mask[None, :]
-        xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
-        y = y + d_ref[h].astype(jnp.float32) * xq
-        if has_z:
-            y = y * silu(plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32))
-        plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)
+        for h, y in zip(heads, ys, strict=True):
+            xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
+            y = y + d_ref[h].astype(jnp.float32) * xq
+            if has_z:
+                zq = plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0)
+                y = y * silu(zq.astype(jnp.float32))
+            plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)

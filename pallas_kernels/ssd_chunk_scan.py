@@ -227,6 +227,7 @@ def chunk_table(
         "num_warps",
         "num_stages",
         "state_warps",
+        "heads_per_program",
     ),
 )
 def ssd_chunk_scan(
@@ -258,6 +259,7 @@ def ssd_chunk_scan(
     num_warps: int = 4,
     num_stages: int = 2,
     state_warps: int = 4,
+    heads_per_program: int = 1,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernels for `ssd_chunk_scan_reference` (same arguments and results).
 
@@ -265,7 +267,8 @@ def ssd_chunk_scan(
     sequential pass over the [H, P, N] chunk states of each row, then the outputs in parallel over
     (head, token block). The state chunk Q = `state_chunk` (default `chunk_size`) divides
     `chunk_size`, so chunks end at absolute multiples of `chunk_size` as the contract asks; the
-    outputs are computed in blocks of `block_q` tokens. Extra memory: fp32 [NC, H, P, N] chunk
+    outputs are computed in blocks of `block_q` tokens, `heads_per_program` heads of one group
+    per program (sharing C B^T). Extra memory: fp32 [NC, H, P, N] chunk
     states and fp32 [H, T] dt' and cumulative decay, NC = cdiv(T, Q) + R.
     """
     num_tokens, heads, head_dim, groups, state_size, num_rows = check_args(
@@ -365,10 +368,15 @@ def ssd_chunk_scan(
     )
 
     blocks_per_chunk = chunk // block_q
+    if (heads // groups) % heads_per_program:
+        raise ValueError(
+            f"heads_per_program={heads_per_program} must divide {heads // groups} (heads per group)"
+        )
     y = pl.pallas_call(
         functools.partial(
             _k.output_kernel,
             heads_per_group=heads // groups,
+            heads_per_program=heads_per_program,
             blocks_per_chunk=blocks_per_chunk,
             block_q=block_q,
             block_p=block_p,
@@ -377,7 +385,7 @@ def ssd_chunk_scan(
             **shape,
         ),
         out_shape=sds_like(x),
-        grid=(heads, num_chunks * blocks_per_chunk, p_blocks),
+        grid=(heads // heads_per_program, num_chunks * blocks_per_chunk, p_blocks),
         input_output_aliases={10: 0},
         compiler_params=params(num_warps, num_stages),
         interpret=interpret,

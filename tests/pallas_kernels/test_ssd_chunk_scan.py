@@ -156,6 +156,8 @@ def test_rejects_bad_block_size():
         ((1,), [0, 0], 2, 16, 1, 16, {}),  # a single token
         # an empty row; starts mid-chunk, spans chunks of 2 token blocks (output loop over blocks)
         ((0, 70), [3, 21, 0], 4, 6, 4, 5, {"chunk_size": 32, "block_q": 16}),
+        # two heads per output program (sharing C B^T)
+        ((9, 20), [3, 0, 0], 4, 6, 2, 5, {"heads_per_program": 2}),
     ],
 )
 def test_kernel_matches_oracle(lengths, num_computed, heads, head_dim, groups, state, kw):
@@ -193,7 +195,7 @@ def test_kernel_lowers_for_triton():
     def fn(*a):
         d, z, bias, bnd = a[11:]
         kw = dict(D=d, z=z, dt_bias=bias, boundary_slots=bnd, block_size=512)
-        return ssd_chunk_scan(*a[:11], **kw, interpret=False)
+        return ssd_chunk_scan(*a[:11], **kw, heads_per_program=2, interpret=False)
 
     text = lower_for_cuda(fn, *args, *opts)
     for name in ("ssd_chunk_state", "ssd_state_pass", "ssd_chunk_output"):

@@ -87,7 +87,8 @@ def step_bytes(model: HybridLM, engine: Engine, batch: int, context: int) -> dic
     return {"weights": weights, "state": state, "kv": kv}
 
 
-def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> dict:
+def make_engine(model: HybridLM, batch: int, steps: int) -> Engine:
+    """A warmed-up engine holding `batch` requests of PROMPT_LEN random tokens (not yet stepped)."""
     budget = max(batch * PROMPT_LEN, model.config.chunk_size)
     config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget, max_model_len=256,
                           block_size=16, decode_row_buckets=(batch,),
@@ -98,7 +99,12 @@ def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> di
     rng = np.random.default_rng(0)
     for _ in range(batch):
         prompt = rng.integers(0, model.config.vocab_size, PROMPT_LEN).tolist()
-        engine.add_request(prompt, SamplingParams(max_tokens=steps + 8))
+        engine.add_request(prompt, SamplingParams(max_tokens=4 * steps + 64))
+    return engine
+
+
+def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> dict:
+    engine = make_engine(model, batch, steps)
     for _ in range(4):  # the prefill step, then warm decode steps
         engine.step()
     host0, device0 = engine.stats.host_seconds, engine.stats.device_seconds

@@ -144,44 +144,62 @@ def build_step(
 def _fill_decode(
     a: _Arrays, decodes: list[ScheduledRequest], width: int, block_size: int
 ) -> list[int]:
-    """Fill the decode section with whole-array writes (this is the per-step hot path)."""
+    """Fill the decode section with whole-array writes (this is the per-step hot path).
+
+    One Python pass gathers every per-request scalar into one table; the rest is numpy.
+    """
     n = len(decodes)
     if n == 0:
         return []
-    requests = [item.request for item in decodes]
-    query_lens = np.fromiter((item.num_tokens for item in decodes), np.int32, n)
-    starts = np.fromiter((item.start for item in decodes), np.int32, n)
-    slots = np.fromiter((r.state_slot for r in requests), np.int32, n)
+    table = np.array([_decode_scalars(item) for item in decodes], np.float64)  # [n, 10]
+    query_lens, starts, slots, num_blocks, counters = table[:, :5].astype(np.int64).T
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
     a.d_read[:n] = slots
     lane_live = np.arange(width)[None, :] < query_lens[:, None]
     a.d_write[:n] = np.where(lane_live, slots[:, None], 0)
-    num_blocks = np.fromiter((len(r.block_ids) for r in requests), np.int64, n)
-    if num_blocks.any():
-        rows = np.repeat(np.arange(n), num_blocks)
-        columns = np.arange(rows.size) - np.repeat(np.cumsum(num_blocks) - num_blocks, num_blocks)
-        a.d_table[rows, columns] = list(
-            itertools.chain.from_iterable(r.block_ids for r in requests)
-        )
-    rows = np.repeat(np.arange(n), query_lens)
-    lanes = np.arange(rows.size) - np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
+    requests = [item.request for item in decodes]
+    total_blocks = int(num_blocks.sum())
+    if total_blocks:
+        rows, columns = _ragged(num_blocks)
+        blocks = itertools.chain.from_iterable(r.block_ids for r in requests)
+        a.d_table[rows, columns] = np.fromiter(blocks, np.int32, total_blocks)
+    num_lanes = int(query_lens.sum())
+    rows, lanes = _ragged(query_lens)
     index = rows * width + lanes
     positions = starts[rows] + lanes
-    a.token_ids[index] = list(itertools.chain.from_iterable(item.token_ids for item in decodes))
+    if num_lanes == n:  # one token per row (no drafts): the table holds it
+        a.token_ids[:n] = table[:, 9]
+    else:
+        tokens = itertools.chain.from_iterable(item.token_ids for item in decodes)
+        a.token_ids[index] = np.fromiter(tokens, np.int32, num_lanes)
     a.positions[index] = positions
-    if num_blocks.any():
+    if total_blocks:
         blocks = a.d_table[rows, positions // block_size]
         a.kv_slots[index] = blocks * block_size + positions % block_size
     a.logits_indices[index] = index
-    last = rows * width + query_lens[rows] - 1
-    params = [r.sampling_params for r in requests]
-    a.temperature[index] = [params[r].temperature for r in rows]
-    a.top_k[index] = [params[r].top_k for r in rows]
-    a.top_p[index] = [params[r].top_p for r in rows]
-    a.seeds[index] = [requests[r].seed for r in rows]
-    a.counters[index] = [len(requests[r].output_token_ids) for r in rows]
-    return np.unique(last).tolist()
+    a.counters[index] = counters[rows]
+    a.temperature[index] = table[rows, 5]
+    a.top_k[index] = table[rows, 6]
+    a.top_p[index] = table[rows, 7]
+    a.seeds[index] = table[rows, 8]
+    return (np.arange(n) * width + query_lens - 1).tolist()  # each row's last live lane
+
+
+def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows of `lengths` items: (row of each item, index of each item in its row)."""
+    rows = np.repeat(np.arange(lengths.size), lengths)
+    return rows, np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+def _decode_scalars(item: ScheduledRequest) -> tuple:
+    """query_len, start, slot, #blocks, #outputs, temperature, top_k, top_p, seed, first token
+    (all exact in float64)."""
+    request = item.request
+    params = request.sampling_params
+    return (item.num_tokens, item.start, request.state_slot, len(request.block_ids),
+            len(request.output_token_ids), params.temperature, params.top_k, params.top_p,
+            request.seed, request.token_at(item.start))  # fmt: skip
 
 
 def build_dummy(bucket: Bucket, *, max_blocks: int) -> StepBatch:

@@ -3,6 +3,10 @@
 The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)`; sampling
 runs inside it, so only N int32 token ids come back to the host each step. The runner makes no
 policy decision: it runs whatever `StepBatch` it is given, in the bucket it is told.
+
+Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
+(flattening the nnx `State` runs Python code per variable, every call) and the step's inputs as one
+packed int32 buffer (one host->device copy instead of one per field; see `runtime.packing`).
 """
 
 from __future__ import annotations
@@ -15,22 +19,24 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jmamba.inputs import StepInputs
 from runtime.buckets import Bucket
-from runtime.builder import SamplingInputs, StepBatch, build_dummy
+from runtime.builder import StepBatch, build_dummy
 from runtime.config import EngineConfig
+from runtime.packing import Layout, layout_of, pack, unpack
 from runtime.sampler import sample
 
 
 def _step(
     graphdef: nnx.GraphDef,
+    param_treedef: Any,
     keep_logits: bool,
-    params: nnx.State,
+    layout: Layout,
+    param_leaves: list[jax.Array],
     caches: Any,
-    inputs: StepInputs,
-    sampling: SamplingInputs,
+    packed: jax.Array,
 ) -> tuple[jax.Array, jax.Array | None, Any]:
-    model = nnx.merge(graphdef, params)
+    inputs, sampling = unpack(packed, layout)
+    model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
     return sample(logits, sampling), (logits if keep_logits else None), caches
 
@@ -47,14 +53,16 @@ class ModelRunner:
     def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
         self.config = config
         self.graphdef, self.params = nnx.split(model)
+        self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
         self.caches = model.init_caches(
             num_blocks=config.num_blocks, block_size=config.block_size, num_slots=config.num_slots
         )
         self.keep_logits = keep_logits
         self.last_logits: jax.Array | None = None
         self.compile_seconds: dict[Bucket, float] = {}
-        self._jitted = jax.jit(_step, static_argnums=(0, 1), donate_argnames=("caches",))
+        self._jitted = jax.jit(_step, static_argnums=(0, 1, 2, 3), donate_argnames=("caches",))
         self._compiled: dict[Bucket, Any] = {}
+        self._layouts: dict[Bucket, Layout] = {}
 
     @property
     def num_variants(self) -> int:
@@ -64,9 +72,8 @@ class ModelRunner:
     def run(self, bucket: Bucket, batch: StepBatch) -> np.ndarray:
         """Run one step; returns each scheduled request's sampled token, [len(sample_rows)]."""
         compiled = self._compiled.get(bucket) or self._compile(bucket, batch)
-        tokens, logits, self.caches = compiled(
-            self.params, self.caches, batch.inputs, batch.sampling
-        )
+        packed = pack((batch.inputs, batch.sampling), self._layouts[bucket])
+        tokens, logits, self.caches = compiled(self._param_leaves, self.caches, packed)
         self.last_logits = logits
         return np.asarray(tokens)[batch.sample_rows]
 
@@ -77,8 +84,13 @@ class ModelRunner:
 
     def _compile(self, bucket: Bucket, batch: StepBatch) -> Any:
         start = time.perf_counter()
-        lower = functools.partial(self._jitted.lower, self.graphdef, self.keep_logits)
-        compiled = lower(self.params, self.caches, batch.inputs, batch.sampling).compile()
+        layout = layout_of((batch.inputs, batch.sampling))
+        lower = functools.partial(
+            self._jitted.lower, self.graphdef, self._param_treedef, self.keep_logits, layout
+        )
+        packed = pack((batch.inputs, batch.sampling), layout)
+        compiled = lower(self._param_leaves, self.caches, packed).compile()
+        self._layouts[bucket] = layout
         self.compile_seconds[bucket] = time.perf_counter() - start
         self._compiled[bucket] = compiled
         return compiled

@@ -69,6 +69,13 @@ class Request:
         tail = self.output_token_ids[max(start - num_prompt, 0) : max(stop - num_prompt, 0)]
         return head + tail
 
+    def token_at(self, index: int) -> int:
+        """Token `index` of prompt + output."""
+        num_prompt = len(self.prompt_token_ids)
+        if index < num_prompt:
+            return self.prompt_token_ids[index]
+        return self.output_token_ids[index - num_prompt]
+
     def reset_for_recompute(self) -> None:
         """Forget all progress: the next prefill recomputes every token it has (prompt + output)."""
         self.num_computed = 0

@@ -13,15 +13,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from typing import NamedTuple
 
 from runtime.config import EngineConfig
 from runtime.pools import Pool
 from runtime.request import FinishReason, Request, RequestStatus
 
 
-@dataclasses.dataclass(frozen=True)
-class ScheduledRequest:
-    """One request's share of a step: tokens [start, start + num_tokens) of prompt + output."""
+class ScheduledRequest(NamedTuple):
+    """One request's share of a step: tokens [start, start + num_tokens) of prompt + output.
+
+    A NamedTuple rather than a frozen dataclass: one is built per running request per step, and a
+    frozen dataclass's constructor costs several times more.
+    """
 
     request: Request
     start: int
@@ -102,13 +106,15 @@ class Scheduler:
             if num_tokens == 0 or num_tokens > budget:
                 index += 1
                 continue
-            while not self._can_grow(request, num_tokens):
+            needed = self._blocks_needed(request, num_tokens)
+            while not self.block_pool.can_allocate(needed):
                 preempted.append(self._preempt(self.running[-1]))
                 if preempted[-1] is request:
                     break
             if request.status is not RequestStatus.RUNNING:
                 break  # it was the newest and preempted itself: nothing after it is running
-            self._grow(request, num_tokens)
+            if needed:
+                request.block_ids += self.block_pool.allocate(needed)
             section = decodes if request.is_decode else prefills
             section.append(ScheduledRequest(request, request.num_computed, num_tokens))
             budget -= num_tokens
@@ -169,7 +175,8 @@ class Scheduler:
         if not self.uses_blocks:
             return 0
         total = -(-(request.num_computed + num_tokens) // self.config.block_size)
-        return max(total - len(request.block_ids), 0)
+        needed = total - len(request.block_ids)
+        return needed if needed > 0 else 0
 
     def _can_grow(self, request: Request, num_tokens: int) -> bool:
         return self.block_pool.can_allocate(self._blocks_needed(request, num_tokens))

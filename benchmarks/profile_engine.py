@@ -1,0 +1,229 @@
+"""Where the decode step's time goes: kernels per step, GPU busy time, transfers, XLA flags.
+
+For each XLA_FLAGS variant (one subprocess each, since the flags are read when the backend starts)
+and each batch size, on the random ~1B NemotronH-shaped model of `bench_engine.py`:
+
+* engine: `Engine.step()` wall time split into host and device (as `bench_engine.py`);
+* runner, numpy inputs: the compiled step called with the step's numpy inputs, tokens fetched;
+* runner, device inputs: the same with inputs already on the device (the difference is transfers);
+* pipelined: N calls with no sync between them (GPU-bound when dispatch is shorter than the GPU);
+* profile: kernels per step, GPU busy time per step and the top kernels (jax.profiler trace
+  parsed with `jax.profiler.ProfileData`);
+* HLO: instructions of the compiled decode step by opcode, custom-call targets, command buffers.
+
+    python benchmarks/profile_engine.py --size tiny --batches 4 --variants default   # CPU smoke
+    python benchmarks/profile_engine.py                                              # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+VARIANTS = {
+    "default": "",
+    "no_cmdbuf": "--xla_gpu_enable_command_buffer=",
+    "cmdbuf_all": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+    "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1",
+}
+
+
+def hlo_stats(text: str) -> dict:
+    """Opcode counts of the ENTRY computation, custom-call targets, command-buffer mentions."""
+    entry = text[text.index("ENTRY") :]
+    entry = entry[: entry.index("\n}\n")] if "\n}\n" in entry else entry
+    ops = collections.Counter(re.findall(r"= \S+ (\S+?)\(", entry))
+    targets = collections.Counter(re.findall(r'custom_call_target="([^"]+)"', text))
+    return {
+        "entry_ops": dict(ops.most_common()),
+        "entry_total": sum(ops.values()),
+        "custom_call_targets": dict(targets),
+        "fusions_total": len(re.findall(r"\bfusion\(", text)),
+        "command_buffer_mentions": len(re.findall(r"command_buffer", text)),
+    }
+
+
+def profile_events(trace_dir: str) -> list[tuple[str, str, int, int]]:
+    """(line name, event name, start ns, duration ns) of every event on the GPU planes."""
+    import jax
+
+    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    data = jax.profiler.ProfileData.from_file(path)
+    events = []
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                events.append((line.name, event.name, event.start_ns, event.duration_ns))
+    return events
+
+
+def summarize_profile(events: list, steps: int) -> dict:
+    by_line = collections.defaultdict(list)
+    for line, name, start, dur in events:
+        by_line[line].append((name, start, dur))
+    lines = {}
+    for line, evs in by_line.items():
+        span = max(s + d for _, s, d in evs) - min(s for _, s, d in evs)
+        lines[line] = {"events_per_step": len(evs) / steps,
+                       "busy_ms_per_step": sum(d for *_, d in evs) / steps / 1e6,
+                       "span_ms_per_step": span / steps / 1e6}  # fmt: skip
+    kernels = collections.defaultdict(lambda: [0, 0])
+    for line, name, _, dur in events:
+        if "Stream" in line or "stream" in line:
+            kernels[name][0] += 1
+            kernels[name][1] += dur
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]
+    return {"lines": lines,
+            "top_kernels": [(n, c / steps, t / steps / 1e3) for n, (c, t) in top]}  # fmt: skip
+
+
+def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) -> list[dict]:
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_engine import build_model, make_engine
+
+    model = build_model(size)
+    rows = []
+    for batch in batches:
+        engine = make_engine(model, batch, steps)
+        for _ in range(4):
+            engine.step()
+        row = {"variant": name, "batch": batch}
+        h0, d0, t0 = engine.stats.host_seconds, engine.stats.device_seconds, time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        row["engine_step_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+        row["engine_host_ms"] = 1e3 * (engine.stats.host_seconds - h0) / steps
+        row["engine_device_ms"] = 1e3 * (engine.stats.device_seconds - d0) / steps
+        runner, batch_in = engine.runner, engine.last_batch
+        bucket = engine.buckets.bucket_for(engine.last_schedule)
+        compiled = runner._compiled[bucket]
+        row.update(time_runner(runner, compiled, bucket, batch_in, steps, np, jax))
+        trace_dir = tempfile.mkdtemp()
+        dev = device_inputs(runner, bucket, batch_in, jax)
+        with jax.profiler.trace(trace_dir):
+            for _ in range(10):
+                tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+            np.asarray(tokens)
+        try:
+            row["profile"] = summarize_profile(profile_events(trace_dir), 10)
+        except Exception as error:  # keep the timings if the trace cannot be parsed
+            row["profile"] = {"error": repr(error)}
+        text = compiled.as_text()
+        row["hlo"] = hlo_stats(text)
+        if name == "default":  # at most 8 files come back from the device machine
+            with open(os.path.join(out, f"hlo_{name}_b{batch}.txt"), "w") as f:
+                f.write(text)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "hlo")}),
+              flush=True)  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def device_inputs(runner, bucket, batch_in, jax):
+    """The step's packed inputs, already on the device."""
+    from runtime.packing import pack
+
+    return jax.device_put(pack((batch_in.inputs, batch_in.sampling), runner._layouts[bucket]))
+
+
+def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:
+    """ms per call: numpy inputs + fetch; device inputs + fetch; pipelined; dispatch only."""
+    res = {}
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        runner.run(bucket, batch_in)
+    res["runner_numpy_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+    dev = device_inputs(runner, bucket, batch_in, jax)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+        np.asarray(tokens)
+    res["runner_device_in_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+    np.asarray(tokens)
+    res["pipelined_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+    dispatch = 0.0
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+        dispatch += time.perf_counter() - t0
+        np.asarray(tokens)
+    res["dispatch_ms"] = 1e3 * dispatch / steps
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        dev_np = jax.device_put((batch_in.inputs, batch_in.sampling))
+    jax.block_until_ready(dev_np)
+    res["device_put_tree_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        dev_np = device_inputs(runner, bucket, batch_in, jax)
+    jax.block_until_ready(dev_np)
+    res["device_put_packed_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
+    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--child", default=None)
+    args = parser.parse_args()
+    out = os.environ.get("OUT") or tempfile.mkdtemp()
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.child:
+        rows = run_variant(args.size, batches, args.steps, out, args.child)
+        with open(os.path.join(out, f"profile_{args.child}.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        return
+    for name in args.variants.split(","):
+        flags = (os.environ.get("XLA_FLAGS", "") + " " + VARIANTS[name]).strip()
+        env = dict(os.environ, XLA_FLAGS=flags, OUT=out)
+        cmd = [sys.executable, __file__, "--size", args.size, "--batches", args.batches,
+               "--steps", str(args.steps), "--child", name]  # fmt: skip
+        print(f"== {name}: XLA_FLAGS={env['XLA_FLAGS']!r}", flush=True)
+        subprocess.run(cmd, env=env, check=False)
+    print_table(out, args.variants.split(","))
+
+
+def print_table(out: str, names: list[str]) -> None:
+    print(
+        "variant     batch eng_step eng_host eng_dev run_np run_dev pipe  disp  put   "
+        "kern/step gpu_busy entry_ops"
+    )
+    for name in names:
+        path = os.path.join(out, f"profile_{name}.json")
+        if not os.path.exists(path):
+            print(f"{name}: no result")
+            continue
+        for r in json.load(open(path)):
+            lines = r["profile"].get("lines", {})
+            streams = [v for k, v in lines.items() if "Stream" in k or "stream" in k]
+            kern = sum(v["events_per_step"] for v in streams)
+            busy = sum(v["busy_ms_per_step"] for v in streams)
+            print(f"{name:11s} {r['batch']:5d} {r['engine_step_ms']:8.3f} "
+                  f"{r['engine_host_ms']:8.3f} {r['engine_device_ms']:7.3f} "
+                  f"{r['runner_numpy_ms']:6.3f} {r['runner_device_in_ms']:7.3f} "
+                  f"{r['pipelined_ms']:5.3f} {r['dispatch_ms']:5.3f} "
+                  f"{r['device_put_packed_ms']:5.3f} "
+                  f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -86,34 +86,11 @@ def _unit_lower_inverse(A: jax.Array, blk: int, dt, prec, refine: bool) -> jax.A
     return Tinv
 
 
-def _intra_kernel(
-    cstart_ref,
-    clen_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    g_ref,
-    b_ref,
-    w_ref,
-    u_ref,
-    kd_ref,
-    qe_ref,
-    aqk_ref,
-    *,
-    rep,
-    C,
-    K,
-    V,
-    BK,
-    BV,
-    blk,
-    l2,
-    scale,
-    prec,
-    dt,
-    sdt,
-    refine,
-):
+def _intra_kernel(cstart_ref, clen_ref, q_ref, k_ref, v_ref, g_ref, b_ref, *out_refs, **kw):
+    """Kernel 1 body. kw["part"]: "all" writes W, U, KD, QE, AQK; "wy" writes W, U; "qk" writes
+    KD, QE, AQK. Tiles are computed and stored one after another so few stay live in registers."""
+    part, rep, C, K, V = kw["part"], kw["rep"], kw["C"], kw["K"], kw["V"]
+    BK, BV, prec, dt, scale = kw["BK"], kw["BV"], kw["prec"], kw["dt"], kw["scale"]
     c, hv = pl.program_id(0), pl.program_id(1)
     st, n = cstart_ref[c], clen_ref[c]
     rows = jnp.arange(C)
@@ -121,36 +98,40 @@ def _intra_kernel(
     kmask, vmask = jnp.arange(BK) < K, jnp.arange(BV) < V
     qk_at = (pl.ds(st, C), hv // rep, pl.ds(0, BK))
     qk_mask = rmask[:, None] & kmask[None, :]
-    q = plgpu.load(q_ref.at[qk_at], mask=qk_mask, other=0.0).astype(jnp.float32)
-    k = plgpu.load(k_ref.at[qk_at], mask=qk_mask, other=0.0).astype(jnp.float32)
-    if l2:
-        q, k = _l2n_rows(q), _l2n_rows(k)
-    v = plgpu.load(
-        v_ref.at[pl.ds(st, C), hv, pl.ds(0, BV)], mask=rmask[:, None] & vmask[None, :], other=0.0
-    ).astype(jnp.float32)
-    g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
-    beta = plgpu.load(b_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
-    G = jnp.cumsum(g)
-    eG = jnp.exp(G)
-    ii, jj = rows[:, None], rows[None, :]
-    dec = jnp.where(ii >= jj, jnp.exp(jnp.where(ii >= jj, G[:, None] - G[None, :], 0.0)), 0.0)
-    A = jnp.where(ii > jj, beta[:, None] * _mm(k, k, dt, prec, _NT) * dec, 0.0)
-    Tinv = _unit_lower_inverse(A, blk, sdt, prec, refine)
-    W = _mm(Tinv, (beta * eG)[:, None] * k, dt, prec)
-    U = _mm(Tinv, beta[:, None] * v, dt, prec)
-    aqk = (scale * _mm(q, k, dt, prec, _NT)) * dec
-    kd = jnp.exp(jnp.sum(g) - G)[:, None] * k
+    outs = list(out_refs)
 
-    def put(ref, x, width, mask):
+    def put(x, width, mask):
+        ref = outs.pop(0)
         plgpu.store(
             ref.at[c, hv, pl.ds(0, C), pl.ds(0, width)], x.astype(ref.dtype), mask=mask[None, :]
         )
 
-    put(w_ref, W, BK, kmask)
-    put(u_ref, U, BV, vmask)
-    put(kd_ref, kd, BK, kmask)
-    put(qe_ref, (scale * eG)[:, None] * q, BK, kmask)
-    put(aqk_ref, aqk, C, rows < C)
+    def load_qk(ref):
+        x = plgpu.load(ref.at[qk_at], mask=qk_mask, other=0.0).astype(jnp.float32)
+        return _l2n_rows(x) if kw["l2"] else x
+
+    k = load_qk(k_ref)
+    g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
+    G = jnp.cumsum(g)
+    eG = jnp.exp(G)
+    ii, jj = rows[:, None], rows[None, :]
+    dec = jnp.where(ii >= jj, jnp.exp(jnp.where(ii >= jj, G[:, None] - G[None, :], 0.0)), 0.0)
+    if part != "qk":
+        beta = plgpu.load(b_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
+        A = jnp.where(ii > jj, beta[:, None] * _mm(k, k, dt, prec, _NT) * dec, 0.0)
+        Tinv = _unit_lower_inverse(A, kw["blk"], kw["sdt"], prec, kw["refine"])
+        put(_mm(Tinv, (beta * eG)[:, None] * k, dt, prec), BK, kmask)  # W
+        v = plgpu.load(
+            v_ref.at[pl.ds(st, C), hv, pl.ds(0, BV)],
+            mask=rmask[:, None] & vmask[None, :],
+            other=0.0,
+        )
+        put(_mm(Tinv, beta[:, None] * v.astype(jnp.float32), dt, prec), BV, vmask)  # U
+    if part != "wy":
+        put(jnp.exp(jnp.sum(g) - G)[:, None] * k, BK, kmask)  # KD
+        q = load_qk(q_ref)
+        put((scale * eG)[:, None] * q, BK, kmask)  # QE
+        put((scale * _mm(q, k, dt, prec, _NT)) * dec, C, rows < C)  # AQK
 
 
 def _chain_kernel(
@@ -257,59 +238,32 @@ def _chain_kernel(
         put_state(ws, sT, ws > 0)
 
 
-def _intra_call(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    cstart,
-    clen,
-    *,
-    HV,
-    C,
-    blk,
-    l2,
-    scale,
-    prec,
-    inter,
-    solve,
-    refine,
-    warps,
-    interpret,
-):
-    """Per chunk tile (kernel 1): W, KD, QE [NC, HV, C, BK], U [NC, HV, C, BV], AQK [NC, HV, C, C],
-    all in `inter` dtype."""
+def _intra_call(q, k, v, g, beta, cstart, clen, *, HV, C, inter, warps, split, interpret, **kw):
+    """Per chunk tile (kernel 1, or two kernels when `split`): W, KD, QE [NC, HV, C, BK],
+    U [NC, HV, C, BV], AQK [NC, HV, C, C], all in `inter` dtype. kw: blk, l2, scale, prec, sdt,
+    refine."""
     HK, K = k.shape[1], k.shape[2]
     V = v.shape[2]
     BK, BVf = pow2(K), pow2(V)
     NCH = cstart.shape[0]
-    kern = functools.partial(
-        _intra_kernel,
-        rep=HV // HK,
-        C=C,
-        K=K,
-        V=V,
-        BK=BK,
-        BV=BVf,
-        blk=blk,
-        l2=l2,
-        scale=scale,
-        prec=prec,
-        dt=inter,
-        sdt=solve,
-        refine=refine,
-    )
     mat = functools.partial(jax.ShapeDtypeStruct, dtype=inter)
-    kt = mat((NCH, HV, C, BK))
-    return pl.pallas_call(
-        kern,
-        out_shape=(kt, mat((NCH, HV, C, BVf)), kt, kt, mat((NCH, HV, C, C))),
-        grid=(NCH, HV),
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
-        interpret=interpret,
-        name="gdn_chunk_intra",
-    )(cstart, clen, q, k, v, g, beta)
+    kt, ut, at = mat((NCH, HV, C, BK)), mat((NCH, HV, C, BVf)), mat((NCH, HV, C, C))
+    shapes = {"all": (kt, ut, kt, kt, at), "wy": (kt, ut), "qk": (kt, kt, at)}
+
+    def call(part):
+        kern = functools.partial(
+            _intra_kernel, part=part, rep=HV // HK, C=C, K=K, V=V, BK=BK, BV=BVf, dt=inter, **kw
+        )
+        return pl.pallas_call(
+            kern,
+            out_shape=shapes[part],
+            grid=(NCH, HV),
+            compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
+            interpret=interpret,
+            name=f"gdn_chunk_intra_{part}",
+        )(cstart, clen, q, k, v, g, beta)
+
+    return call("wy") + call("qk") if split else call("all")
 
 
 def chunk_tiles(query_start_loc, num_computed, T: int, C: int):
@@ -352,6 +306,7 @@ def gdn_chunk(
     inter_dtype=None,
     solve_dtype=jnp.float32,
     solve_refine: bool = False,
+    split_intra: bool = False,
     num_warps: int = 4,
     num_stages: int = 2,
     intra_num_warps: int = 4,
@@ -364,6 +319,7 @@ def gdn_chunk(
     Tuning: block_v (V rows per chain program), solve_block (diagonal block of the triangular
     inverse), inter_dtype (storage and dot operands of the per-chunk tiles and the chain; default
     v.dtype), solve_dtype / solve_refine (operands of the inverse's dots; a Newton step in fp32),
+    split_intra (kernel 1 as two launches: WY factors, then the q/k tiles),
     warps/stages, precision of fp32 dots on GPU (None = TF32; interpret mode uses HIGHEST).
     """
     check_prefill_args(
@@ -401,15 +357,16 @@ def gdn_chunk(
         clen,
         HV=HV,
         C=C,
+        inter=inter,
+        warps=intra_num_warps,
+        split=split_intra,
+        interpret=interpret,
         blk=min(solve_block, C),
         l2=use_qk_l2norm,
         scale=float(K**-0.5 if scale is None else scale),
         prec=prec,
-        inter=inter,
-        solve=jnp.dtype(solve_dtype),
+        sdt=jnp.dtype(solve_dtype),
         refine=solve_refine,
-        warps=intra_num_warps,
-        interpret=interpret,
     )
     NB = 0 if boundary_slots is None else boundary_slots.shape[1]
     bsl = jnp.zeros((R, 1), i32) if NB == 0 else boundary_slots.astype(i32)

@@ -4,9 +4,9 @@ A random NemotronH-shaped hybrid model (~1B parameters: Mamba2 + relu2 MLP layer
 layers, bf16 weights, fp32 SSM state) serves B requests of 16-token prompts; after one prefill
 step every step is a pure decode of B rows. Per batch size we report the step time (wall time of
 `Engine.step()`), decode tokens/s, host time per step (schedule + build + postprocess) beside
-device time (the compiled step call including dispatch and the token fetch), and the memory
-roofline: bytes the step must move (weights + B recurrent states read and written + KV read)
-over the bandwidth measured in the same run.
+device time (the compiled step call including input packing, dispatch and the token fetch), and
+the memory roofline: bytes the step must move (weights + B recurrent states read and written + KV
+read) over the bandwidth measured in the same run.
 
     python benchmarks/bench_engine.py --size tiny --batches 1,4     # CPU smoke test
     python benchmarks/bench_engine.py --size 1b                     # GPU

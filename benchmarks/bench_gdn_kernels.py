@@ -429,8 +429,8 @@ def prefill_part(out_path: str, budget_s: float = 150.0) -> None:
         return (q, k, v, g, beta), (qsl, nc, jnp.asarray(hi, bool) | jnp.zeros((R,), bool), rs, rs)
 
     variants = {
-        "bf16 tiles, tf32 solve": {},
-        "bf16 tiles, bf16 solve": dict(solve_dtype=bf),
+        "bf16 tiles, tf32 solve": dict(solve_dtype=jnp.float32),
+        "bf16 tiles, bf16 solve": {},
     }
     lengths = (300, 1, 64, 129, 700, 33, 2, 500)
     nc = (0, 5, 64, 100, 3, 63, 0, 1000)
@@ -454,7 +454,7 @@ def prefill_part(out_path: str, budget_s: float = 150.0) -> None:
             good = chk["rms_o"] <= 5e-3 and chk["rms_state"] <= 5e-3 and chk["null_untouched"]
             ok[name] = ok.get(name, True) and good and chk["finite"]
             print(f"check {cname} [{name}] {chk}", flush=True)
-    passing = [n for n in variants if ok[n]] or ["bf16 tiles, tf32 solve"]
+    passing = [n for n in variants if ok[n]] or ["bf16 tiles, tf32 solve"]  # last: the default
 
     def time_prefill(lengths, reps=10, **knobs):
         ins, meta = inputs(lengths)
@@ -500,7 +500,7 @@ def prefill_part(out_path: str, budget_s: float = 150.0) -> None:
         l2=True,
         scale=D**-0.5,
         prec=None,
-        sdt=jnp.dtype(kn.get("solve_dtype", jnp.float32)),
+        sdt=jnp.dtype(kn.get("solve_dtype", bf)),
         refine=kn.get("solve_refine", False),
     )
 

@@ -11,7 +11,7 @@
    initial state from its slot, writes block-boundary states and the final state to theirs.
    Program R zeroes the padding tokens.
 Dot operands are in `inter_dtype` (bf16 for bf16 inputs: tensor cores, fp32 accumulation); the
-triangular inverse uses `solve_dtype` (fp32 = TF32 on GPU by default). Chunks are aligned to
+triangular inverse uses `solve_dtype` (default the same; fp32 = TF32 on GPU). Chunks are aligned to
 absolute positions (num_computed), so results do not depend on chunking.
 """
 
@@ -304,7 +304,7 @@ def gdn_chunk(
     block_v: int = 32,
     solve_block: int = 16,
     inter_dtype=None,
-    solve_dtype=jnp.float32,
+    solve_dtype=None,
     solve_refine: bool = False,
     split_intra: bool = False,
     num_warps: int = 4,
@@ -318,7 +318,8 @@ def gdn_chunk(
     query_start_loc [R + 1]; num_computed, has_initial_state, read_slots, write_slots [R].
     Tuning: block_v (V rows per chain program), solve_block (diagonal block of the triangular
     inverse), inter_dtype (storage and dot operands of the per-chunk tiles and the chain; default
-    v.dtype), solve_dtype / solve_refine (operands of the inverse's dots; a Newton step in fp32),
+    v.dtype), solve_dtype / solve_refine (operands of the inverse's dots, default inter_dtype: bf16
+    measured as accurate as TF32 and faster on the H100; a Newton step in fp32),
     split_intra (kernel 1 as two launches: WY factors, then the q/k tiles),
     warps/stages, precision of fp32 dots on GPU (None = TF32; interpret mode uses HIGHEST).
     """
@@ -365,7 +366,7 @@ def gdn_chunk(
         l2=use_qk_l2norm,
         scale=float(K**-0.5 if scale is None else scale),
         prec=prec,
-        sdt=jnp.dtype(solve_dtype),
+        sdt=inter if solve_dtype is None else jnp.dtype(solve_dtype),
         refine=solve_refine,
     )
     NB = 0 if boundary_slots is None else boundary_slots.shape[1]

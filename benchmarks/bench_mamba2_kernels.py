@@ -478,6 +478,7 @@ def main() -> None:
             bench_scan,
             [
                 dict(
+                    algorithm="parallel",
                     block_q=q,
                     num_warps=w,
                     num_stages=st,
@@ -486,17 +487,14 @@ def main() -> None:
                     heads_per_program=hp,
                 )
                 for q, w, st, c, pn, hp in (
-                    (64, 4, 2, 256, 32, 1),
-                    (64, 4, 1, 256, 32, 1),
-                    (64, 8, 2, 256, 32, 1),
-                    (32, 4, 2, 256, 32, 1),
-                    (64, 4, 2, 128, 32, 1),
                     (64, 4, 2, 256, 64, 1),
-                    (64, 4, 2, 256, 32, 2),
-                    (64, 8, 2, 256, 32, 2),
-                    (64, 8, 2, 256, 32, 4),
+                    (64, 4, 1, 256, 64, 1),
+                    (64, 4, 2, 256, 128, 1),
+                    (64, 4, 2, 256, 64, 2),
+                    (64, 4, 2, 256, 32, 1),
                 )
-            ],
+            ]
+            + [dict(algorithm="sequential", seq_block_q=q) for q in (32, 64)],
         ),
     ]
     only = os.environ.get("BENCH_ONLY")  # e.g. "scan,conv": those sections, in that order

@@ -25,7 +25,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._common import dt_activation, silu
 
 
-def _dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+def mixed_dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     """a @ b with operands in `dtype` (bf16 on the fast path) and an fp32 accumulator."""
     precision = jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
     return jnp.dot(
@@ -90,7 +90,8 @@ def state_kernel(
             x = plgpu.load(x_ref.at[tok, h, p_sl], mask=valid[:, None] & p_mask[None, :], other=0)
             bm = plgpu.load(b_ref.at[tok, g, n_sl], mask=valid[:, None] & n_mask[None, :], other=0)
             weight = dt * jnp.exp(total - cum)
-            s = jnp.exp(total) * s + _dot((x.astype(jnp.float32) * weight[:, None]).T, bm, dtype)
+            xw = x.astype(jnp.float32) * weight[:, None]
+            s = jnp.exp(total) * s + mixed_dot(xw.T, bm, dtype)
             return s, base + total
 
         s0 = jnp.zeros((block_p, block_n), jnp.float32)
@@ -232,14 +233,14 @@ def output_kernel(
         ys = []
         for h, cq in zip(heads, cum_q, strict=True):
             s_in = plgpu.load(st_ref.at[c, h, p_sl, n_sl], mask=pn, other=0.0)
-            ys.append(jnp.exp(cq)[:, None] * _dot(cm, s_in.T, dtype))
+            ys.append(jnp.exp(cq)[:, None] * mixed_dot(cm, s_in.T, dtype))
 
         def body(k, ys):
             tk = pl.ds(t0 + k * block_q, block_q)
             valid_k = k * block_q + rows < n
             kp = valid_k[:, None] & p_mask[None, :]
             bm = plgpu.load(b_ref.at[tk, g, n_sl], mask=valid_k[:, None] & n_mask[None, :], other=0)
-            cb = _dot(cm, bm.T, dtype)
+            cb = mixed_dot(cm, bm.T, dtype)
             causal = (k * block_q + rows[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]
             out = []
             for h, cq, y in zip(heads, cum_q, ys, strict=True):
@@ -247,7 +248,7 @@ def output_kernel(
                 cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
                 dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
                 decay = jnp.where(causal, jnp.exp(cq[:, None] - cum_k[None, :]), 0.0)
-                out.append(y + _dot(cb * decay * dt_k[None, :], xk, dtype))
+                out.append(y + mixed_dot(cb * decay * dt_k[None, :], xk, dtype))
             return tuple(out)
 
         ys = jax.lax.fori_loop(0, i + 1, body, tuple(ys))
@@ -259,3 +260,33 @@ def output_kernel(
                 zq = plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0)
                 y = y * silu(zq.astype(jnp.float32))
             plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)
+
+
+def chunk_table(
+    query_start_loc: jax.Array, num_computed: jax.Array, num_tokens: int, chunk: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Flat list of the chunks (ending at absolute multiples of `chunk`) of every row.
+
+    Returns chunk_t0 [NC] (first flat token), chunk_n [NC] (tokens; 0 for unused entries),
+    row_start [R] (index of the row's first chunk) and row_chunks [R], with the static bound
+    NC = cdiv(T, chunk) + R (each row adds at most one partial chunk).
+    """
+    num_rows = query_start_loc.shape[0] - 1
+    length = query_start_loc[1:] - query_start_loc[:-1]
+    first = jnp.minimum(length, chunk - num_computed % chunk)
+    nch = jnp.where(length > 0, (length - first + chunk - 1) // chunk + 1, 0)
+    cend = jnp.cumsum(nch)
+    cstart = cend - nch
+    c = jnp.arange(-(-num_tokens // chunk) + num_rows, dtype=jnp.int32)
+    r = jnp.minimum(jnp.sum(cend[None, :] <= c[:, None], axis=1), num_rows - 1)
+    k = c - cstart[r]
+    off = jnp.where(k == 0, 0, first[r] + (k - 1) * chunk)
+    n = jnp.where(k == 0, first[r], jnp.minimum(chunk, length[r] - off))
+    n = jnp.where(c < cend[num_rows - 1], n, 0)
+    i32 = jnp.int32
+    return (
+        (query_start_loc[r] + off).astype(i32),
+        n.astype(i32),
+        cstart.astype(i32),
+        nch.astype(i32),
+    )

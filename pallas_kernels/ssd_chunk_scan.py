@@ -28,6 +28,7 @@ from pallas_kernels._common import (
     silu,
     token_rows,
 )
+from pallas_kernels._ssd_sequential import sequential_scan
 
 
 def check_args(
@@ -181,35 +182,10 @@ def ssd_chunk_scan_reference(
 
 # ----------------------------------------------------------------------------- Pallas kernels
 
-
-def chunk_table(
-    query_start_loc: jax.Array, num_computed: jax.Array, num_tokens: int, chunk: int
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Flat list of the chunks (ending at absolute multiples of `chunk`) of every row.
-
-    Returns chunk_t0 [NC] (first flat token), chunk_n [NC] (tokens; 0 for unused entries),
-    row_start [R] (index of the row's first chunk) and row_chunks [R], with the static bound
-    NC = cdiv(T, chunk) + R (each row adds at most one partial chunk).
-    """
-    num_rows = query_start_loc.shape[0] - 1
-    length = query_start_loc[1:] - query_start_loc[:-1]
-    first = jnp.minimum(length, chunk - num_computed % chunk)
-    nch = jnp.where(length > 0, (length - first + chunk - 1) // chunk + 1, 0)
-    cend = jnp.cumsum(nch)
-    cstart = cend - nch
-    c = jnp.arange(-(-num_tokens // chunk) + num_rows, dtype=jnp.int32)
-    r = jnp.minimum(jnp.sum(cend[None, :] <= c[:, None], axis=1), num_rows - 1)
-    k = c - cstart[r]
-    off = jnp.where(k == 0, 0, first[r] + (k - 1) * chunk)
-    n = jnp.where(k == 0, first[r], jnp.minimum(chunk, length[r] - off))
-    n = jnp.where(c < cend[num_rows - 1], n, 0)
-    i32 = jnp.int32
-    return (
-        (query_start_loc[r] + off).astype(i32),
-        n.astype(i32),
-        cstart.astype(i32),
-        nch.astype(i32),
-    )
+# "auto" picks the sequential kernel from this many (row, head) programs on. H100 run 3 of
+# 2026-11-22 (RESULTS.md): 8 rows x 128 heads, sequential 1070 us vs parallel 1713 us; 1 row x 128
+# heads, sequential 999 us vs parallel 894 us. The crossover between the two was not measured.
+SEQUENTIAL_MIN_PROGRAMS = 512
 
 
 @functools.partial(
@@ -228,6 +204,8 @@ def chunk_table(
         "num_stages",
         "state_warps",
         "heads_per_program",
+        "algorithm",
+        "seq_block_q",
     ),
 )
 def ssd_chunk_scan(
@@ -255,13 +233,19 @@ def ssd_chunk_scan(
     state_chunk: int | None = None,
     block_q: int = 64,
     block_p: int = 64,
-    pass_block_n: int = 32,
+    pass_block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
     state_warps: int = 4,
     heads_per_program: int = 1,
+    algorithm: str = "auto",
+    seq_block_q: int = 32,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernels for `ssd_chunk_scan_reference` (same arguments and results).
+
+    `algorithm`: "parallel" (below), "sequential" (`_ssd_sequential`: one program per row, head
+    and P-block walks the row's chunks of `seq_block_q` tokens; block_p, num_warps apply, one
+    stage), or "auto": sequential when rows x heads >= SEQUENTIAL_MIN_PROGRAMS, else parallel.
 
     Three launches (see `_ssd_chunk_kernels`): chunk states in parallel over (head, chunk), a
     sequential pass over the [H, P, N] chunk states of each row, then the outputs in parallel over
@@ -290,6 +274,42 @@ def ssd_chunk_scan(
         block_size,
         boundary_slots,
     )
+    if algorithm not in ("auto", "parallel", "sequential"):
+        raise ValueError(f"algorithm={algorithm!r} must be 'auto', 'parallel' or 'sequential'")
+    if algorithm == "auto":
+        many = num_rows * heads >= SEQUENTIAL_MIN_PROGRAMS
+        algorithm = "sequential" if many else "parallel"
+    f32, i32 = jnp.float32, jnp.int32
+    zeros = jnp.zeros((heads,), f32)
+    bnd = jnp.zeros((num_rows, 1), i32) if boundary_slots is None else boundary_slots.astype(i32)
+    qsl = query_start_loc.astype(i32)
+    nc = num_computed.astype(i32)
+    if algorithm == "sequential":
+        seq_block_q = max(16, min(pow2(seq_block_q), pow2(chunk_size)))
+        if chunk_size % seq_block_q:
+            raise ValueError(f"chunk_size={chunk_size} must be a multiple of seq_block_q")
+        meta = (qsl, nc, has_initial_state.astype(i32), read_slots.astype(i32))
+        meta += (write_slots.astype(i32), bnd)
+        return sequential_scan(
+            meta,
+            x,
+            dt,
+            A,
+            B,
+            C,
+            zeros if D is None else D,
+            z,
+            zeros if dt_bias is None else dt_bias,
+            ssm_state,
+            dt_softplus=dt_softplus,
+            dt_limit=tuple(dt_limit),
+            block_size=block_size,
+            block_q=seq_block_q,
+            block_p=max(16, min(pow2(block_p), pow2(head_dim))),
+            num_warps=num_warps,
+            num_stages=1,
+            interpret=interpret,
+        )
     chunk = chunk_size if state_chunk is None else state_chunk
     if chunk_size % chunk:
         raise ValueError(f"state_chunk={chunk} must divide chunk_size={chunk_size}")
@@ -299,12 +319,7 @@ def ssd_chunk_scan(
     block_p = max(16, min(pow2(block_p), pow2(head_dim)))
     block_n = max(16, pow2(state_size))
     pass_block_n = max(16, min(pow2(pass_block_n), block_n))
-    f32, i32 = jnp.float32, jnp.int32
-    zeros = jnp.zeros((heads,), f32)
-    bnd = jnp.zeros((num_rows, 1), i32) if boundary_slots is None else boundary_slots.astype(i32)
-    qsl = query_start_loc.astype(i32)
-    nc = num_computed.astype(i32)
-    t0, n, cstart, nch = chunk_table(qsl, nc, num_tokens, chunk)
+    t0, n, cstart, nch = _k.chunk_table(qsl, nc, num_tokens, chunk)
     num_chunks = t0.shape[0]
     p_blocks = pl.cdiv(head_dim, block_p)
     shape = dict(head_dim=head_dim, state_size=state_size)

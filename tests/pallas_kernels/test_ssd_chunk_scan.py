@@ -158,6 +158,8 @@ def test_rejects_bad_block_size():
         ((0, 70), [3, 21, 0], 4, 6, 4, 5, {"chunk_size": 32, "block_q": 16}),
         # two heads per output program (sharing C B^T)
         ((9, 20), [3, 0, 0], 4, 6, 2, 5, {"heads_per_program": 2}),
+        # the single-launch sequential kernel ("auto" picks it for many rows x heads)
+        ((7, 1, 40, 2), None, 4, 6, 2, 5, {"algorithm": "sequential"}),
     ],
 )
 def test_kernel_matches_oracle(lengths, num_computed, heads, head_dim, groups, state, kw):
@@ -170,7 +172,8 @@ def test_kernel_state_chunk_divides_chunk_size():
     check(d, "interpret", chunk_size=64, state_chunk=32, block_q=16)
 
 
-def test_kernel_lowers_for_triton():
+@pytest.mark.parametrize("algorithm", ["parallel", "sequential"])
+def test_kernel_lowers_for_triton(algorithm):
     """The Pallas -> Triton lowering (no PTX compile) at the benchmark's head shape."""
     from pallas_kernels._common import lower_for_cuda
 
@@ -195,10 +198,12 @@ def test_kernel_lowers_for_triton():
     def fn(*a):
         d, z, bias, bnd = a[11:]
         kw = dict(D=d, z=z, dt_bias=bias, boundary_slots=bnd, block_size=512)
-        return ssd_chunk_scan(*a[:11], **kw, heads_per_program=2, interpret=False)
+        kw |= dict(heads_per_program=2, algorithm=algorithm)
+        return ssd_chunk_scan(*a[:11], **kw, interpret=False)
 
     text = lower_for_cuda(fn, *args, *opts)
-    for name in ("ssd_chunk_state", "ssd_state_pass", "ssd_chunk_output"):
+    names = ("ssd_chunk_state", "ssd_state_pass", "ssd_chunk_output")
+    for name in names if algorithm == "parallel" else ("ssd_chunk_scan_sequential",):
         assert name in text
 
 
@@ -209,9 +214,10 @@ def test_kernel_garbage_slot_without_initial_state_and_dt_options():
     check(d, "interpret", chunk_size=16, dt_softplus=False, dt_limit=(0.01, 0.5))
 
 
-def test_kernel_boundary_states():
+@pytest.mark.parametrize("algorithm", ["parallel", "sequential"])
+def test_kernel_boundary_states(algorithm):
     d = make_inputs(2, (13, 6, 20), num_computed=[5, 0, 8, 0], slots=24)
     free = sorted(set(range(1, 24)) - set(d["read_slots"]) - set(d["write_slots"]))
     boundary = np.array(free[:12], np.int32).reshape(4, 3)
     boundary[0, 2] = boundary[3] = 0
-    check(d, "interpret", chunk_size=16, block_size=16, boundary=boundary)
+    check(d, "interpret", chunk_size=16, block_size=16, boundary=boundary, algorithm=algorithm)

@@ -14,7 +14,7 @@ from flax import nnx
 
 from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.inputs import StepInputs
-from jmamba.layers.linear import Linear
+from jmamba.layers.linear import PRECISION, Linear
 from jmamba.layers.mlp import MLP
 from jmamba.layers.moe import MoE
 from jmamba.layers.norms import RMSNorm
@@ -135,7 +135,9 @@ class HybridLM(nnx.Module):
             new_caches.append(cache)
         x = self.final_norm(x[inputs.logits_indices])
         if self.lm_head is None:
-            logits = jnp.dot(x, self.embed[...].T, preferred_element_type=jnp.float32)
+            logits = jnp.dot(
+                x, self.embed[...].T, preferred_element_type=jnp.float32, precision=PRECISION
+            )
         else:
             logits = self.lm_head(x)
         return logits.astype(jnp.float32), tuple(new_caches)

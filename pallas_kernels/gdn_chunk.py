@@ -301,14 +301,14 @@ def gdn_chunk(
     block_size: int | None = None,
     boundary_slots=None,
     interpret: bool = False,
-    block_v: int = 32,
+    block_v: int = 64,
     solve_block: int = 16,
     inter_dtype=None,
     solve_dtype=None,
     solve_refine: bool = False,
     split_intra: bool = False,
     num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 3,
     intra_num_warps: int = 4,
     precision=None,
 ):
@@ -321,7 +321,8 @@ def gdn_chunk(
     v.dtype), solve_dtype / solve_refine (operands of the inverse's dots, default inter_dtype: bf16
     measured as accurate as TF32 and faster on the H100; a Newton step in fp32),
     split_intra (kernel 1 as two launches: WY factors, then the q/k tiles),
-    warps/stages, precision of fp32 dots on GPU (None = TF32; interpret mode uses HIGHEST).
+    warps/stages, precision of fp32 dots on GPU (None = HIGHEST for fp32 tiles; interpret mode
+    uses HIGHEST).
     """
     check_prefill_args(
         q,
@@ -346,8 +347,10 @@ def gdn_chunk(
     qsl, nc = query_start_loc.astype(i32), num_computed.astype(i32)
     cstart, clen, count, c0 = chunk_tiles(qsl, nc, T, C)
     BK, BVf = pow2(K), pow2(V)
-    prec = jax.lax.Precision.HIGHEST if interpret else precision
     inter = jnp.dtype(v.dtype if inter_dtype is None else inter_dtype)
+    # An fp32 model asks for fp32 results: its fp32 dots default to HIGHEST, not TF32.
+    fp32_default = jax.lax.Precision.HIGHEST if inter == jnp.float32 else None
+    prec = jax.lax.Precision.HIGHEST if interpret else (precision or fp32_default)
     tiles = _intra_call(
         q,
         k,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+_HIGHEST = jax.lax.Precision.HIGHEST  # fp32 scores and sums, not TF32
+
 
 def write_kv(
     k_cache: jax.Array,
@@ -71,8 +73,11 @@ def paged_attention_reference(
     values = jnp.where(mask[..., None, None], values.astype(jnp.float32), 0.0)
     # 3. Scores per query head, softmax over keys, weighted sum of values.
     qg = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim)
-    scores = jnp.einsum("tkgd,tckd->tkgc", qg, keys.astype(jnp.float32)) * scale
+    scores = jnp.einsum("tkgd,tckd->tkgc", qg, keys.astype(jnp.float32), precision=_HIGHEST)
+    scores = scores * scale
     scores = jnp.where(mask[:, None, None, :], scores, -1e30)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("tkgc,tckd->tkgd", probs, values).reshape(num_tokens, num_heads, head_dim)
+    out = jnp.einsum("tkgc,tckd->tkgd", probs, values, precision=_HIGHEST).reshape(
+        num_tokens, num_heads, head_dim
+    )
     return jnp.where(valid[:, None, None], out, 0.0).astype(q.dtype)

@@ -1,10 +1,17 @@
-"""A bias-free linear layer storing its kernel as [in, out] (HF stores [out, in])."""
+"""A bias-free linear layer storing its kernel as [in, out] (HF stores [out, in]).
+
+`PRECISION` is used by every matmul of the model library: an fp32 model computes in fp32 (XLA would
+otherwise use TF32 on the GPU, which flips near-tied MoE routing decisions); bf16 operands are
+unaffected.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+PRECISION = jax.lax.Precision.HIGHEST
 
 
 class Linear(nnx.Module):
@@ -17,6 +24,6 @@ class Linear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel = self.kernel[...]
-        return jnp.dot(x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32).astype(
-            kernel.dtype
-        )
+        return jnp.dot(
+            x.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32, precision=PRECISION
+        ).astype(kernel.dtype)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import MoeConfig
-from jmamba.layers.linear import Linear
+from jmamba.layers.linear import PRECISION, Linear
 from jmamba.layers.mlp import MLP, relu2
 
 
@@ -74,13 +74,23 @@ class MoE(nnx.Module):
         else:
             weights, ids = _sigmoid_grouped_topk(logits, self.router_bias[...], self.cfg)
         one_hot = jax.nn.one_hot(ids, self.cfg.num_experts, dtype=jnp.float32)
-        return jnp.einsum("tk,tke->te", weights, one_hot)
+        return jnp.einsum("tk,tke->te", weights, one_hot, precision=PRECISION)
 
     def experts(self, x: jax.Array, routing: jax.Array) -> jax.Array:
-        up = jnp.einsum("th,ehi->tei", x, self.up_proj[...], preferred_element_type=jnp.float32)
+        up = jnp.einsum(
+            "th,ehi->tei",
+            x,
+            self.up_proj[...],
+            preferred_element_type=jnp.float32,
+            precision=PRECISION,
+        )
         if self.cfg.activation == "silu_gated":
             gate = jnp.einsum(
-                "th,ehi->tei", x, self.gate_proj[...], preferred_element_type=jnp.float32
+                "th,ehi->tei",
+                x,
+                self.gate_proj[...],
+                preferred_element_type=jnp.float32,
+                precision=PRECISION,
             )
             act = jax.nn.silu(gate) * up
         else:
@@ -91,6 +101,7 @@ class MoE(nnx.Module):
             act.astype(x.dtype),
             self.down_proj[...],
             preferred_element_type=jnp.float32,
+            precision=PRECISION,
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:

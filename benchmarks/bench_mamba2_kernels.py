@@ -31,7 +31,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pallas_kernels import causal_conv1d as conv  # noqa: E402
+from pallas_kernels import causal_conv1d_reference as conv_ref  # noqa: E402
 from pallas_kernels import ssd_chunk_scan as scan  # noqa: E402
+from pallas_kernels import ssd_chunk_scan_reference as scan_ref  # noqa: E402
 from pallas_kernels import ssd_state_update as ssu  # noqa: E402
 
 H, P, N, G, W, D_CONV = 128, 64, 128, 8, 4, 8192
@@ -289,7 +291,7 @@ def bench_scan(anchors, configs):
         _, _, y, p = best
         err_y = err_s = None
         if batch == 8:  # the token-recurrence reference on the GPU (a lax.scan over T tokens)
-            y_ref, p_ref = scan.ssd_chunk_scan_reference(*args, pool, *meta, **kw)
+            y_ref, p_ref = scan_ref.ssd_chunk_scan_reference(*args, pool, *meta, **kw)
             err_y, err_s = rel_err(y, y_ref), rel_err(p[batch + 1 :], p_ref[batch + 1 :])
         # Anchor.
         tt = lambda k, dt=torch.bfloat16: torch.from_numpy(d[k]).cuda().to(dt)  # noqa: E731
@@ -365,7 +367,7 @@ def bench_conv(anchors, configs):
         hi = jnp.ones((batch,), bool)
         rd = jnp.arange(1, batch + 1, dtype=I32)
         meta = (qsl, hi, rd, rd + batch)
-        y_ref, s_ref = conv.causal_conv1d_prefill_reference(x, w_j, b_j, state, *meta)
+        y_ref, s_ref = conv_ref.causal_conv1d_prefill_reference(x, w_j, b_j, state, *meta)
         best = None
         for cfg in configs:
             try:

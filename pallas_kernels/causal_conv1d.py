@@ -15,125 +15,15 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
     check_shape,
-    gather_slots,
     pow2,
-    scatter_slots,
     sds_like,
     silu,
     token_rows,
 )
-
-
-def _check_activation(activation: str | None) -> None:
-    if activation not in ("silu", None):
-        raise ValueError(f"activation={activation!r} must be 'silu' or None")
-
-
-def _finish(acc: jax.Array, bias: jax.Array | None, activation: str | None) -> jax.Array:
-    if bias is not None:
-        acc = acc + bias.astype(jnp.float32)
-    return silu(acc) if activation == "silu" else acc
-
-
-def _check_common(x_channels, weight, bias, conv_state) -> int:
-    d = x_channels
-    check_shape("weight", weight, (d, None))
-    width = weight.shape[1]
-    check_shape("bias", bias, (d,))
-    check_shape("conv_state", conv_state, (None, d, width - 1))
-    return width
-
-
-@functools.partial(jax.jit, static_argnames=("activation",))
-def causal_conv1d_prefill_reference(
-    x: jax.Array,
-    weight: jax.Array,
-    bias: jax.Array | None,
-    conv_state: jax.Array,
-    query_start_loc: jax.Array,
-    has_initial_state: jax.Array,
-    read_slots: jax.Array,
-    write_slots: jax.Array,
-    *,
-    activation: str | None = "silu",
-) -> tuple[jax.Array, jax.Array]:
-    """Varlen causal conv1d. x [T, D], weight [D, W], conv_state [S, D, W-1] -> (y [T, D], pool).
-
-    Row r is x[query_start_loc[r]:query_start_loc[r+1]] preceded by its initial window `init[r]`
-    (conv_state[read_slots[r]] if has_initial_state[r], else zeros). Tap j of token i of the row
-    reads xx[i + j] where xx = init[r] ++ row tokens. The last W - 1 entries of xx
-    go to write_slots[r].
-    """
-    _check_activation(activation)
-    num_tokens, channels = x.shape
-    width = _check_common(channels, weight, bias, conv_state)
-    num_rows = query_start_loc.shape[0] - 1
-    for name, a in (("has_initial_state", has_initial_state), ("read_slots", read_slots)):
-        check_shape(name, a, (num_rows,))
-    check_shape("write_slots", write_slots, (num_rows,))
-
-    init = gather_slots(conv_state, read_slots, has_initial_state)  # [R, D, W-1]
-    xf = x.astype(jnp.float32)
-    row, live = token_rows(query_start_loc, num_tokens)
-    start = query_start_loc[row]
-    local = jnp.arange(num_tokens, dtype=jnp.int32) - start  # position of token in its row
-
-    def xx(r: jax.Array, i: jax.Array, base: jax.Array) -> jax.Array:
-        """Entry i of init[r] ++ row tokens (row r starts at flat index base): [..., D]."""
-        from_x = xf[jnp.clip(base + i - (width - 1), 0, num_tokens - 1)]
-        from_init = init[r, :, jnp.clip(i, 0, width - 2)] if width > 1 else from_x
-        return jnp.where((i < width - 1)[..., None], from_init, from_x)
-
-    acc = jnp.zeros((num_tokens, channels), jnp.float32)
-    for j in range(width):
-        acc = acc + xx(row, local + j, start) * weight[:, j].astype(jnp.float32)
-    y = jnp.where(live[:, None], _finish(acc, bias, activation), 0.0).astype(x.dtype)
-
-    # Final windows: entries len_r .. len_r + W - 2 of xx for each row.
-    rows = jnp.arange(num_rows, dtype=jnp.int32)
-    lengths = query_start_loc[1:] - query_start_loc[:-1]
-    k = jnp.arange(width - 1, dtype=jnp.int32)
-    windows = xx(rows[:, None], lengths[:, None] + k[None, :], query_start_loc[:-1, None])
-    conv_state = scatter_slots(conv_state, write_slots, jnp.swapaxes(windows, 1, 2))
-    return y, conv_state
-
-
-@functools.partial(jax.jit, static_argnames=("activation",))
-def causal_conv1d_update_reference(
-    x: jax.Array,
-    weight: jax.Array,
-    bias: jax.Array | None,
-    conv_state: jax.Array,
-    read_slots: jax.Array,
-    write_slots: jax.Array,
-    *,
-    activation: str | None = "silu",
-) -> tuple[jax.Array, jax.Array]:
-    """Decode conv over L = 1 + K lanes. x [B, L, D], conv_state [S, D, W-1] -> (y [B, L, D], pool).
-
-    Lane t sees the window conv_state[read_slots[b]] ++ x[b, :t+1]; the window after lane t goes to
-    write_slots[b, t] when > 0. Lanes whose write slot is <= 0 are dead and output 0.
-    """
-    _check_activation(activation)
-    batch, lanes, channels = x.shape
-    width = _check_common(channels, weight, bias, conv_state)
-    check_shape("read_slots", read_slots, (batch,))
-    check_shape("write_slots", write_slots, (batch, lanes))
-
-    init = gather_slots(conv_state, read_slots)  # [B, D, W-1]
-    xx = jnp.concatenate([init, jnp.swapaxes(x.astype(jnp.float32), 1, 2)], axis=2)  # [B, D, W-1+L]
-    acc = jnp.zeros((batch, lanes, channels), jnp.float32)
-    for j in range(width):
-        acc = acc + jnp.swapaxes(xx[:, :, j : j + lanes], 1, 2) * weight[:, j].astype(jnp.float32)
-    live = (write_slots > 0)[..., None]
-    y = jnp.where(live, _finish(acc, bias, activation), 0.0).astype(x.dtype)
-
-    # Window after lane t: xx[:, :, t+1 : t+W].
-    idx = jnp.arange(lanes)[:, None] + 1 + jnp.arange(width - 1)[None, :]  # [L, W-1]
-    windows = jnp.moveaxis(xx[:, :, idx], 1, 2)  # [B, D, L, W-1] -> [B, L, D, W-1]
-    conv_state = scatter_slots(conv_state, write_slots, windows)
-    return y, conv_state
-
+from pallas_kernels.causal_conv1d_reference import (
+    check_activation,
+    check_common,
+)
 
 # ----------------------------------------------------------------------------- Pallas kernels
 
@@ -286,9 +176,9 @@ def causal_conv1d_prefill(
     Two launches: the conv over (token blocks, channel blocks), then the final windows over
     (rows, channel blocks), written into `conv_state` in place (aliased).
     """
-    _check_activation(activation)
+    check_activation(activation)
     num_tokens, channels = x.shape
-    width = _check_common(channels, weight, bias, conv_state)
+    width = check_common(channels, weight, bias, conv_state)
     num_rows = query_start_loc.shape[0] - 1
     qsl = query_start_loc.astype(jnp.int32)
     # Per-token metadata (T int32 each): where the token's row starts and which slot it reads.
@@ -401,9 +291,9 @@ def causal_conv1d_update(
     num_warps: int = 4,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernel for `causal_conv1d_update_reference`; grid (B, D / block_d), state aliased."""
-    _check_activation(activation)
+    check_activation(activation)
     batch, lanes, channels = x.shape
-    width = _check_common(channels, weight, bias, conv_state)
+    width = check_common(channels, weight, bias, conv_state)
     check_shape("read_slots", read_slots, (batch,))
     check_shape("write_slots", write_slots, (batch, lanes))
     bias = jnp.zeros((channels,), jnp.float32) if bias is None else bias

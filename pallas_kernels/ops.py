@@ -7,22 +7,24 @@ Models call these and nothing else from this package. Each op takes the argument
 from __future__ import annotations
 
 from pallas_kernels import causal_conv1d as _conv1d
+from pallas_kernels import causal_conv1d_reference as _conv1d_reference
 from pallas_kernels import gdn_chunk as _gdn_chunk
 from pallas_kernels import gdn_state_update as _gdn_state_update
 from pallas_kernels import paged_attention as _paged_attention
 from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan
+from pallas_kernels import ssd_chunk_scan_reference as _ssd_chunk_scan_reference
 from pallas_kernels import ssd_state_update as _ssd_state_update
 from pallas_kernels._dispatch import dispatched
 
 # Mamba2 path.
 causal_conv1d_prefill = dispatched(
-    _conv1d.causal_conv1d_prefill, _conv1d.causal_conv1d_prefill_reference
+    _conv1d.causal_conv1d_prefill, _conv1d_reference.causal_conv1d_prefill_reference
 )
 causal_conv1d_update = dispatched(
-    _conv1d.causal_conv1d_update, _conv1d.causal_conv1d_update_reference
+    _conv1d.causal_conv1d_update, _conv1d_reference.causal_conv1d_update_reference
 )
 ssd_chunk_scan = dispatched(
-    _ssd_chunk_scan.ssd_chunk_scan, _ssd_chunk_scan.ssd_chunk_scan_reference
+    _ssd_chunk_scan.ssd_chunk_scan, _ssd_chunk_scan_reference.ssd_chunk_scan_reference
 )
 ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_state_update.ssd_state_update_reference

@@ -324,22 +324,8 @@ def gdn_chunk(
     warps/stages, precision of fp32 dots on GPU (None = HIGHEST for fp32 tiles; interpret mode
     uses HIGHEST).
     """
-    check_prefill_args(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        state,
-        query_start_loc,
-        num_computed,
-        has_initial_state,
-        read_slots,
-        write_slots,
-        chunk_size,
-        block_size,
-        boundary_slots,
-    )
+    check_prefill_args(q, k, v, g, beta, state, query_start_loc, num_computed, has_initial_state,
+                       read_slots, write_slots, chunk_size, block_size, boundary_slots)  # fmt: skip
     T, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     R, C = num_computed.shape[0], chunk_size

@@ -147,22 +147,8 @@ def gdn_chunk_reference(
     q, k [T, HK, K]; v [T, HV, V]; g, beta [T, HV]; state [S, HV, V, K]; per-row int32 [R] args;
     query_start_loc [R + 1]. Returns (o [T, HV, V] in v.dtype, updated state pool).
     """
-    check_prefill_args(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        state,
-        query_start_loc,
-        num_computed,
-        has_initial_state,
-        read_slots,
-        write_slots,
-        chunk_size,
-        block_size,
-        boundary_slots,
-    )
+    check_prefill_args(q, k, v, g, beta, state, query_start_loc, num_computed, has_initial_state,
+                       read_slots, write_slots, chunk_size, block_size, boundary_slots)  # fmt: skip
     T, HV = v.shape[0], v.shape[1]
     R = num_computed.shape[0]
     qf, kf = prepare_qk(q, k, HV, scale, use_qk_l2norm)
@@ -324,22 +310,8 @@ def gdn_chunk_reference_chunked(
     boundary_slots=None,
 ):
     """Chunked (WY / UT-transform) form of `gdn_chunk_reference`; same arguments and results."""
-    check_prefill_args(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        state,
-        query_start_loc,
-        num_computed,
-        has_initial_state,
-        read_slots,
-        write_slots,
-        chunk_size,
-        block_size,
-        boundary_slots,
-    )
+    check_prefill_args(q, k, v, g, beta, state, query_start_loc, num_computed, has_initial_state,
+                       read_slots, write_slots, chunk_size, block_size, boundary_slots)  # fmt: skip
     T, HV, V = v.shape
     R, C = num_computed.shape[0], chunk_size
     qf, kf = prepare_qk(q, k, HV, scale, use_qk_l2norm)

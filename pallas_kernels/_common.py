@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 NULL = 0
 
@@ -112,3 +113,16 @@ def lower_for_cuda(fn, *args, device_kind: str = "NVIDIA H100 80GB HBM3", num_co
     device = AbstractDevice(device_kind=device_kind, num_cores=num_cores, platform="gpu")
     with use_abstract_mesh(AbstractMesh((1,), ("_",), abstract_device=device)):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def store_boundary_state(pool_ref, boundary_ref, row, end, pos0, block_size, index, value, mask):
+    """Prefix caching inside a scan kernel: when a chunk ends on a block boundary (absolute position
+    `end`, the row starting at `pos0`), store `value` to the row's slot for that boundary.
+
+    `index` is the (head, P slice, N slice) part of the pool index; slots <= 0 write nothing.
+    """
+    j = end // block_size - pos0 // block_size - 1
+    slot = boundary_ref[row, jnp.clip(j, 0, boundary_ref.shape[1] - 1)]
+    hit = (end % block_size == 0) & (j < boundary_ref.shape[1]) & (slot > 0)
+    plgpu.store(pool_ref.at[(jnp.maximum(slot, 0), *index)], value.astype(pool_ref.dtype),
+                mask=mask & hit)  # fmt: skip

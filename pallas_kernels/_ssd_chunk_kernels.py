@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import dt_activation, silu
+from pallas_kernels._common import dt_activation, silu, store_boundary_state
 
 
 def mixed_dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
@@ -165,14 +165,8 @@ def pass_kernel(
             s = jnp.exp(cum_ref[h, t0 + n - 1]) * s + own
             if block_size is not None:  # prefix caching: the state at each block boundary
                 end = pos0 + t0 - start + n
-                j = end // block_size - pos0 // block_size - 1
-                slot = bnd_ref[r, jnp.clip(j, 0, bnd_ref.shape[1] - 1)]
-                hit = (end % block_size == 0) & (j < bnd_ref.shape[1]) & (slot > 0)
-                plgpu.store(
-                    pool_ref.at[jnp.maximum(slot, 0), h, p_sl, n_sl],
-                    s.astype(pool_ref.dtype),
-                    mask=pn_mask & hit,
-                )
+                store_boundary_state(pool_ref, bnd_ref, r, end, pos0, block_size,
+                                     (h, p_sl, n_sl), s, pn_mask)  # fmt: skip
             return s
 
         s = jax.lax.fori_loop(0, nch_ref[r], body, s)

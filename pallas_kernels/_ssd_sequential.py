@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import dt_activation, sds_like, silu
+from pallas_kernels._common import dt_activation, sds_like, silu, store_boundary_state
 from pallas_kernels._ssd_chunk_kernels import mixed_dot
 
 
@@ -133,14 +133,8 @@ def _scan_kernel(
             plgpu.store(y_ref.at[tok, h, p_sl], y.astype(y_ref.dtype), mask=qp)
             if block_size is not None:  # prefix caching: the state at each block boundary
                 end = pos0 + off + n
-                j = end // block_size - pos0 // block_size - 1
-                slot = bnd_ref[r, jnp.clip(j, 0, bnd_ref.shape[1] - 1)]
-                hit = (end % block_size == 0) & (j < bnd_ref.shape[1]) & (slot > 0)
-                plgpu.store(
-                    state_ref.at[jnp.maximum(slot, 0), h, p_sl, n_sl],
-                    s.astype(state_ref.dtype),
-                    mask=pn_mask & hit,
-                )
+                store_boundary_state(state_ref, bnd_ref, r, end, pos0, block_size,
+                                     (h, p_sl, n_sl), s, pn_mask)  # fmt: skip
             return s
 
         s = jax.lax.fori_loop(0, num_chunks, body, s)

@@ -12,6 +12,7 @@ out  = (rmsnorm(o) * w * silu(z)) W_out          (per head)
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from jmamba.config import GDN_CHUNK_SIZE, GDNConfig
 from jmamba.inputs import StepInputs
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import HeadGatedRMSNorm
-from jmamba.mixers.token_layout import join_sections, split_sections
+from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
 
 
@@ -73,7 +74,7 @@ class GatedDeltaNet(nnx.Module):
             v.reshape(*lead, cfg.num_v_heads, cfg.head_v_dim),
         )
 
-    def _decode(self, qkv, b, a, state: GDNState, inputs: StepInputs):
+    def _decode(self, inputs: StepInputs, qkv, b, a, state: GDNState):
         rows = inputs.decode
         qkv, conv = ops.causal_conv1d_update(
             qkv,
@@ -100,7 +101,7 @@ class GatedDeltaNet(nnx.Module):
         )
         return o, GDNState(conv, rec)
 
-    def _prefill(self, qkv, b, a, state: GDNState, inputs: StepInputs):
+    def _prefill(self, inputs: StepInputs, qkv, b, a, state: GDNState):
         rows = inputs.prefill
         qkv, conv = ops.causal_conv1d_prefill(
             qkv,
@@ -147,15 +148,11 @@ class GatedDeltaNet(nnx.Module):
             ],
             axis=-1,
         )
-        sections = [split_sections(t, inputs) for t in (qkv, b, a)]
-        (qkv_d, qkv_p), (b_d, b_p), (a_d, a_p) = sections
-        o_d = jnp.zeros((*qkv_d.shape[:2], cfg.num_v_heads, cfg.head_v_dim), hidden.dtype)
-        o_p = jnp.zeros((qkv_p.shape[0], cfg.num_v_heads, cfg.head_v_dim), hidden.dtype)
-        if inputs.decode.num_rows:
-            o_d, state = self._decode(qkv_d, b_d, a_d, state, inputs)
-        if inputs.num_prefill_tokens:
-            o_p, state = self._prefill(qkv_p, b_p, a_p, state, inputs)
-        o = join_sections(o_d, o_p)
+        o, state = run_by_section(
+            inputs, state, (qkv, b, a), functools.partial(self._decode, inputs),
+            functools.partial(self._prefill, inputs), (cfg.num_v_heads, cfg.head_v_dim),
+            hidden.dtype,
+        )  # fmt: skip
         z = z.reshape(hidden.shape[0], cfg.num_v_heads, cfg.head_v_dim)
         y = self.norm(o, z).reshape(hidden.shape[0], cfg.value_dim)
         return self.out_proj(y), state

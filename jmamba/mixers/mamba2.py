@@ -14,6 +14,7 @@ heads of a group), D: skip, z: output gate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from jmamba.config import Mamba2Config
 from jmamba.inputs import StepInputs
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import GroupGatedRMSNorm
-from jmamba.mixers.token_layout import join_sections, split_sections
+from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
 
 
@@ -93,7 +94,7 @@ class Mamba2(nnx.Module):
             c.reshape(*lead, cfg.n_groups, cfg.d_state),
         )
 
-    def _decode(self, xbc, dt, state: Mamba2State, inputs: StepInputs):
+    def _decode(self, inputs: StepInputs, xbc, dt, state: Mamba2State):
         rows = inputs.decode
         xbc, conv = ops.causal_conv1d_update(
             xbc,
@@ -110,7 +111,7 @@ class Mamba2(nnx.Module):
         )
         return y, Mamba2State(conv, ssm)
 
-    def _prefill(self, xbc, dt, state: Mamba2State, inputs: StepInputs):
+    def _prefill(self, inputs: StepInputs, xbc, dt, state: Mamba2State):
         rows = inputs.prefill
         xbc, conv = ops.causal_conv1d_prefill(
             xbc,
@@ -148,12 +149,9 @@ class Mamba2(nnx.Module):
         z, xbc, dt = jnp.split(
             self.in_proj(hidden), [cfg.d_inner, cfg.d_inner + cfg.conv_dim], axis=-1
         )
-        (xbc_d, xbc_p), (dt_d, dt_p) = split_sections(xbc, inputs), split_sections(dt, inputs)
-        y_d = jnp.zeros((*xbc_d.shape[:2], cfg.num_heads, cfg.head_dim), hidden.dtype)
-        y_p = jnp.zeros((xbc_p.shape[0], cfg.num_heads, cfg.head_dim), hidden.dtype)
-        if inputs.decode.num_rows:
-            y_d, state = self._decode(xbc_d, dt_d, state, inputs)
-        if inputs.num_prefill_tokens:
-            y_p, state = self._prefill(xbc_p, dt_p, state, inputs)
-        y = join_sections(y_d, y_p).reshape(hidden.shape[0], cfg.d_inner)
+        y, state = run_by_section(
+            inputs, state, (xbc, dt), functools.partial(self._decode, inputs),
+            functools.partial(self._prefill, inputs), (cfg.num_heads, cfg.head_dim), hidden.dtype,
+        )  # fmt: skip
+        y = y.reshape(hidden.shape[0], cfg.d_inner)
         return self.out_proj(self.norm(y, z)), state

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -34,3 +37,29 @@ def prefill_token_rows(inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
     rows = jnp.searchsorted(qsl, t, side="right") - 1
     live = t < qsl[-1]
     return jnp.where(live, jnp.clip(rows, 0, inputs.prefill.num_rows - 1), 0), live
+
+
+def run_by_section(
+    inputs: StepInputs,
+    state: Any,
+    streams: tuple[jax.Array, ...],
+    decode: Callable[..., tuple[jax.Array, Any]],
+    prefill: Callable[..., tuple[jax.Array, Any]],
+    out_tail: tuple[int, ...],
+    dtype: jnp.dtype,
+) -> tuple[jax.Array, Any]:
+    """Run a recurrent mixer's decode path on the decode section and its prefill path on the
+    prefill section of `streams` ([T, ...] arrays), threading the state pools through both.
+
+    `decode(*decode_streams, state)` returns (y [R_d, W, *out_tail], state) and
+    `prefill(*prefill_streams, state)` returns (y [T_p, *out_tail], state); an empty section (a
+    decode-only or prefill-only step variant) is skipped. Returns (y [T, *out_tail], state).
+    """
+    sections = [split_sections(stream, inputs) for stream in streams]
+    y_decode = jnp.zeros((inputs.decode.num_rows, inputs.decode.width, *out_tail), dtype)
+    y_prefill = jnp.zeros((inputs.num_prefill_tokens, *out_tail), dtype)
+    if inputs.decode.num_rows:
+        y_decode, state = decode(*(d for d, _ in sections), state)
+    if inputs.num_prefill_tokens:
+        y_prefill, state = prefill(*(p for _, p in sections), state)
+    return join_sections(y_decode, y_prefill), state

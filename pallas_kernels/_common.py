@@ -1,7 +1,9 @@
 """Helpers shared by the recurrent-state ops: argument checks, slot handling, dt processing.
 
 Slot convention (DESIGN.md section 5): slot 0 of every state pool is NULL. A slot index <= 0 means
-padding: it reads zeros and writes nothing.
+padding: it reads zeros and writes nothing. So does an index >= the pool size: on the device an
+out-of-range gather would be clamped to a live row (and -1 wraps to the last), so every slot read
+and write goes through `live_slot` / `safe_slot`, inside the kernels as well as in the references.
 """
 
 from __future__ import annotations
@@ -33,20 +35,30 @@ def check_int(name: str, value: int, low: int, high: int | None = None) -> None:
         raise ValueError(f"{name}={value} must be in [{low}, {'inf' if high is None else high}]")
 
 
+def live_slot(slots: jax.Array, num_slots: int) -> jax.Array:
+    """True where a slot index names a real slot: NULL < slot < num_slots (works in kernels)."""
+    return (slots > NULL) & (slots < num_slots)
+
+
+def safe_slot(slots: jax.Array, num_slots: int) -> jax.Array:
+    """`slots` where live, NULL elsewhere: an index that can never reach past the pool."""
+    return jnp.where(live_slot(slots, num_slots), slots, NULL)
+
+
 def gather_slots(pool: jax.Array, slots: jax.Array, use: jax.Array | bool = True) -> jax.Array:
-    """Rows `pool[slots]` in fp32, zeros where `slots <= 0` or `use` is False.
+    """Rows `pool[slots]` in fp32; zeros where the slot is not live (<= 0, >= S) or `use` is False.
 
     Selects with `where` (never multiplies by a mask) so a NaN in the NULL slot cannot leak.
     """
-    rows = pool[jnp.clip(slots, 0, pool.shape[0] - 1)].astype(jnp.float32)
-    keep = (slots > NULL) & use
+    rows = pool[safe_slot(slots, pool.shape[0])].astype(jnp.float32)
+    keep = live_slot(slots, pool.shape[0]) & use
     keep = keep.reshape(keep.shape + (1,) * (rows.ndim - keep.ndim))
     return jnp.where(keep, rows, 0.0)
 
 
 def scatter_slots(pool: jax.Array, slots: jax.Array, rows: jax.Array) -> jax.Array:
-    """`pool[slots] = rows` for slots > 0; slots <= 0 write nothing (scatter in drop mode)."""
-    target = jnp.where(slots > NULL, slots, pool.shape[0]).reshape(-1)
+    """`pool[slots] = rows` for live slots; other slots (<= 0 or >= S) write nothing (drop mode)."""
+    target = jnp.where(live_slot(slots, pool.shape[0]), slots, pool.shape[0]).reshape(-1)
     rows = rows.reshape((-1,) + pool.shape[1:]).astype(pool.dtype)
     return pool.at[target].set(rows, mode="drop")
 
@@ -119,10 +131,11 @@ def store_boundary_state(pool_ref, boundary_ref, row, end, pos0, block_size, ind
     """Prefix caching inside a scan kernel: when a chunk ends on a block boundary (absolute position
     `end`, the row starting at `pos0`), store `value` to the row's slot for that boundary.
 
-    `index` is the (head, P slice, N slice) part of the pool index; slots <= 0 write nothing.
+    `index` is the (head, P slice, N slice) part of the pool index; a slot that is not live
+    (<= 0 or >= S) writes nothing.
     """
     j = end // block_size - pos0 // block_size - 1
     slot = boundary_ref[row, jnp.clip(j, 0, boundary_ref.shape[1] - 1)]
-    hit = (end % block_size == 0) & (j < boundary_ref.shape[1]) & (slot > 0)
-    plgpu.store(pool_ref.at[(jnp.maximum(slot, 0), *index)], value.astype(pool_ref.dtype),
+    hit = (end % block_size == 0) & (j < boundary_ref.shape[1]) & live_slot(slot, pool_ref.shape[0])
+    plgpu.store(pool_ref.at[(jnp.where(hit, slot, NULL), *index)], value.astype(pool_ref.dtype),
                 mask=mask & hit)  # fmt: skip

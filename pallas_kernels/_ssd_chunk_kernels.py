@@ -22,7 +22,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import dt_activation, silu, store_boundary_state
+from pallas_kernels._common import (
+    dt_activation,
+    live_slot,
+    safe_slot,
+    silu,
+    store_boundary_state,
+)
 
 
 def mixed_dot(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
@@ -153,8 +159,11 @@ def pass_kernel(
     def _():
         pos0, start = nc_ref[r], qsl_ref[r]
         read = jnp.where(init_ref[r] != 0, read_ref[r], 0)
+        num_slots = pool_ref.shape[0]
         s = plgpu.load(
-            pool_ref.at[jnp.maximum(read, 0), h, p_sl, n_sl], mask=pn_mask & (read > 0), other=0.0
+            pool_ref.at[safe_slot(read, num_slots), h, p_sl, n_sl],
+            mask=pn_mask & live_slot(read, num_slots),
+            other=0.0,
         ).astype(jnp.float32)
 
         def body(k, s):
@@ -172,9 +181,9 @@ def pass_kernel(
         s = jax.lax.fori_loop(0, nch_ref[r], body, s)
         write = write_ref[r]
         plgpu.store(
-            pool_ref.at[jnp.maximum(write, 0), h, p_sl, n_sl],
+            pool_ref.at[safe_slot(write, num_slots), h, p_sl, n_sl],
             s.astype(pool_ref.dtype),
-            mask=pn_mask & (write > 0),
+            mask=pn_mask & live_slot(write, num_slots),
         )
 
 

@@ -16,7 +16,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import dt_activation, sds_like, silu, store_boundary_state
+from pallas_kernels._common import (
+    dt_activation,
+    live_slot,
+    safe_slot,
+    sds_like,
+    silu,
+    store_boundary_state,
+)
 from pallas_kernels._ssd_chunk_kernels import mixed_dot
 
 
@@ -104,8 +111,11 @@ def _scan_kernel(
         start, length, pos0 = qsl_ref[r], qsl_ref[r + 1] - qsl_ref[r], nc_ref[r]
         read = jnp.where(init_ref[r] != 0, read_ref[r], 0)
         pn_mask = p_mask[:, None] & n_mask[None, :]
+        num_slots = state_ref.shape[0]
         s = plgpu.load(
-            state_ref.at[jnp.maximum(read, 0), h, p_sl, n_sl], mask=pn_mask & (read > 0), other=0.0
+            state_ref.at[safe_slot(read, num_slots), h, p_sl, n_sl],
+            mask=pn_mask & live_slot(read, num_slots),
+            other=0.0,
         ).astype(jnp.float32)
         a = a_ref[h].astype(jnp.float32)
         d_skip, bias = d_ref[h].astype(jnp.float32), bias_ref[h].astype(jnp.float32)
@@ -140,9 +150,9 @@ def _scan_kernel(
         s = jax.lax.fori_loop(0, num_chunks, body, s)
         write = write_ref[r]
         plgpu.store(
-            state_ref.at[jnp.maximum(write, 0), h, p_sl, n_sl],
+            state_ref.at[safe_slot(write, num_slots), h, p_sl, n_sl],
             s.astype(state_ref.dtype),
-            mask=pn_mask & (write > 0),
+            mask=pn_mask & live_slot(write, num_slots),
         )
 
 

@@ -15,7 +15,9 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
     check_shape,
+    live_slot,
     pow2,
+    safe_slot,
     sds_like,
     silu,
     token_rows,
@@ -56,9 +58,10 @@ def _prefill_kernel(
 ):
     """One (token block, channel block): every tap reads x or, near a row start, the slot window.
 
-    With `split_paths`, blocks after the first read x as contiguous shifted tiles (pl.ds rows) and
-    gather the slot windows only when a row's first W - 1 tokens fall in the block; block 0 (whose
-    shifted tiles would start before token 0) keeps the general gather path.
+    With `split_paths`, blocks starting at token W - 1 or later read x as contiguous shifted tiles
+    (pl.ds rows) and gather the slot windows only when a row's first W - 1 tokens fall in the
+    block; earlier blocks (whose shifted tiles would start before token 0) keep the general gather
+    path.
     """
     tb0 = pl.program_id(0) * block_t
     t = tb0 + jnp.arange(block_t)
@@ -101,9 +104,10 @@ def _prefill_kernel(
         return
     starts = (local >= 0) & (local < width - 1) & (slot > 0) & t_mask
     need_init = jnp.sum(starts.astype(jnp.int32)) > 0  # (no reduce_or in the Triton lowering)
-    pl.when(tb0 == 0)(lambda: block(False, True))
-    pl.when((tb0 > 0) & need_init)(lambda: block(True, True))
-    pl.when((tb0 > 0) & ~need_init)(lambda: block(True, False))
+    shifted = tb0 >= width - 1  # every shifted tile starts at or after token 0
+    pl.when(~shifted)(lambda: block(False, True))
+    pl.when(shifted & need_init)(lambda: block(True, True))
+    pl.when(shifted & ~need_init)(lambda: block(True, False))
 
 
 def _final_window_kernel(
@@ -125,8 +129,9 @@ def _final_window_kernel(
     d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
     d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
     start, length = qsl_ref[r], qsl_ref[r + 1] - qsl_ref[r]
+    num_slots = state_ref.shape[0]
     read = jnp.where(has_init_ref[r] != 0, read_ref[r], 0)
-    write = write_ref[r]
+    reads, write = live_slot(read, num_slots), write_ref[r]
     window = []
     for k in range(width - 1):  # load everything before storing: the slots may coincide
         i = length + k  # index into init ++ tokens
@@ -137,16 +142,16 @@ def _final_window_kernel(
         )
         col = jnp.clip(i, 0, width - 2)
         from_init = plgpu.load(
-            state_ref.at[jnp.maximum(read, 0), d_sl, col],
-            mask=d_mask & (i < width - 1) & (read > 0),
+            state_ref.at[safe_slot(read, num_slots), d_sl, col],
+            mask=d_mask & (i < width - 1) & reads,
             other=0.0,
         )
         window.append(from_x.astype(jnp.float32) + from_init.astype(jnp.float32))
     for k in range(width - 1):
         plgpu.store(
-            state_ref.at[jnp.maximum(write, 0), d_sl, jnp.int32(k)],
+            state_ref.at[safe_slot(write, num_slots), d_sl, jnp.int32(k)],
             window[k].astype(state_ref.dtype),
-            mask=d_mask & (write > 0),
+            mask=d_mask & live_slot(write, num_slots),
         )
 
 
@@ -184,7 +189,10 @@ def causal_conv1d_prefill(
     # Per-token metadata (T int32 each): where the token's row starts and which slot it reads.
     row, live = token_rows(qsl, num_tokens)
     start = jnp.where(live, qsl[row], num_tokens + 1)
-    slot = jnp.where(has_initial_state[row], read_slots[row], 0).astype(jnp.int32)
+    # The slot each token's window reads: NULL unless the row has a live initial state (an
+    # out-of-range read slot reads zeros, never a clamped live slot).
+    read = jnp.where(has_initial_state, safe_slot(read_slots, conv_state.shape[0]), 0)
+    slot = jnp.where(live, read[row], 0).astype(jnp.int32)
     bias = jnp.zeros((channels,), jnp.float32) if bias is None else bias
     block_t, block_d = min(pow2(block_t), pow2(num_tokens)), min(pow2(block_d), pow2(channels))
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
@@ -247,11 +255,11 @@ def _update_kernel(
     b = pl.program_id(0)
     d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
     d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
-    read = read_ref[b]
+    read, num_slots = read_ref[b], state_ref.shape[0]
     seq = [
         plgpu.load(
-            state_ref.at[jnp.maximum(read, 0), d_sl, jnp.int32(k)],
-            mask=d_mask & (read > 0),
+            state_ref.at[safe_slot(read, num_slots), d_sl, jnp.int32(k)],
+            mask=d_mask & live_slot(read, num_slots),
             other=0.0,
         ).astype(jnp.float32)
         for k in range(width - 1)
@@ -265,14 +273,15 @@ def _update_kernel(
             acc = acc + taps[j] * seq[t + j]
         y = silu(acc) if activation == "silu" else acc
         write = write_ref[b, tt]
+        writes = live_slot(write, num_slots)
         plgpu.store(
-            y_ref.at[b, tt, d_sl], jnp.where(write > 0, y, 0.0).astype(y_ref.dtype), mask=d_mask
+            y_ref.at[b, tt, d_sl], jnp.where(writes, y, 0.0).astype(y_ref.dtype), mask=d_mask
         )
         for k in range(width - 1):
             plgpu.store(
-                state_ref.at[jnp.maximum(write, 0), d_sl, jnp.int32(k)],
+                state_ref.at[safe_slot(write, num_slots), d_sl, jnp.int32(k)],
                 seq[t + 1 + k].astype(state_ref.dtype),
-                mask=d_mask & (write > 0),
+                mask=d_mask & writes,
             )
 
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from pallas_kernels._common import (
     check_shape,
     gather_slots,
+    live_slot,
     scatter_slots,
     silu,
     token_rows,
@@ -108,7 +109,8 @@ def causal_conv1d_update_reference(
     """Decode conv over L = 1 + K lanes. x [B, L, D], conv_state [S, D, W-1] -> (y [B, L, D], pool).
 
     Lane t sees the window conv_state[read_slots[b]] ++ x[b, :t+1]; the window after lane t goes to
-    write_slots[b, t] when > 0. Lanes whose write slot is <= 0 are dead and output 0.
+    write_slots[b, t] when live. Lanes whose write slot is not live (<= 0 or >= S) are dead and
+    output 0.
     """
     check_activation(activation)
     batch, lanes, channels = x.shape
@@ -121,7 +123,7 @@ def causal_conv1d_update_reference(
     acc = jnp.zeros((batch, lanes, channels), jnp.float32)
     for j in range(width):
         acc = acc + jnp.swapaxes(xx[:, :, j : j + lanes], 1, 2) * weight[:, j].astype(jnp.float32)
-    live = (write_slots > 0)[..., None]
+    live = live_slot(write_slots, conv_state.shape[0])[..., None]
     y = jnp.where(live, finish(acc, bias, activation), 0.0).astype(x.dtype)
 
     # Window after lane t: xx[:, :, t+1 : t+W].

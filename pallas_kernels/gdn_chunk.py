@@ -17,6 +17,7 @@ absolute positions (num_computed), so results do not depend on chunking.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import pow2
+from pallas_kernels._common import live_slot, pow2, safe_slot
 from pallas_kernels.gdn_reference import (
     L2_EPS,
     check_prefill_args,
@@ -86,29 +87,58 @@ def _unit_lower_inverse(A: jax.Array, blk: int, dt, prec, refine: bool) -> jax.A
     return Tinv
 
 
-def _intra_kernel(cstart_ref, clen_ref, q_ref, k_ref, v_ref, g_ref, b_ref, *out_refs, **kw):
-    """Kernel 1 body. kw["part"]: "all" writes W, U, KD, QE, AQK; "wy" writes W, U; "qk" writes
-    KD, QE, AQK. Tiles are computed and stored one after another so few stay live in registers."""
-    part, rep, C, K, V = kw["part"], kw["rep"], kw["C"], kw["K"], kw["V"]
-    BK, BV, prec, dt, scale = kw["BK"], kw["BV"], kw["prec"], kw["dt"], kw["scale"]
+@dataclasses.dataclass(frozen=True)
+class _IntraSpec:
+    """Static shapes and arithmetic of kernel 1.
+
+    rep: value heads per key head; C: chunk; K, V: head dims; BK, BV: their power-of-two blocks;
+    dt: tile storage and dot operands; sdt: operands of the inverse's dots; prec: precision of fp32
+    dots; scale: q scale; l2: l2-normalise q and k; blk: diagonal block of the inverse; refine: one
+    Newton step on the inverse.
+    """
+
+    rep: int
+    C: int
+    K: int
+    V: int
+    BK: int
+    BV: int
+    dt: jnp.dtype
+    sdt: jnp.dtype
+    prec: jax.lax.Precision | None
+    scale: float
+    l2: bool
+    blk: int
+    refine: bool
+
+
+def _intra_kernel(
+    cstart_ref, clen_ref, q_ref, k_ref, v_ref, g_ref, b_ref, *out_refs, spec: _IntraSpec,
+    wy: bool, qk: bool,
+):  # fmt: skip
+    """Kernel 1 body: `wy` writes W, U; `qk` writes KD, QE, AQK (in that order). Tiles are computed
+    and stored one after another so few stay live in registers.
+
+    Every tile is stored whole, its padding columns (K..BK, V..BV: zeros, from masked loads)
+    included, so no later reader can meet memory that nothing wrote.
+    """
+    C, K, V, BK, BV, dt, prec = spec.C, spec.K, spec.V, spec.BK, spec.BV, spec.dt, spec.prec
     c, hv = pl.program_id(0), pl.program_id(1)
     st, n = cstart_ref[c], clen_ref[c]
     rows = jnp.arange(C)
     rmask = rows < n
     kmask, vmask = jnp.arange(BK) < K, jnp.arange(BV) < V
-    qk_at = (pl.ds(st, C), hv // rep, pl.ds(0, BK))
+    qk_at = (pl.ds(st, C), hv // spec.rep, pl.ds(0, BK))
     qk_mask = rmask[:, None] & kmask[None, :]
     outs = list(out_refs)
 
-    def put(x, width, mask):
+    def put(x):
         ref = outs.pop(0)
-        plgpu.store(
-            ref.at[c, hv, pl.ds(0, C), pl.ds(0, width)], x.astype(ref.dtype), mask=mask[None, :]
-        )
+        plgpu.store(ref.at[c, hv, pl.ds(0, C), pl.ds(0, x.shape[1])], x.astype(ref.dtype))
 
     def load_qk(ref):
         x = plgpu.load(ref.at[qk_at], mask=qk_mask, other=0.0).astype(jnp.float32)
-        return _l2n_rows(x) if kw["l2"] else x
+        return _l2n_rows(x) if spec.l2 else x
 
     k = load_qk(k_ref)
     g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
@@ -116,22 +146,22 @@ def _intra_kernel(cstart_ref, clen_ref, q_ref, k_ref, v_ref, g_ref, b_ref, *out_
     eG = jnp.exp(G)
     ii, jj = rows[:, None], rows[None, :]
     dec = jnp.where(ii >= jj, jnp.exp(jnp.where(ii >= jj, G[:, None] - G[None, :], 0.0)), 0.0)
-    if part != "qk":
+    if wy:
         beta = plgpu.load(b_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
         A = jnp.where(ii > jj, beta[:, None] * _mm(k, k, dt, prec, _NT) * dec, 0.0)
-        Tinv = _unit_lower_inverse(A, kw["blk"], kw["sdt"], prec, kw["refine"])
-        put(_mm(Tinv, (beta * eG)[:, None] * k, dt, prec), BK, kmask)  # W
+        Tinv = _unit_lower_inverse(A, spec.blk, spec.sdt, prec, spec.refine)
+        put(_mm(Tinv, (beta * eG)[:, None] * k, dt, prec))  # W
         v = plgpu.load(
             v_ref.at[pl.ds(st, C), hv, pl.ds(0, BV)],
             mask=rmask[:, None] & vmask[None, :],
             other=0.0,
         )
-        put(_mm(Tinv, beta[:, None] * v.astype(jnp.float32), dt, prec), BV, vmask)  # U
-    if part != "wy":
-        put(jnp.exp(jnp.sum(g) - G)[:, None] * k, BK, kmask)  # KD
+        put(_mm(Tinv, beta[:, None] * v.astype(jnp.float32), dt, prec))  # U
+    if qk:
+        put(jnp.exp(jnp.sum(g) - G)[:, None] * k)  # KD
         q = load_qk(q_ref)
-        put((scale * eG)[:, None] * q, BK, kmask)  # QE
-        put((scale * _mm(q, k, dt, prec, _NT)) * dec, C, rows < C)  # AQK
+        put((spec.scale * eG)[:, None] * q)  # QE
+        put((spec.scale * _mm(q, k, dt, prec, _NT)) * dec)  # AQK
 
 
 def _chain_kernel(
@@ -171,6 +201,7 @@ def _chain_kernel(
     vmask = (vt * BV + jnp.arange(BV)) < V
     smask = vmask[:, None] & kmask[None, :]
     srow = pl.ds(vt * BV, BV)
+    num_slots = s_ref.shape[0]
 
     @pl.when(r == R)
     def _zero_padding():  # tokens at or past query_start_loc[R] get output 0
@@ -184,11 +215,11 @@ def _chain_kernel(
 
         jax.lax.fori_loop(0, (T - p0 + C - 1) // C, body, jnp.int32(0))
 
-    def put_state(slot, sT, live):
+    def put_state(slot, sT):  # a slot that is not live (<= 0 or >= S) writes nothing
         plgpu.store(
-            s_ref.at[jnp.maximum(slot, 0), hv, srow, pl.ds(0, BK)],
+            s_ref.at[safe_slot(slot, num_slots), hv, srow, pl.ds(0, BK)],
             sT.T.astype(s_ref.dtype),
-            mask=smask & live,
+            mask=smask & live_slot(slot, num_slots),
         )
 
     @pl.when(r < R)
@@ -196,8 +227,8 @@ def _chain_kernel(
         q0, q1, nc = qsl_ref[r], qsl_ref[r + 1], nc_ref[r]
         rs, ws, c0 = rs_ref[r], ws_ref[r], c0_ref[r]
         s = plgpu.load(
-            s_ref.at[jnp.maximum(rs, 0), hv, srow, pl.ds(0, BK)],
-            mask=smask & (rs > 0) & (hi_ref[r] != 0),
+            s_ref.at[safe_slot(rs, num_slots), hv, srow, pl.ds(0, BK)],
+            mask=smask & live_slot(rs, num_slots) & (hi_ref[r] != 0),
             other=0.0,
         ).astype(jnp.float32)
         base = q0 - nc % C  # token index of the first chunk's absolute chunk start
@@ -207,13 +238,17 @@ def _chain_kernel(
             st = jnp.maximum(tok0, q0)
             n = jnp.minimum(tok0 + C, q1) - st
             rmask = rows < n
+            # Tiles are loaded under the masks of the rows and columns they hold (kernel 1 writes
+            # them whole, padding included; masking here too keeps any unwritten byte out).
+            rk, rv = rmask[:, None] & kmask[None, :], rmask[:, None] & vmask[None, :]
             tile = (c0 + j, hv, pl.ds(0, C))
             g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
-            w = plgpu.load(w_ref.at[tile + (pl.ds(0, BK),)])
-            u = plgpu.load(u_ref.at[tile + (srow,)]).astype(jnp.float32)
-            kd = plgpu.load(kd_ref.at[tile + (pl.ds(0, BK),)])
-            qe = plgpu.load(qe_ref.at[tile + (pl.ds(0, BK),)])
-            aqk = plgpu.load(aqk_ref.at[tile + (pl.ds(0, C),)])
+            w = plgpu.load(w_ref.at[tile + (pl.ds(0, BK),)], mask=rk, other=0.0)
+            u = plgpu.load(u_ref.at[tile + (srow,)], mask=rv, other=0.0).astype(jnp.float32)
+            kd = plgpu.load(kd_ref.at[tile + (pl.ds(0, BK),)], mask=rk, other=0.0)
+            qe = plgpu.load(qe_ref.at[tile + (pl.ds(0, BK),)], mask=rk, other=0.0)
+            cc = rmask[:, None] & rmask[None, :]
+            aqk = plgpu.load(aqk_ref.at[tile + (pl.ds(0, C),)], mask=cc, other=0.0)
             v_new = u - _mm(w, sT, dt, prec)  # [C, BV]
             o = _mm(qe, sT, dt, prec) + _mm(aqk, v_new, dt, prec)
             plgpu.store(
@@ -226,44 +261,45 @@ def _chain_kernel(
                 p1 = nc - nc % C + (j + 1) * C  # absolute position just past this chunk
                 jb = p1 // bs - nc // bs - 1
                 slot = bsl_ref[r, jnp.clip(jb, 0, NB - 1)]
-                hit = (p1 % bs == 0) & (tok0 + C <= q1) & (jb < NB) & (slot > 0)
+                hit = (p1 % bs == 0) & (tok0 + C <= q1) & (jb < NB)
 
                 @pl.when(hit)
                 def _boundary():
-                    put_state(slot, sT, True)
+                    put_state(slot, sT)
 
             return sT
 
         sT = jax.lax.fori_loop(0, cnt_ref[r], chunk, s.T)
-        put_state(ws, sT, ws > 0)
+        put_state(ws, sT)
 
 
-def _intra_call(q, k, v, g, beta, cstart, clen, *, HV, C, inter, warps, split, interpret, **kw):
+def _intra_call(
+    q, k, v, g, beta, cstart, clen, *, HV: int, C: int, inter, warps: int, split: bool,
+    interpret: bool, blk: int, l2: bool, scale: float, prec, sdt, refine: bool,
+):  # fmt: skip
     """Per chunk tile (kernel 1, or two kernels when `split`): W, KD, QE [NC, HV, C, BK],
-    U [NC, HV, C, BV], AQK [NC, HV, C, C], all in `inter` dtype. kw: blk, l2, scale, prec, sdt,
-    refine."""
+    U [NC, HV, C, BV], AQK [NC, HV, C, C], all in `inter` dtype."""
     HK, K = k.shape[1], k.shape[2]
     V = v.shape[2]
     BK, BVf = pow2(K), pow2(V)
+    spec = _IntraSpec(rep=HV // HK, C=C, K=K, V=V, BK=BK, BV=BVf, dt=inter, sdt=sdt, prec=prec,
+                      scale=scale, l2=l2, blk=blk, refine=refine)  # fmt: skip
     NCH = cstart.shape[0]
     mat = functools.partial(jax.ShapeDtypeStruct, dtype=inter)
     kt, ut, at = mat((NCH, HV, C, BK)), mat((NCH, HV, C, BVf)), mat((NCH, HV, C, C))
-    shapes = {"all": (kt, ut, kt, kt, at), "wy": (kt, ut), "qk": (kt, kt, at)}
 
-    def call(part):
-        kern = functools.partial(
-            _intra_kernel, part=part, rep=HV // HK, C=C, K=K, V=V, BK=BK, BV=BVf, dt=inter, **kw
-        )
+    def call(wy: bool, qk: bool):
+        shapes = ((kt, ut) if wy else ()) + ((kt, kt, at) if qk else ())
         return pl.pallas_call(
-            kern,
-            out_shape=shapes[part],
+            functools.partial(_intra_kernel, spec=spec, wy=wy, qk=qk),
+            out_shape=shapes,
             grid=(NCH, HV),
             compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
             interpret=interpret,
-            name=f"gdn_chunk_intra_{part}",
+            name="gdn_chunk_intra_" + ("all" if wy and qk else "wy" if wy else "qk"),
         )(cstart, clen, q, k, v, g, beta)
 
-    return call("wy") + call("qk") if split else call("all")
+    return call(True, False) + call(False, True) if split else call(True, True)
 
 
 def chunk_tiles(query_start_loc, num_computed, T: int, C: int):

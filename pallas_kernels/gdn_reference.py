@@ -13,6 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels._common import live_slot, safe_slot
+
 HIGHEST = jax.lax.Precision.HIGHEST
 L2_EPS = 1e-6
 
@@ -58,16 +60,18 @@ def delta_step(
 def read_initial(
     state: jax.Array, read_slots: jax.Array, use: jax.Array | None = None
 ) -> jax.Array:
-    """Gather fp32 states [N, HV, V, K] for slots [N]; zeros where slot <= 0 or `use` is False."""
-    live = read_slots > 0 if use is None else (read_slots > 0) & use
-    s = state[jnp.maximum(read_slots, 0)].astype(jnp.float32)
+    """Gather fp32 states [N, HV, V, K] for slots [N]; zeros where the slot is not live (<= 0 or
+    >= S) or `use` is False."""
+    live = live_slot(read_slots, state.shape[0])
+    live = live if use is None else live & use
+    s = state[safe_slot(read_slots, state.shape[0])].astype(jnp.float32)
     return jnp.where(live[:, None, None, None], s, 0.0)  # where, not *: slot 0 may hold NaN
 
 
 def scatter_states(state: jax.Array, slots: jax.Array, values: jax.Array) -> jax.Array:
-    """state[slots[i]] = values[i] for slots > 0 (flat [N] slots); others are dropped."""
+    """state[slots[i]] = values[i] for live slots (flat [N] slots); others are dropped."""
     state = jnp.asarray(state)  # numpy pools are accepted outside jit
-    idx = jnp.where(slots > 0, slots, state.shape[0])  # out of range -> dropped
+    idx = jnp.where(live_slot(slots, state.shape[0]), slots, state.shape[0])  # -> dropped
     return state.at[idx].set(values.astype(state.dtype), mode="drop")
 
 
@@ -203,8 +207,9 @@ def gdn_state_update_reference(
     """Gated DeltaNet decode with fused gating, token by token.
 
     q, k [B, L, HK, K]; v [B, L, HV, V]; a, b [B, L, HV]; A_log, dt_bias [HV]; state [S, HV, V, K];
-    read_slots [B]; write_slots [B, L]. The state after lane t goes to write_slots[b, t] (> 0);
-    a lane with write slot <= 0 is dead and outputs 0. Returns (o [B, L, HV, V], state).
+    read_slots [B]; write_slots [B, L]. The state after lane t goes to write_slots[b, t] (when
+    live); a lane whose write slot is not live (<= 0 or >= S) is dead and outputs 0.
+    Returns (o [B, L, HV, V], state).
     """
     Bn, L, HK, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -235,7 +240,8 @@ def gdn_state_update_reference(
 
     lanes = tuple(jnp.swapaxes(x, 0, 1) for x in (qf, kf, v, g, beta))
     _, (states, o) = jax.lax.scan(body, s0, lanes)  # [L, B, ...]
-    o = jnp.where((write_slots > 0)[:, :, None, None], jnp.swapaxes(o, 0, 1), 0.0)
+    live = live_slot(write_slots, state.shape[0])
+    o = jnp.where(live[:, :, None, None], jnp.swapaxes(o, 0, 1), 0.0)
     flat = jnp.swapaxes(states, 0, 1).reshape((Bn * L,) + states.shape[2:])
     state = scatter_states(state, write_slots.reshape(-1), flat)
     return o.astype(v.dtype), state

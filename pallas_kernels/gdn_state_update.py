@@ -2,7 +2,8 @@
 
 One program per (row b, value head hv, V tile): the [BV, K] slice of state[read_slots[b], hv]
 (V-first, rows contiguous in memory) stays in registers across the L lanes; after lane t it is
-stored to write_slots[b, t] when > 0. Slot <= 0 reads zeros / writes nothing; dead lanes output 0.
+stored to write_slots[b, t] when live. A slot that is not live (<= 0 or >= S) reads zeros / writes
+nothing; dead lanes output 0.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import pow2, sds_like
+from pallas_kernels._common import live_slot, pow2, safe_slot, sds_like
 from pallas_kernels.gdn_reference import L2_EPS, gdn_state_update_reference
 
 __all__ = ["gdn_state_update", "gdn_state_update_reference"]
@@ -53,11 +54,11 @@ def _kernel(
     vrow = vt * BV + jnp.arange(BV)
     kmask, vmask = kcol < K, vrow < V
     smask = vmask[:, None] & kmask[None, :]
-    rs = rs_ref[b]
-    # Masked load: a NULL slot (possibly NaN) is never read.
+    rs, num_slots = rs_ref[b], s_ref.shape[0]
+    # Masked load: the NULL slot (possibly NaN) and out-of-range slots are never read.
     s = plgpu.load(
-        s_ref.at[jnp.maximum(rs, 0), hv, pl.ds(vt * BV, BV), pl.ds(0, BK)],
-        mask=smask & (rs > 0),
+        s_ref.at[safe_slot(rs, num_slots), hv, pl.ds(vt * BV, BV), pl.ds(0, BK)],
+        mask=smask & live_slot(rs, num_slots),
         other=0.0,
     ).astype(jnp.float32)
     neg_a = -jnp.exp(alog_ref[hv].astype(jnp.float32))
@@ -77,11 +78,11 @@ def _kernel(
         s = s + delta[:, None] * k[None, :]
         o = jnp.sum(s * q[None, :], axis=1)
         ws = ws_ref[b, ti]
-        live = ws > 0
+        live = live_slot(ws, num_slots)
         o = jnp.where(live, o, 0.0)
         plgpu.store(o_ref.at[b, ti, hv, pl.ds(vt * BV, BV)], o.astype(o_ref.dtype), mask=vmask)
         plgpu.store(
-            s_ref.at[jnp.maximum(ws, 0), hv, pl.ds(vt * BV, BV), pl.ds(0, BK)],
+            s_ref.at[safe_slot(ws, num_slots), hv, pl.ds(vt * BV, BV), pl.ds(0, BK)],
             s.astype(s_ref.dtype),
             mask=smask & live,
         )

@@ -8,7 +8,10 @@ Shapes:
   positions:    [T] absolute position of each query; it sees keys at positions <= its own
   valid:        [T] bool, False for padding queries (their output is 0)
 
-Query head h reads KV head h // (Hq // Hkv). Only a plain-jnp implementation exists so far (the
+Query head h reads KV head h // (Hq // Hkv). Every index is range-checked on the device (DESIGN
+section 5: a gather clamps an out-of-range index to a live row, and -1 wraps): a block id outside
+[1, num_blocks) contributes no keys, a kv slot outside the pool writes nothing, and a row index
+outside the block table reads an all-NULL row. Only a plain-jnp implementation exists so far (the
 anchor of DESIGN.md section 7 is exactly this: gather + dense attention under jit); it gathers each
 query's row of keys, which is fine for decode and for the small prefills of tests.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+NULL = 0
 _HIGHEST = jax.lax.Precision.HIGHEST  # fp32 scores and sums, not TF32
 
 
@@ -31,19 +35,16 @@ def write_kv(
 ) -> tuple[jax.Array, jax.Array]:
     """Store k, v [T, Hkv, Dh] at flat slots `block * block_size + offset`.
 
-    Padding tokens (valid False, slot NULL) write back what block 0 already holds, so the NULL
-    block stays bit-identical even though several padding tokens target it.
+    Padding tokens (valid False) and slots outside the pool write nothing (a scatter in drop mode),
+    so the NULL block and every other block stay bit-identical.
     """
 
     def write(cache: jax.Array, new: jax.Array) -> jax.Array:
         flat = cache.reshape(-1, *cache.shape[2:])
-        old = flat[kv_slots]
-        mask = valid[:, None, None]
-        return (
-            flat.at[kv_slots]
-            .set(jnp.where(mask, new.astype(cache.dtype), old))
-            .reshape(cache.shape)
-        )
+        size = flat.shape[0]
+        target = jnp.where(valid & (kv_slots >= 0) & (kv_slots < size), kv_slots, size)
+        flat = flat.at[target].set(new.astype(cache.dtype), mode="drop")
+        return flat.reshape(cache.shape)
 
     return write(k_cache, k), write(v_cache, v)
 
@@ -63,13 +64,21 @@ def paged_attention_reference(
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
+    num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
     # 1. Gather each query's row of keys and values: [T, C, Hkv, Dh], C = max_blocks * block_size.
-    blocks = block_table[token_rows]
+    #    Indices out of range read the NULL row / block, and keys of such blocks are masked below.
+    rows_ok = (token_rows >= 0) & (token_rows < block_table.shape[0])
+    blocks = block_table.at[jnp.where(rows_ok, token_rows, block_table.shape[0])].get(
+        mode="fill", fill_value=NULL
+    )
+    live_block = (blocks > NULL) & (blocks < num_blocks)
+    blocks = jnp.where(live_block, blocks, NULL)
     keys = k_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
     values = v_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
-    # 2. Causal mask by absolute position; masked values are zeroed so NaNs in unused blocks
-    #    (the NULL block) cannot reach the output through 0 * NaN.
-    mask = (jnp.arange(keys.shape[1])[None, :] <= positions[:, None]) & valid[:, None]
+    # 2. Causal mask by absolute position, over live blocks only; masked values are zeroed so NaNs
+    #    in unused blocks (the NULL block) cannot reach the output through 0 * NaN.
+    live_key = jnp.repeat(live_block, block_size, axis=1)
+    mask = (jnp.arange(keys.shape[1])[None, :] <= positions[:, None]) & valid[:, None] & live_key
     values = jnp.where(mask[..., None, None], values.astype(jnp.float32), 0.0)
     # 3. Scores per query head, softmax over keys, weighted sum of values.
     qg = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim)

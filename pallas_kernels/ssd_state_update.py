@@ -17,8 +17,10 @@ from pallas_kernels._common import (
     check_shape,
     dt_activation,
     gather_slots,
+    live_slot,
     pow2,
     process_dt,
+    safe_slot,
     scatter_slots,
     sds_like,
     silu,
@@ -63,8 +65,8 @@ def ssd_state_update_reference(
 ) -> tuple[jax.Array, jax.Array]:
     """x [B, L, H, P], dt [B, L, H], B/C [B, L, G, N], ssm_state [S, H, P, N] -> (y, ssm_state).
 
-    The state before lane 0 is ssm_state[read_slots[b]] (zeros when <= 0). Lanes whose write slot is
-    <= 0 output 0.
+    The state before lane 0 is ssm_state[read_slots[b]] (zeros when the slot is not live: <= 0 or
+    >= S). Lanes whose write slot is not live output 0 and write nothing.
     """
     _, lanes, heads, _, groups, _ = check_args(
         x, dt, A, B, C, ssm_state, read_slots, write_slots, D, z, dt_bias
@@ -87,7 +89,8 @@ def ssd_state_update_reference(
         ys.append(y)
         states.append(s)
     y = jnp.stack(ys, axis=1)
-    y = jnp.where((write_slots > 0)[:, :, None, None], y, 0.0).astype(x.dtype)
+    live = live_slot(write_slots, ssm_state.shape[0])
+    y = jnp.where(live[:, :, None, None], y, 0.0).astype(x.dtype)
     return y, scatter_slots(ssm_state, write_slots, jnp.stack(states, axis=1))
 
 
@@ -124,9 +127,11 @@ def _ssu_kernel(
     p_mask, n_mask = p_idx < head_dim, jnp.arange(block_n) < state_size
     pn_mask = p_mask[:, None] & n_mask[None, :]
     p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
-    read = read_ref[b]
+    read, num_slots = read_ref[b], state_ref.shape[0]
     s = plgpu.load(
-        state_ref.at[jnp.maximum(read, 0), h, p_sl, n_sl], mask=pn_mask & (read > 0), other=0.0
+        state_ref.at[safe_slot(read, num_slots), h, p_sl, n_sl],
+        mask=pn_mask & live_slot(read, num_slots),
+        other=0.0,
     ).astype(jnp.float32)
     a, d_skip, bias = a_ref[h].astype(jnp.float32), d_ref[h], bias_ref[h]
     for t in range(lanes):
@@ -143,12 +148,13 @@ def _ssu_kernel(
                 plgpu.load(z_ref.at[b, t, h, p_sl], mask=p_mask, other=0.0).astype(jnp.float32)
             )
         write = write_ref[b, t]
-        y = jnp.where(write > 0, y, 0.0)
+        writes = live_slot(write, num_slots)
+        y = jnp.where(writes, y, 0.0)
         plgpu.store(y_ref.at[b, t, h, p_sl], y.astype(y_ref.dtype), mask=p_mask)
         plgpu.store(
-            state_ref.at[jnp.maximum(write, 0), h, p_sl, n_sl],
+            state_ref.at[safe_slot(write, num_slots), h, p_sl, n_sl],
             s.astype(state_ref.dtype),
-            mask=pn_mask & (write > 0),
+            mask=pn_mask & writes,
         )
 
 

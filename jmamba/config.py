@@ -12,6 +12,7 @@ import enum
 import math
 
 GDN_CHUNK_SIZE = 64  # the Gated DeltaNet prefill chunk (fixed in every reference implementation)
+SCAN_ALGORITHMS = ("sequential", "parallel")  # the Mamba2 prefill scan kernels
 
 
 class Mixer(enum.StrEnum):
@@ -75,8 +76,15 @@ class Mamba2Config:
     chunk_size: int
     conv_bias: bool = True
     dt_limit: tuple[float, float] = (0.0, math.inf)
+    # The prefill scan kernel (`pallas_kernels.ssd_chunk_scan`): a property of the model, never of
+    # the batch, so a request's prefill output does not depend on what shares its step.
+    scan_algorithm: str = "sequential"
 
     def __post_init__(self) -> None:
+        _require(
+            self.scan_algorithm in SCAN_ALGORITHMS,
+            f"scan_algorithm={self.scan_algorithm!r} must be one of {SCAN_ALGORITHMS}",
+        )
         _require(
             self.num_heads % self.n_groups == 0,
             f"mamba num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}",

@@ -25,6 +25,17 @@ from jmamba.mixers.mamba2 import Mamba2, Mamba2State
 LayerCache = KVCache | Mamba2State | GDNState | None
 
 
+def rows_or_zeros(table: jax.Array, index: jax.Array) -> jax.Array:
+    """`table[index]` along axis 0, with zeros for an index outside [0, len(table)).
+
+    A plain device gather clamps an out-of-range index to the last row and wraps -1 to it (DESIGN
+    section 5), so a bad token id or logits index would silently read a live row.
+    """
+    size = table.shape[0]
+    index = jnp.where((index >= 0) & (index < size), index, size)
+    return table.at[index].get(mode="fill", fill_value=0)
+
+
 def _make_mixer(config: ModelConfig, kind: Mixer, rngs: nnx.Rngs) -> nnx.Module | None:
     hidden, eps = config.hidden_size, config.norm_eps
     match kind:
@@ -128,12 +139,12 @@ class HybridLM(nnx.Module):
         self, inputs: StepInputs, caches: tuple[LayerCache, ...]
     ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
         """Run one step; returns fp32 logits at `inputs.logits_indices` and the new caches."""
-        x = self.embed[...][inputs.token_ids]
+        x = rows_or_zeros(self.embed[...], inputs.token_ids)
         new_caches = []
         for layer, cache in zip(self.layers, caches, strict=True):
             x, cache = layer(x, cache, inputs)
             new_caches.append(cache)
-        x = self.final_norm(x[inputs.logits_indices])
+        x = self.final_norm(rows_or_zeros(x, inputs.logits_indices))
         if self.lm_head is None:
             logits = jnp.dot(
                 x, self.embed[...].T, preferred_element_type=jnp.float32, precision=PRECISION

@@ -26,11 +26,6 @@ from pallas_kernels.ssd_chunk_scan_reference import check_args
 
 # ----------------------------------------------------------------------------- Pallas kernels
 
-# "auto" picks the sequential kernel from this many (row, head) programs on. H100 run 3 of
-# 2026-11-22 (RESULTS.md): 8 rows x 128 heads, sequential 1070 us vs parallel 1713 us; 1 row x 128
-# heads, sequential 999 us vs parallel 894 us. The crossover between the two was not measured.
-SEQUENTIAL_MIN_PROGRAMS = 512
-
 
 @functools.partial(
     jax.jit,
@@ -82,14 +77,19 @@ def ssd_chunk_scan(
     num_stages: int = 2,
     state_warps: int = 4,
     heads_per_program: int = 1,
-    algorithm: str = "auto",
+    algorithm: str = "sequential",
     seq_block_q: int = 32,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernels for `ssd_chunk_scan_reference` (same arguments and results).
 
-    `algorithm`: "parallel" (below), "sequential" (`_ssd_sequential`: one program per row, head
-    and P-block walks the row's chunks of `seq_block_q` tokens; block_p, num_warps apply, one
-    stage), or "auto": sequential when rows x heads >= SEQUENTIAL_MIN_PROGRAMS, else parallel.
+    `algorithm`: "sequential" (`_ssd_sequential`: one program per row, head and P-block walks the
+    row's chunks of `seq_block_q` tokens; block_p, num_warps apply, one stage) or "parallel"
+    (below). The two round differently, so the choice must never depend on the batch (DESIGN
+    5.8: a request's output may not depend on how many prefills share its step); it comes from
+    the model's config (`Mamba2Config.scan_algorithm`). Sequential is the default: on the H100
+    (RESULTS.md, 2026-11-22) it took 1070 us against 1713 us at 8 rows x 2048 tokens and 999 us
+    against 894 us at 1 x 8192, so it wins big where serving spends its prefill steps (several
+    rows; chunked prefill caps a row's length) and loses ~10% on one long row.
 
     Three launches (see `_ssd_chunk_kernels`): chunk states in parallel over (head, chunk), a
     sequential pass over the [H, P, N] chunk states of each row, then the outputs in parallel over
@@ -117,12 +117,8 @@ def ssd_chunk_scan(
         chunk_size,
         block_size,
         boundary_slots,
+        algorithm,
     )
-    if algorithm not in ("auto", "parallel", "sequential"):
-        raise ValueError(f"algorithm={algorithm!r} must be 'auto', 'parallel' or 'sequential'")
-    if algorithm == "auto":
-        many = num_rows * heads >= SEQUENTIAL_MIN_PROGRAMS
-        algorithm = "sequential" if many else "parallel"
     f32, i32 = jnp.float32, jnp.int32
     zeros = jnp.zeros((heads,), f32)
     bnd = jnp.zeros((num_rows, 1), i32) if boundary_slots is None else boundary_slots.astype(i32)

@@ -20,6 +20,8 @@ from pallas_kernels._common import (
     token_rows,
 )
 
+ALGORITHMS = ("sequential", "parallel")
+
 
 def check_args(
     x,
@@ -39,6 +41,7 @@ def check_args(
     chunk_size,
     block_size,
     boundary_slots,
+    algorithm,
 ):
     """Validate shapes and options; return (T, H, P, G, N, R)."""
     num_tokens, heads, head_dim = x.shape
@@ -62,6 +65,8 @@ def check_args(
     if groups < 1 or heads % groups:
         raise ValueError(f"B has {groups} groups; must divide the {heads} heads of x")
     check_int("chunk_size", chunk_size, 1)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} must be one of {ALGORITHMS}")
     if (block_size is None) != (boundary_slots is None):
         raise ValueError("block_size and boundary_slots must be given together")
     if block_size is not None:
@@ -73,7 +78,9 @@ def check_args(
     return num_tokens, heads, head_dim, groups, state_size, num_rows
 
 
-@functools.partial(jax.jit, static_argnames=("dt_softplus", "dt_limit", "chunk_size", "block_size"))
+@functools.partial(
+    jax.jit, static_argnames=("dt_softplus", "dt_limit", "chunk_size", "block_size", "algorithm")
+)
 def ssd_chunk_scan_reference(
     x: jax.Array,
     dt: jax.Array,
@@ -95,13 +102,15 @@ def ssd_chunk_scan_reference(
     chunk_size: int = 256,
     block_size: int | None = None,
     boundary_slots: jax.Array | None = None,
+    algorithm: str = "sequential",
 ) -> tuple[jax.Array, jax.Array]:
     """The definition, one token at a time. x [T, H, P] -> (y [T, H, P], ssm_state [S, H, P, N]).
 
     One lax.scan over the flat tokens carries the state, resets it to the row's initial state at
     each row start, and writes the final state (and the block-boundary states) into the pool as it
     goes.
-    `chunk_size` does not change the result of this definition; it is only validated.
+    `chunk_size` and `algorithm` (which kernel runs on the GPU) do not change the result of this
+    definition; they are only validated.
     """
     num_tokens, heads, _, groups, _, num_rows = check_args(
         x,
@@ -121,6 +130,7 @@ def ssd_chunk_scan_reference(
         chunk_size,
         block_size,
         boundary_slots,
+        algorithm,
     )
     rep = heads // groups
     init = gather_slots(ssm_state, read_slots, has_initial_state)  # [R, H, P, N]

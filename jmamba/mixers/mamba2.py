@@ -138,6 +138,7 @@ class Mamba2(nnx.Module):
             rows.read_slots,
             rows.write_slots,
             chunk_size=self.cfg.chunk_size,
+            algorithm=self.cfg.scan_algorithm,
             **self._ssm_kwargs(),
         )
         return y, Mamba2State(conv, ssm)

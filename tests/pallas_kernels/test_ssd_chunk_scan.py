@@ -148,28 +148,43 @@ def test_rejects_bad_block_size():
         run(d, "reference", chunk_size=8, block_size=12, boundary_slots=np.zeros((2, 1), np.int32))
 
 
+@pytest.mark.parametrize("algorithm", ["sequential", "parallel"])
 @pytest.mark.parametrize(
-    ("lengths", "num_computed", "heads", "head_dim", "groups", "state", "kw"),
+    ("lengths", "nc", "heads", "head_dim", "groups", "state", "kw"),
     [
         # several rows in one chunk, lengths not multiples
         ((7, 1, 13, 2), None, 4, 6, 2, 5, {}),
         ((1,), [0, 0], 2, 16, 1, 16, {}),  # a single token
         # an empty row; starts mid-chunk, spans chunks of 2 token blocks (output loop over blocks)
         ((0, 70), [3, 21, 0], 4, 6, 4, 5, {"chunk_size": 32, "block_q": 16}),
-        # two heads per output program (sharing C B^T)
-        ((9, 20), [3, 0, 0], 4, 6, 2, 5, {"heads_per_program": 2}),
-        # the single-launch sequential kernel ("auto" picks it for many rows x heads)
-        ((7, 1, 40, 2), None, 4, 6, 2, 5, {"algorithm": "sequential"}),
+        # odd head counts, head dims and state sizes beside a multi-block head dim
+        ((17, 3), [5, 0, 0], 5, 12, 1, 24, {}),
+        ((16, 33), [0, 15, 0], 6, 80, 3, 48, {}),
     ],
 )
-def test_kernel_matches_oracle(lengths, num_computed, heads, head_dim, groups, state, kw):
-    d = make_inputs(7, lengths, heads, head_dim, groups, state, num_computed=num_computed)
-    check(d, "interpret", **{"chunk_size": 16, **kw})
+def test_kernel_matches_oracle(algorithm, lengths, nc, heads, head_dim, groups, state, kw):
+    d = make_inputs(7, lengths, heads, head_dim, groups, state, num_computed=nc)
+    if algorithm == "sequential":  # parallel-only knobs
+        kw = {k: v for k, v in kw.items() if k != "block_q"}
+    check(d, "interpret", **{"chunk_size": 16, **kw, "algorithm": algorithm})
+
+
+def test_kernel_heads_per_program():
+    """Two heads per output program of the parallel kernel (sharing C B^T)."""
+    d = make_inputs(7, (9, 20), 4, 6, 2, 5, num_computed=[3, 0, 0])
+    check(d, "interpret", chunk_size=16, heads_per_program=2, algorithm="parallel")
 
 
 def test_kernel_state_chunk_divides_chunk_size():
     d = make_inputs(3, (37, 5), num_computed=[30, 0, 0])
-    check(d, "interpret", chunk_size=64, state_chunk=32, block_q=16)
+    check(d, "interpret", chunk_size=64, state_chunk=32, block_q=16, algorithm="parallel")
+
+
+def test_rejects_unknown_algorithm():
+    d = make_inputs(0, (3,))
+    for implementation in ("reference", "interpret"):
+        with pytest.raises(ValueError, match="algorithm='auto'"):
+            run(d, implementation, chunk_size=8, algorithm="auto")
 
 
 @pytest.mark.parametrize("algorithm", ["parallel", "sequential"])
@@ -211,7 +226,9 @@ def test_kernel_garbage_slot_without_initial_state_and_dt_options():
     d = make_inputs(8, (9, 5), gate=False)
     d["has_initial_state"][:] = False  # the read slots hold random garbage: must read zeros
     d.pop("dt_bias")
-    check(d, "interpret", chunk_size=16, dt_softplus=False, dt_limit=(0.01, 0.5))
+    for algorithm in ("sequential", "parallel"):
+        kw = dict(chunk_size=16, dt_softplus=False, dt_limit=(0.01, 0.5), algorithm=algorithm)
+        check(d, "interpret", **kw)
 
 
 @pytest.mark.parametrize("algorithm", ["parallel", "sequential"])

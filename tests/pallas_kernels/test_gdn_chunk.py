@@ -8,7 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import gdn_chunk as gdn_chunk_module
 from pallas_kernels import gdn_reference as ref
 from pallas_kernels.gdn_chunk import gdn_chunk
 
@@ -16,10 +19,14 @@ from . import gdn_oracle
 from .gdn_oracle import lower_for_cuda
 
 HK, HV, K, V = 2, 4, 16, 16
+DIMS = (HK, HV, K, V)
 
 
-def make_case(lengths, nc, has_init, *, T=None, seed=0, decay=1.0, nb=0, bs=None):
-    """numpy inputs for rows of `lengths` tokens (padded to T); slots 1.. in order, garbage pool."""
+def make_case(lengths, nc, has_init, *, T=None, seed=0, decay=1.0, nb=0, bs=None, dims=DIMS):
+    """numpy inputs for rows of `lengths` tokens (padded to T); slots 1.. in order, garbage pool.
+
+    dims = (HK, HV, K, V): key heads, value heads, key and value head dims."""
+    HK, HV, K, V = dims
     rng = np.random.default_rng(seed)
     R = len(lengths)
     T = T or sum(lengths)
@@ -143,6 +150,52 @@ def test_kernel_interpret_boundaries_chunk64():
         *map(jnp.asarray, args), block_size=64, boundary_slots=jnp.asarray(kw["boundary_slots"])
     )
     check(o, st, args, kw, tol=5e-4)
+
+
+# Head dims that are not powers of two, odd head counts: the padding columns of every tile (on the
+# GPU those of kernel 1's outputs were never written; interpret mode fills such memory with NaN).
+ODD_DIMS = [(1, 1, 24, 12), (1, 5, 48, 20), (3, 6, 12, 24)]
+
+
+@pytest.mark.parametrize("dims", ODD_DIMS)
+def test_kernel_interpret_odd_dims(dims):
+    """Three chunks and more (the GPU bug showed from the third chunk on), boundaries, offsets."""
+    args, kw = make_case([1, 35, 9], [0, 5, 16], [False, True, True], T=48, nb=3, bs=16, dims=dims)
+    o, st = _kernel(16)(*map(jnp.asarray, args), **kw)
+    check(o, st, args, kw)
+
+
+def test_interpret_mode_poisons_unwritten_memory():
+    """What the odd-shape tests rely on: interpret mode fills output memory that a kernel never
+    wrote with NaN (on the GPU it holds whatever was there before), so a read of it shows."""
+
+    def kernel(o_ref):
+        plgpu.store(o_ref.at[pl.ds(0, 4)], jnp.ones((4,), jnp.float32))
+
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+        compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
+        interpret=True,
+    )()
+    assert np.all(np.asarray(out[:4]) == 1) and np.isnan(np.asarray(out[4:])).all()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_intra_tiles_are_written_whole(split):
+    """Every element of kernel 1's tiles is written, padding columns (K..BK, V..BV) as zeros."""
+    args, _ = make_case([1, 35, 9], [0, 5, 16], [False, True, True], T=48, dims=(1, 2, 24, 12))
+    q, k, v, g, beta = map(jnp.asarray, args[:5])
+    cstart, clen, _, _ = gdn_chunk_module.chunk_tiles(jnp.asarray(args[6]), jnp.asarray(args[7]),
+                                                      48, 16)  # fmt: skip
+    tiles = gdn_chunk_module._intra_call(
+        q, k, v, g, beta, cstart, clen, HV=2, C=16, inter=jnp.float32, warps=4, split=split,
+        interpret=True, blk=4, l2=True, scale=24**-0.5, prec=None, sdt=jnp.float32, refine=False,
+    )  # fmt: skip
+    for tile in tiles:
+        assert np.isfinite(np.asarray(tile)).all()
+    w, u = (np.asarray(t) for t in tiles[:2])
+    assert not w[..., 24:].any() and not u[..., 12:].any()
 
 
 def test_kernel_lowers_for_triton():

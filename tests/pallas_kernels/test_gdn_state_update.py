@@ -18,8 +18,11 @@ from .gdn_oracle import lower_for_cuda
 HK, HV, K, V = 2, 4, 16, 16
 
 
-def make_case(B, L, *, seed=0, pad_rows=(), dead=()):
-    """numpy decode inputs; row b reads slot 1 + b, lane t writes its own slot; NaN in slot 0."""
+def make_case(B, L, *, seed=0, pad_rows=(), dead=(), dims=(HK, HV, K, V)):
+    """numpy decode inputs; row b reads slot 1 + b, lane t writes its own slot; NaN in slot 0.
+
+    dims = (HK, HV, K, V): key heads, value heads, key and value head dims."""
+    HK, HV, K, V = dims
     rng = np.random.default_rng(seed)
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     S = 2 + B * (L + 1)
@@ -80,6 +83,16 @@ def test_kernel_interpret(L):
     args = make_case(3, L, seed=10 + L, pad_rows=(0,), dead=((1, L - 1),))
     fn = jax.jit(functools.partial(gdn_state_update, interpret=True, block_v=8))
     o, st = fn(*map(jnp.asarray, args))
+    check(o, st, args)
+
+
+@pytest.mark.parametrize("dims", [(1, 5, 24, 12), (3, 6, 48, 20)])
+def test_kernel_interpret_odd_dims(dims):
+    """Head dims that are not powers of two, odd head counts, two lanes."""
+    args = make_case(3, 2, seed=4, pad_rows=(2,), dead=((0, 1),), dims=dims)
+    o, st = jax.jit(functools.partial(gdn_state_update, interpret=True, block_v=8))(
+        *map(jnp.asarray, args)
+    )
     check(o, st, args)
 
 

@@ -40,7 +40,7 @@ def write_kv(
     """
 
     def write(cache: jax.Array, new: jax.Array) -> jax.Array:
-        flat = cache.reshape(-1, *cache.shape[2:])
+        flat = jnp.asarray(cache).reshape(-1, *cache.shape[2:])
         size = flat.shape[0]
         target = jnp.where(valid & (kv_slots >= 0) & (kv_slots < size), kv_slots, size)
         flat = flat.at[target].set(new.astype(cache.dtype), mode="drop")
@@ -68,8 +68,10 @@ def paged_attention_reference(
     # 1. Gather each query's row of keys and values: [T, C, Hkv, Dh], C = max_blocks * block_size.
     #    Indices out of range read the NULL row / block, and keys of such blocks are masked below.
     rows_ok = (token_rows >= 0) & (token_rows < block_table.shape[0])
-    blocks = block_table.at[jnp.where(rows_ok, token_rows, block_table.shape[0])].get(
-        mode="fill", fill_value=NULL
+    blocks = (
+        jnp.asarray(block_table)
+        .at[jnp.where(rows_ok, token_rows, block_table.shape[0])]
+        .get(mode="fill", fill_value=NULL)
     )
     live_block = (blocks > NULL) & (blocks < num_blocks)
     blocks = jnp.where(live_block, blocks, NULL)

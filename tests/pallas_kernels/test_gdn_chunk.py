@@ -11,6 +11,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import _gdn_intra
 from pallas_kernels import gdn_chunk as gdn_chunk_module
 from pallas_kernels import gdn_reference as ref
 from pallas_kernels.gdn_chunk import gdn_chunk
@@ -188,7 +189,7 @@ def test_intra_tiles_are_written_whole(split):
     q, k, v, g, beta = map(jnp.asarray, args[:5])
     cstart, clen, _, _ = gdn_chunk_module.chunk_tiles(jnp.asarray(args[6]), jnp.asarray(args[7]),
                                                       48, 16)  # fmt: skip
-    tiles = gdn_chunk_module._intra_call(
+    tiles = _gdn_intra.intra_tiles(
         q, k, v, g, beta, cstart, clen, HV=2, C=16, inter=jnp.float32, warps=4, split=split,
         interpret=True, blk=4, l2=True, scale=24**-0.5, prec=None, sdt=jnp.float32, refine=False,
     )  # fmt: skip

@@ -272,7 +272,8 @@ def chunk_table(
 
     Returns chunk_t0 [NC] (first flat token), chunk_n [NC] (tokens; 0 for unused entries),
     row_start [R] (index of the row's first chunk) and row_chunks [R], with the static bound
-    NC = cdiv(T, chunk) + R (each row adds at most one partial chunk).
+    NC = T // chunk + 2R: a row of L tokens meets at most L // chunk + 2 chunks (a short row can
+    straddle a chunk boundary). A smaller table would drop chunks, leaving outputs unwritten.
     """
     num_rows = query_start_loc.shape[0] - 1
     length = query_start_loc[1:] - query_start_loc[:-1]
@@ -280,7 +281,7 @@ def chunk_table(
     nch = jnp.where(length > 0, (length - first + chunk - 1) // chunk + 1, 0)
     cend = jnp.cumsum(nch)
     cstart = cend - nch
-    c = jnp.arange(-(-num_tokens // chunk) + num_rows, dtype=jnp.int32)
+    c = jnp.arange(num_tokens // chunk + 2 * num_rows, dtype=jnp.int32)
     r = jnp.minimum(jnp.sum(cend[None, :] <= c[:, None], axis=1), num_rows - 1)
     k = c - cstart[r]
     off = jnp.where(k == 0, 0, first[r] + (k - 1) * chunk)

@@ -97,7 +97,7 @@ def ssd_chunk_scan(
     `chunk_size`, so chunks end at absolute multiples of `chunk_size` as the contract asks; the
     outputs are computed in blocks of `block_q` tokens, `heads_per_program` heads of one group
     per program (sharing C B^T). Extra memory: fp32 [NC, H, P, N] chunk
-    states and fp32 [H, T] dt' and cumulative decay, NC = cdiv(T, Q) + R.
+    states and fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R.
     """
     num_tokens, heads, head_dim, groups, state_size, num_rows = check_args(
         x,

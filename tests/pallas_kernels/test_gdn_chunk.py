@@ -74,6 +74,7 @@ CASES = {
     "across_chunks": ([37], [5], [True]),
     "several_in_chunk": ([3, 5, 4, 2], [0, 7, 14, 30], [False, True, True, False]),
     "mixed": ([20, 1, 17], [11, 63, 0], [True, True, False]),
+    "straddling": ([2] * 6, [15, 31, 7, 15, 47, 15], [True] * 6),  # 2 chunks for each 2-token row
 }
 
 

@@ -169,6 +169,14 @@ def test_kernel_matches_oracle(algorithm, lengths, nc, heads, head_dim, groups, 
     check(d, "interpret", **{"chunk_size": 16, **kw, "algorithm": algorithm})
 
 
+@pytest.mark.parametrize("algorithm", ["sequential", "parallel"])
+def test_kernel_short_rows_straddling_chunks(algorithm):
+    """Eight 2-token rows, each across a chunk boundary: 16 chunks for 16 tokens (the parallel
+    kernel's chunk table once held cdiv(T, chunk) + R = 9 and left outputs unwritten)."""
+    d = make_inputs(9, [2] * 8, num_computed=[15] * 8 + [0], pad=0)
+    check(d, "interpret", chunk_size=16, algorithm=algorithm)
+
+
 def test_kernel_heads_per_program():
     """Two heads per output program of the parallel kernel (sharing C B^T)."""
     d = make_inputs(7, (9, 20), 4, 6, 2, 5, num_computed=[3, 0, 0])

@@ -9,6 +9,7 @@ Glossary (Mamba-2 paper, arXiv 2405.21060): T flat tokens, R rows, H heads, P he
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -17,14 +18,32 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import _ssd_chunk_kernels as _k
-from pallas_kernels._common import (
-    pow2,
-    sds_like,
-)
+from pallas_kernels._common import pow2, sds_like
 from pallas_kernels._ssd_sequential import sequential_scan
 from pallas_kernels.ssd_chunk_scan_reference import check_args
 
-# ----------------------------------------------------------------------------- Pallas kernels
+
+@dataclasses.dataclass(frozen=True)
+class ScanTuning:
+    """Launch knobs of the SSD scan kernels. Static: from code or a model's config, never from
+    the batch (several change how a row's sums are grouped, hence its rounding).
+
+    Sequential kernel: `seq_block_q` tokens per inner chunk (divides chunk_size), `block_p` head-dim
+    rows per program, `num_warps`. Parallel kernels: `state_chunk` (divides chunk_size; default
+    chunk_size), outputs in blocks of `block_q` tokens, `heads_per_program` heads of one group per
+    output program (sharing C B^T), `block_p`, `pass_block_n` state columns per pass program,
+    `num_warps` / `num_stages` of the output kernel, `state_warps` of the chunk-state kernel.
+    """
+
+    seq_block_q: int = 32
+    block_p: int = 64
+    num_warps: int = 4
+    state_chunk: int | None = None
+    block_q: int = 64
+    heads_per_program: int = 1
+    pass_block_n: int = 64
+    num_stages: int = 2
+    state_warps: int = 4
 
 
 @functools.partial(
@@ -34,17 +53,9 @@ from pallas_kernels.ssd_chunk_scan_reference import check_args
         "dt_limit",
         "chunk_size",
         "block_size",
-        "interpret",
-        "state_chunk",
-        "block_q",
-        "block_p",
-        "pass_block_n",
-        "num_warps",
-        "num_stages",
-        "state_warps",
-        "heads_per_program",
         "algorithm",
-        "seq_block_q",
+        "tuning",
+        "interpret",
     ),
 )
 def ssd_chunk_scan(
@@ -68,101 +79,77 @@ def ssd_chunk_scan(
     chunk_size: int = 256,
     block_size: int | None = None,
     boundary_slots: jax.Array | None = None,
-    interpret: bool = False,
-    state_chunk: int | None = None,
-    block_q: int = 64,
-    block_p: int = 64,
-    pass_block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
-    state_warps: int = 4,
-    heads_per_program: int = 1,
     algorithm: str = "sequential",
-    seq_block_q: int = 32,
+    tuning: ScanTuning = ScanTuning(),
+    interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernels for `ssd_chunk_scan_reference` (same arguments and results).
 
     `algorithm`: "sequential" (`_ssd_sequential`: one program per row, head and P-block walks the
-    row's chunks of `seq_block_q` tokens; block_p, num_warps apply, one stage) or "parallel"
-    (below). The two round differently, so the choice must never depend on the batch (DESIGN
-    5.8: a request's output may not depend on how many prefills share its step); it comes from
-    the model's config (`Mamba2Config.scan_algorithm`). Sequential is the default: on the H100
-    (RESULTS.md, 2026-11-22) it took 1070 us against 1713 us at 8 rows x 2048 tokens and 999 us
-    against 894 us at 1 x 8192, so it wins big where serving spends its prefill steps (several
-    rows; chunked prefill caps a row's length) and loses ~10% on one long row.
-
-    Three launches (see `_ssd_chunk_kernels`): chunk states in parallel over (head, chunk), a
-    sequential pass over the [H, P, N] chunk states of each row, then the outputs in parallel over
-    (head, token block). The state chunk Q = `state_chunk` (default `chunk_size`) divides
-    `chunk_size`, so chunks end at absolute multiples of `chunk_size` as the contract asks; the
-    outputs are computed in blocks of `block_q` tokens, `heads_per_program` heads of one group
-    per program (sharing C B^T). Extra memory: fp32 [NC, H, P, N] chunk
-    states and fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R.
+    row's chunks) or "parallel" (`_ssd_chunk_kernels`: chunk states in parallel over (head,
+    chunk), a sequential pass over the chunk states of each row, then the outputs in parallel over
+    (head, token block); extra memory fp32 [NC, H, P, N] chunk states and fp32 [H, T] dt' and
+    cumulative decay, NC = T // Q + 2R). The two round differently, so the choice must never
+    depend on the batch (DESIGN 5.8: a request's output may not depend on how many prefills share
+    its step); it comes from the model's config (`Mamba2Config.scan_algorithm`). Sequential is the
+    default: on the H100 (RESULTS.md, 2026-11-22) it took 1070 us against 1713 us at 8 rows x 2048
+    tokens and 999 us against 894 us at 1 x 8192, so it wins big where serving spends its prefill
+    steps (several rows; chunked prefill caps a row's length) and loses ~10% on one long row.
+    Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
     """
-    num_tokens, heads, head_dim, groups, state_size, num_rows = check_args(
-        x,
-        dt,
-        A,
-        B,
-        C,
-        ssm_state,
-        query_start_loc,
-        num_computed,
-        has_initial_state,
-        read_slots,
-        write_slots,
-        D,
-        z,
-        dt_bias,
-        chunk_size,
-        block_size,
-        boundary_slots,
-        algorithm,
+    heads, num_rows = x.shape[1], query_start_loc.shape[0] - 1
+    check_args(x, dt, A, B, C, ssm_state, query_start_loc, num_computed, has_initial_state,
+               read_slots, write_slots, D, z, dt_bias, chunk_size, block_size, boundary_slots,
+               algorithm)  # fmt: skip
+    i32, zeros = jnp.int32, jnp.zeros((heads,), jnp.float32)
+    bnd = jnp.zeros((num_rows, 1), i32) if boundary_slots is None else boundary_slots
+    meta = tuple(
+        a.astype(i32)
+        for a in (query_start_loc, num_computed, has_initial_state, read_slots, write_slots, bnd)
     )
-    f32, i32 = jnp.float32, jnp.int32
-    zeros = jnp.zeros((heads,), f32)
-    bnd = jnp.zeros((num_rows, 1), i32) if boundary_slots is None else boundary_slots.astype(i32)
-    qsl = query_start_loc.astype(i32)
-    nc = num_computed.astype(i32)
+    D = zeros if D is None else D
+    dt_bias = zeros if dt_bias is None else dt_bias
+    dt_limit = tuple(dt_limit)
     if algorithm == "sequential":
-        seq_block_q = max(16, min(pow2(seq_block_q), pow2(chunk_size)))
-        if chunk_size % seq_block_q:
-            raise ValueError(f"chunk_size={chunk_size} must be a multiple of seq_block_q")
-        meta = (qsl, nc, has_initial_state.astype(i32), read_slots.astype(i32))
-        meta += (write_slots.astype(i32), bnd)
-        return sequential_scan(
-            meta,
-            x,
-            dt,
-            A,
-            B,
-            C,
-            zeros if D is None else D,
-            z,
-            zeros if dt_bias is None else dt_bias,
-            ssm_state,
-            dt_softplus=dt_softplus,
-            dt_limit=tuple(dt_limit),
-            block_size=block_size,
-            block_q=seq_block_q,
-            block_p=max(16, min(pow2(block_p), pow2(head_dim))),
-            num_warps=num_warps,
-            num_stages=1,
-            interpret=interpret,
-        )
-    chunk = chunk_size if state_chunk is None else state_chunk
+        q = max(16, min(pow2(tuning.seq_block_q), pow2(chunk_size)))
+        if chunk_size % q:
+            raise ValueError(f"chunk_size={chunk_size} must be a multiple of seq_block_q={q}")
+        return sequential_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state,
+                               dt_softplus=dt_softplus, dt_limit=dt_limit, block_size=block_size,
+                               block_q=q, block_p=max(16, min(pow2(tuning.block_p),
+                                                              pow2(x.shape[2]))),
+                               num_warps=tuning.num_warps, num_stages=1,
+                               interpret=interpret)  # fmt: skip
+    return _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size, tuning,
+                          dt_softplus=dt_softplus, dt_limit=dt_limit, block_size=block_size,
+                          interpret=interpret)  # fmt: skip
+
+
+def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: int,
+                   tuning: ScanTuning, *, dt_softplus: bool, dt_limit: tuple[float, float],
+                   block_size: int | None, interpret: bool):  # fmt: skip
+    """The three launches of `_ssd_chunk_kernels`; meta = (qsl, nc, has_init, read, write,
+    boundary), int32."""
+    num_tokens, heads, head_dim = x.shape
+    groups, state_size = B.shape[1], B.shape[2]
+    qsl, nc = meta[0], meta[1]
+    num_rows = qsl.shape[0] - 1
+    chunk = chunk_size if tuning.state_chunk is None else tuning.state_chunk
     if chunk_size % chunk:
         raise ValueError(f"state_chunk={chunk} must divide chunk_size={chunk_size}")
-    block_q = max(16, min(pow2(block_q), pow2(chunk)))
+    block_q = max(16, min(pow2(tuning.block_q), pow2(chunk)))
     if chunk % block_q:
         raise ValueError(f"state_chunk={chunk} must be a multiple of block_q={block_q}")
-    block_p = max(16, min(pow2(block_p), pow2(head_dim)))
+    hpp = tuning.heads_per_program
+    if (heads // groups) % hpp:
+        raise ValueError(f"heads_per_program={hpp} must divide {heads // groups} (heads per group)")
+    block_p = max(16, min(pow2(tuning.block_p), pow2(head_dim)))
     block_n = max(16, pow2(state_size))
-    pass_block_n = max(16, min(pow2(pass_block_n), block_n))
+    pass_block_n = max(16, min(pow2(tuning.pass_block_n), block_n))
     t0, n, cstart, nch = _k.chunk_table(qsl, nc, num_tokens, chunk)
-    num_chunks = t0.shape[0]
-    p_blocks = pl.cdiv(head_dim, block_p)
+    num_chunks, p_blocks = t0.shape[0], pl.cdiv(head_dim, block_p)
     shape = dict(head_dim=head_dim, state_size=state_size)
+    f32 = jnp.float32
 
     def params(warps, stages=1):
         return plgpu.CompilerParams(num_warps=warps, num_stages=stages)
@@ -175,19 +162,19 @@ def ssd_chunk_scan(
             block_p=block_p,
             block_n=block_n,
             dt_softplus=dt_softplus,
-            dt_limit=tuple(dt_limit),
+            dt_limit=dt_limit,
             **shape,
-        ),
+        ),  # fmt: skip
         out_shape=(
             jax.ShapeDtypeStruct((num_chunks, heads, head_dim, state_size), f32),
             jax.ShapeDtypeStruct((heads, num_tokens), f32),
             jax.ShapeDtypeStruct((heads, num_tokens), f32),
         ),
         grid=(heads, num_chunks, p_blocks),
-        compiler_params=params(state_warps, num_stages),
+        compiler_params=params(tuning.state_warps, tuning.num_stages),
         interpret=interpret,
         name="ssd_chunk_state",
-    )(t0, n, x, dt, A, B, zeros if dt_bias is None else dt_bias)
+    )(t0, n, x, dt, A, B, dt_bias)
 
     states, pool, y = pl.pallas_call(
         functools.partial(
@@ -199,51 +186,32 @@ def ssd_chunk_scan(
             block_n=pass_block_n,
             block_size=block_size,
             **shape,
-        ),
+        ),  # fmt: skip
         out_shape=(sds_like(states), sds_like(ssm_state), sds_like(x)),
         grid=(num_rows + 1, heads, pl.cdiv(state_size, pass_block_n)),
         input_output_aliases={11: 0, 12: 1},
         compiler_params=params(4),
         interpret=interpret,
         name="ssd_state_pass",
-    )(
-        qsl,
-        nc,
-        has_initial_state.astype(i32),
-        read_slots.astype(i32),
-        write_slots.astype(i32),
-        bnd,
-        cstart,
-        nch,
-        t0,
-        n,
-        cum,
-        states,
-        ssm_state,
-    )
+    )(*meta, cstart, nch, t0, n, cum, states, ssm_state)
 
     blocks_per_chunk = chunk // block_q
-    if (heads // groups) % heads_per_program:
-        raise ValueError(
-            f"heads_per_program={heads_per_program} must divide {heads // groups} (heads per group)"
-        )
-    y = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(
             _k.output_kernel,
             heads_per_group=heads // groups,
-            heads_per_program=heads_per_program,
+            heads_per_program=hpp,
             blocks_per_chunk=blocks_per_chunk,
             block_q=block_q,
             block_p=block_p,
             block_n=block_n,
             has_z=z is not None,
             **shape,
-        ),
+        ),  # fmt: skip
         out_shape=sds_like(x),
-        grid=(heads // heads_per_program, num_chunks * blocks_per_chunk, p_blocks),
+        grid=(heads // hpp, num_chunks * blocks_per_chunk, p_blocks),
         input_output_aliases={10: 0},
-        compiler_params=params(num_warps, num_stages),
+        compiler_params=params(tuning.num_warps, tuning.num_stages),
         interpret=interpret,
         name="ssd_chunk_output",
-    )(t0, n, x, cum, dtp, B, C, zeros if D is None else D, x if z is None else z, states, y)
-    return y, pool
+    )(t0, n, x, cum, dtp, B, C, D, x if z is None else z, states, y), pool

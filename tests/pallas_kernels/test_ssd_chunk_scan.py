@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import ops
-from pallas_kernels.ssd_chunk_scan import ssd_chunk_scan
+from pallas_kernels.ssd_chunk_scan import ScanTuning, ssd_chunk_scan
 
 ARGS = (
     "x",
@@ -156,7 +156,7 @@ def test_rejects_bad_block_size():
         ((7, 1, 13, 2), None, 4, 6, 2, 5, {}),
         ((1,), [0, 0], 2, 16, 1, 16, {}),  # a single token
         # an empty row; starts mid-chunk, spans chunks of 2 token blocks (output loop over blocks)
-        ((0, 70), [3, 21, 0], 4, 6, 4, 5, {"chunk_size": 32, "block_q": 16}),
+        ((0, 70), [3, 21, 0], 4, 6, 4, 5, {"chunk_size": 32, "tuning": ScanTuning(block_q=16)}),
         # odd head counts, head dims and state sizes beside a multi-block head dim
         ((17, 3), [5, 0, 0], 5, 12, 1, 24, {}),
         ((16, 33), [0, 15, 0], 6, 80, 3, 48, {}),
@@ -164,8 +164,6 @@ def test_rejects_bad_block_size():
 )
 def test_kernel_matches_oracle(algorithm, lengths, nc, heads, head_dim, groups, state, kw):
     d = make_inputs(7, lengths, heads, head_dim, groups, state, num_computed=nc)
-    if algorithm == "sequential":  # parallel-only knobs
-        kw = {k: v for k, v in kw.items() if k != "block_q"}
     check(d, "interpret", **{"chunk_size": 16, **kw, "algorithm": algorithm})
 
 
@@ -180,12 +178,15 @@ def test_kernel_short_rows_straddling_chunks(algorithm):
 def test_kernel_heads_per_program():
     """Two heads per output program of the parallel kernel (sharing C B^T)."""
     d = make_inputs(7, (9, 20), 4, 6, 2, 5, num_computed=[3, 0, 0])
-    check(d, "interpret", chunk_size=16, heads_per_program=2, algorithm="parallel")
+    check(
+        d, "interpret", chunk_size=16, tuning=ScanTuning(heads_per_program=2), algorithm="parallel"
+    )
 
 
 def test_kernel_state_chunk_divides_chunk_size():
     d = make_inputs(3, (37, 5), num_computed=[30, 0, 0])
-    check(d, "interpret", chunk_size=64, state_chunk=32, block_q=16, algorithm="parallel")
+    tuning = ScanTuning(state_chunk=32, block_q=16)
+    check(d, "interpret", chunk_size=64, tuning=tuning, algorithm="parallel")
 
 
 def test_rejects_unknown_algorithm():
@@ -221,7 +222,7 @@ def test_kernel_lowers_for_triton(algorithm):
     def fn(*a):
         d, z, bias, bnd = a[11:]
         kw = dict(D=d, z=z, dt_bias=bias, boundary_slots=bnd, block_size=512)
-        kw |= dict(heads_per_program=2, algorithm=algorithm)
+        kw |= dict(tuning=ScanTuning(heads_per_program=2), algorithm=algorithm)
         return ssd_chunk_scan(*a[:11], **kw, interpret=False)
 
     text = lower_for_cuda(fn, *args, *opts)

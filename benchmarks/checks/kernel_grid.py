@@ -40,20 +40,14 @@ from pallas_kernels import ssd_state_update as ssu
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 # Relative error allowed per op and input dtype (bf16 inputs: bf16 dot operands and outputs).
-TOLERANCE = {
-    (F32, "conv"): 1e-5,
-    (F32, "update"): 2e-5,
-    (F32, "scan"): 1e-4,
-    (BF16, "conv"): 1e-2,
-    (BF16, "update"): 1e-2,
-    (BF16, "scan"): 2e-2,
-}
+TOLERANCE = {(F32, "conv"): 1e-5, (F32, "update"): 2e-5, (F32, "scan"): 1e-4,
+             (BF16, "conv"): 1e-2, (BF16, "update"): 1e-2, (BF16, "scan"): 2e-2}  # fmt: skip
 COMPILE_LIMIT_S, RUN_LIMIT_S = (300.0, 60.0) if on_gpu() else (600.0, 300.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One built grid point: kernel(*args) and reference(*args) both return (out, pool)."""
+    """One built grid point: kernel(*args, interpret=) and reference(*args) return (out, pool)."""
 
     kernel: Callable
     reference: Callable
@@ -130,28 +124,21 @@ def varlen(rng, lengths: list[int], block: int, pad_tokens: int = 5) -> Varlen:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Lanes:
-    """Decode rows of 1 + K lanes: row 0 has a dead last lane (or updates in place when L = 1)."""
-
-    read: np.ndarray  # [B]
-    write: np.ndarray  # [B, L]
-    num_slots: int
-
-
-def lanes(rng, batch: int, width: int) -> Lanes:
+def lanes(rng, batch: int, width: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Decode rows of 1 + K lanes: read slots [B], write slots [B, L], pool size. Row 0 has a dead
+    last lane (or is updated in place when L = 1); the last row is padding."""
     slots = rng.permutation(np.arange(1, batch * (width + 1) + 3)).astype(np.int32)
     read, write = slots[:batch], slots[batch : batch * (width + 1)].reshape(batch, width).copy()
     if width == 1:
         write[0, 0] = read[0]
     else:
         write[0, -1] = 0
-    read[-1], write[-1] = 0, 0  # a padding row
-    return Lanes(read, write, len(slots) + 1)
+    read[-1], write[-1] = 0, 0
+    return read, write, len(slots) + 1
 
 
-def _lane_live(rows: Lanes, tail: int) -> np.ndarray:
-    return (rows.write > 0).reshape(rows.write.shape + (1,) * tail)
+def _lane_live(write: np.ndarray, tail: int) -> np.ndarray:
+    return (write > 0).reshape(write.shape + (1,) * tail)
 
 
 def _lengths(chunk: int) -> list[int]:
@@ -178,7 +165,7 @@ def conv_prefill(channels: int, width: int, dtype, block_t: int = 16) -> Shape:
             rows.qsl, rows.has_init, rows.read, rows.write,
         )  # fmt: skip
         return Case(
-            functools.partial(conv.causal_conv1d_prefill, interpret=not on_gpu()),
+            conv.causal_conv1d_prefill,
             conv_ref.causal_conv1d_prefill_reference,
             args, 3, rows.live[:, None], rows.write, TOLERANCE[dtype, "conv"], rows.describe(),
         )  # fmt: skip
@@ -188,18 +175,18 @@ def conv_prefill(channels: int, width: int, dtype, block_t: int = 16) -> Shape:
 
 def conv_update(channels: int, width: int, num_lanes: int, dtype, batch: int = 6) -> Shape:
     def build(rng) -> Case:
-        rows = lanes(rng, batch, num_lanes)
+        read, write, num_slots = lanes(rng, batch, num_lanes)
         args = (
             _normal(rng, (batch, num_lanes, channels), dtype),
             _normal(rng, (channels, width), dtype, width**-0.5),
             _normal(rng, (channels,), dtype, 0.1),
-            _pool(rng, rows.num_slots, (channels, width - 1), dtype),
-            rows.read, rows.write,
+            _pool(rng, num_slots, (channels, width - 1), dtype),
+            read, write,
         )  # fmt: skip
         return Case(
-            functools.partial(conv.causal_conv1d_update, interpret=not on_gpu()),
+            conv.causal_conv1d_update,
             conv_ref.causal_conv1d_update_reference,
-            args, 3, _lane_live(rows, 1), rows.write.ravel(), TOLERANCE[dtype, "conv"],
+            args, 3, _lane_live(write, 1), write.ravel(), TOLERANCE[dtype, "conv"],
             f"B={batch} L={num_lanes}",
         )  # fmt: skip
 
@@ -229,7 +216,7 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
                       boundary_slots=bnd, algorithm=algorithm, **kw)  # fmt: skip
 
         return Case(
-            functools.partial(call, ssd.ssd_chunk_scan, interpret=not on_gpu()),
+            functools.partial(call, ssd.ssd_chunk_scan),
             functools.partial(call, ssd_ref.ssd_chunk_scan_reference),
             args, 5, rows.live[:, None, None], rows.written, TOLERANCE[dtype, "scan"],
             rows.describe(),
@@ -242,7 +229,7 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
 def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: int, dtype,
                batch: int = 6) -> Shape:  # fmt: skip
     def build(rng) -> Case:
-        rows = lanes(rng, batch, num_lanes)
+        read, write, num_slots = lanes(rng, batch, num_lanes)
         lead = (batch, num_lanes)
         args = (
             _normal(rng, (*lead, heads, head_dim), dtype),
@@ -250,8 +237,8 @@ def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: in
             -np.exp(_normal(rng, (heads,), F32, 0.5)),
             _normal(rng, (*lead, groups, state), dtype, state**-0.5),
             _normal(rng, (*lead, groups, state), dtype, state**-0.5),
-            _pool(rng, rows.num_slots, (heads, head_dim, state), F32),
-            rows.read, rows.write,
+            _pool(rng, num_slots, (heads, head_dim, state), F32),
+            read, write,
             _normal(rng, (heads,)), _normal(rng, (*lead, heads, head_dim), dtype),
             _normal(rng, (heads,), F32, 0.5),
         )  # fmt: skip
@@ -260,9 +247,9 @@ def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: in
             return fn(*a[:8], D=a[8], z=a[9], dt_bias=a[10], **kw)
 
         return Case(
-            functools.partial(call, ssu.ssd_state_update, interpret=not on_gpu()),
+            functools.partial(call, ssu.ssd_state_update),
             functools.partial(call, ssu.ssd_state_update_reference),
-            args, 5, _lane_live(rows, 2), rows.write.ravel(), TOLERANCE[dtype, "update"],
+            args, 5, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
             f"B={batch} L={num_lanes}",
         )  # fmt: skip
 
@@ -288,7 +275,7 @@ def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape
             return fn(*a[:11], chunk_size=chunk, block_size=chunk, boundary_slots=a[11], **kw)
 
         return Case(
-            functools.partial(call, gdnc.gdn_chunk, interpret=not on_gpu()),
+            functools.partial(call, gdnc.gdn_chunk),
             functools.partial(call, gdnc.gdn_chunk_reference),
             args, 5, rows.live[:, None, None], rows.written, TOLERANCE[dtype, "scan"],
             rows.describe(),
@@ -300,7 +287,7 @@ def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape
 
 def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: int = 6) -> Shape:
     def build(rng) -> Case:
-        rows = lanes(rng, batch, num_lanes)
+        read, write, num_slots = lanes(rng, batch, num_lanes)
         lead = (batch, num_lanes)
         args = (
             _normal(rng, (*lead, hk, k), dtype),
@@ -310,13 +297,13 @@ def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: i
             _normal(rng, (*lead, hv), dtype),
             _normal(rng, (hv,), F32, 0.5),
             _normal(rng, (hv,), F32, 0.5),
-            _pool(rng, rows.num_slots, (hv, v, k), F32),
-            rows.read, rows.write,
+            _pool(rng, num_slots, (hv, v, k), F32),
+            read, write,
         )  # fmt: skip
         return Case(
-            functools.partial(gdnu.gdn_state_update, interpret=not on_gpu()),
+            gdnu.gdn_state_update,
             gdnu.gdn_state_update_reference,
-            args, 7, _lane_live(rows, 2), rows.write.ravel(), TOLERANCE[dtype, "update"],
+            args, 7, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
             f"B={batch} L={num_lanes}",
         )  # fmt: skip
 
@@ -382,7 +369,8 @@ def _compile_all(cases: list[Case], workers: int) -> list[concurrent.futures.Fut
     def compile_one(case: Case):
         with gate:
             start = time.perf_counter()
-            kernel = jax.jit(case.kernel).lower(*case.args).compile()
+            kernel = functools.partial(case.kernel, interpret=not on_gpu())
+            kernel = jax.jit(kernel).lower(*case.args).compile()
             reference = jax.jit(case.reference).lower(*case.args).compile()
             return kernel, reference, time.perf_counter() - start
 
@@ -449,15 +437,16 @@ def run(quick: bool) -> list[Check]:
     compiled = _compile_all(cases, workers=min(16, os.cpu_count() or 1))
     deadline = time.time() + COMPILE_LIMIT_S
     checks: list[Check] = []
+    hung = False
     for shape, case, future in zip(shapes, cases, compiled, strict=True):
-        if checks and checks[-1].detail.startswith("hung"):
-            # The device is stuck behind the hung kernel: say so instead of waiting again.
+        if hung:  # the device is stuck behind the hung kernel: say so instead of waiting again
             checks.append(Check(shape.name, False, "not run: an earlier kernel hung"))
             continue
         print(f"kernel grid: {shape.name}", flush=True)
         try:
             checks.append(_check(shape, case, future, deadline))
         except TimeoutError:
+            hung = True
             checks.append(Check(shape.name, False, f"hung: no result within {RUN_LIMIT_S:.0f} s"))
         except Exception as e:  # a failure to compile or run is a failed check, not a crash
             checks.append(Check(shape.name, False, f"{type(e).__name__}: {str(e)[:300]}"))

@@ -165,7 +165,7 @@ def conv_prefill(channels: int, width: int, dtype, block_t: int = 16) -> Shape:
             rows.qsl, rows.has_init, rows.read, rows.write,
         )  # fmt: skip
         return Case(
-            conv.causal_conv1d_prefill,
+            functools.partial(conv.causal_conv1d_prefill, block_t=block_t),
             conv_ref.causal_conv1d_prefill_reference,
             args, 3, rows.live[:, None], rows.write, TOLERANCE[dtype, "conv"], rows.describe(),
         )  # fmt: skip

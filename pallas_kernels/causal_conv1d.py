@@ -194,6 +194,8 @@ def causal_conv1d_prefill(
     read = jnp.where(has_initial_state, safe_slot(read_slots, conv_state.shape[0]), 0)
     slot = jnp.where(live, read[row], 0).astype(jnp.int32)
     bias = jnp.zeros((channels,), jnp.float32) if bias is None else bias
+    # Blocks may shrink with T: a token's taps are summed in the same order in any block, so this
+    # does not make a row's result depend on the padded shape.
     block_t, block_d = min(pow2(block_t), pow2(num_tokens)), min(pow2(block_d), pow2(channels))
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
     y = pl.pallas_call(

@@ -145,7 +145,13 @@ def test_prefill_rejects_bad_weight():
 
 @pytest.mark.parametrize(
     ("lengths", "channels", "width", "block_t"),
-    [((5, 1, 2, 9), 12, 4, 4), ((1,), 6, 2, 8), ((3, 0, 12), 20, 3, 4), ((2, 1, 7), 12, 4, 16)],
+    [
+        ((5, 1, 2, 9), 12, 4, 4),
+        ((1,), 6, 2, 8),
+        ((3, 0, 12), 20, 3, 4),
+        ((2, 1, 7), 12, 4, 16),
+        ((5, 1, 2, 9), 37, 4, 2),
+    ],  # block_t < W - 1: no shifted tile may start before token 0
 )
 def test_prefill_kernel(lengths, channels, width, block_t):
     """Short rows, empty rows, several rows in one token block, channel counts not powers of two."""

@@ -450,5 +450,9 @@ def run(quick: bool) -> list[Check]:
             checks.append(Check(shape.name, False, f"hung: no result within {RUN_LIMIT_S:.0f} s"))
         except Exception as e:  # a failure to compile or run is a failed check, not a crash
             checks.append(Check(shape.name, False, f"{type(e).__name__}: {str(e)[:300]}"))
-    print(f"kernel grid: {len(cases)} shapes in {time.perf_counter() - start:.0f} s", flush=True)
+    done = [f.result()[2] for f in compiled if f.done() and not f.exception()]
+    wall = time.perf_counter() - start
+    longest = max(done, default=0.0)
+    print(f"kernel grid: {len(cases)} shapes in {wall:.0f} s wall; {len(done)} compiles took "
+          f"{sum(done):.0f} s in all, the longest {longest:.0f} s", flush=True)  # fmt: skip
     return checks

@@ -1,10 +1,10 @@
 """Run a transformers fixture (tests/fixtures/<name>) through our model the way HF ran it.
 
 Shared by the CPU parity test (tests/jmamba/test_parity.py) and the GPU check
-(benchmarks/checks/fixtures.py). Each run returns `Comparison`s, our array beside HF's, so the test
-asserts them and the GPU check reports their max |delta|. The chunk schedule of each sequence is data
-in expected.npz (`chunks_a`, `chunks_b`: the (start, stop) prefill calls; after the last one the
-sequence is decoded one token per step), so fixtures with other lengths and schedules need no code.
+(benchmarks/checks/fixtures.py). Each run returns `Comparison`s, our array beside HF's, so the
+test asserts them and the GPU check reports their max |delta|. The chunk schedule of each sequence
+is data in expected.npz (`chunks_a`, `chunks_b`: the (start, stop) prefill calls; after the last
+one the sequence is decoded one token per step), so other lengths and schedules need no code.
 
 Both sequences share every step, at non-trivial state slots and scattered KV blocks, with padding
 rows and tokens in every step, garbage in every pool entry a request does not own, and NaN in the
@@ -48,7 +48,9 @@ class Comparison(NamedTuple):
 
     @property
     def max_error(self) -> float:
-        return float(np.abs(self.ours - self.theirs).max())
+        """max |ours - theirs|; inf if any entry is NaN (a NaN must never look small)."""
+        delta = np.abs(self.ours - self.theirs)
+        return float("inf") if np.isnan(delta).any() else float(delta.max())
 
 
 @dataclasses.dataclass
@@ -120,7 +122,7 @@ def run_full(fx: Fixture) -> tuple[list[Comparison], np.ndarray]:
 
 
 def calls(chunks: np.ndarray, length: int) -> list[tuple[int, int, bool]]:
-    """(start, stop, is_decode) per step of one sequence: its prefill chunks, then 1-token decodes."""
+    """(start, stop, is_decode) per step of one sequence: its prefill chunks, then decodes."""
     prefills = [(int(s), int(e), False) for s, e in chunks]
     return prefills + [(t, t + 1, True) for t in range(prefills[-1][1], length)]
 
@@ -132,7 +134,7 @@ def logit_positions(chunks: np.ndarray, length: int) -> list[int]:
 
 def step_calls(fx: Fixture) -> list[list[tuple[int, tuple[int, int, bool]]]]:
     """Per step, (sequence index, its call) for each sequence that still has a call."""
-    schedules = [calls(fx.expected[f"chunks_{t}"], len(s)) for t, s in zip("ab", fx.seqs, strict=True)]
+    schedules = [calls(fx.expected[f"chunks_{t}"], len(fx.seqs[i])) for i, t in enumerate("ab")]
     num_steps = max(len(sched) for sched in schedules)
     return [[(i, s[k]) for i, s in enumerate(schedules) if k < len(s)] for k in range(num_steps)]
 

@@ -39,9 +39,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 VOCAB = 128
 TOKEN_SEED = 1234
 TOL = 1e-4
-# CPU BLAS kernels may depend on memory alignment: a matmul by a [1, 72] weight read from the
-# mmapped safetensors differs by one ulp from the same weight in a fresh allocation.
-RELOAD_TOL = 1e-6
 MIN_MARGIN = 1e-4  # smallest allowed top-k routing gap (see _router_margin)
 IDS = dict(
     vocab_size=VOCAB,
@@ -367,15 +364,10 @@ def make_family(family: str) -> dict[str, float]:
 
 
 def check_reload(model: torch.nn.Module, out_dir: Path, seq: np.ndarray, ref: np.ndarray) -> None:
-    """The saved checkpoint must reload (disk -> memory conversion) to the same weights, bit for
-    bit, and the same logits within RELOAD_TOL."""
+    """The saved checkpoint must reload (disk -> memory conversion) to the same logits."""
     reloaded = type(model).from_pretrained(out_dir).eval()
-    ours, theirs = model.state_dict(), reloaded.state_dict()
-    assert ours.keys() == theirs.keys(), f"{out_dir.name}: reload changed the tensor names"
-    changed = [k for k in ours if not torch.equal(ours[k], theirs[k])]
-    assert not changed, f"{out_dir.name}: reload changed {changed}"
     diff = float(np.abs(full_logits(reloaded, seq) - ref).max())
-    assert diff <= RELOAD_TOL, f"{out_dir.name}: reload changed logits by {diff:.2e}"
+    assert diff == 0.0, f"{out_dir.name}: reload changed logits by {diff:.2e}"
 
 
 def tensor_listing(path: Path) -> list[str]:

@@ -18,6 +18,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import dataclasses  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -36,11 +37,7 @@ transformers.logging.disable_progress_bar()
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 VOCAB = 128
-LEN_A, LEN_B = 80, 23
 TOKEN_SEED = 1234
-# (start, stop) calls on one cache; the tail after the last chunk goes one token at a time.
-CHUNKS_A = ((0, 32), (32, 48))
-CHUNKS_B = ((0, 16),)
 TOL = 1e-4
 MIN_MARGIN = 1e-4  # smallest allowed top-k routing gap (see _router_margin)
 IDS = dict(
@@ -112,12 +109,103 @@ def qwen3_5_moe() -> tuple[type, Any]:
     return transformers.Qwen3_5MoeForCausalLM, cfg
 
 
-FAMILIES: dict[str, Callable[[], tuple[type, Any]]] = {
-    "mamba2": mamba2,
-    "nemotron_h": nemotron_h,
-    "qwen3_next": qwen3_next,
-    "qwen3_5": qwen3_5,
-    "qwen3_5_moe": qwen3_5_moe,
+def mamba2_odd() -> tuple[type, Any]:
+    """Mamba2, odd dims: 6 heads x head_dim 24, d_state 12, 3 groups, conv_dim 216, chunk 32."""
+    cfg = transformers.Mamba2Config(
+        hidden_size=72, num_hidden_layers=2, num_heads=6, head_dim=24, expand=2,
+        state_size=12, n_groups=3, conv_kernel=4, chunk_size=32, time_step_rank=5, **IDS,
+    )  # fmt: skip
+    return transformers.Mamba2ForCausalLM, cfg
+
+
+def nemotron_h_odd() -> tuple[type, Any]:
+    """NemotronH, odd dims: Mamba2 5 heads x 24, d_state 24, 5 groups (conv_dim 360), chunk 16;
+    attention 6 heads / 3 KV heads x 24; 6 experts in 3 groups, top-2 from the best 2 groups."""
+    cfg = transformers.NemotronHConfig(
+        hidden_size=72,
+        layers_block_type=[
+            "linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe",
+        ],
+        num_attention_heads=6, num_key_value_heads=3, head_dim=24, intermediate_size=96,
+        mlp_hidden_act="relu2", mamba_num_heads=5, mamba_head_dim=24, ssm_state_size=24,
+        n_groups=5, conv_kernel=4, chunk_size=16,
+        n_routed_experts=6, num_experts_per_tok=2, n_group=3, topk_group=2, norm_topk_prob=True,
+        routed_scaling_factor=1.5, moe_intermediate_size=40,
+        moe_shared_expert_intermediate_size=24, **IDS,
+    )  # fmt: skip
+    return transformers.NemotronHForCausalLM, cfg
+
+
+def _gdn_odd(k_heads: int, v_heads: int, d_v: int, head_dim: int, kv_heads: int) -> dict:
+    """Odd GDN hybrid dims: hidden 40, head_k_dim 24 (the H100 bug's), 6 attention heads."""
+    return dict(
+        hidden_size=40, num_hidden_layers=3,
+        layer_types=["linear_attention", "linear_attention", "full_attention"],
+        num_attention_heads=6, num_key_value_heads=kv_heads, head_dim=head_dim,
+        linear_num_key_heads=k_heads, linear_num_value_heads=v_heads, linear_key_head_dim=24,
+        linear_value_head_dim=d_v, linear_conv_kernel_dim=4, **IDS,
+    )  # fmt: skip
+
+
+def qwen3_next_odd() -> tuple[type, Any]:
+    """Qwen3-Next, odd dims: GDN 3 key / 6 value heads, d_v 40; attention 6 / 3 x 24; 6 experts."""
+    cfg = transformers.Qwen3NextConfig(
+        intermediate_size=96, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
+        shared_expert_intermediate_size=24, decoder_sparse_step=1, mlp_only_layers=[1],
+        norm_topk_prob=True, **_gdn_odd(3, 6, 40, 24, 3),
+    )  # fmt: skip
+    return transformers.Qwen3NextForCausalLM, cfg
+
+
+def qwen3_5_odd() -> tuple[type, Any]:
+    """Qwen3.5 dense, odd dims: GDN 3 key / 6 value heads, d_v 48; attention 6 / 3 x head_dim 80."""
+    cfg = transformers.Qwen3_5TextConfig(intermediate_size=96, **_gdn_odd(3, 6, 48, 80, 3))
+    return transformers.Qwen3_5ForCausalLM, cfg
+
+
+def qwen3_5_moe_odd() -> tuple[type, Any]:
+    """Qwen3.5 MoE, odd dims: GDN 1 key / 5 value heads, d_v 40 (conv_dim 248); attention 6 / 2 x
+    24; 6 experts, top-3."""
+    cfg = transformers.Qwen3_5MoeTextConfig(
+        num_experts=6, num_experts_per_tok=3, moe_intermediate_size=40,
+        shared_expert_intermediate_size=24, **_gdn_odd(1, 5, 40, 24, 2),
+    )  # fmt: skip
+    return transformers.Qwen3_5MoeForCausalLM, cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixture:
+    """One fixture: its model, its two sequence lengths and its chunk schedules.
+
+    A schedule lists (start, stop) calls on one cache; after the last chunk the sequence goes one
+    token per call (decode).
+    """
+
+    make: Callable[[], tuple[type, Any]]
+    len_a: int
+    len_b: int
+    chunks_a: tuple[tuple[int, int], ...]
+    chunks_b: tuple[tuple[int, int], ...]
+
+
+# The five originals: 80 / 23 tokens, chunk ends on multiples of 16.
+_SMALL = dict(len_a=80, len_b=23, chunks_a=((0, 32), (32, 48)), chunks_b=((0, 16),))
+# The odd ones: a covers two GDN chunks (64) plus a remainder, b one chunk plus a token; no chunk
+# boundary is a multiple of 16, and (50, 139) crosses two GDN chunk ends and starts mid-chunk.
+_ODD = dict(
+    len_a=181, len_b=65, chunks_a=((0, 50), (50, 139), (139, 170)), chunks_b=((0, 33), (33, 61))
+)
+FAMILIES: dict[str, Fixture] = {
+    "mamba2": Fixture(mamba2, **_SMALL),
+    "nemotron_h": Fixture(nemotron_h, **_SMALL),
+    "qwen3_next": Fixture(qwen3_next, **_SMALL),
+    "qwen3_5": Fixture(qwen3_5, **_SMALL),
+    "qwen3_5_moe": Fixture(qwen3_5_moe, **_SMALL),
+    "mamba2_odd": Fixture(mamba2_odd, **_ODD),
+    "nemotron_h_odd": Fixture(nemotron_h_odd, **_ODD),
+    "qwen3_next_odd": Fixture(qwen3_next_odd, **_ODD),
+    "qwen3_5_odd": Fixture(qwen3_5_odd, **_ODD),
+    "qwen3_5_moe_odd": Fixture(qwen3_5_moe_odd, **_ODD),
 }
 
 
@@ -137,11 +225,11 @@ def perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
             b.add_(torch.randn(b.shape, generator=gen, dtype=b.dtype) * scale)
 
 
-def make_tokens(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two int32 token sequences of lengths LEN_A and LEN_B with ids in [3, VOCAB)."""
+def make_tokens(seed: int, len_a: int, len_b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two int32 token sequences of lengths len_a and len_b with ids in [3, VOCAB)."""
     rng = np.random.default_rng(seed)
-    seq_a = rng.integers(3, VOCAB, size=LEN_A, dtype=np.int64).astype(np.int32)
-    seq_b = rng.integers(3, VOCAB, size=LEN_B, dtype=np.int64).astype(np.int32)
+    seq_a = rng.integers(3, VOCAB, size=len_a, dtype=np.int64).astype(np.int32)
+    seq_b = rng.integers(3, VOCAB, size=len_b, dtype=np.int64).astype(np.int32)
     return seq_a, seq_b
 
 
@@ -233,14 +321,14 @@ def build(family: str, seqs: list[np.ndarray]) -> tuple[torch.nn.Module, list[in
     The noise seed is the first of 1, 2, ... whose model has no MoE near-tie on seqs (see
     _router_margin), so the fixtures stay deterministic and parity tests cannot flip experts.
     """
-    cls, cfg = FAMILIES[family]()
+    cls, cfg = FAMILIES[family].make()
     for seed in range(1, 21):
         torch.manual_seed(0)
         model = cls(cfg).float().eval()
         perturb(model, seed=seed)
         margin = routing_margin(model, seqs)
         if margin > MIN_MARGIN:
-            print(f"{family:12s} noise seed {seed}")
+            print(f"{family:15s} noise seed {seed}")
             break
     else:
         raise AssertionError(f"{family}: every seed has a router near-tie (last {margin:.2e})")
@@ -248,8 +336,10 @@ def build(family: str, seqs: list[np.ndarray]) -> tuple[torch.nn.Module, list[in
     return model, recurrent, margin
 
 
-def make_family(family: str, seq_a: np.ndarray, seq_b: np.ndarray) -> dict[str, float]:
+def make_family(family: str) -> dict[str, float]:
     """Save one family's model and expected.npz; returns the max chunked-vs-full diffs."""
+    spec = FAMILIES[family]
+    seq_a, seq_b = make_tokens(TOKEN_SEED, spec.len_a, spec.len_b)
     diffs: dict[str, float] = {}
     model, recurrent, diffs["margin"] = build(family, [seq_a, seq_b])
     out_dir = FIXTURES / family
@@ -258,7 +348,7 @@ def make_family(family: str, seq_a: np.ndarray, seq_b: np.ndarray) -> dict[str, 
     (out_dir / "generation_config.json").unlink(missing_ok=True)
 
     arrays: dict[str, np.ndarray] = {"seq_a": seq_a, "seq_b": seq_b}
-    for tag, seq, chunks in (("a", seq_a, CHUNKS_A), ("b", seq_b, CHUNKS_B)):
+    for tag, seq, chunks in (("a", seq_a, spec.chunks_a), ("b", seq_b, spec.chunks_b)):
         full = full_logits(model, seq)
         chunked, cache = chunked_logits(model, seq, chunks)
         diffs[tag] = float(np.abs(full - chunked).max())
@@ -266,6 +356,7 @@ def make_family(family: str, seq_a: np.ndarray, seq_b: np.ndarray) -> dict[str, 
         arrays[f"logits_full_{tag}"] = full.astype(np.float32)
         arrays[f"logits_chunked_{tag}"] = chunked.astype(np.float32)
         arrays.update(recurrent_states(cache, recurrent, tag))
+        arrays[f"chunks_{tag}"] = np.asarray(chunks, dtype=np.int32)
     arrays["recurrent_layers"] = np.asarray(recurrent, dtype=np.int32)
     np.savez(out_dir / "expected.npz", **arrays)
     check_reload(model, out_dir, seq_b, arrays["logits_full_b"])
@@ -301,13 +392,12 @@ def main(argv: list[str]) -> None:
     """Regenerate the families named in argv (all when none)."""
     show = "--list" in argv
     families = [a for a in argv if a != "--list"] or list(FAMILIES)
-    seq_a, seq_b = make_tokens(TOKEN_SEED)
     print(f"torch {torch.__version__}  transformers {transformers.__version__}")
     for family in families:
-        diffs = make_family(family, seq_a, seq_b)
+        diffs = make_family(family)
         sizes = {p.name: p.stat().st_size for p in sorted((FIXTURES / family).iterdir())}
         print(
-            f"{family:12s} chunked-vs-full a={diffs['a']:.2e} b={diffs['b']:.2e} "
+            f"{family:15s} chunked-vs-full a={diffs['a']:.2e} b={diffs['b']:.2e} "
             f"route-gap={diffs['margin']:.1e}  " + " ".join(f"{k}={v}" for k, v in sizes.items())
         )
         if show:

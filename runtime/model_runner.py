@@ -74,6 +74,11 @@ class ModelRunner:
         """How many step variants are compiled so far."""
         return len(self._compiled)
 
+    @property
+    def variants(self) -> list[VariantKey]:
+        """The (bucket, sampling mode) of every compiled step variant."""
+        return list(self._compiled)
+
     def run(self, bucket: Bucket, batch: StepBatch) -> np.ndarray:
         """Run one step; returns each scheduled request's sampled token, [len(sample_rows)]."""
         key = (bucket, batch.mode)

@@ -110,17 +110,25 @@ def _whole_sequence_inputs(tokens: list[int]) -> StepInputs:
 
 
 def naive_greedy(
-    family: str, prompt: list[int], max_tokens: int, stop_ids: tuple[int, ...] | None = None
+    family: str,
+    prompt: list[int],
+    max_tokens: int,
+    stop_ids: tuple[int, ...] | None = None,
+    min_tokens: int = 0,
 ) -> list[int]:
     """Greedy tokens by full recompute: fresh caches, the whole sequence as one prefill row.
 
-    Stops after a token of `stop_ids` (default: the model's EOS ids) or at MAX_MODEL_LEN tokens.
+    Stops after a token of `stop_ids` (default: the model's EOS ids) once more than `min_tokens`
+    are generated (before that their logits are -inf), or at MAX_MODEL_LEN tokens in all.
     """
     forward, tokens = _naive_forward(family), list(prompt)
     stop_ids = jmamba.presets.tiny(family).eos_token_ids if stop_ids is None else stop_ids
-    for _ in range(min(max_tokens, MAX_MODEL_LEN - len(prompt))):
-        tokens.append(int(np.argmax(np.asarray(forward(_whole_sequence_inputs(tokens))))))
-        if tokens[-1] in stop_ids:
+    for step in range(min(max_tokens, MAX_MODEL_LEN - len(prompt))):
+        logits = np.array(forward(_whole_sequence_inputs(tokens)), np.float64)
+        if step < min_tokens:
+            logits[list(stop_ids)] = -np.inf
+        tokens.append(int(np.argmax(logits)))
+        if tokens[-1] in stop_ids and step >= min_tokens:
             break
     return tokens[len(prompt) :]
 

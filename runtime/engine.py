@@ -76,10 +76,13 @@ class Engine:
         Raises ValueError, and queues nothing, on bad input: the other requests keep being served.
         """
         prompt, params = self.check_request(prompt_token_ids, sampling_params)
-        number = next(self._counter)
-        request_id = str(number) if request_id is None else checks.request_id(request_id)
+        given = None if request_id is None else checks.request_id(request_id)
+        if given in self._requests:
+            raise ValueError(f"request_id={given!r} is already in use")
+        number = next(self._counter)  # only accepted requests count: seeds stay reproducible
+        request_id = str(number) if given is None else given
         if request_id in self._requests:
-            raise ValueError(f"request_id={request_id!r} is already in use")
+            raise ValueError(f"request_id={request_id!r} (from the arrival count) is in use")
         seed = params.seed if params.seed is not None else (self.config.seed * 1_000_003 + number)
         request = Request(request_id, prompt, params, seed=seed % 2**32,
                           eos_token_ids=self.model_config.eos_token_ids)  # fmt: skip

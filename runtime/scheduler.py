@@ -24,7 +24,9 @@ at most S - 1 lanes are set aside; if it waits, it has a free row and no running
 than it (a request that overtook it in step 3 had a whole prompt under c tokens, so it finished its
 prefill in that step). So a request's first token comes at most sum_j ceil(L_j / (k * c)) steps
 after it arrives, over the requests j that arrived no later (itself included; L_j their prompt
-lengths); tests/runtime/test_scheduler_fairness.py checks this bound.
+lengths); tests/runtime/test_scheduler_fairness.py checks this bound. A request kept out for lack
+of rows, slots or blocks waits for running requests to finish or be preempted, and no younger
+request is admitted before it meanwhile, so it is not starved either.
 """
 
 from __future__ import annotations

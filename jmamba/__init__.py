@@ -1,23 +1,39 @@
-"""jmamba: hybrid state-space language models (Mamba2, NemotronH, Qwen3-Next, Qwen3.5), NNX."""
+"""jmamba: hybrid state-space language models (Mamba2, NemotronH, Qwen3-Next, Qwen3.5), NNX.
 
-from jmamba import presets
-from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.families import from_hf_config, load_hf_config
-from jmamba.inputs import NULL, DecodeRows, PrefillRows, StepInputs
-from jmamba.model import HybridLM
-from jmamba.weights import load_pretrained
+The names below are loaded on first use (PEP 562), so importing a jax-free submodule such as
+`jmamba.step_inputs` or `jmamba.config` does not load jax, flax or the Pallas kernels.
+"""
 
-__all__ = [
-    "NULL",
-    "DecodeRows",
-    "Ffn",
-    "HybridLM",
-    "Mixer",
-    "ModelConfig",
-    "PrefillRows",
-    "StepInputs",
-    "from_hf_config",
-    "load_hf_config",
-    "load_pretrained",
-    "presets",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "NULL": "jmamba.inputs",
+    "DecodeRows": "jmamba.inputs",
+    "PrefillRows": "jmamba.inputs",
+    "StepInputs": "jmamba.inputs",
+    "Ffn": "jmamba.config",
+    "Mixer": "jmamba.config",
+    "ModelConfig": "jmamba.config",
+    "from_hf_config": "jmamba.families",
+    "load_hf_config": "jmamba.families",
+    "HybridLM": "jmamba.model",
+    "load_pretrained": "jmamba.weights",
+}
+_SUBMODULES = ("presets",)
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"jmamba.{name}")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'jmamba' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

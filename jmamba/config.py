@@ -187,6 +187,8 @@ class ModelConfig:
 
     `norm_offset` is 1.0 for zero-centred RMSNorms (`x_hat * (1 + w)`, Qwen3-Next) and 0.0 for plain
     ones. `architecture` is the HF class name the config came from (it picks the weight names).
+    `eos_token_ids` end generation (unless a request ignores EOS): those of config.json and of
+    generation_config.json when the checkpoint has one.
     """
 
     architecture: str
@@ -214,6 +216,11 @@ class ModelConfig:
             len(self.mixers) == len(self.ffns) and len(self.mixers) > 0,
             f"layer pattern needs one mixer and one ffn per layer, got {len(self.mixers)} "
             f"and {len(self.ffns)}",
+        )
+        outside = [i for i in self.eos_token_ids if not 0 <= i < self.vocab_size]
+        _require(
+            not outside,
+            f"eos_token_ids {outside} are outside the vocabulary [0, {self.vocab_size})",
         )
         needs = {
             Mixer.ATTENTION: "attention",

@@ -7,6 +7,7 @@ plus `mlp_only_layers` / `decoder_sparse_step` (Qwen3-Next), `layer_types` (Qwen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -43,11 +44,13 @@ def _decode_float(value: Any) -> float:
     return float(value)
 
 
-def _eos_ids(cfg: HFConfig) -> tuple[int, ...]:
+def _eos_ids(cfg: HFConfig, source: str = "config.json") -> tuple[int, ...]:
+    """`eos_token_id` (an int, a list of ints or absent) as a tuple of ids."""
     eos = cfg.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise ValueError(f"eos_token_id={eos!r} in {source} must be an int id or a list of them")
+    return tuple(ids)
 
 
 def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
@@ -277,8 +280,32 @@ def from_hf_config(cfg: HFConfig) -> ModelConfig:
 
 
 def load_hf_config(model_dir: str | Path) -> ModelConfig:
-    """Read `<model_dir>/config.json` into a `ModelConfig`."""
+    """Read `<model_dir>/config.json` into a `ModelConfig`.
+
+    The EOS ids are those of config.json and, when the directory has one, generation_config.json
+    (transformers' `generate` stops at the latter; checkpoints often list more ids there).
+    """
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ValueError(f"no config.json in {model_dir}")
-    return from_hf_config(json.loads(path.read_text()))
+    config = from_hf_config(read_json(path))
+    generation = Path(model_dir) / "generation_config.json"
+    if not generation.is_file():
+        return config
+    eos = _eos_ids(read_json(generation), str(generation))
+    return dataclasses.replace(config, eos_token_ids=_union(config.eos_token_ids, eos))
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; ValueError naming the file if it is not one."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, not a {type(value).__name__}")
+    return value
+
+
+def _union(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(first + second))

@@ -1,158 +1,29 @@
-"""`StepInputs`: all one model step needs besides parameters and caches, as one immutable pytree.
+"""`StepInputs` as a jax pytree: the dataclasses of `jmamba.step_inputs`, registered on import.
 
-The runtime builds a fresh `StepInputs` every step from the scheduler's decision (numpy arrays
-allocated at bucket size, filled from scratch); the jitted step consumes it. Every shape is fixed by
-the bucket, so a new step never recompiles; every value is an array.
-
-Token layout (T tokens in all):
-
-    [ decode lanes: R_d rows x W lanes, row-major | prefill tokens: T_p | ]
-      row 0 lanes 0..W-1, row 1 lanes 0..W-1, ...   row 0 tokens, row 1 tokens, ..., padding
-
-* A decode row is a request past its prompt: 1 + K tokens (K draft tokens), W = 1 + K_max lanes.
-  Lanes past `query_lens[r]` and rows past the live ones are padding.
-* A prefill row is everything else (a first chunk is always a prefill). Row r owns prefill tokens
-  `query_start_loc[r] : query_start_loc[r + 1]`; tokens past `query_start_loc[-1]` are padding.
-
-Sentinel: `NULL = 0`. Block 0 of every KV pool and slot 0 of every state pool are reserved; padding
-rows and tokens are NULL / zero / False in every field (DESIGN.md section 5). No -1 reaches a
-device.
+The model, the mixers and the runtime's device side import `StepInputs` from here, so the classes
+are registered before any jitted function sees them. The host side (the runtime's builder)
+imports `jmamba.step_inputs` instead and never loads jax (DESIGN.md section 3).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
-import numpy as np
 
-NULL = 0
+from jmamba.step_inputs import NULL, DecodeRows, PrefillRows, StepInputs
 
-Array = jax.Array | np.ndarray
+__all__ = ["NULL", "Array", "DecodeRows", "PrefillRows", "StepInputs"]
 
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DecodeRows:
-    """The decode section: R_d rows of W = 1 + K_max token lanes.
-
-    Attributes:
-      query_lens: [R_d] int32, live lanes of the row (1 + its drafts); 0 for a padding row.
-      seq_lens: [R_d] int32, tokens in the request's context after this step; 0 for padding.
-      read_slots: [R_d] int32, state slot holding the state before lane 0; NULL for padding.
-      write_slots: [R_d, W] int32, slot receiving the state after lane t; NULL for dead lanes.
-      block_table: [R_d, max_blocks] int32, attention KV blocks of the row; NULL past its blocks.
-    """
-
-    query_lens: Array
-    seq_lens: Array
-    read_slots: Array
-    write_slots: Array
-    block_table: Array
-
-    @property
-    def num_rows(self) -> int:
-        return self.write_slots.shape[0]
-
-    @property
-    def width(self) -> int:
-        return self.write_slots.shape[1]
+Array = jax.Array | jax.typing.ArrayLike
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class PrefillRows:
-    """The prefill section: R_p rows over T_p ragged tokens.
-
-    Attributes:
-      query_start_loc: [R_p + 1] int32, row r owns prefill tokens qsl[r]:qsl[r+1]; padding rows
-        have length 0 (the last offset repeats).
-      num_computed: [R_p] int32, tokens of the request processed before this step (the absolute
-        position of the row's first token here); 0 for padding.
-      seq_lens: [R_p] int32, num_computed + query length; 0 for padding.
-      has_initial_state: [R_p] bool, num_computed > 0: only then is the read slot's state used.
-      read_slots: [R_p] int32, slot holding the state to continue from; NULL for padding.
-      write_slots: [R_p] int32, slot receiving the state after the row's last token; NULL for
-        padding.
-      block_table: [R_p, max_blocks] int32, attention KV blocks of the row; NULL past its blocks.
-    """
-
-    query_start_loc: Array
-    num_computed: Array
-    seq_lens: Array
-    has_initial_state: Array
-    read_slots: Array
-    write_slots: Array
-    block_table: Array
-
-    @property
-    def num_rows(self) -> int:
-        return self.read_slots.shape[0]
+def _register() -> None:
+    """Register the three classes (once per process; `importlib.reload` must not register twice)."""
+    for cls in (DecodeRows, PrefillRows, StepInputs):
+        try:
+            jax.tree_util.register_dataclass(cls)
+        except ValueError as error:  # already registered by an earlier import of this module
+            if "Duplicate" not in str(error):
+                raise
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class StepInputs:
-    """Inputs of one model step (see the module docstring for the token layout).
-
-    Attributes:
-      token_ids: [T] int32 token ids; NULL for padding.
-      positions: [T] int32 absolute positions; 0 for padding.
-      kv_slots: [T] int32 flat KV-pool index `block * block_size + offset` the token's K/V are
-        written to; NULL (block 0, offset 0) for padding.
-      decode: the decode section.
-      prefill: the prefill section.
-      logits_indices: [R_d * W + R_p] int32 token index of every position whose logits are needed:
-        each decode lane, then the last token of each prefill row; 0 for padding.
-    """
-
-    token_ids: Array
-    positions: Array
-    kv_slots: Array
-    decode: DecodeRows
-    prefill: PrefillRows
-    logits_indices: Array
-
-    @property
-    def num_tokens(self) -> int:
-        return self.token_ids.shape[0]
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return self.decode.num_rows * self.decode.width
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return self.num_tokens - self.num_decode_tokens
-
-    def validate(
-        self,
-        *,
-        block_size: int | None = None,
-        chunk_size: int | None = None,
-        num_blocks: int | None = None,
-        num_slots: int | None = None,
-        vocab_size: int | None = None,
-    ) -> None:
-        """Check the invariants of DESIGN.md section 5 that the inputs alone show (numpy, cheap).
-
-        Shapes and dtypes; no negative index anywhere; padding rows and tokens all NULL/zero/False;
-        live rows before padding rows; positions, sequence lengths and `has_initial_state`
-        consistent with `num_computed`; live state slots pairwise distinct (only NULL repeats);
-        block-table rows NULL past their blocks; logits indices on each row's last token. With the
-        optional sizes also: ids inside their pools, KV slots matching the block table and pairwise
-        distinct, prefill rows starting on multiples of `chunk_size`, token ids inside the vocab.
-
-        Raises:
-          ValueError naming the field, the row and the values that break an invariant.
-        """
-        from jmamba.invariants import check_step_inputs
-
-        check_step_inputs(
-            self,
-            block_size=block_size,
-            chunk_size=chunk_size,
-            num_blocks=num_blocks,
-            num_slots=num_slots,
-            vocab_size=vocab_size,
-        )
+_register()

@@ -2,14 +2,18 @@
 
 `StepInputs.validate()` calls `check_step_inputs`; the runtime runs it on every step in tests and in
 debug mode. Each check raises a ValueError naming the field, the row and the offending values.
+Pure numpy over the dataclass fields (no jax, no pytree functions), so the host side can validate
+without loading jax; `jmamba.step_inputs` imports this module, never the other way at run time.
 """
 
 from __future__ import annotations
 
-import jax
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from jmamba.inputs import StepInputs
+if TYPE_CHECKING:
+    from jmamba.step_inputs import StepInputs
 
 
 def check_step_inputs(
@@ -22,7 +26,7 @@ def check_step_inputs(
     vocab_size: int | None = None,
 ) -> None:
     """Run every check; see `StepInputs.validate` for the list."""
-    host = jax.tree.map(np.asarray, inputs)
+    host = inputs.map_arrays(np.asarray)
     _check_layout(host)
     live_d = _check_decode(host)
     live_p = _check_prefill(host, chunk_size)
@@ -71,8 +75,7 @@ def _check_layout(s: StepInputs) -> None:
         f"prefill.block_table.shape={p.block_table.shape} must be ({rp}, {d.block_table.shape[1]})",
     )
     _require(t >= rd * w, f"num_tokens={t} must be >= decode rows x width = {rd * w}")
-    for name, array in jax.tree_util.tree_leaves_with_path(s):
-        key = jax.tree_util.keystr(name)
+    for key, array in s.named_arrays():
         if key.endswith("has_initial_state"):
             _require(array.dtype == np.bool_, f"{key}.dtype={array.dtype} must be bool")
             continue

@@ -8,17 +8,17 @@ used; otherwise a ValueError lists the missing and unexpected names.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.families import load_hf_config
+from jmamba.families import load_hf_config, read_json
 from jmamba.model import HybridLM
 
 Path_ = tuple[str | int, ...]
@@ -174,7 +174,10 @@ def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
     model_dir = Path(model_dir)
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map' object")
+        files = sorted(set(weight_map.values()))
     elif (model_dir / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -185,8 +188,15 @@ def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
             raise ValueError(
                 f"checkpoint shard {name} listed in the index is missing in {model_dir}"
             )
-        tensors.update(load_file(model_dir / name))
+        tensors.update(_load_file(model_dir / name))
     return tensors
+
+
+def _load_file(path: Path) -> dict[str, np.ndarray]:
+    try:
+        return load_file(path)
+    except SafetensorError as error:  # truncated or not a safetensors file at all
+        raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
 
 
 def load_pretrained(model_dir: str | Path, dtype: jnp.dtype = jnp.float32) -> HybridLM:

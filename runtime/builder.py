@@ -3,39 +3,23 @@
 Every array is allocated at bucket size, zero-filled (NULL padding by construction) and filled from
 the schedule alone: decode rows first, then prefill rows, then padding. Nothing is carried over
 from an earlier step, which removes the stale-row bug class of persistent metadata buffers.
-Uses numpy only (jmamba.inputs is imported for the dataclass, not for any jax call).
+Uses numpy only: `jmamba.step_inputs` and `runtime.sampling_inputs` are jax-free, so the host side
+never loads jax (DESIGN.md section 3).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import NamedTuple
 
 import numpy as np
 
-from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
+from jmamba.step_inputs import DecodeRows, PrefillRows, StepInputs
 from runtime.buckets import Bucket
+from runtime.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.scheduler import Schedule, ScheduledRequest
 
-
-class SamplingInputs(NamedTuple):
-    """Per-logits-row sampling parameters (a pytree); padding rows are greedy.
-
-    Attributes:
-      temperature: [N] float32, 0 for greedy.
-      top_k: [N] int32, 0 for no limit.
-      top_p: [N] float32, 1 for no limit.
-      seeds: [N] uint32 request seeds.
-      counters: [N] int32 index of the token being sampled (folded into the seed's key, so a
-        request's random stream does not depend on the batch).
-    """
-
-    temperature: np.ndarray
-    top_k: np.ndarray
-    top_p: np.ndarray
-    seeds: np.ndarray
-    counters: np.ndarray
+Masks = list[tuple[int, tuple[int, ...]]]  # (logits row, token ids it may not produce)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +29,13 @@ class StepBatch:
     Attributes:
       inputs: the padded `StepInputs`.
       sampling: the padded `SamplingInputs`.
+      mode: what the sampler computes this step (static: with the bucket, it picks the variant).
       sample_rows: [num scheduled] int, logits row of `schedule.items[i]`.
     """
 
     inputs: StepInputs
     sampling: SamplingInputs
+    mode: SamplingMode
     sample_rows: np.ndarray
 
 
@@ -87,8 +73,15 @@ class _Arrays:
         return StepInputs(self.token_ids, self.positions, self.kv_slots, decode, prefill,
                           self.logits_indices)  # fmt: skip
 
-    def sampling(self) -> SamplingInputs:
-        return SamplingInputs(self.temperature, self.top_k, self.top_p, self.seeds, self.counters)
+    def sampling(self, masks: Masks) -> SamplingInputs:
+        width = mask_width(max((len(ids) for _, ids in masks), default=0))
+        masked_ids = np.zeros((self.temperature.size, width), np.int32)
+        num_masked = np.zeros(self.temperature.size, np.int32)
+        for row, ids in masks:
+            masked_ids[row, : len(ids)] = ids
+            num_masked[row] = len(ids)
+        return SamplingInputs(self.temperature, self.top_k, self.top_p, self.seeds, self.counters,
+                              masked_ids, num_masked)  # fmt: skip
 
     def set_sampling(self, row: int, item: ScheduledRequest) -> None:
         request = item.request
@@ -119,7 +112,7 @@ def build_step(
 ) -> StepBatch:
     """Build the padded inputs of one step (shapes fixed by `bucket`, values from `schedule`)."""
     a = _Arrays(bucket, max_blocks)
-    sample_rows = _fill_decode(a, schedule.decodes, bucket.width, block_size)
+    sample_rows, masks = _fill_decode(a, schedule.decodes, bucket.width, block_size)
     num_decode_lanes = bucket.num_decode_rows * bucket.width
     offset = 0
     for j, item in enumerate(schedule.prefills):
@@ -137,21 +130,26 @@ def build_step(
         a.logits_indices[num_decode_lanes + j] = num_decode_lanes + offset - 1
         a.set_sampling(num_decode_lanes + j, item)
         sample_rows.append(num_decode_lanes + j)
+        if request.masked_token_ids:
+            masks.append((num_decode_lanes + j, request.masked_token_ids))
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
-    return StepBatch(a.step_inputs(), a.sampling(), np.asarray(sample_rows, np.int64))
+    sampling = a.sampling(masks)
+    rows = np.asarray(sample_rows, np.int64)
+    return StepBatch(a.step_inputs(), sampling, SamplingMode.of(sampling), rows)
 
 
 def _fill_decode(
     a: _Arrays, decodes: list[ScheduledRequest], width: int, block_size: int
-) -> list[int]:
+) -> tuple[list[int], Masks]:
     """Fill the decode section with whole-array writes (this is the per-step hot path).
 
     One Python pass gathers every per-request scalar into one table; the rest is numpy.
+    Returns each row's sampled lane and the masks of the rows still short of `min_tokens`.
     """
     n = len(decodes)
     if n == 0:
-        return []
-    table = np.array([_decode_scalars(item) for item in decodes], np.float64)  # [n, 10]
+        return [], []
+    table = np.array([_decode_scalars(item) for item in decodes], np.float64)  # [n, 11]
     query_lens, starts, slots, num_blocks, counters = table[:, :5].astype(np.int64).T
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
@@ -183,7 +181,10 @@ def _fill_decode(
     a.top_k[index] = table[rows, 6]
     a.top_p[index] = table[rows, 7]
     a.seeds[index] = table[rows, 8]
-    return (np.arange(n) * width + query_lens - 1).tolist()  # each row's last live lane
+    sample_rows = np.arange(n) * width + query_lens - 1  # each row's last live lane
+    short = np.nonzero(counters < table[:, 10])[0]  # fewer outputs than min_tokens
+    masks = [(int(sample_rows[i]), decodes[i].request.stop_ids) for i in short]
+    return sample_rows.tolist(), [(row, ids) for row, ids in masks if ids]
 
 
 def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,16 +194,16 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decode_scalars(item: ScheduledRequest) -> tuple:
-    """query_len, start, slot, #blocks, #outputs, temperature, top_k, top_p, seed, first token
-    (all exact in float64)."""
+    """query_len, start, slot, #blocks, #outputs, temperature, top_k, top_p, seed, first token,
+    min_tokens (all exact in float64)."""
     request = item.request
     params = request.sampling_params
     return (item.num_tokens, item.start, request.state_slot, len(request.block_ids),
             len(request.output_token_ids), params.temperature, params.top_k, params.top_p,
-            request.seed, request.token_at(item.start))  # fmt: skip
+            request.seed, request.token_at(item.start), params.min_tokens)  # fmt: skip
 
 
 def build_dummy(bucket: Bucket, *, max_blocks: int) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks)
-    return StepBatch(a.step_inputs(), a.sampling(), np.zeros(0, np.int64))
+    return StepBatch(a.step_inputs(), a.sampling([]), SamplingMode(), np.zeros(0, np.int64))

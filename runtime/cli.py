@@ -17,12 +17,20 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", help="text prompt (needs tokenizer.json)")
     gen.add_argument("--prompt-ids", action="append", help="comma-separated token ids")
     gen.add_argument("--max-tokens", type=int, default=16)
+    gen.add_argument("--min-tokens", type=int, default=0, help="no stop token before this many")
+    gen.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS ids")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--max-num-seqs", type=int, default=8)
     gen.add_argument("--max-model-len", type=int, default=256)
+    gen.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per step (default: derived from the model's chunk size)",
+    )
     return parser
 
 
@@ -41,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prompts = _prompts(args)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                max_tokens=args.max_tokens, seed=args.seed)  # fmt: skip
+                                max_tokens=args.max_tokens, min_tokens=args.min_tokens,
+                                seed=args.seed, ignore_eos=args.ignore_eos)  # fmt: skip
         llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                  max_num_batched_tokens=max(64, args.max_num_seqs), warmup=False)  # fmt: skip
+                  max_num_batched_tokens=args.max_num_batched_tokens, warmup=False)  # fmt: skip
         outputs = llm.generate(prompts, params)
     except ValueError as error:
         print(f"jmamba: error: {error}", file=sys.stderr)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from runtime import checks
+
+DEFAULT_MIN_TOKEN_BUDGET = 256  # the smallest derived token budget (the tiny presets get this)
+
 
 def powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
     """Return (start, 2*start, 4*start, ...) with the last entry >= limit."""
@@ -14,13 +18,31 @@ def powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def min_token_budget(chunk_size: int, max_num_seqs: int) -> int:
+    """The smallest token budget with room for one full prefill chunk beside a full decode batch.
+
+    A step holds at most max_num_seqs rows; when one of them is a prefill, at most
+    max_num_seqs - 1 decode lanes run beside it. The scheduler's fairness bound rests on this.
+    """
+    return chunk_size + max_num_seqs - 1
+
+
+def default_token_budget(chunk_size: int, max_num_seqs: int) -> int:
+    """The derived budget: a power of two (a bucket size), at least 256 and the minimum above."""
+    needed = max(DEFAULT_MIN_TOKEN_BUDGET, min_token_budget(chunk_size, max_num_seqs))
+    return powers_of_two_up_to(needed)[-1]
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Engine budgets, pool sizes and bucket tables.
 
     Attributes:
       max_num_seqs: most requests in one step (decode rows + prefill rows).
-      max_num_batched_tokens: token budget of one step (live decode lanes + prefill tokens).
+      max_num_batched_tokens: token budget of one step (live decode lanes + prefill tokens); at
+        least the model's chunk_size + max_num_seqs - 1 (one full chunk beside a full decode
+        batch). None derives it from the model's chunk size (`default_token_budget`) when the
+        engine is built (`resolved`).
       max_model_len: longest sequence (prompt + generated tokens) a request may reach.
       block_size: tokens per attention KV block.
       num_blocks: KV blocks per attention layer, block 0 (NULL) included; None sizes the pool so
@@ -34,7 +56,7 @@ class EngineConfig:
     """
 
     max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
+    max_num_batched_tokens: int | None = None
     max_model_len: int = 512
     block_size: int = 16
     num_blocks: int | None = None
@@ -46,33 +68,52 @@ class EngineConfig:
     validate_inputs: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an int >= 1")
-        if self.num_blocks is None:
-            object.__setattr__(self, "num_blocks", self.max_num_seqs * self.max_blocks_per_seq + 1)
-        if self.num_slots is None:
-            object.__setattr__(self, "num_slots", self.max_num_seqs + 1)
+        checks.integer("max_num_seqs", self.max_num_seqs, low=1)
+        # One prompt token and one generated token at least: prompt + output <= max_model_len.
+        checks.integer("max_model_len", self.max_model_len, low=2)
+        checks.integer("block_size", self.block_size, low=1)
+        checks.integer("seed", self.seed, low=0)
+        checks.flag("validate_inputs", self.validate_inputs)
+        if self.max_num_batched_tokens is not None:
+            checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, low=1)
+        blocks = self.num_blocks if self.num_blocks is not None else self._default_num_blocks
+        object.__setattr__(self, "num_blocks", checks.integer("num_blocks", blocks, low=2))
         if self.num_blocks - 1 < self.max_blocks_per_seq:
             raise ValueError(
                 f"num_blocks={self.num_blocks} must be >= {self.max_blocks_per_seq + 1}: one "
                 f"request of max_model_len={self.max_model_len} needs "
                 f"{self.max_blocks_per_seq} blocks of block_size={self.block_size} + NULL"
             )
-        if self.num_slots < 2:
-            raise ValueError(f"num_slots={self.num_slots} must be >= 2 (slot 0 is NULL)")
+        slots = self.num_slots if self.num_slots is not None else self.max_num_seqs + 1
+        object.__setattr__(self, "num_slots", checks.integer("num_slots", slots, low=2))
         seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
         self._set_buckets("decode_row_buckets", powers_of_two_up_to(seqs), seqs)
-        self._set_buckets("prefill_token_buckets", powers_of_two_up_to(tokens, 8), tokens)
         self._set_buckets("prefill_row_buckets", powers_of_two_up_to(seqs), seqs)
+        if tokens is not None:
+            self._set_buckets("prefill_token_buckets", powers_of_two_up_to(tokens, 8), tokens)
+
+    def resolved(self, chunk_size: int) -> EngineConfig:
+        """This config with the token budget derived from the model's chunk size if it is None."""
+        if self.max_num_batched_tokens is not None:
+            return self
+        budget = default_token_budget(chunk_size, self.max_num_seqs)
+        return dataclasses.replace(self, max_num_batched_tokens=budget)
 
     def _set_buckets(self, name: str, default: tuple[int, ...], needed: int) -> None:
         buckets = getattr(self, name)
-        buckets = default if buckets is None else tuple(sorted(set(int(b) for b in buckets)))
-        if not buckets or buckets[0] < 1 or buckets[-1] < needed:
+        if buckets is None:
+            buckets = default
+        elif isinstance(buckets, str) or not isinstance(buckets, tuple | list):
+            raise ValueError(f"{name}={buckets!r} must be a tuple of ints")
+        else:
+            buckets = tuple(sorted({checks.integer(f"{name} entry", b, low=1) for b in buckets}))
+        if not buckets or buckets[-1] < needed:
             raise ValueError(f"{name}={buckets} must be positive sizes reaching at least {needed}")
         object.__setattr__(self, name, buckets)
+
+    @property
+    def _default_num_blocks(self) -> int:
+        return self.max_num_seqs * self.max_blocks_per_seq + 1
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from flax import nnx
 
+from runtime import checks
 from runtime.buckets import Bucket, BucketPolicy
 from runtime.builder import StepBatch, build_step
 from runtime.config import EngineConfig
@@ -46,8 +47,8 @@ class Engine:
     ) -> None:
         """Build pools, scheduler and runner; `runner` reuses compiled steps and caches of another
         engine with the same pool sizes and bucket tables (tests, notebooks)."""
-        self.config = config or EngineConfig()
         self.model_config = model.config
+        self.config = (config or EngineConfig()).resolved(self.model_config.chunk_size)
         self.scheduler = Scheduler(
             self.config,
             self.model_config.chunk_size,
@@ -68,26 +69,30 @@ class Engine:
         self,
         prompt_token_ids: Sequence[int],
         sampling_params: SamplingParams | None = None,
-        request_id: str | None = None,
+        request_id: str | int | None = None,
     ) -> str:
-        """Queue a request; returns its id. Raises ValueError (and queues nothing) on bad input."""
-        params = sampling_params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params={params!r} must be a SamplingParams")
-        prompt = self._check_prompt(prompt_token_ids)
-        number = next(self._counter)
-        request_id = str(number) if request_id is None else str(request_id)
+        """Queue a request; returns its id (a str: an int id means `str(request_id)`).
+
+        Raises ValueError, and queues nothing, on bad input: the other requests keep being served.
+        """
+        prompt, params = self.check_request(prompt_token_ids, sampling_params)
+        given = None if request_id is None else checks.request_id(request_id)
+        if given in self._requests:
+            raise ValueError(f"request_id={given!r} is already in use")
+        number = next(self._counter)  # only accepted requests count: seeds stay reproducible
+        request_id = str(number) if given is None else given
         if request_id in self._requests:
-            raise ValueError(f"request_id={request_id!r} is already in use")
+            raise ValueError(f"request_id={request_id!r} (from the arrival count) is in use")
         seed = params.seed if params.seed is not None else (self.config.seed * 1_000_003 + number)
-        request = Request(request_id, prompt, params, seed=seed % 2**32)
+        request = Request(request_id, prompt, params, seed=seed % 2**32,
+                          eos_token_ids=self.model_config.eos_token_ids)  # fmt: skip
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request_id
 
-    def abort(self, request_id: str) -> RequestOutput | None:
+    def abort(self, request_id: str | int) -> RequestOutput | None:
         """Stop a request now and free its blocks and slot; None if it is unknown or finished."""
-        request = self.scheduler.abort(request_id)
+        request = self.scheduler.abort(checks.request_id(request_id))
         return None if request is None else self._release(request)
 
     @property
@@ -148,20 +153,28 @@ class Engine:
         del self._requests[request.request_id]
         return RequestOutput.of(request)
 
-    def _check_prompt(self, prompt_token_ids: Sequence[int]) -> list[int]:
-        try:
-            prompt = np.asarray(prompt_token_ids, dtype=np.int64).reshape(-1).tolist()
-        except (TypeError, ValueError, OverflowError) as error:
-            raise ValueError(f"prompt_token_ids must be a list of ints: {error}") from None
-        max_len, vocab = self.config.max_model_len, self.model_config.vocab_size
+    def check_request(
+        self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None = None
+    ) -> tuple[list[int], SamplingParams]:
+        """(prompt as a list of ints, sampling params); ValueError naming what is wrong.
+
+        The prompt needs 1 to max_model_len - 1 int ids inside the vocabulary (prompt + output
+        never exceeds max_model_len); stop ids must be inside the vocabulary too.
+        """
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params={params!r} must be a SamplingParams")
+        vocab, max_len = self.model_config.vocab_size, self.config.max_model_len
+        prompt = checks.token_ids("prompt_token_ids", prompt_token_ids, vocab)
+        checks.token_ids("stop_token_ids", params.stop_token_ids, vocab)
         if not prompt:
             raise ValueError("prompt_token_ids is empty: a prompt needs at least one token")
-        if len(prompt) > max_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens, more than max_model_len={max_len}")
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:8]} are outside the vocabulary [0, {vocab})")
-        return prompt
+        if len(prompt) >= max_len:
+            raise ValueError(
+                f"prompt has {len(prompt)} tokens: with max_model_len={max_len} it leaves no room "
+                f"to generate (prompt + output <= max_model_len, so at most {max_len - 1})"
+            )
+        return prompt, params
 
 
 def _check_same_shapes(runner_config: EngineConfig, config: EngineConfig) -> None:

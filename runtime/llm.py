@@ -90,12 +90,9 @@ class LLM:
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
-        token_ids = [self._encode(p) for p in prompts]
-        for ids in token_ids:
-            self.engine._check_prompt(ids)
-        ids = [
-            self.engine.add_request(t, p) for t, p in zip(token_ids, sampling_params, strict=True)
-        ]
+        checked = [self.engine.check_request(self._encode(prompt), params)
+                   for prompt, params in zip(prompts, sampling_params, strict=True)]  # fmt: skip
+        ids = [self.engine.add_request(prompt, params) for prompt, params in checked]
         outputs: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
             while len(outputs) < len(ids):
@@ -104,9 +101,9 @@ class LLM:
                     bar.update(1)
         return [outputs[i] for i in ids]
 
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def _encode(self, prompt: str | Sequence[int]) -> Sequence[int]:
         if not isinstance(prompt, str):
-            return list(prompt)
+            return prompt  # token ids, checked by the engine
         if self.tokenizer is None:
             raise ValueError("string prompts need a tokenizer.json in the model directory; "
                              "pass token-id lists instead")  # fmt: skip

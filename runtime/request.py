@@ -28,13 +28,16 @@ class Request:
     `num_computed` counts tokens whose effect is in the request's state (and KV blocks). The
     request is a *prefill* while `num_computed < num_prefill_tokens` (its prompt, or after a
     preemption every token it had) and a *decode* afterwards, when exactly one token (the last
-    sampled one) is left to feed.
+    sampled one) is left to feed. `stop_ids` are the tokens that end it: its sampling params'
+    stop_token_ids and, unless they ignore EOS, the model's `eos_token_ids`.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     seed: int
+    eos_token_ids: tuple[int, ...] = ()
+    stop_ids: tuple[int, ...] = dataclasses.field(init=False, default=())
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
@@ -49,6 +52,9 @@ class Request:
 
     def __post_init__(self) -> None:
         self.num_prefill_tokens = len(self.prompt_token_ids)
+        params = self.sampling_params
+        eos = () if params.ignore_eos else self.eos_token_ids
+        self.stop_ids = tuple(dict.fromkeys((*params.stop_token_ids, *eos)))
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +67,13 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def masked_token_ids(self) -> tuple[int, ...]:
+        """Tokens the next sample may not be: the stop ids until `min_tokens` are generated."""
+        if len(self.output_token_ids) < self.sampling_params.min_tokens:
+            return self.stop_ids
+        return ()
 
     def token_ids(self, start: int, stop: int) -> list[int]:
         """Tokens [start, stop) of prompt + output."""

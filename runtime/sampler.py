@@ -1,9 +1,11 @@
-"""Token sampling on device, inside the jitted step: greedy, temperature, top-k, top-p, seeds.
+"""Token sampling on device, inside the jitted step: greedy, temperature, top-k, top-p, seeds,
+and masking of the stop tokens of rows short of their `min_tokens`.
 
 Each row draws with its own key `fold_in(key(seed), counter)` where `counter` is the index of the
 token being generated, so a request's random stream depends on nothing else in the batch. Sampling
-is Gumbel-max over the filtered, temperature-scaled logits. The sort needed by top-k/top-p runs
-only when some row asks for it, and the random branch only when some row is not greedy.
+is Gumbel-max over the filtered, temperature-scaled logits. What runs is fixed by the static
+`SamplingMode` the host decided for the step (the mask only if some row masks, the random draw only
+if some row samples, the sort only if some sampled row filters): no branch waits on the device.
 """
 
 from __future__ import annotations
@@ -11,38 +13,45 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from runtime.builder import SamplingInputs
+from runtime.sampling_inputs import SamplingInputs, SamplingMode
 
 
-def sample(logits: jax.Array, params: SamplingInputs) -> jax.Array:
+def sample(logits: jax.Array, params: SamplingInputs, mode: SamplingMode) -> jax.Array:
     """Pick one token per row.
 
     Args:
       logits: [N, vocab] float32.
-      params: `SamplingInputs` with [N] fields.
+      params: `SamplingInputs` with [N] fields (and [N, M] `masked_ids`).
+      mode: static; must be `SamplingMode.of(params)` (or a superset of what the rows need).
     Returns:
-      [N] int32 token ids (argmax for rows with temperature 0).
+      [N] int32 token ids (argmax of the masked logits for rows with temperature 0).
     """
+    if mode.mask_width:
+        logits = _mask(logits, params.masked_ids, params.num_masked)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if not mode.sampled:
+        return greedy
     is_greedy = params.temperature <= 0.0
-    sampled = jax.lax.cond(
-        jnp.all(is_greedy), lambda: greedy, lambda: _sample_random(logits, params)
-    )
-    return jnp.where(is_greedy, greedy, sampled)
-
-
-def _sample_random(logits: jax.Array, params: SamplingInputs) -> jax.Array:
-    temperature = jnp.where(params.temperature > 0.0, params.temperature, 1.0)
+    temperature = jnp.where(is_greedy, 1.0, params.temperature)
     scaled = logits / temperature[:, None]
-    needs_filter = jnp.any(params.top_k > 0) | jnp.any(params.top_p < 1.0)
-    scaled = jax.lax.cond(
-        needs_filter, _filter_top_k_top_p, lambda x, *_: x, scaled, params.top_k, params.top_p
-    )
+    if mode.filtered:
+        scaled = _filter_top_k_top_p(scaled, params.top_k, params.top_p)
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(
         params.seeds, params.counters
     )
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
-    return jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
+    sampled = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
+    return jnp.where(is_greedy, greedy, sampled)
+
+
+def _mask(logits: jax.Array, masked_ids: jax.Array, num_masked: jax.Array) -> jax.Array:
+    """Set to -inf the first `num_masked[r]` ids of `masked_ids[r]` in row r."""
+    rows = jnp.arange(logits.shape[0])[:, None]
+    live = jnp.arange(masked_ids.shape[1])[None, :] < num_masked[:, None]
+    # A scatter-add of 0/1 counts: repeated ids (and the dead entries, id 0 with 0 added) are
+    # harmless, unlike a scatter-set whose duplicate targets XLA leaves undefined.
+    hits = jnp.zeros(logits.shape, jnp.int32).at[rows, masked_ids].add(live.astype(jnp.int32))
+    return jnp.where(hits > 0, -jnp.inf, logits)
 
 
 def _filter_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:

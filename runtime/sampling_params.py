@@ -4,40 +4,57 @@ from __future__ import annotations
 
 import dataclasses
 
+from runtime import checks
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling and stopping options.
+
+    A request stops at the first of: a stop token (finish reason "stop": one of `stop_token_ids`
+    or, unless `ignore_eos`, an EOS id of the model's config.json / generation_config.json; the
+    stop token is kept in the output), `max_tokens` generated tokens, or prompt + output reaching
+    the engine's `max_model_len` (both finish reason "length"). Prompt + output never exceeds
+    max_model_len: when max_tokens asks for more than the room left, the request ends early with
+    "length"; a prompt of max_model_len tokens or more has no room and is refused (ValueError).
 
     Attributes:
       temperature: 0 means greedy (argmax); otherwise logits are divided by it before sampling.
       top_k: keep the k most likely tokens; 0 means no limit.
       top_p: keep the smallest set of tokens whose probability mass reaches top_p; 1.0 means all.
       max_tokens: stop after this many generated tokens.
+      min_tokens: the stop tokens (EOS included) cannot be generated before this many tokens: their
+        logits are masked to -inf in the sampler, for greedy and sampled requests alike.
       seed: makes sampling of this request reproducible whatever else is in the batch; None picks
         one from the engine's seed and the request's arrival order.
-      stop_token_ids: stop after generating any of these tokens (the stop token is kept).
+      stop_token_ids: stop after generating any of these tokens.
+      ignore_eos: do not stop at the model's EOS ids (stop_token_ids still stop).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     max_tokens: int = 16
+    min_tokens: int = 0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0 or self.temperature == float("inf"):
-            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} must be an int >= 0 (0 disables top-k)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r} must be an int >= 1")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
-            raise ValueError(f"seed={self.seed!r} must be None or an int in [0, 2**32)")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        max_tokens = checks.integer("max_tokens", self.max_tokens, low=1)
+        checked = {
+            "temperature": checks.real("temperature", self.temperature, low=0.0),
+            "top_k": checks.integer("top_k", self.top_k, low=0),  # 0 disables top-k
+            "top_p": checks.real("top_p", self.top_p, low=0.0, high=1.0, low_open=True),
+            "max_tokens": max_tokens,
+            "min_tokens": checks.integer("min_tokens", self.min_tokens, low=0, high=max_tokens),
+            "seed": None if self.seed is None else checks.integer("seed", self.seed, low=0,
+                                                                  high=2**32 - 1),
+            "stop_token_ids": tuple(checks.token_ids("stop_token_ids", self.stop_token_ids)),
+            "ignore_eos": checks.flag("ignore_eos", self.ignore_eos),
+        }  # fmt: skip
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # normalised: numpy scalars become Python's
 
     @property
     def is_greedy(self) -> bool:

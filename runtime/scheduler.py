@@ -1,21 +1,42 @@
 """`Scheduler`: every policy decision of a step (admission, chunking, preemption), in plain Python.
 
-Continuous batching: each step serves the running requests first (oldest first), then admits
-waiting ones while `max_num_seqs`, the token budget and the pools allow. A prefill chunk ends on an
-absolute multiple of the model's `chunk_size` unless it ends the tokens to prefill, so a request's
-result does not depend on how its prompt was cut (DESIGN.md section 5, invariant 7). When the KV
-block pool runs out, the newest running request is preempted: it gives back its blocks and slot and
-later recomputes everything it had (prompt + output) as a fresh prefill.
+Continuous batching with chunked prefill under a token budget B (`max_num_batched_tokens`), at
+most S = `max_num_seqs` rows per step, chunk size c (the model's `chunk_size`). Each step:
+
+1. Running requests are served oldest first (by arrival). Each running decode gets its one token
+   from lanes set aside before any prefill is served, so decodes never wait for prefills.
+2. Running prefills share the rest, oldest first. A prefill chunk ends on an absolute multiple of
+   c unless it ends the tokens to prefill, so a request's result does not depend on how its
+   prompt was cut (DESIGN.md section 5, invariant 7).
+3. Waiting requests are admitted oldest first with the tokens left. A request that cannot get a
+   chunk of them keeps its place and its row for a later step, and the requests behind it may use
+   those tokens (fewer than c, which it could not use): no head-of-line blocking on the budget.
+   Running out of rows, state slots or KV blocks stops admission instead, because the requests
+   behind would take what the older one is waiting for.
+4. When the KV block pool runs out, the youngest running request is preempted: it gives back its
+   blocks and slot and later recomputes everything it had (prompt + output) as a fresh prefill.
+
+Fairness. B >= c + S - 1 is required (`min_token_budget`): a full chunk always fits beside a full
+decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows, slots
+and blocks last, the oldest request still prefilling advances by at least k = (B - S + 1) // c
+chunks every step, or finishes its prompt: if it runs, no older prefill takes tokens before it and
+at most S - 1 lanes are set aside; if it waits, it has a free row and no running prefill is older
+than it (a request that overtook it in step 3 had a whole prompt under c tokens, so it finished its
+prefill in that step). So a request's first token comes at most sum_j ceil(L_j / (k * c)) steps
+after it arrives, over the requests j that arrived no later (itself included; L_j their prompt
+lengths); tests/runtime/test_scheduler_fairness.py checks this bound. A request kept out for lack
+of rows, slots or blocks waits for running requests to finish or be preempted, and no younger
+request is admitted before it meanwhile, so it is not starved either.
 """
 
 from __future__ import annotations
 
-import collections
+import bisect
 import dataclasses
 import time
 from typing import NamedTuple
 
-from runtime.config import EngineConfig
+from runtime.config import EngineConfig, min_token_budget
 from runtime.pools import Pool
 from runtime.request import FinishReason, Request, RequestStatus
 
@@ -58,15 +79,18 @@ class Schedule:
 
 
 class Scheduler:
-    """Waiting queue, running list, the block pool and the state-slot pool."""
+    """Waiting and running requests (each oldest first), the block pool and the state-slot pool."""
 
     def __init__(
         self, config: EngineConfig, chunk_size: int, *, uses_blocks: bool, uses_slots: bool
     ) -> None:
-        if config.max_num_batched_tokens < chunk_size:
+        config = config.resolved(chunk_size)
+        needed = min_token_budget(chunk_size, config.max_num_seqs)
+        if config.max_num_batched_tokens < needed:
             raise ValueError(
-                f"max_num_batched_tokens={config.max_num_batched_tokens} must be >= the model's "
-                f"chunk_size={chunk_size}, or long prompts could never advance"
+                f"max_num_batched_tokens={config.max_num_batched_tokens} must be >= chunk_size + "
+                f"max_num_seqs - 1 = {needed}: one full prefill chunk of the model's "
+                f"chunk_size={chunk_size} must fit beside a full decode batch"
             )
         self.config = config
         self.chunk_size = chunk_size
@@ -74,16 +98,21 @@ class Scheduler:
         self.uses_slots = uses_slots
         self.block_pool = Pool("KV block", config.num_blocks)
         self.slot_pool = Pool("state slot", config.num_slots)
-        self.waiting: collections.deque[Request] = collections.deque()
+        self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+
+    @property
+    def budget(self) -> int:
+        """Tokens per step: live decode lanes + prefill tokens."""
+        return self.config.max_num_batched_tokens
 
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        _insert_by_arrival(self.waiting, request)
 
     def abort(self, request_id: str) -> Request | None:
         """Finish a waiting or running request now; returns it, or None if it is not here."""
@@ -94,33 +123,25 @@ class Scheduler:
         return None
 
     def schedule(self) -> Schedule:
-        """Pick this step's requests and token counts; may preempt running requests."""
-        budget = self.config.max_num_batched_tokens
+        """Pick this step's requests and token counts (module docstring, steps 1-4)."""
         decodes: list[ScheduledRequest] = []
         prefills: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        index = 0
-        while index < len(self.running):
-            request = self.running[index]
-            num_tokens = 1 if request.is_decode else self._chunk_len(request, budget)
-            if num_tokens == 0 or num_tokens > budget:
-                index += 1
-                continue
-            needed = self._blocks_needed(request, num_tokens)
-            while not self.block_pool.can_allocate(needed):
-                preempted.append(self._preempt(self.running[-1]))
-                if preempted[-1] is request:
-                    break
+        prefill_budget = self.budget - sum(1 for r in self.running if r.is_decode)
+        for request in list(self.running):  # oldest first
             if request.status is not RequestStatus.RUNNING:
-                break  # it was the newest and preempted itself: nothing after it is running
-            if needed:
-                request.block_ids += self.block_pool.allocate(needed)
-            section = decodes if request.is_decode else prefills
-            section.append(ScheduledRequest(request, request.num_computed, num_tokens))
-            budget -= num_tokens
-            index += 1
+                break  # preempted in this loop, and so is everything younger
+            num_tokens = 1 if request.is_decode else self._chunk_len(request, prefill_budget)
+            if num_tokens == 0 or not self._reserve_blocks(request, num_tokens, preempted):
+                continue
+            item = ScheduledRequest(request, request.num_computed, num_tokens)
+            if request.is_decode:
+                decodes.append(item)  # its lane was set aside in prefill_budget
+            else:
+                prefills.append(item)
+                prefill_budget -= num_tokens
         if not preempted:
-            budget = self._admit(budget, prefills)
+            self._admit(prefills, prefill_budget)
         return Schedule(decodes, prefills, preempted)
 
     def postprocess(self, schedule: Schedule, sampled: list[int]) -> list[Request]:
@@ -145,23 +166,22 @@ class Scheduler:
                 finished.append(request)
         return finished
 
-    def _admit(self, budget: int, prefills: list[ScheduledRequest]) -> int:
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
-            request = self.waiting[0]
+    def _admit(self, prefills: list[ScheduledRequest], budget: int) -> None:
+        """Admit waiting requests oldest first (module docstring, step 3)."""
+        free_rows = self.config.max_num_seqs - len(self.running)
+        for request in list(self.waiting):
+            if free_rows == 0 or (self.uses_slots and not self.slot_pool.can_allocate(1)):
+                return
+            free_rows -= 1  # admitted now, or kept for it while younger requests go ahead
             num_tokens = self._chunk_len(request, budget)
-            if num_tokens == 0 or not self._can_grow(request, num_tokens):
-                break
-            if self.uses_slots and not self.slot_pool.can_allocate(1):
-                break
-            self.waiting.popleft()
-            if self.uses_slots:
-                request.state_slot = self.slot_pool.allocate(1)[0]
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self._grow(request, num_tokens)
+            if num_tokens == 0:
+                continue
+            num_blocks = self._blocks_needed(request, num_tokens)
+            if not self.block_pool.can_allocate(num_blocks):
+                return
+            self._start(request, num_blocks)
             prefills.append(ScheduledRequest(request, request.num_computed, num_tokens))
             budget -= num_tokens
-        return budget
 
     def _chunk_len(self, request: Request, budget: int) -> int:
         """Prefill tokens to feed: all that remain if they fit, else up to a chunk-size multiple."""
@@ -178,13 +198,26 @@ class Scheduler:
         needed = total - len(request.block_ids)
         return needed if needed > 0 else 0
 
-    def _can_grow(self, request: Request, num_tokens: int) -> bool:
-        return self.block_pool.can_allocate(self._blocks_needed(request, num_tokens))
-
-    def _grow(self, request: Request, num_tokens: int) -> None:
+    def _reserve_blocks(self, request: Request, num_tokens: int, preempted: list[Request]) -> bool:
+        """Give `request` the KV blocks its next tokens reach, preempting the youngest running
+        requests while the pool is short; False if that preempted `request` itself."""
         needed = self._blocks_needed(request, num_tokens)
+        while not self.block_pool.can_allocate(needed):
+            victim = self.running[-1]
+            preempted.append(self._preempt(victim))
+            if victim is request:
+                return False
         if needed:
             request.block_ids += self.block_pool.allocate(needed)
+        return True
+
+    def _start(self, request: Request, num_blocks: int) -> None:
+        self.waiting.remove(request)
+        if self.uses_slots:
+            request.state_slot = self.slot_pool.allocate(1)[0]
+        request.block_ids = self.block_pool.allocate(num_blocks)
+        request.status = RequestStatus.RUNNING
+        _insert_by_arrival(self.running, request)
 
     def _release(self, request: Request) -> None:
         self.block_pool.free(request.block_ids)
@@ -196,7 +229,7 @@ class Scheduler:
         self.running.remove(request)
         self._release(request)
         request.reset_for_recompute()
-        self.waiting.appendleft(request)
+        _insert_by_arrival(self.waiting, request)
         self.num_preemptions += 1
         return request
 
@@ -212,10 +245,14 @@ class Scheduler:
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         params = request.sampling_params
-        if token in params.stop_token_ids:
+        num_outputs = len(request.output_token_ids)  # `token` included
+        if token in request.stop_ids and num_outputs > params.min_tokens:
             return FinishReason.STOP
-        if len(request.output_token_ids) >= params.max_tokens:
-            return FinishReason.LENGTH
-        if request.num_tokens >= self.config.max_model_len:
+        if num_outputs >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
+
+
+def _insert_by_arrival(queue: list[Request], request: Request) -> None:
+    """Keep `queue` oldest first; a request preempted for recompute goes back to its place."""
+    bisect.insort(queue, request, key=lambda r: r.arrival_time)

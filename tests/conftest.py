@@ -1,4 +1,4 @@
-"""Test-wide setup: fake CPU devices, hypothesis profile, optional persistent compilation cache."""
+"""Test-wide setup: fake CPU devices, hypothesis profiles, optional persistent compilation cache."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ if os.environ.get("JAX_CACHE_DIR"):
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-# JAX compiles on the first example of every new shape: deadlines would make every test flaky.
-settings.register_profile(
-    "jax", deadline=None, max_examples=10, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile("jax")
+# Hypothesis profiles, picked by HYPOTHESIS_PROFILE: "ci" (the default, sized for CI time) and
+# "long" (>= 1000 examples per property; run it before landing runtime changes). JAX compiles on
+# the first example of every new shape: deadlines would make every test flaky.
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=50, **_COMMON)
+settings.register_profile("long", max_examples=1000, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jmamba import from_hf_config, load_pretrained
+from jmamba import from_hf_config, load_hf_config, load_pretrained
 from jmamba.config import Ffn, Mixer
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -106,6 +106,8 @@ def test_layer_pattern_comes_from_the_config_fields():
             r"unknown NemotronH layer types \['rnn'\]",
         ),
         (lambda c: c.update(n_routed_experts=3, n_group=2), "n_group=2 must divide num_experts=3"),
+        (lambda c: c.update(eos_token_id=[2, 128]), r"eos_token_ids \[128\] are outside"),
+        (lambda c: c.update(eos_token_id="2"), "eos_token_id='2' in config.json must be an int"),
     ],
 )
 def test_invalid_configs_raise_value_errors_naming_the_field(edit, message):
@@ -113,3 +115,47 @@ def test_invalid_configs_raise_value_errors_naming_the_field(edit, message):
     edit(cfg)
     with pytest.raises(ValueError, match=message):
         from_hf_config(cfg)
+
+
+def test_eos_ids_of_config_and_generation_config_are_both_kept(tmp_path):
+    """transformers' generate stops at generation_config.json's ids; config.json's stay too."""
+    target = copy_fixture(tmp_path, "mamba2")  # config.json: eos_token_id 2
+    assert load_hf_config(target).eos_token_ids == (2,)
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2, 9]}))
+    assert load_hf_config(target).eos_token_ids == (2, 7, 9)
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
+    assert load_pretrained(target).config.eos_token_ids == (2, 5)
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": [1.5]}))
+    with pytest.raises(ValueError, match="generation_config.json must be an int id"):
+        load_hf_config(target)
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("config.json", b'{"architectures": [', r"config.json is not valid JSON"),
+        ("config.json", b"[1, 2]", r"config.json must hold a JSON object, not a list"),
+        ("config.json", b"\xff\xfe", r"config.json is not valid JSON"),
+        ("generation_config.json", b"eos=2", r"generation_config.json is not valid JSON"),
+        ("model.safetensors.index.json", b"{", r"model.safetensors.index.json is not valid"),
+        ("model.safetensors.index.json", b"{}", r"index.json has no 'weight_map'"),
+    ],
+)
+def test_unreadable_json_files_are_named(tmp_path, name, content, message):
+    target = copy_fixture(tmp_path, "mamba2")
+    (target / name).write_bytes(content)
+    with pytest.raises(ValueError, match=message) as error:
+        load_pretrained(target)
+    assert str(target / name) in str(error.value)  # the full path of the file
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.001, 0.0])
+def test_truncated_safetensors_is_named(tmp_path, keep):
+    """A download cut short: the loader names the file instead of the parser's bare error."""
+    target = copy_fixture(tmp_path, "mamba2")
+    path = target / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ValueError, match="is not a readable safetensors file") as error:
+        load_pretrained(target)
+    assert str(path) in str(error.value)

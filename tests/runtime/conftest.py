@@ -17,20 +17,21 @@ from flax import nnx
 
 import jmamba
 from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
-from runtime.config import EngineConfig
+from runtime.config import EngineConfig, min_token_budget
 from runtime.engine import Engine
 from runtime.model_runner import ModelRunner
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
 MAX_MODEL_LEN = 64
 BLOCK_SIZE = 8
+MAX_NUM_SEQS = 4
 
 
 def base_config(family: str) -> EngineConfig:
     """Small pools (13 KV blocks: 12 usable, 8 per full-length request) to force preemption."""
-    budget = max(32, jmamba.presets.tiny(family).chunk_size)
+    budget = max(32, min_token_budget(jmamba.presets.tiny(family).chunk_size, MAX_NUM_SEQS))
     return EngineConfig(
-        max_num_seqs=4,
+        max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=budget,
         max_model_len=MAX_MODEL_LEN,
         block_size=BLOCK_SIZE,
@@ -49,9 +50,20 @@ def model_and_runner(family: str) -> tuple[nnx.Module, ModelRunner]:
     return model, ModelRunner(model, base_config(family), keep_logits=True)
 
 
-def make_engine(family: str, **options) -> Engine:
-    """A fresh engine (fresh scheduler and pools) on the family's shared runner and caches."""
+@functools.cache
+def model_with_eos(family: str, eos_token_ids: tuple[int, ...]) -> nnx.Module:
+    """The family's model with other EOS ids, as shapes only: an engine on the shared runner
+    reads nothing but its config."""
+    config = dataclasses.replace(jmamba.presets.tiny(family), eos_token_ids=eos_token_ids)
+    return nnx.eval_shape(lambda: jmamba.HybridLM(config, rngs=nnx.Rngs(0)))
+
+
+def make_engine(family: str, eos_token_ids: tuple[int, ...] | None = None, **options) -> Engine:
+    """A fresh engine (fresh scheduler and pools) on the family's shared runner and caches;
+    `eos_token_ids` replaces the model's EOS ids, `options` the EngineConfig fields."""
     model, runner = model_and_runner(family)
+    if eos_token_ids is not None:
+        model = model_with_eos(family, tuple(eos_token_ids))
     return Engine(model, dataclasses.replace(base_config(family), **options), runner=runner)
 
 
@@ -97,11 +109,27 @@ def _whole_sequence_inputs(tokens: list[int]) -> StepInputs:
     return StepInputs(padded, positions, kv_slots.astype(np.int32), decode, prefill, i32([n - 1]))
 
 
-def naive_greedy(family: str, prompt: list[int], max_tokens: int) -> list[int]:
-    """Greedy tokens by full recompute: fresh caches, the whole sequence as one prefill row."""
+def naive_greedy(
+    family: str,
+    prompt: list[int],
+    max_tokens: int,
+    stop_ids: tuple[int, ...] | None = None,
+    min_tokens: int = 0,
+) -> list[int]:
+    """Greedy tokens by full recompute: fresh caches, the whole sequence as one prefill row.
+
+    Stops after a token of `stop_ids` (default: the model's EOS ids) once more than `min_tokens`
+    are generated (before that their logits are -inf), or at MAX_MODEL_LEN tokens in all.
+    """
     forward, tokens = _naive_forward(family), list(prompt)
-    for _ in range(max_tokens):
-        tokens.append(int(np.argmax(np.asarray(forward(_whole_sequence_inputs(tokens))))))
+    stop_ids = jmamba.presets.tiny(family).eos_token_ids if stop_ids is None else stop_ids
+    for step in range(min(max_tokens, MAX_MODEL_LEN - len(prompt))):
+        logits = np.array(forward(_whole_sequence_inputs(tokens)), np.float64)
+        if step < min_tokens:
+            logits[list(stop_ids)] = -np.inf
+        tokens.append(int(np.argmax(logits)))
+        if tokens[-1] in stop_ids and step >= min_tokens:
+            break
     return tokens[len(prompt) :]
 
 

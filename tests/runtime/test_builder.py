@@ -9,6 +9,9 @@ import pytest
 from jmamba.inputs import StepInputs
 from runtime.buckets import Bucket, BucketPolicy
 from runtime.builder import build_dummy, build_step
+from runtime.request import Request
+from runtime.sampling_inputs import SamplingMode
+from runtime.sampling_params import SamplingParams
 from tests.runtime.test_scheduler import make_request, make_scheduler
 
 BS, MAX_BLOCKS = 4, 16  # block_size and table width of make_scheduler (max_model_len 64)
@@ -107,3 +110,34 @@ def test_bucket_policy_counts_and_decode_only():
     policy = BucketPolicy(scheduler.config)
     assert [b.num_decode_rows for b in policy.decode_buckets()] == [1, 2, 4]
     assert policy.max_num_variants == 4 * (2 * 3 + 1) - 1
+
+
+def test_sampling_rows_masks_and_mode():
+    """Per-row sampling values; rows short of min_tokens mask their stop ids (EOS included);
+    the step's SamplingMode says what the sampler must run."""
+    scheduler = make_scheduler()
+    stop_params = SamplingParams(max_tokens=5, min_tokens=2, stop_token_ids=(9,))
+    masked = Request("m", [1, 2, 3], stop_params, seed=0, eos_token_ids=(7,))
+    sampled = Request("s", [4, 5], SamplingParams(temperature=0.5, top_k=3), seed=11)
+    for request in (masked, sampled, make_request(3)):
+        scheduler.add(request)
+    scheduler.postprocess(s := scheduler.schedule(), [4] * len(s.items))
+    late = Request("l", [6], SamplingParams(max_tokens=3, min_tokens=1), seed=0,
+                   eos_token_ids=(7,))  # fmt: skip
+    scheduler.add(late)
+    schedule = scheduler.schedule()
+    bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
+    batch = build_step(schedule, bucket, block_size=BS, max_blocks=MAX_BLOCKS)
+    row = {i.request.request_id: r for i, r in zip(schedule.items, batch.sample_rows, strict=True)}
+    s = batch.sampling
+    assert batch.mode == SamplingMode(sampled=True, filtered=True, mask_width=4)
+    assert s.masked_ids[row["m"], :2].tolist() == [9, 7] and s.num_masked[row["m"]] == 2
+    assert s.masked_ids[row["l"], 0] == 7 and s.num_masked[row["l"]] == 1
+    assert s.num_masked.sum() == 3 and s.masked_ids.sum() == 9 + 7 + 7  # nothing else masked
+    assert (s.temperature[row["s"]], s.top_k[row["s"]], s.seeds[row["s"]]) == (0.5, 3, 11)
+    assert s.counters[row["s"]] == 1 and s.counters[row["l"]] == 0
+    scheduler.postprocess(schedule, [4] * len(schedule.items))
+    schedule = scheduler.schedule()  # `m` has its 2 tokens: no mask; `s` still samples
+    batch = build_step(schedule, BucketPolicy(scheduler.config).bucket_for(schedule),
+                       block_size=BS, max_blocks=MAX_BLOCKS)  # fmt: skip
+    assert batch.mode == SamplingMode(sampled=True, filtered=True, mask_width=0)

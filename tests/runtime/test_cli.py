@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -34,12 +35,27 @@ def test_generate_text_prompts_from_checkpoint_dir(tmp_path, capsys):
     assert out.count("length:") == 2 and "compiled step variants" in out
 
 
+def test_generate_with_a_real_chunk_size_uses_a_derived_budget(tmp_path, capsys):
+    """Mamba2 checkpoints use chunk_size 256: the default budget (derived: 512) lets it start."""
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(FIXTURE / name, tmp_path / name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"chunk_size": 256}))
+    code = main(["generate", "--model", str(tmp_path), "--prompt-ids", "1,2,3", "--max-tokens",
+                 "2", "--ignore-eos"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "length: [" in out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--model", "tiny-nope"], "unknown preset 'tiny-nope'"),
         (["--model", "tiny-mamba2", "--top-p", "2"], "top_p=2.0"),
         (["--prompt-ids", "1,x"], "comma-separated ints"),
+        (["--min-tokens", "20", "--max-tokens", "4"], "min_tokens=20 must be an int in [0, 4]"),
+        (["--max-num-batched-tokens", "8"], "max_num_batched_tokens=8 must be >= chunk_size"),
     ],
 )
 def test_cli_errors_name_the_problem(argv, message, capsys):

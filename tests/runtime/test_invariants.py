@@ -1,4 +1,7 @@
-"""DESIGN.md section 5 on the running engine: dummy steps, poisoned NULL entries, bad input."""
+"""DESIGN.md section 5 on the running engine: dummy steps, poisoned NULL entries, aborts.
+
+Bad input (one test per class) is in test_bad_input.py.
+"""
 
 from __future__ import annotations
 
@@ -60,49 +63,6 @@ def test_nan_in_null_slot_and_block_changes_no_output(family):
 
 def jnp_nan(leaf):
     return np.nan if np.issubdtype(leaf.dtype, np.floating) else 0
-
-
-@pytest.mark.parametrize(
-    "prompt, params, message",
-    [
-        ([], None, "empty"),
-        (list(range(65)), None, "more than max_model_len=64"),
-        ([3, 256], None, r"outside the vocabulary \[0, 256\)"),
-        ([-1, 4], None, "outside the vocabulary"),
-        (["a"], None, "list of ints"),
-        ([1, 2], "greedy", "must be a SamplingParams"),
-    ],
-)
-def test_bad_request_raises_and_engine_keeps_serving(prompt, params, message):
-    """A bad request raises a ValueError naming it; the request already queued still completes."""
-    engine = make_engine("mamba2")
-    good = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3))
-    engine.step()
-    with pytest.raises(ValueError, match=message):
-        engine.add_request(prompt, params)
-    assert len(run_to_completion(engine)[good]) == 3
-
-
-@pytest.mark.parametrize(
-    "options, message",
-    [
-        (dict(temperature=-1.0), "temperature"),
-        (dict(top_p=0.0), "top_p"),
-        (dict(top_k=-2), "top_k"),
-        (dict(max_tokens=0), "max_tokens"),
-        (dict(seed=-5), "seed"),
-    ],
-)
-def test_invalid_sampling_params(options, message):
-    with pytest.raises(ValueError, match=message):
-        SamplingParams(**options)
-
-
-def test_duplicate_request_id():
-    engine = make_engine("mamba2")
-    engine.add_request([1], request_id="a")
-    with pytest.raises(ValueError, match="request_id='a' is already in use"):
-        engine.add_request([2], request_id="a")
 
 
 def test_bad_model_names(tmp_path):

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.builder import SamplingInputs
 from runtime.packing import layout_of, pack, unpack
+from runtime.sampling_inputs import SamplingInputs
 from tests.runtime.test_builder import mixed_batch
 
 
@@ -22,6 +22,8 @@ def test_round_trip_of_a_built_step():
         rng.random(n, dtype=np.float32),
         rng.integers(0, 2**32, n, dtype=np.uint32),  # the high bit set too
         rng.integers(0, 9, n).astype(np.int32),
+        rng.integers(0, 50, (n, 4)).astype(np.int32),
+        rng.integers(0, 5, n).astype(np.int32),
     )
     tree = (batch.inputs, sampling)
     layout = layout_of(tree)

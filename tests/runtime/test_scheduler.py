@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from runtime.config import EngineConfig
 from runtime.request import Request, RequestStatus
 from runtime.sampling_params import SamplingParams
@@ -127,3 +129,86 @@ def test_abort_waiting_and_running():
     assert scheduler.abort("nope") is None
     assert not scheduler.has_unfinished and scheduler.block_pool.num_used == 0
     assert running.finish_reason.value == "abort"
+
+
+def test_prompt_advances_beside_a_full_decode_batch():
+    """The issue's case, at the smallest allowed budget (chunk 16 + 3 decode lanes): a 20-token
+    prompt behind three decodes gets 16 tokens, then 4, and its first token in its second step."""
+    scheduler = make_scheduler(chunk_size=16, max_num_batched_tokens=19)
+    decoding = [make_request(2, max_tokens=40) for _ in range(3)]
+    for request in decoding:
+        scheduler.add(request)
+    run_step(scheduler)
+    prompt = make_request(20)
+    scheduler.add(prompt)
+    chunks = []
+    while not prompt.output_token_ids:
+        schedule, _ = run_step(scheduler)
+        assert [s.request for s in schedule.decodes] == decoding  # decodes never wait either
+        chunks += [s.num_tokens for s in schedule.prefills]
+    assert chunks == [16, 4]
+
+
+def test_a_budget_without_room_for_a_chunk_beside_the_decodes_is_refused():
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens=18 must be >= chunk_size \+ "):
+        make_scheduler(chunk_size=16, max_num_batched_tokens=18)
+
+
+def test_default_budget_is_derived_from_the_chunk_size():
+    """None: the smallest power of two >= max(256, chunk + max_num_seqs - 1)."""
+    config = EngineConfig(max_num_seqs=8)
+    assert config.max_num_batched_tokens is None and config.prefill_token_buckets is None
+    assert config.resolved(16).max_num_batched_tokens == 256  # the tiny presets
+    assert config.resolved(128).max_num_batched_tokens == 256  # NemotronH
+    resolved = config.resolved(256)  # Mamba2
+    assert resolved.max_num_batched_tokens == 512 and resolved.prefill_token_buckets[-1] == 512
+    scheduler = Scheduler(config, 256, uses_blocks=True, uses_slots=True)
+    assert scheduler.budget == 512
+
+
+def test_a_request_that_cannot_get_a_chunk_does_not_block_the_ones_behind():
+    """Head-of-line: a long prompt that cannot get a chunk of the 2 tokens left keeps its row;
+    a 2-token prompt behind it is admitted with them; a third request finds no row left."""
+    scheduler = make_scheduler(chunk_size=16, max_num_seqs=3, max_num_batched_tokens=18)
+    running = make_request(40)
+    scheduler.add(running)
+    run_step(scheduler)  # 16 tokens
+    long, short, third = make_request(40), make_request(2), make_request(1)
+    for request in (long, short, third):
+        scheduler.add(request)
+    schedule = scheduler.schedule()
+    assert [(s.request, s.num_tokens) for s in schedule.prefills] == [(running, 16), (short, 2)]
+    assert scheduler.waiting == [long, third]
+    scheduler.postprocess(schedule, [5, 5])
+    run_step(scheduler)  # `running` finishes its prompt (8 tokens): 10 tokens left
+    schedule = scheduler.schedule()  # the long one is oldest now and gets its chunk
+    assert [(s.request, s.num_tokens) for s in schedule.prefills] == [(long, 16)]
+
+
+def test_stop_tokens_wait_for_min_tokens():
+    """A stop id before min_tokens generated tokens does not stop (the sampler masks it; here
+    the scheduler is fed it anyway); after that it does. EOS ids stop unless ignored."""
+    scheduler = make_scheduler()
+    params = SamplingParams(max_tokens=9, min_tokens=2, stop_token_ids=(5,))
+    request = Request("m", [1, 2], params, seed=0, eos_token_ids=(6,))
+    ignoring = Request("i", [1, 2], SamplingParams(max_tokens=3, ignore_eos=True), seed=0,
+                       eos_token_ids=(6,))  # fmt: skip
+    scheduler.add(request)
+    scheduler.add(ignoring)
+    assert request.stop_ids == (5, 6) and ignoring.stop_ids == ()
+    assert request.masked_token_ids == (5, 6)
+    finished = [run_step(scheduler, token=6)[1] for _ in range(3)]
+    assert finished == [[], [], [request, ignoring]]
+    assert request.finish_reason.value == "stop" and request.output_token_ids == [6, 6, 6]
+    assert ignoring.finish_reason.value == "length" and request.masked_token_ids == ()
+
+
+def test_output_never_passes_max_model_len():
+    """A prompt of max_model_len - 1 tokens gets one token, whatever max_tokens asks."""
+    scheduler = make_scheduler(max_model_len=16)
+    request = make_request(15, max_tokens=10)
+    scheduler.add(request)
+    finished = []
+    while not finished:
+        finished = run_step(scheduler)[1]
+    assert request.output_token_ids == [5] and request.finish_reason.value == "length"

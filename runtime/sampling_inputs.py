@@ -1,0 +1,73 @@
+"""`SamplingInputs` and `SamplingMode`: the sampler's contract, built on the host (no jax).
+
+The builder fills one `SamplingInputs` row per logits row of a step; the sampler (inside the jitted
+step) reads them. `SamplingMode` is what the sampler must compute this step, decided on the host
+from those rows: it is static (part of the compiled variant's key), so the step holds no
+data-dependent branch and never waits on a device predicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+MIN_MASK_WIDTH = 4  # masked-id columns come in powers of two from here, to bound the variants
+
+
+class SamplingInputs(NamedTuple):
+    """Per-logits-row sampling parameters (a pytree); padding rows are greedy and mask nothing.
+
+    Attributes:
+      temperature: [N] float32, 0 for greedy.
+      top_k: [N] int32, 0 for no limit.
+      top_p: [N] float32, 1 for no limit.
+      seeds: [N] uint32 request seeds.
+      counters: [N] int32 index of the token being sampled (folded into the seed's key, so a
+        request's random stream does not depend on the batch).
+      masked_ids: [N, M] int32 token ids the row may not produce now (its stop ids while it has
+        fewer than `min_tokens` outputs); entries past `num_masked` are 0 and ignored.
+      num_masked: [N] int32 live entries of `masked_ids`.
+    """
+
+    temperature: np.ndarray
+    top_k: np.ndarray
+    top_p: np.ndarray
+    seeds: np.ndarray
+    counters: np.ndarray
+    masked_ids: np.ndarray
+    num_masked: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingMode:
+    """What one step's sampler computes (static per compiled variant).
+
+    Attributes:
+      sampled: some row has temperature > 0; otherwise every row is an argmax and no random
+        numbers are drawn.
+      filtered: some sampled row has top_k > 0 or top_p < 1, so the sort for top-k/top-p runs.
+      mask_width: M, the columns of `masked_ids`; 0 when no row masks a token.
+    """
+
+    sampled: bool = False
+    filtered: bool = False
+    mask_width: int = 0
+
+    @classmethod
+    def of(cls, inputs: SamplingInputs) -> SamplingMode:
+        """The mode a step with these rows needs."""
+        sampled_rows = inputs.temperature > 0.0
+        filtering_rows = sampled_rows & ((inputs.top_k > 0) | (inputs.top_p < 1.0))
+        return cls(bool(sampled_rows.any()), bool(filtering_rows.any()), inputs.masked_ids.shape[1])
+
+
+def mask_width(num_masked: int) -> int:
+    """Columns of `masked_ids` for a step whose longest mask has `num_masked` ids (0 if none)."""
+    if num_masked == 0:
+        return 0
+    width = MIN_MASK_WIDTH
+    while width < num_masked:
+        width *= 2
+    return width

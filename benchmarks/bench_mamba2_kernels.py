@@ -43,6 +43,13 @@ RESULTS: list[dict] = []
 BW = {"tb_s": None}
 
 
+
+def _scan_knobs(cfg: dict) -> dict:
+    """A sweep entry (algorithm + tuning knobs) as `ssd_chunk_scan`'s keywords."""
+    knobs = dict(cfg)
+    algorithm = knobs.pop("algorithm", "sequential")
+    return dict(algorithm=algorithm, tuning=scan.ScanTuning(**knobs))
+
 def log(*a) -> None:
     print(*a, flush=True)
 
@@ -277,10 +284,10 @@ def bench_scan(anchors, configs):
         best = None
         for cfg in configs:
             try:
-                y, p = scan.ssd_chunk_scan(*args, jnp.copy(pool), *meta, **kw, **cfg)
+                y, p = scan.ssd_chunk_scan(*args, jnp.copy(pool), *meta, **kw, **_scan_knobs(cfg))
 
                 def step(i, pool, cfg=cfg):
-                    return scan.ssd_chunk_scan(*args, pool, *meta, **kw, **cfg)
+                    return scan.ssd_chunk_scan(*args, pool, *meta, **kw, **_scan_knobs(cfg))
 
                 us = time_loop(step, jnp.copy(pool), inner=5, reps=10)
                 log(f"scan {batch}x{seqlen} {cfg}: {us:.1f} us")

@@ -1,4 +1,4 @@
-"""Every kernel and every model through the compiled kernels, checked against independent references.
+"""Every kernel and model through the compiled kernels, checked against independent references.
 
 One run on the GPU; exits 1 if any check fails. Sections (each a module of `benchmarks/checks/`):
   kernels   every Pallas kernel against its plain-jnp reference on a grid of odd shapes
@@ -7,7 +7,8 @@ One run on the GPU; exits 1 if any check fails. Sections (each a module of `benc
 
     PYTHONPATH=. python benchmarks/gpu_checks.py [--quick] [--only kernels,fixtures,batch]
 
-`--quick` runs a small subset; on a CPU the kernels run in interpret mode (the CI smoke test does this).
+`--quick` runs a small subset; on a CPU the kernels run in interpret mode (the CI smoke test
+does this).
 Results are printed as a table and, when $OUT is set, written to $OUT/gpu_checks.json.
 """
 
@@ -34,7 +35,8 @@ def run_sections(names: list[str], quick: bool) -> list[Check]:
     for name in names:
         start = time.perf_counter()
         section = importlib.import_module(_MODULES[name]).run(quick)
-        print(f"== {name}: {len(section)} checks in {time.perf_counter() - start:.0f} s", flush=True)
+        seconds = time.perf_counter() - start
+        print(f"== {name}: {len(section)} checks in {seconds:.0f} s", flush=True)
         checks += section
     return checks
 
@@ -44,7 +46,8 @@ def report(checks: list[Check]) -> None:
     for check in checks:
         print(f"{'ok  ' if check.ok else 'FAIL'} {check.name:{width}s} {check.detail}")
     failed = [c.name for c in checks if not c.ok]
-    print(f"{len(checks) - len(failed)}/{len(checks)} passed" + (f"; failed: {failed}" if failed else ""))
+    summary = f"{len(checks) - len(failed)}/{len(checks)} passed"
+    print(summary + (f"; failed: {failed}" if failed else ""))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_checks.json"), "w") as f:
             json.dump([c.__dict__ for c in checks], f, indent=1)

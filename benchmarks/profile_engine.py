@@ -109,7 +109,7 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         row["engine_device_ms"] = 1e3 * (engine.stats.device_seconds - d0) / steps
         runner, batch_in = engine.runner, engine.last_batch
         bucket = engine.buckets.bucket_for(engine.last_schedule)
-        compiled = runner._compiled[bucket]
+        compiled = runner._compiled[(bucket, batch_in.mode)]
         row.update(time_runner(runner, compiled, bucket, batch_in, steps, np, jax))
         trace_dir = tempfile.mkdtemp()
         dev = device_inputs(runner, bucket, batch_in, jax)
@@ -136,7 +136,8 @@ def device_inputs(runner, bucket, batch_in, jax):
     """The step's packed inputs, already on the device."""
     from runtime.packing import pack
 
-    return jax.device_put(pack((batch_in.inputs, batch_in.sampling), runner._layouts[bucket]))
+    layout = runner._layouts[(bucket, batch_in.mode)]
+    return jax.device_put(pack((batch_in.inputs, batch_in.sampling), layout))
 
 
 def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:

@@ -1,7 +1,8 @@
 """Sections of `benchmarks/gpu_checks.py`: each module's `run(quick)` returns a list of `Check`s.
 
-On the GPU every section runs the compiled Pallas kernels; on a CPU (the CI smoke test) the same code runs
-the kernels in interpret mode with `quick=True`, so the script cannot rot between device runs.
+On the GPU every section runs the compiled Pallas kernels; on a CPU (the CI smoke test) the same
+code runs the kernels in interpret mode with `quick=True`, so the script cannot rot between device
+runs.
 """
 
 from __future__ import annotations

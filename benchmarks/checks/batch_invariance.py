@@ -71,7 +71,7 @@ def engine_config(prompts: list[list[int]], setup: Setup) -> EngineConfig:
 
 def generate(engine: Engine, prompts: list[list[int]], setup: Setup) -> list[Generated]:
     """Run `prompts` on `engine` to completion; every prompt must be admitted in the first step."""
-    params = SamplingParams(max_tokens=setup.max_tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=setup.max_tokens, temperature=0.0, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     out = {i: Generated([], []) for i in ids}
     first = True

@@ -28,14 +28,7 @@ TOL = 1e-4
 CASES = [(f, "reference") for f in runs.ORIGINAL + runs.ODD] + [
     ("qwen3_next", "interpret"),
     ("nemotron_h_odd", "interpret"),
-    pytest.param(
-        ("qwen3_5_odd", "interpret"),
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="issue 8 section 1: gdn_chunk returns NaN for head_k_dim 24 (not a power of "
-            "two); remove this mark with the kernel fix",
-        ),
-    ),
+    ("qwen3_5_odd", "interpret"),
 ]
 
 

@@ -6,7 +6,11 @@ One run on the GPU; exits 1 if any check fails. Sections (each a module of `benc
   batch     a request's prefill output does not depend on the batch it shares (DESIGN section 5.8)
 
     PYTHONPATH=. python benchmarks/gpu_checks.py [--quick] [--only kernels,fixtures,batch]
+        [--families mamba2,qwen3_5_odd] [--jobs 8]
 
+Compiling dominates on the GPU (an fp32 `gdn_chunk` takes ~45 s), so `--jobs N` runs the kernel
+grid and each (section, fixture) pair in its own process, N at a time, all on the one GPU (no
+memory preallocation), and gathers their checks into one report.
 `--quick` runs a small subset; on a CPU the kernels run in interpret mode (the CI smoke test
 does this).
 Results are printed as a table and, when $OUT is set, written to $OUT/gpu_checks.json.
@@ -15,10 +19,13 @@ Results are printed as a table and, when $OUT is set, written to $OUT/gpu_checks
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -30,26 +37,57 @@ _MODULES = {"kernels": "benchmarks.checks.kernel_grid", "fixtures": "benchmarks.
             "batch": "benchmarks.checks.batch_invariance"}  # fmt: skip
 
 
-def run_sections(names: list[str], quick: bool) -> list[Check]:
+def run_sections(names: list[str], quick: bool, families: list[str] | None) -> list[Check]:
     checks: list[Check] = []
     for name in names:
         start = time.perf_counter()
-        section = importlib.import_module(_MODULES[name]).run(quick)
+        section = importlib.import_module(_MODULES[name]).run(quick, families)
         seconds = time.perf_counter() - start
         print(f"== {name}: {len(section)} checks in {seconds:.0f} s", flush=True)
         checks += section
     return checks
 
 
-def report(checks: list[Check]) -> None:
+def run_in_processes(names: list[str], quick: bool, families: list[str] | None,
+                     jobs: int) -> list[Check]:  # fmt: skip
+    """Each section (per fixture for fixtures and batch) in a child process, `jobs` at a time."""
+    from tests.jmamba import fixture_runs
+
+    every = families or fixture_runs.ORIGINAL + fixture_runs.ODD
+    tasks = [(n, [f]) for n in names if n != "kernels" for f in every]
+    tasks = ([("kernels", None)] if "kernels" in names else []) + tasks
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env.pop("OUT", None)
+
+    def child(task: tuple[str, list[str] | None]) -> list[Check]:
+        name, fams = task
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            argv = [sys.executable, __file__, "--only", name, "--json", out.name]
+            argv += (["--quick"] if quick else []) + (["--families", fams[0]] if fams else [])
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=580)
+            print(f"== {name} {fams or ''}: exit {done.returncode}\n{done.stdout[-4000:]}",
+                  flush=True)  # fmt: skip
+            try:
+                return [Check(**c) for c in json.load(open(out.name))]
+            except (OSError, ValueError):
+                tail = (done.stdout + done.stderr)[-300:].replace("\n", " | ")
+                return [Check(f"{name} {fams or ''}", False, f"no result: {tail}")]
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        return [c for checks in pool.map(child, tasks) for c in checks]
+
+
+def report(checks: list[Check], json_path: str | None = None) -> None:
     width = max((len(c.name) for c in checks), default=4)
     for check in checks:
         print(f"{'ok  ' if check.ok else 'FAIL'} {check.name:{width}s} {check.detail}")
     failed = [c.name for c in checks if not c.ok]
     summary = f"{len(checks) - len(failed)}/{len(checks)} passed"
     print(summary + (f"; failed: {failed}" if failed else ""))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpu_checks.json"), "w") as f:
+    if json_path is None and os.environ.get("OUT"):
+        json_path = os.path.join(os.environ["OUT"], "gpu_checks.json")
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump([c.__dict__ for c in checks], f, indent=1)
 
 
@@ -57,14 +95,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small subset (CPU smoke test)")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--families", help="comma-separated fixtures (fixtures and batch sections)")
+    parser.add_argument("--jobs", type=int, default=1, help="child processes at a time")
+    parser.add_argument("--json", help="where to write the checks (default $OUT/gpu_checks.json)")
     args = parser.parse_args(argv)
+    families = args.families.split(",") if args.families else None
     names = [n for n in args.only.split(",") if n]
     unknown = sorted(set(names) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; known: {list(SECTIONS)}")
     print(f"device={jax.devices()[0].device_kind} backend={jax.default_backend()}", flush=True)
-    checks = run_sections(names, args.quick)
-    report(checks)
+    if args.jobs > 1:
+        checks = run_in_processes(names, args.quick, families, args.jobs)
+    else:
+        checks = run_sections(names, args.quick, families)
+    report(checks, args.json)
     return 0 if checks and all(c.ok for c in checks) else 1
 
 

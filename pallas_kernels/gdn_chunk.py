@@ -160,6 +160,20 @@ def chunk_tiles(query_start_loc, num_computed, T: int, C: int):
     return cstart.astype(i32), clen, count, c0
 
 
+# Shared memory Triton may use for the chain's software pipeline: the H100 has 227 KiB per block;
+# keep room for the state tile and the compiler's own buffers.
+_PIPELINE_SMEM_BYTES = 180 * 1024
+
+
+def chain_stages(C: int, BK: int, BV: int, itemsize: int, most: int = 3) -> int:
+    """Pipeline stages of the chain kernel: `most` (3 measured fastest at the Qwen3-Next shape in
+    bf16), fewer when the tiles one chunk loads (W, KD, QE [C, BK], U [C, BV], AQK [C, C]) would
+    overflow shared memory: fp32 tiles with K = 128 asked 288 KiB at 3 stages on the H100. A
+    function of the static shapes only, never of the batch."""
+    per_stage = (3 * C * BK + C * BV + C * C) * itemsize
+    return max(1, min(most, 1 + _PIPELINE_SMEM_BYTES // per_stage))
+
+
 def gdn_chunk(
     q,
     k,
@@ -186,7 +200,7 @@ def gdn_chunk(
     solve_refine: bool = False,
     split_intra: bool = False,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int | None = None,
     intra_num_warps: int = 4,
     precision=None,
 ):
@@ -199,7 +213,8 @@ def gdn_chunk(
     v.dtype), solve_dtype / solve_refine (operands of the inverse's dots, default inter_dtype: bf16
     measured as accurate as TF32 and faster on the H100; a Newton step in fp32),
     split_intra (kernel 1 as two launches: WY factors, then the q/k tiles),
-    warps/stages, precision of fp32 dots on GPU (None = HIGHEST for fp32 tiles; interpret mode
+    warps/stages (stages None = `chain_stages`: up to 3, fewer where the per-chunk tiles would
+    overflow shared memory), precision of fp32 dots on GPU (None = HIGHEST for fp32 tiles; interpret mode
     uses HIGHEST).
     """
     check_prefill_args(q, k, v, g, beta, state, query_start_loc, num_computed, has_initial_state,
@@ -263,7 +278,10 @@ def gdn_chunk(
         ),
         grid=(R + 1, HV, pl.cdiv(V, BV)),
         input_output_aliases={len(meta) + 1 + len(tiles): 1},
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=num_warps,
+            num_stages=num_stages or chain_stages(C, BK, BV, inter.itemsize),
+        ),
         interpret=interpret,
         name="gdn_chunk_chain",
     )(*meta, g, *tiles, state)

@@ -137,10 +137,11 @@ def check_model(name: str, setup: Setup) -> Check:
     return Check(f"batch {name}", error <= TOL and not differing, detail)
 
 
-def run(quick: bool) -> list[Check]:
-    """Every fixture model with 64 prompts (`quick`: one model, 4 prompts, 2 tokens each)."""
+def run(quick: bool, families: list[str] | None = None) -> list[Check]:
+    """Every fixture model (or `families`) with 64 prompts (`quick`: one model, 4 prompts, 2
+    tokens each)."""
     use_kernels()
-    names = ("mamba2",) if quick else runs.ORIGINAL + runs.ODD
+    names = families or (("mamba2",) if quick else runs.ORIGINAL + runs.ODD)
     setup = Setup(num_prompts=4, max_tokens=2) if quick else Setup()
     checks = []
     for name in names:

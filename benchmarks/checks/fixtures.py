@@ -47,12 +47,12 @@ def check_fixture(name: str) -> list[Check]:
     return [Check(c.name, c.ok, c.detail + seconds) for c in checks]
 
 
-def run(quick: bool) -> list[Check]:
-    """Every fixture (one when `quick`) through the kernels; a fixture that raises is one failed
-    check, the others still run."""
+def run(quick: bool, families: list[str] | None = None) -> list[Check]:
+    """Every fixture (one when `quick`, `families` when given) through the kernels; a fixture that
+    raises is one failed check, the others still run."""
     use_kernels()
     checks: list[Check] = []
-    for name in QUICK if quick else runs.ORIGINAL + runs.ODD:
+    for name in families or (QUICK if quick else runs.ORIGINAL + runs.ODD):
         try:
             checks += check_fixture(name)
         except Exception as error:  # noqa: BLE001 - report it and go on with the next fixture

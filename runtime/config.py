@@ -29,6 +29,9 @@ class EngineConfig:
         max_num_seqs + 1.
       decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
         sections; None picks powers of two up to the budgets.
+      data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
+        max_num_seqs and max_num_batched_tokens above is per rank: each rank has its own scheduler,
+        its own KV blocks and state slots (each with its own NULL block and slot 0).
       seed: seeds the sampling of requests that set no seed of their own.
       validate_inputs: check every step's `StepInputs` against DESIGN.md section 5 (debug, tests).
     """
@@ -42,11 +45,13 @@ class EngineConfig:
     decode_row_buckets: tuple[int, ...] | None = None
     prefill_token_buckets: tuple[int, ...] | None = None
     prefill_row_buckets: tuple[int, ...] | None = None
+    data_parallel_size: int = 1
     seed: int = 0
     validate_inputs: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+                     "data_parallel_size"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an int >= 1")

@@ -1,12 +1,19 @@
-"""`ModelRunner`: the model split once, one compiled step per bucket, caches donated.
+"""`ModelRunner`: the model split once, one compiled SPMD step per bucket, caches donated.
 
-The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)`; sampling
-runs inside it, so only N int32 token ids come back to the host each step. The runner makes no
-policy decision: it runs whatever `StepBatch` it is given, in the bucket it is told.
+The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)` of one rank,
+run on every rank of the data-parallel mesh at once through `jax.shard_map`: parameters are
+replicated, every cache pool is split on its pool axis (rank r owns blocks / slots
+`[r * n, (r + 1) * n)` of the global array, and sees them as its own `[0, n)`, 0 being its NULL
+entry), and the packed inputs are stacked `[ranks, words]`, one row per rank. A rank with no work is
+given an all-padding row (the idle-rank dummy step): it runs the same program and, by DESIGN
+section 5 invariant 6, writes nothing but NULL entries. With one device this is a mesh of one rank.
+
+Sampling runs inside the step, so only int32 token ids come back to the host. The runner makes no
+policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket it is told.
 
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
-(flattening the nnx `State` runs Python code per variable, every call) and the step's inputs as one
-packed int32 buffer (one host->device copy instead of one per field; see `runtime.packing`).
+(flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
+one packed int32 row (one host->device copy for the whole step; see `runtime.packing`).
 """
 
 from __future__ import annotations
@@ -18,49 +25,66 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from runtime.buckets import Bucket
 from runtime.builder import StepBatch, build_dummy
 from runtime.config import EngineConfig
+from runtime.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.packing import Layout, layout_of, pack, unpack
 from runtime.sampler import sample
 
 
-def _step(
-    graphdef: nnx.GraphDef,
-    param_treedef: Any,
-    keep_logits: bool,
-    layout: Layout,
-    param_leaves: list[jax.Array],
-    caches: Any,
-    packed: jax.Array,
-) -> tuple[jax.Array, jax.Array | None, Any]:
-    inputs, sampling = unpack(packed, layout)
+def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, param_leaves, caches,
+               packed):  # fmt: skip
+    """One rank's step on its own shard: packed [1, words] -> tokens [1, N] (+ logits), caches."""
+    inputs, sampling = unpack(packed[0], layout)
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
-    return sample(logits, sampling), (logits if keep_logits else None), caches
+    tokens = sample(logits, sampling)[None]
+    return tokens, (logits[None] if keep_logits else None), caches
+
+
+def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
+               param_leaves, caches, packed):  # fmt: skip
+    by_rank = P(AXIS)
+    cache_specs = jax.tree.map(lambda _: by_rank, caches)
+    step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout)
+    return jax.shard_map(
+        step,
+        mesh=mesh.mesh,
+        in_specs=(P(), cache_specs, by_rank),
+        out_specs=(by_rank, by_rank if keep_logits else None, cache_specs),
+        check_vma=False,  # Pallas calls declare plain output shapes
+    )(param_leaves, caches, packed)
 
 
 class ModelRunner:
-    """Holds params and caches; compiles and runs one step variant per `Bucket`.
+    """Holds params and caches on the mesh; compiles and runs one SPMD step per `Bucket`.
 
     Attributes:
-      caches: the device caches (replaced, not mutated, by every step: the old ones are donated).
-      last_logits: [N, vocab] fp32 logits of the last step when `keep_logits`, else None.
+      mesh: the data-parallel mesh (`config.data_parallel_size` ranks).
+      caches: the device caches, every pool `[ranks * pool size, ...]` split by rank (replaced,
+        not mutated, by every step: the old ones are donated).
+      last_logits: [local ranks, N, vocab] fp32 logits of the last step when `keep_logits`.
       compile_seconds: time spent compiling, per bucket.
     """
 
     def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
         self.config = config
+        self.mesh = make_mesh(config.data_parallel_size)
         self.graphdef, self.params = nnx.split(model)
-        self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
-        self.caches = model.init_caches(
-            num_blocks=config.num_blocks, block_size=config.block_size, num_slots=config.num_slots
-        )
+        leaves, self._param_treedef = jax.tree.flatten(self.params)
+        self._param_leaves = jax.device_put(leaves, self.mesh.replicated)
+        self.caches = self._init_caches(model)
         self.keep_logits = keep_logits
-        self.last_logits: jax.Array | None = None
+        self.last_logits: np.ndarray | None = None
         self.compile_seconds: dict[Bucket, float] = {}
-        self._jitted = jax.jit(_step, static_argnums=(0, 1, 2, 3), donate_argnames=("caches",))
+        self._jitted = jax.jit(
+            functools.partial(_spmd_step, self.mesh),
+            static_argnums=(0, 1, 2, 3),
+            donate_argnames=("caches",),
+        )
         self._compiled: dict[Bucket, Any] = {}
         self._layouts: dict[Bucket, Layout] = {}
 
@@ -69,28 +93,57 @@ class ModelRunner:
         """How many step variants are compiled so far."""
         return len(self._compiled)
 
-    def run(self, bucket: Bucket, batch: StepBatch) -> np.ndarray:
-        """Run one step; returns each scheduled request's sampled token, [len(sample_rows)]."""
-        compiled = self._compiled.get(bucket) or self._compile(bucket, batch)
-        packed = pack((batch.inputs, batch.sampling), self._layouts[bucket])
-        tokens, logits, self.caches = compiled(self._param_leaves, self.caches, packed)
-        self.last_logits = logits
-        return np.asarray(tokens)[batch.sample_rows]
+    @property
+    def local_ranks(self) -> tuple[int, ...]:
+        return self.mesh.local_ranks
+
+    def run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
+        """Run one step; `batches[i]` is local rank i's inputs, all built for `bucket`.
+
+        Returns, per local rank, each scheduled request's sampled token ([len(sample_rows)]).
+        """
+        if len(batches) != len(self.local_ranks):
+            raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
+        compiled = self._compiled.get(bucket) or self._compile(bucket, batches[0])
+        tokens, logits, self.caches = compiled(
+            self._param_leaves, self.caches, self._packed(bucket, batches)
+        )
+        self.last_logits = None if logits is None else self.mesh.local_rows(logits)
+        rows = self.mesh.local_rows(tokens)
+        return [rows[i][batch.sample_rows] for i, batch in enumerate(batches)]
 
     def warmup(self, buckets: list[Bucket]) -> None:
-        """Compile `buckets`, running each once on an all-padding step (changes no live slot)."""
+        """Compile `buckets`, running each once on all-padding steps (changes no live slot)."""
         for bucket in buckets:
-            self.run(bucket, build_dummy(bucket, max_blocks=self.config.max_blocks_per_seq))
+            dummy = build_dummy(bucket, max_blocks=self.config.max_blocks_per_seq)
+            self.run(bucket, [dummy] * len(self.local_ranks))
+
+    def _packed(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:
+        layout = self._layouts[bucket]
+        rows = np.stack([pack((b.inputs, b.sampling), layout) for b in batches])
+        return self.mesh.global_array(rows)
+
+    def _init_caches(self, model: nnx.Module) -> Any:
+        """Zeroed caches, each pool `ranks x` its per-rank size, created directly on the mesh."""
+        ranks, config = self.mesh.size, self.config
+
+        def zeros():
+            return model.init_caches(num_blocks=ranks * config.num_blocks,
+                                     block_size=config.block_size,
+                                     num_slots=ranks * config.num_slots)  # fmt: skip
+
+        shapes = jax.eval_shape(zeros)
+        return jax.jit(zeros, out_shardings=jax.tree.map(lambda _: self.mesh.by_rank, shapes))()
 
     def _compile(self, bucket: Bucket, batch: StepBatch) -> Any:
         start = time.perf_counter()
         layout = layout_of((batch.inputs, batch.sampling))
-        lower = functools.partial(
-            self._jitted.lower, self.graphdef, self._param_treedef, self.keep_logits, layout
-        )
-        packed = pack((batch.inputs, batch.sampling), layout)
-        compiled = lower(self._param_leaves, self.caches, packed).compile()
         self._layouts[bucket] = layout
+        packed = self._packed(bucket, [batch] * len(self.local_ranks))
+        compiled = self._jitted.lower(
+            self.graphdef, self._param_treedef, self.keep_logits, layout,
+            self._param_leaves, self.caches, packed,
+        ).compile()  # fmt: skip
         self.compile_seconds[bucket] = time.perf_counter() - start
         self._compiled[bucket] = compiled
         return compiled

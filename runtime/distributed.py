@@ -63,6 +63,19 @@ class DataParallelMesh:
         return np.concatenate([np.asarray(s.data) for s in shards])
 
 
+def initialize(coordinator_address: str, num_processes: int, process_id: int) -> None:
+    """Join a multi-host run: call once per process, before any JAX computation or engine.
+
+    Each process then drives the ranks of its own devices (`DataParallelMesh.local_ranks`) and
+    serves the requests added to it: requests reach a process through whatever the launcher does
+    (each process of `jmamba generate` reads its own prompts; a Python driver might split one list
+    by process index), and the process's router places them on its local ranks only. On CPU
+    devices the cross-process collectives go through gloo.
+    """
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+
+
 def make_mesh(size: int) -> DataParallelMesh:
     """A `dp` mesh of `size` devices (all devices of every process, in process order)."""
     devices = jax.devices()

@@ -222,7 +222,9 @@ class Engine:
 
     def _only_rank[T](self, per_rank: list[T]) -> T | None:
         if len(self.schedulers) != 1:
-            raise ValueError(f"this engine drives {len(self.schedulers)} ranks: index the per-rank list")
+            raise ValueError(
+                f"this engine drives {len(self.schedulers)} ranks: index the per-rank list"
+            )
         return per_rank[0] if per_rank else None
 
     def _release(self, request: Request) -> RequestOutput:

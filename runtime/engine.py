@@ -47,7 +47,8 @@ class StepStats:
 
 
 class Engine:
-    """Serve requests on a data-parallel mesh of one or more devices: `add_request`, `step`, `abort`.
+    """Serve requests on a data-parallel mesh of one or more devices: `add_request`, `step`,
+    `abort`.
 
     Each rank driven by this process has its own `Scheduler` (and pools); a `Router` places each
     new request on one of them. Every step every rank runs, in one bucket: the elementwise max of

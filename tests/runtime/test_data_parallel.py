@@ -1,9 +1,9 @@
 """Data parallelism on the fake CPU devices: same tokens as one device, idle ranks touch nothing.
 
-The seed bug (vLLM #37728): a data-parallel rank with no work ran a dummy step whose stale block-table
-row pointed at a live request's recurrent state and corrupted it. Here an idle rank's step is an
-all-padding `StepInputs`, so after every step in which a rank was idle, every non-NULL block and slot
-of its shard must be bit-identical to before, read back from the device.
+The seed bug (vLLM #37728): a data-parallel rank with no work ran a dummy step whose stale
+block-table row pointed at a live request's recurrent state and corrupted it. Here an idle rank's
+step is an all-padding `StepInputs`, so after every step in which a rank was idle, every non-NULL
+block and slot of its shard must be bit-identical to before, read back from the device.
 """
 
 from __future__ import annotations

@@ -134,10 +134,7 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
 
 def device_inputs(runner, bucket, batch_in, jax):
     """The step's packed inputs, already on the device."""
-    from runtime.packing import pack
-
-    layout = runner._layouts[(bucket, batch_in.mode)]
-    return jax.device_put(pack((batch_in.inputs, batch_in.sampling), layout))
+    return runner._packed((bucket, batch_in.mode), [batch_in])
 
 
 def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:
@@ -145,7 +142,7 @@ def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:
     res = {}
     t0 = time.perf_counter()
     for _ in range(steps):
-        runner.run(bucket, batch_in)
+        runner.run(bucket, [batch_in])
     res["runner_numpy_ms"] = 1e3 * (time.perf_counter() - t0) / steps
     dev = device_inputs(runner, bucket, batch_in, jax)
     t0 = time.perf_counter()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
+import numpy as np
+
 from runtime.config import EngineConfig
 from runtime.scheduler import Schedule
 
@@ -31,6 +33,17 @@ class Bucket:
     width: int
     num_prefill_tokens: int
     num_prefill_rows: int
+
+    NUM_FIELDS = 4
+
+    def as_array(self) -> np.ndarray:
+        """[4] int32 (rows, width, prefill tokens, prefill rows): ranks agree on a step's bucket by
+        the elementwise max of these."""
+        return np.array(dataclasses.astuple(self), np.int32)
+
+    @classmethod
+    def from_array(cls, values: np.ndarray) -> Bucket:
+        return cls(*(int(v) for v in values))
 
     @property
     def is_decode_only(self) -> bool:

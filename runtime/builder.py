@@ -203,6 +203,19 @@ def _decode_scalars(item: ScheduledRequest) -> tuple:
             request.seed, request.token_at(item.start), params.min_tokens)  # fmt: skip
 
 
+def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
+    """`batch` for a sampler that computes at least what it needs (the mode data-parallel ranks
+    agreed on): `masked_ids` widened to `mode.mask_width` with dead (ignored) columns."""
+    if mode == batch.mode:
+        return batch
+    need = batch.mode.as_array()
+    if (mode.as_array() < need).any():
+        raise ValueError(f"sampling mode {mode} computes less than this batch needs: {batch.mode}")
+    ids = batch.sampling.masked_ids
+    wider = np.pad(ids, ((0, 0), (0, mode.mask_width - ids.shape[1])))
+    return dataclasses.replace(batch, sampling=batch.sampling._replace(masked_ids=wider), mode=mode)
+
+
 def build_dummy(bucket: Bucket, *, max_blocks: int) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks)

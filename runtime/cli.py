@@ -31,6 +31,18 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="token budget per step (default: derived from the model's chunk size)",
     )
+    gen.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="ranks of the data-parallel mesh (one device each; pool sizes are per rank)",
+    )
+    multi = gen.add_argument_group(
+        "multi-host (every process runs the same command with its own prompts)"
+    )
+    multi.add_argument("--coordinator-address", help="host:port of process 0")
+    multi.add_argument("--num-processes", type=int, default=1)
+    multi.add_argument("--process-id", type=int, default=0)
     return parser
 
 
@@ -47,12 +59,17 @@ def _prompts(args: argparse.Namespace) -> list:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.coordinator_address:
+            from runtime.distributed import initialize
+
+            initialize(args.coordinator_address, args.num_processes, args.process_id)
         prompts = _prompts(args)
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 max_tokens=args.max_tokens, min_tokens=args.min_tokens,
                                 seed=args.seed, ignore_eos=args.ignore_eos)  # fmt: skip
         llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                  max_num_batched_tokens=args.max_num_batched_tokens, warmup=False)  # fmt: skip
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  data_parallel_size=args.data_parallel_size, warmup=False)  # fmt: skip
         outputs = llm.generate(prompts, params)
     except ValueError as error:
         print(f"jmamba: error: {error}", file=sys.stderr)

@@ -51,6 +51,9 @@ class EngineConfig:
         max_num_seqs + 1.
       decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
         sections; None picks powers of two up to the budgets.
+      data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
+        max_num_seqs and max_num_batched_tokens above is per rank: each rank has its own scheduler,
+        its own KV blocks and state slots (each with its own NULL block and slot 0).
       seed: seeds the sampling of requests that set no seed of their own.
       validate_inputs: check every step's `StepInputs` against DESIGN.md section 5 (debug, tests).
     """
@@ -64,6 +67,7 @@ class EngineConfig:
     decode_row_buckets: tuple[int, ...] | None = None
     prefill_token_buckets: tuple[int, ...] | None = None
     prefill_row_buckets: tuple[int, ...] | None = None
+    data_parallel_size: int = 1
     seed: int = 0
     validate_inputs: bool = False
 
@@ -73,6 +77,7 @@ class EngineConfig:
         checks.integer("max_model_len", self.max_model_len, low=2)
         checks.integer("block_size", self.block_size, low=1)
         checks.integer("seed", self.seed, low=0)
+        checks.integer("data_parallel_size", self.data_parallel_size, low=1)
         checks.flag("validate_inputs", self.validate_inputs)
         if self.max_num_batched_tokens is not None:
             checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, low=1)

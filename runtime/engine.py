@@ -1,6 +1,7 @@
-"""`Engine`: wires scheduler, bucket policy, builder and model runner into one step loop.
+"""`Engine`: wires schedulers, router, bucket policy, builder and model runner into one step loop.
 
-`step()` = schedule -> build fresh padded inputs -> run the jitted step -> postprocess. Requests
+`step()` = schedule (every rank) -> agree on one bucket -> build fresh padded inputs per rank (an
+idle rank gets an all-padding step) -> run the jitted SPMD step -> postprocess per rank. Requests
 come in through `add_request` (checked there, so a bad request never reaches a step and the other
 requests keep being served) and leave through `step()`'s return value or `abort`.
 """
@@ -17,12 +18,24 @@ from flax import nnx
 
 from runtime import checks
 from runtime.buckets import Bucket, BucketPolicy
-from runtime.builder import StepBatch, build_step
+from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
+from runtime.distributed import agree_max
 from runtime.model_runner import ModelRunner
 from runtime.request import Request, RequestOutput
+from runtime.router import LeastOutstandingWork, Router
+from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, Scheduler
+
+
+@dataclasses.dataclass
+class RankStats:
+    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed."""
+
+    num_live_steps: int = 0
+    num_idle_steps: int = 0
+    num_tokens: int = 0
 
 
 @dataclasses.dataclass
@@ -32,10 +45,17 @@ class StepStats:
     num_steps: int = 0
     host_seconds: float = 0.0
     device_seconds: float = 0.0
+    ranks: list[RankStats] = dataclasses.field(default_factory=list)
 
 
 class Engine:
-    """Serve requests on one device: `add_request`, `step`, `abort`."""
+    """Serve requests on a data-parallel mesh of one or more devices: `add_request`, `step`,
+    `abort`.
+
+    Each rank driven by this process has its own `Scheduler` (and pools); a `Router` places each
+    new request on one of them. Every step every rank runs, in one bucket: the elementwise max of
+    what the ranks' schedules need; a rank with nothing scheduled runs an all-padding step.
+    """
 
     def __init__(
         self,
@@ -44,26 +64,49 @@ class Engine:
         *,
         keep_logits: bool = False,
         runner: ModelRunner | None = None,
+        router: Router | None = None,
     ) -> None:
-        """Build pools, scheduler and runner; `runner` reuses compiled steps and caches of another
+        """Build pools, schedulers and runner; `runner` reuses compiled steps and caches of another
         engine with the same pool sizes and bucket tables (tests, notebooks)."""
         self.model_config = model.config
         self.config = (config or EngineConfig()).resolved(self.model_config.chunk_size)
-        self.scheduler = Scheduler(
-            self.config,
-            self.model_config.chunk_size,
-            uses_blocks=self.model_config.has_attention,
-            uses_slots=self.model_config.has_recurrent_state,
-        )
-        self.buckets = BucketPolicy(self.config)
         self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)
         _check_same_shapes(self.runner.config, self.config)
-        self.stats = StepStats()
-        self.last_schedule: Schedule | None = None
-        self.last_batch: StepBatch | None = None
+        self.ranks = self.runner.local_ranks
+        self.schedulers = [
+            Scheduler(
+                self.config,
+                self.model_config.chunk_size,
+                uses_blocks=self.model_config.has_attention,
+                uses_slots=self.model_config.has_recurrent_state,
+            )
+            for _ in self.ranks
+        ]
+        self.router = router or LeastOutstandingWork()
+        self.buckets = BucketPolicy(self.config)
+        self.stats = StepStats(ranks=[RankStats() for _ in self.ranks])
+        self.last_bucket: Bucket | None = None
+        self.last_schedules: list[Schedule] = []
+        self.last_batches: list[StepBatch] = []
         self._requests: dict[str, Request] = {}
+        self._rank_of: dict[str, int] = {}
         self._counter = itertools.count()
         self._device_seconds = 0.0
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler of a single-rank engine (`schedulers[i]` serves rank `ranks[i]`)."""
+        return self._only_rank(self.schedulers)
+
+    @property
+    def last_schedule(self) -> Schedule | None:
+        """The last step's schedule of a single-rank engine (`last_schedules` per rank)."""
+        return self._only_rank(self.last_schedules)
+
+    @property
+    def last_batch(self) -> StepBatch | None:
+        """The last step's inputs of a single-rank engine (`last_batches` per rank)."""
+        return self._only_rank(self.last_batches)
 
     def add_request(
         self,
@@ -71,7 +114,8 @@ class Engine:
         sampling_params: SamplingParams | None = None,
         request_id: str | int | None = None,
     ) -> str:
-        """Queue a request; returns its id (a str: an int id means `str(request_id)`).
+        """Queue a request on the rank the router picks; returns its id (a str: an int id means
+        `str(request_id)`).
 
         Raises ValueError, and queues nothing, on bad input: the other requests keep being served.
         """
@@ -86,29 +130,52 @@ class Engine:
         seed = params.seed if params.seed is not None else (self.config.seed * 1_000_003 + number)
         request = Request(request_id, prompt, params, seed=seed % 2**32,
                           eos_token_ids=self.model_config.eos_token_ids)  # fmt: skip
+        rank = self.router.place(request, self.schedulers)
         self._requests[request_id] = request
-        self.scheduler.add(request)
+        self._rank_of[request_id] = rank
+        self.schedulers[rank].add(request)
         return request_id
 
     def abort(self, request_id: str | int) -> RequestOutput | None:
         """Stop a request now and free its blocks and slot; None if it is unknown or finished."""
-        request = self.scheduler.abort(checks.request_id(request_id))
+        request_id = checks.request_id(request_id)
+        rank = self._rank_of.get(request_id)
+        request = None if rank is None else self.schedulers[rank].abort(request_id)
         return None if request is None else self._release(request)
+
+    def rank_of(self, request_id: str) -> int:
+        """The global data-parallel rank serving a live request."""
+        return self.ranks[self._rank_of[checks.request_id(request_id)]]
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        """Whether a rank of this process holds a waiting or running request."""
+        return any(s.has_unfinished for s in self.schedulers)
+
+    def any_unfinished(self) -> bool:
+        """Whether any process holds unfinished requests (a collective in a multi-host run: every
+        process calls it at the same point of its loop)."""
+        return bool(agree_max(np.array([self.has_unfinished], np.int32))[0])
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the requests that finished in it."""
+        """Run one engine step on every rank; returns the requests that finished in it.
+
+        In a multi-host run every process calls `step()` in lockstep (it agrees on the bucket and
+        the sampler mode).
+        """
         start = time.perf_counter()
-        schedule = self.scheduler.schedule()
-        if schedule.is_empty:
+        schedules = [s.schedule() for s in self.schedulers]
+        agreed = self._agree(schedules)
+        if agreed is None:
             return []
-        bucket, batch = self._build(schedule)
-        tokens = self._run(bucket, batch)
-        finished = self.scheduler.postprocess(schedule, tokens.tolist())
-        self._count(start)
+        bucket, mode = agreed
+        batches = [with_mode(self._build(schedule, bucket), mode) for schedule in schedules]
+        tokens = self._run(bucket, batches)
+        finished = []
+        for scheduler, schedule, sampled in zip(self.schedulers, schedules, tokens, strict=True):
+            finished += scheduler.postprocess(schedule, sampled.tolist())
+        self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
+        self._count(start, schedules)
         return [self._release(request) for request in finished]
 
     def warmup(self) -> None:
@@ -119,14 +186,31 @@ class Engine:
     def num_variants(self) -> int:
         return self.runner.num_variants
 
-    def _build(self, schedule: Schedule) -> tuple[Bucket, StepBatch]:
-        bucket = self.buckets.bucket_for(schedule)
-        batch = build_step(
-            schedule,
-            bucket,
-            block_size=self.config.block_size,
-            max_blocks=self.config.max_blocks_per_seq,
-        )
+    def _agree(self, schedules: list[Schedule]) -> tuple[Bucket, SamplingMode] | None:
+        """Elementwise max of the ranks' buckets and sampler modes, over every process; None if no
+        rank of any process has work (then no step runs anywhere)."""
+        sizes = Bucket.NUM_FIELDS
+        needs = np.zeros(sizes + 3, np.int32)
+        for schedule in schedules:
+            if not schedule.is_empty:
+                bucket = self.buckets.bucket_for(schedule).as_array()
+                needs = np.maximum(needs, np.concatenate([bucket, self._mode_of(schedule)]))
+        agreed = agree_max(needs)
+        if not agreed[:sizes].any():
+            return None
+        return Bucket.from_array(agreed[:sizes]), SamplingMode.from_array(agreed[sizes:])
+
+    @staticmethod
+    def _mode_of(schedule: Schedule) -> np.ndarray:
+        return SamplingMode.of_requests([item.request for item in schedule.items]).as_array()
+
+    def _build(self, schedule: Schedule, bucket: Bucket) -> StepBatch:
+        max_blocks = self.config.max_blocks_per_seq
+        if schedule.is_empty:  # an idle rank: the all-padding dummy step
+            batch = build_dummy(bucket, max_blocks=max_blocks)
+        else:
+            batch = build_step(schedule, bucket, block_size=self.config.block_size,
+                               max_blocks=max_blocks)  # fmt: skip
         if self.config.validate_inputs:
             batch.inputs.validate(
                 block_size=self.config.block_size,
@@ -135,22 +219,35 @@ class Engine:
                 num_slots=self.config.num_slots,
                 vocab_size=self.model_config.vocab_size,
             )
-        self.last_schedule, self.last_batch = schedule, batch
-        return bucket, batch
+        return batch
 
-    def _run(self, bucket: Bucket, batch: StepBatch) -> np.ndarray:
+    def _run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
         start = time.perf_counter()
-        tokens = self.runner.run(bucket, batch)
+        tokens = self.runner.run(bucket, batches)
         self._device_seconds = time.perf_counter() - start
         self.stats.device_seconds += self._device_seconds
         return tokens
 
-    def _count(self, start: float) -> None:
+    def _count(self, start: float, schedules: list[Schedule]) -> None:
         self.stats.num_steps += 1
         self.stats.host_seconds += time.perf_counter() - start - self._device_seconds
+        for rank, schedule in zip(self.stats.ranks, schedules, strict=True):
+            if schedule.is_empty:
+                rank.num_idle_steps += 1
+            else:
+                rank.num_live_steps += 1
+                rank.num_tokens += sum(item.num_tokens for item in schedule.items)
+
+    def _only_rank[T](self, per_rank: list[T]) -> T | None:
+        if len(self.schedulers) != 1:
+            raise ValueError(
+                f"this engine drives {len(self.schedulers)} ranks: index the per-rank list"
+            )
+        return per_rank[0] if per_rank else None
 
     def _release(self, request: Request) -> RequestOutput:
         del self._requests[request.request_id]
+        del self._rank_of[request.request_id]
         return RequestOutput.of(request)
 
     def check_request(
@@ -179,7 +276,7 @@ class Engine:
 
 def _check_same_shapes(runner_config: EngineConfig, config: EngineConfig) -> None:
     for name in ("num_blocks", "num_slots", "block_size", "max_model_len", "decode_row_buckets",
-                 "prefill_token_buckets", "prefill_row_buckets"):  # fmt: skip
+                 "prefill_token_buckets", "prefill_row_buckets", "data_parallel_size"):  # fmt: skip
         theirs, ours = getattr(runner_config, name), getattr(config, name)
         if theirs != ours:
             raise ValueError(f"{name}={ours} differs from the shared runner's {theirs}")

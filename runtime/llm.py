@@ -95,7 +95,9 @@ class LLM:
         ids = [self.engine.add_request(prompt, params) for prompt, params in checked]
         outputs: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
-            while len(outputs) < len(ids):
+            # any_unfinished, not our own count: in a multi-host run a process whose requests are
+            # done keeps stepping (its ranks run dummy steps) while another process has work.
+            while self.engine.any_unfinished():
                 for output in self.engine.step():
                     outputs[output.request_id] = self._decode(output)
                     bar.update(1)

@@ -1,13 +1,20 @@
-"""`ModelRunner`: the model split once, one compiled step per bucket, caches donated.
+"""`ModelRunner`: the model split once, one compiled SPMD step per variant, caches donated.
 
-The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)`; sampling
-runs inside it, so only N int32 token ids come back to the host each step. The runner makes no
-policy decision: it runs whatever `StepBatch` it is given, in the bucket it is told, with the
-sampler its `SamplingMode` asks for. One variant is compiled per (bucket, sampling mode).
+The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)` of one rank,
+run on every rank of the data-parallel mesh at once through `jax.shard_map`: parameters are
+replicated, every cache pool is split on its pool axis (rank r owns blocks / slots
+`[r * n, (r + 1) * n)` of the global array and sees them as its own `[0, n)`, 0 being its NULL
+entry), and the packed inputs are stacked `[ranks, words]`, one row per rank. A rank with no work is
+given an all-padding row (the idle-rank dummy step): it runs the same program and, by DESIGN
+section 5 invariant 6, writes nothing but NULL entries. With one device this is a mesh of one rank.
+
+Sampling runs inside the step, so only int32 token ids come back to the host. The runner makes no
+policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket and with the
+sampler `SamplingMode` they carry. One variant is compiled per (bucket, sampling mode).
 
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
-(flattening the nnx `State` runs Python code per variable, every call) and the step's inputs as one
-packed int32 buffer (one host->device copy instead of one per field; see `runtime.packing`).
+(flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
+one packed int32 row (one host->device copy for the whole step; see `runtime.packing`).
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from runtime.buckets import Bucket
 from runtime.builder import StepBatch, build_dummy
 from runtime.config import EngineConfig
+from runtime.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.packing import Layout, layout_of, pack, unpack
 from runtime.sampler import sample
 from runtime.sampling_inputs import SamplingMode
@@ -30,42 +39,56 @@ from runtime.sampling_inputs import SamplingMode
 VariantKey = tuple[Bucket, SamplingMode]
 
 
-def _step(
-    graphdef: nnx.GraphDef,
-    param_treedef: Any,
-    keep_logits: bool,
-    layout: Layout,
-    mode: SamplingMode,
-    param_leaves: list[jax.Array],
-    caches: Any,
-    packed: jax.Array,
-) -> tuple[jax.Array, jax.Array | None, Any]:
-    inputs, sampling = unpack(packed, layout)
+def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
+               param_leaves, caches, packed):  # fmt: skip
+    """One rank's step on its own shard: packed [1, words] -> tokens [1, N] (+ logits), caches."""
+    inputs, sampling = unpack(packed[0], layout)
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
-    return sample(logits, sampling, mode), (logits if keep_logits else None), caches
+    tokens = sample(logits, sampling, mode)[None]
+    return tokens, (logits[None] if keep_logits else None), caches
+
+
+def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
+               mode: SamplingMode, param_leaves, caches, packed):  # fmt: skip
+    by_rank = P(AXIS)
+    cache_specs = jax.tree.map(lambda _: by_rank, caches)
+    step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
+    return jax.shard_map(
+        step,
+        mesh=mesh.mesh,
+        in_specs=(P(), cache_specs, by_rank),
+        out_specs=(by_rank, by_rank if keep_logits else None, cache_specs),
+        check_vma=False,  # Pallas calls declare plain output shapes
+    )(param_leaves, caches, packed)
 
 
 class ModelRunner:
-    """Holds params and caches; compiles and runs one step variant per (bucket, sampling mode).
+    """Holds params and caches on the mesh; compiles and runs one SPMD step per variant.
 
     Attributes:
-      caches: the device caches (replaced, not mutated, by every step: the old ones are donated).
-      last_logits: [N, vocab] fp32 logits of the last step when `keep_logits`, else None.
+      mesh: the data-parallel mesh (`config.data_parallel_size` ranks).
+      caches: the device caches, every pool `[ranks * pool size, ...]` split by rank (replaced,
+        not mutated, by every step: the old ones are donated).
+      last_logits: [local ranks, N, vocab] fp32 logits of the last step when `keep_logits`.
       compile_seconds: time spent compiling, per (bucket, sampling mode).
     """
 
     def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
         self.config = config = config.resolved(model.config.chunk_size)
+        self.mesh = make_mesh(config.data_parallel_size)
         self.graphdef, self.params = nnx.split(model)
-        self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
-        self.caches = model.init_caches(
-            num_blocks=config.num_blocks, block_size=config.block_size, num_slots=config.num_slots
-        )
+        leaves, self._param_treedef = jax.tree.flatten(self.params)
+        self._param_leaves = jax.device_put(leaves, self.mesh.replicated)
+        self.caches = self._init_caches(model)
         self.keep_logits = keep_logits
-        self.last_logits: jax.Array | None = None
+        self.last_logits: np.ndarray | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
-        self._jitted = jax.jit(_step, static_argnums=(0, 1, 2, 3, 4), donate_argnames=("caches",))
+        self._jitted = jax.jit(
+            functools.partial(_spmd_step, self.mesh),
+            static_argnums=(0, 1, 2, 3, 4),
+            donate_argnames=("caches",),
+        )
         self._compiled: dict[VariantKey, Any] = {}
         self._layouts: dict[VariantKey, Layout] = {}
 
@@ -79,28 +102,59 @@ class ModelRunner:
         """The (bucket, sampling mode) of every compiled step variant."""
         return list(self._compiled)
 
-    def run(self, bucket: Bucket, batch: StepBatch) -> np.ndarray:
-        """Run one step; returns each scheduled request's sampled token, [len(sample_rows)]."""
-        key = (bucket, batch.mode)
-        compiled = self._compiled.get(key) or self._compile(key, batch)
-        packed = pack((batch.inputs, batch.sampling), self._layouts[key])
-        tokens, logits, self.caches = compiled(self._param_leaves, self.caches, packed)
-        self.last_logits = logits
-        return np.asarray(tokens)[batch.sample_rows]
+    @property
+    def local_ranks(self) -> tuple[int, ...]:
+        """Global ranks this process drives (all of them in a single-process run)."""
+        return self.mesh.local_ranks
+
+    def run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
+        """Run one step; `batches[i]` is local rank i's inputs, all built for `bucket` with one
+        `SamplingMode`. Returns, per local rank, each scheduled request's sampled token."""
+        if len(batches) != len(self.local_ranks):
+            raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
+        key = (bucket, batches[0].mode)
+        if any(b.mode != key[1] for b in batches):
+            raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
+        compiled = self._compiled.get(key) or self._compile(key, batches[0])
+        tokens, logits, self.caches = compiled(
+            self._param_leaves, self.caches, self._packed(key, batches)
+        )
+        self.last_logits = None if logits is None else self.mesh.local_rows(logits)
+        rows = self.mesh.local_rows(tokens)
+        return [rows[i][batch.sample_rows] for i, batch in enumerate(batches)]
 
     def warmup(self, buckets: list[Bucket]) -> None:
-        """Compile `buckets`, running each once on an all-padding step (changes no live slot)."""
+        """Compile `buckets` (greedy sampling), running each once on all-padding steps (which
+        change no live slot)."""
         for bucket in buckets:
-            self.run(bucket, build_dummy(bucket, max_blocks=self.config.max_blocks_per_seq))
+            dummy = build_dummy(bucket, max_blocks=self.config.max_blocks_per_seq)
+            self.run(bucket, [dummy] * len(self.local_ranks))
+
+    def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
+        layout = self._layouts[key]
+        rows = np.stack([pack((b.inputs, b.sampling), layout) for b in batches])
+        return self.mesh.global_array(rows)
+
+    def _init_caches(self, model: nnx.Module) -> Any:
+        """Zeroed caches, each pool `ranks x` its per-rank size, created directly on the mesh."""
+        ranks, config = self.mesh.size, self.config
+
+        def zeros():
+            return model.init_caches(num_blocks=ranks * config.num_blocks,
+                                     block_size=config.block_size,
+                                     num_slots=ranks * config.num_slots)  # fmt: skip
+
+        shapes = jax.eval_shape(zeros)
+        return jax.jit(zeros, out_shardings=jax.tree.map(lambda _: self.mesh.by_rank, shapes))()
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
         start = time.perf_counter()
-        layout = layout_of((batch.inputs, batch.sampling))
-        lower = functools.partial(self._jitted.lower, self.graphdef, self._param_treedef,
-                                  self.keep_logits, layout, batch.mode)  # fmt: skip
-        packed = pack((batch.inputs, batch.sampling), layout)
-        compiled = lower(self._param_leaves, self.caches, packed).compile()
-        self._layouts[key] = layout
+        self._layouts[key] = layout_of((batch.inputs, batch.sampling))
+        packed = self._packed(key, [batch] * len(self.local_ranks))
+        compiled = self._jitted.lower(
+            self.graphdef, self._param_treedef, self.keep_logits, self._layouts[key], key[1],
+            self._param_leaves, self.caches, packed,
+        ).compile()  # fmt: skip
         self.compile_seconds[key] = time.perf_counter() - start
         self._compiled[key] = compiled
         return compiled

@@ -61,6 +61,12 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def num_tokens_left(self) -> int:
+        """Tokens still to compute: prefill tokens not yet fed plus outputs not yet generated."""
+        unfed = max(self.num_prefill_tokens - self.num_computed, 0)
+        return unfed + self.sampling_params.max_tokens - len(self.output_token_ids)
+
+    @property
     def is_decode(self) -> bool:
         return self.num_computed >= self.num_prefill_tokens
 

@@ -62,6 +62,9 @@ def _filter_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)[:, None]
     probs = jax.nn.softmax(ordered, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = (rank < k) & (mass_before < top_p[:, None])  # rank 0 is always kept
+    # rank 0 is always kept; a row with top_p = 1 keeps its whole tail even where the float sum of
+    # its probabilities reaches 1 early, so it samples the same with or without filtering rows
+    # beside it (batch invariance).
+    keep = (rank < k) & ((top_p[:, None] >= 1.0) | (mass_before < top_p[:, None]))
     threshold = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
     return jnp.where(logits >= threshold, logits, -jnp.inf)

@@ -55,6 +55,25 @@ class SamplingMode:
     filtered: bool = False
     mask_width: int = 0
 
+    def as_array(self) -> np.ndarray:
+        """[3] int32: data-parallel ranks agree on one mode by the elementwise max (a mode that
+        computes more than a row needs gives that row the same token)."""
+        return np.array([self.sampled, self.filtered, self.mask_width], np.int32)
+
+    @classmethod
+    def from_array(cls, values: np.ndarray) -> SamplingMode:
+        return cls(bool(values[0]), bool(values[1]), int(values[2]))
+
+    @classmethod
+    def of_requests(cls, requests) -> SamplingMode:
+        """The mode a step serving `requests` needs (what `of` gives for the rows the builder
+        fills from them), before any array is built."""
+        params = [r.sampling_params for r in requests]
+        sampled = [p for p in params if p.temperature > 0.0]
+        filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
+        width = mask_width(max((len(r.masked_token_ids) for r in requests), default=0))
+        return cls(bool(sampled), filtered, width)
+
     @classmethod
     def of(cls, inputs: SamplingInputs) -> SamplingMode:
         """The mode a step with these rows needs."""

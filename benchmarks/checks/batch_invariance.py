@@ -81,7 +81,7 @@ def generate(engine: Engine, prompts: list[list[int]], setup: Setup) -> list[Gen
         if first and [s.num_tokens for s in schedule.prefills] != list(map(len, prompts)):
             raise ValueError("the first step did not prefill every prompt whole")
         first = False
-        logits = np.asarray(engine.runner.last_logits)
+        logits = engine.runner.last_logits[0]  # the only rank
         for item, row in zip(schedule.items, batch.sample_rows, strict=True):
             request = item.request
             if item.start + item.num_tokens == request.num_tokens - 1:  # a token was sampled

@@ -84,7 +84,7 @@ class TrainConfig:
     """Knobs of one training run (each is a command-line flag of the same name)."""
 
     seed: int = 0
-    steps: int = 700
+    steps: int = 2000
     batch_size: int = 16
     seq_len: int = 256
     learning_rate: float = 3e-3

@@ -1,7 +1,7 @@
 """Train the built-in `stdlib` preset: a tiny NemotronH-style hybrid on the Python standard library.
 
     pip install -e '.[train]'
-    python scripts/train_preset.py                       # about 15 minutes on 2 CPU cores
+    python scripts/train_preset.py                       # about 20 minutes on 2 busy CPU cores
     python scripts/train_preset.py --steps 20 --out /tmp/p --docs /tmp/p      # a smoke run
 
 Writes the checkpoint directory `--out` (config.json, model.safetensors, tokenizer.json,

@@ -2,7 +2,7 @@
 
     pip install -e '.[train]'
     python scripts/train_preset.py                       # about 20 minutes on 2 busy CPU cores
-    python scripts/train_preset.py --steps 20 --out /tmp/p --docs /tmp/p      # a smoke run
+    python scripts/train_preset.py --steps 20 --warmup-steps 5 --out /tmp/p --docs /tmp/p  # smoke
 
 Writes the checkpoint directory `--out` (config.json, model.safetensors, tokenizer.json,
 generation_config.json, training.json) and the loss curve (`--docs`: stdlib_loss.csv and .png).
@@ -96,6 +96,10 @@ class TrainConfig:
     sample_tokens: int = 160
     out: str = "jmamba/presets/stdlib"
     docs: str = "docs/presets"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be in [0, steps={self.steps})")
 
 
 # ---------------------------------------------------------------- the forward and the loss

@@ -1,45 +1,58 @@
-"""Load a Hugging Face checkpoint (config.json + safetensors, one file or sharded) into `HybridLM`.
+"""Load a Hugging Face checkpoint (config.json + safetensors, one file or sharded) into `HybridLM`,
+and write one back (`save_pretrained`).
 
 The tensor names are those transformers writes on disk (`save_pretrained` reverts its in-memory
 fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert, HF linear weights [out, in]
 (ours are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
-used; otherwise a ValueError lists the missing and unexpected names.
+used; otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source`
+says how it is built from its tensors and how it splits back into them, so the writer is the
+loader's exact inverse.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors import SafetensorError
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.families import load_hf_config, read_json
+from jmamba.families import from_hf_config, load_hf_config, read_json
 from jmamba.model import HybridLM
 
 Path_ = tuple[str | int, ...]
-Source = tuple[tuple[str, ...], Callable[..., np.ndarray]]
+
+
+class Source(NamedTuple):
+    """The HF tensors of one parameter: `build(*tensors)` is the parameter and `split(param)`
+    gives the tensors back, in the order of `names`."""
+
+    names: tuple[str, ...]
+    build: Callable[..., np.ndarray]
+    split: Callable[[np.ndarray], tuple[np.ndarray, ...]]
 
 
 def _same(name: str) -> Source:
-    return (name,), lambda t: t
+    return Source((name,), lambda t: t, lambda p: (p,))
 
 
 def _linear(name: str) -> Source:
-    return (f"{name}.weight",), lambda t: t.T
+    return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,))
 
 
 def _conv(name: str) -> Source:
-    return (f"{name}.weight",), lambda t: t[:, 0, :]
+    return Source((f"{name}.weight",), lambda t: t[:, 0, :], lambda p: (p[:, None, :],))
 
 
 def _experts(prefix: str, proj: str, num_experts: int) -> Source:
     names = tuple(f"{prefix}.experts.{e}.{proj}.weight" for e in range(num_experts))
-    return names, lambda *ts: np.stack([t.T for t in ts])
+    return Source(names, lambda *ts: np.stack([t.T for t in ts]), lambda p: tuple(e.T for e in p))
 
 
 def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -55,14 +68,30 @@ def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig)
     return np.concatenate([flat(t) for t in (q, k, v, z, b, a)]).T
 
 
+def _interleave_qwen3_next(in_proj: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `_deinterleave_qwen3_next`: our [in, q|k|v|z|b|a] -> HF (qkvz, ba)."""
+    g = cfg.gdn
+    sizes = [g.key_dim, g.key_dim, g.value_dim, g.value_dim, g.num_v_heads]
+    q, k, v, z, b, a = np.split(in_proj.T, np.cumsum(sizes), axis=0)
+    grouped = lambda t: t.reshape(g.num_k_heads, -1, t.shape[-1])  # noqa: E731
+    qkvz = np.concatenate([grouped(t) for t in (q, k, v, z)], axis=1)
+    ba = np.concatenate([grouped(b), grouped(a)], axis=1)
+    return qkvz.reshape(-1, qkvz.shape[-1]), ba.reshape(-1, ba.shape[-1])
+
+
 def _gdn_in_proj(prefix: str, cfg: ModelConfig) -> Source:
     if cfg.architecture == "Qwen3NextForCausalLM":
-        return (
+        return Source(
             (f"{prefix}.in_proj_qkvz.weight", f"{prefix}.in_proj_ba.weight"),
             lambda qkvz, ba: _deinterleave_qwen3_next(qkvz, ba, cfg),
+            lambda p: _interleave_qwen3_next(p, cfg),
         )
+    g = cfg.gdn
     names = tuple(f"{prefix}.in_proj_{p}.weight" for p in ("qkv", "z", "b", "a"))
-    return names, lambda *ts: np.concatenate(ts).T
+    ends = np.cumsum([g.conv_dim, g.value_dim, g.num_v_heads])
+    return Source(
+        names, lambda *ts: np.concatenate(ts).T, lambda p: tuple(np.split(p.T, ends, axis=0))
+    )
 
 
 def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
@@ -206,7 +235,7 @@ def load_pretrained(model_dir: str | Path, dtype: jnp.dtype = jnp.float32) -> Hy
     sources = tensor_sources(cfg)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
-    wanted = {name for names, _ in sources.values() for name in names}
+    wanted = {name for source in sources.values() for name in source.names}
     missing = sorted(wanted - tensors.keys())
     ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     unexpected = sorted(tensors.keys() - wanted - ignorable)
@@ -216,7 +245,7 @@ def load_pretrained(model_dir: str | Path, dtype: jnp.dtype = jnp.float32) -> Hy
             f"missing tensors {missing}; unexpected tensors {unexpected}"
         )
     for path, variable in flat:
-        names, build = sources[path]
+        names, build, _ = sources[path]
         value = np.asarray(build(*(tensors[n] for n in names)))
         if value.shape != variable.get_value().shape:
             raise ValueError(
@@ -225,3 +254,24 @@ def load_pretrained(model_dir: str | Path, dtype: jnp.dtype = jnp.float32) -> Hy
             )
         variable.set_value(jnp.asarray(value, dtype=dtype))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str, Any]) -> None:
+    """Write `model` as a HF checkpoint directory: `config.json` (`hf_config`, which must describe
+    `model.config`) and `model.safetensors` with transformers' on-disk names, in the parameters'
+    dtype. `load_pretrained` reads it back to the same parameters, bit for bit.
+    """
+    if from_hf_config(hf_config) != model.config:
+        raise ValueError(
+            f"hf_config describes {from_hf_config(hf_config)}, not the model's {model.config}"
+        )
+    sources = tensor_sources(model.config)
+    tensors: dict[str, np.ndarray] = {}
+    for path, variable in nnx.to_flat_state(nnx.state(model)):
+        source = sources[path]
+        parts = source.split(np.asarray(variable.get_value()))
+        tensors.update(zip(source.names, map(np.ascontiguousarray, parts), strict=True))
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})

@@ -214,8 +214,8 @@ def gdn_chunk(
     measured as accurate as TF32 and faster on the H100; a Newton step in fp32),
     split_intra (kernel 1 as two launches: WY factors, then the q/k tiles),
     warps/stages (stages None = `chain_stages`: up to 3, fewer where the per-chunk tiles would
-    overflow shared memory), precision of fp32 dots on GPU (None = HIGHEST for fp32 tiles; interpret mode
-    uses HIGHEST).
+    overflow shared memory), precision of fp32 dots on GPU (None = HIGHEST for fp32 tiles;
+    interpret mode uses HIGHEST).
     """
     check_prefill_args(q, k, v, g, beta, state, query_start_loc, num_computed, has_initial_state,
                        read_slots, write_slots, chunk_size, block_size, boundary_slots)  # fmt: skip

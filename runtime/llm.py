@@ -19,17 +19,23 @@ DEFAULT_MODEL = "tiny-nemotron_h"
 
 
 def load_model(model: str, seed: int = 0) -> tuple[Any, Any]:
-    """Return (HybridLM, tokenizer or None) for a preset ("tiny-<family>") or an HF directory."""
+    """Return (HybridLM, tokenizer or None) for a preset ("tiny-<name>") or an HF directory.
+
+    A trained preset loads from its checkpoint directory like any checkpoint; a random-weight
+    preset is built from `seed` and gets the presets' byte-level tokenizer.
+    """
     from flax import nnx
 
     import jmamba
 
     if model.startswith(PRESET_PREFIX) and not Path(model).exists():
-        family = model.removeprefix(PRESET_PREFIX)
-        if family not in jmamba.presets.names():
+        name = model.removeprefix(PRESET_PREFIX)
+        if name not in jmamba.presets.names():
             raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
-        config = jmamba.presets.tiny(family)
-        return jmamba.HybridLM(config, rngs=nnx.Rngs(seed)), None
+        if name in jmamba.presets.trained_names():
+            path = jmamba.presets.path(name)
+            return jmamba.load_pretrained(path), load_tokenizer(path)
+        return jmamba.HybridLM(jmamba.presets.tiny(name), rngs=nnx.Rngs(seed)), _byte_tokenizer()
     path = Path(model)
     if not path.is_dir():
         raise ValueError(
@@ -57,6 +63,16 @@ def load_tokenizer(path: Path) -> Any:
     except ImportError:
         return None
     return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
+def _byte_tokenizer() -> Any:
+    """The presets' byte-level tokenizer, or None without the `tokenizers` package."""
+    from jmamba.tokenizer import byte_tokenizer
+
+    try:
+        return byte_tokenizer()
+    except ImportError:
+        return None
 
 
 class LLM:

@@ -1,15 +1,28 @@
-"""Built-in tiny hybrid configurations (random weights): for demos, tests and the default CLI job.
+"""Built-in tiny hybrid models: random-weight configurations and trained checkpoints.
 
-Each preset is written as the HF `config.json` a real checkpoint of that family would carry, so it
-goes through the same adapter (`jmamba.families`) as a downloaded model.
+* Random-weight presets ('mamba2', 'nemotron_h', 'qwen3_next'), for tests and demos: a config
+  only, built with `HybridLM(tiny(name), rngs=...)`. Vocabulary 256 (the byte ids of the shared
+  tokenizer), EOS id 2. Tests depend on these exact configurations.
+* Trained presets (`trained_names()`, today 'stdlib'): checkpoint directories inside this package
+  (`config.json`, `model.safetensors`, `tokenizer.json`, `generation_config.json`, and the
+  `training.json` record of how `scripts/train_preset.py` made them), loaded with
+  `jmamba.load_pretrained(path(name))` exactly like a downloaded checkpoint.
+
+Every preset is written as the HF `config.json` a real checkpoint of its family would carry, so it
+goes through the same adapter (`jmamba.families`) as a downloaded model, and all of them read text
+through the byte-level tokenizer of `jmamba.tokenizer`.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from jmamba.config import ModelConfig
 from jmamba.families import from_hf_config
+
+_DIR = Path(__file__).parent
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=256,
@@ -78,17 +91,40 @@ _PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def names() -> list[str]:
+def random_names() -> list[str]:
+    """The presets that are a configuration only (random weights)."""
     return sorted(_PRESETS)
+
+
+def trained_names() -> list[str]:
+    """The presets shipped as checkpoint directories inside this package."""
+    return sorted(p.name for p in _DIR.iterdir() if (p / "config.json").is_file())
+
+
+def names() -> list[str]:
+    """Every built-in preset, random-weight and trained."""
+    return sorted(random_names() + trained_names())
+
+
+def path(name: str) -> Path:
+    """The checkpoint directory of a trained preset."""
+    if name not in trained_names():
+        raise ValueError(
+            f"preset {name!r} has no checkpoint directory; trained presets are {trained_names()} "
+            f"(random-weight presets: {random_names()})"
+        )
+    return _DIR / name
 
 
 def hf_config(name: str) -> dict[str, Any]:
     """The HF-style config.json of a preset."""
-    if name not in _PRESETS:
-        raise ValueError(f"unknown preset {name!r}; available presets: {names()}")
-    return {**_COMMON, **_PRESETS[name]}
+    if name in _PRESETS:
+        return {**_COMMON, **_PRESETS[name]}
+    if name in trained_names():
+        return json.loads((path(name) / "config.json").read_text())
+    raise ValueError(f"unknown preset {name!r}; available presets: {names()}")
 
 
 def tiny(name: str) -> ModelConfig:
-    """The `ModelConfig` of a built-in tiny preset: 'mamba2', 'nemotron_h' or 'qwen3_next'."""
+    """The `ModelConfig` of a built-in preset (see `names()`)."""
     return from_hf_config(hf_config(name))

@@ -104,8 +104,11 @@ def main() -> None:
         warm_s = time.perf_counter() - warm_start
         engine = Engine(model, config, runner=runner)
         seconds, generated = serve(engine, prompts, args.max_tokens)
+        stats = engine.stats
         rows.append(dict(ranks=ranks, seconds=seconds, generated=generated,
-                         tokens_per_s=generated / seconds, steps=engine.stats.num_steps,
+                         tokens_per_s=generated / seconds, steps=stats.num_steps,
+                         host_ms=1e3 * stats.host_seconds / stats.num_steps,
+                         device_ms=1e3 * stats.device_seconds / stats.num_steps,
                          idle_steps=[r.num_idle_steps for r in engine.stats.ranks],
                          warmup_s=warm_s, variants=runner.num_variants))  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
@@ -117,9 +120,10 @@ def main() -> None:
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_data_parallel.json"), "w") as f:
             json.dump(result, f, indent=1)
-    print("ranks  tokens/s   seconds  steps")
+    print("ranks  tokens/s   seconds  steps  host ms/step  device ms/step")
     for r in rows:
-        print(f"{r['ranks']:5d} {r['tokens_per_s']:9.0f} {r['seconds']:9.2f} {r['steps']:6d}")
+        print(f"{r['ranks']:5d} {r['tokens_per_s']:9.0f} {r['seconds']:9.2f} {r['steps']:6d} "
+              f"{r['host_ms']:12.2f} {r['device_ms']:15.2f}")
     if "speedup" in result:
         print(f"DP={args.ranks} / DP=1 tokens/s: {result['speedup']:.2f}x; idle rank shard "
               f"bit-identical: {result['idle_rank']['bit_identical']}")  # fmt: skip

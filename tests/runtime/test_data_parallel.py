@@ -13,7 +13,7 @@ import functools
 
 import jax
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.engine import Engine
@@ -150,7 +150,6 @@ def alone_tokens(family: str, prompt: tuple[int, ...], max_tokens: int) -> list[
     return run_to_completion(engine)[request_id]
 
 
-@settings(max_examples=12)
 @given(
     ranks=st.sampled_from([2, 3, 4]),
     requests=st.lists(request_strategy, min_size=1, max_size=7),

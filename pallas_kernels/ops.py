@@ -11,6 +11,7 @@ from pallas_kernels import causal_conv1d_reference as _conv1d_reference
 from pallas_kernels import gdn_chunk as _gdn_chunk
 from pallas_kernels import gdn_state_update as _gdn_state_update
 from pallas_kernels import paged_attention as _paged_attention
+from pallas_kernels import paged_decode_attention as _paged_decode_attention
 from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan
 from pallas_kernels import ssd_chunk_scan_reference as _ssd_chunk_scan_reference
 from pallas_kernels import ssd_state_update as _ssd_state_update
@@ -36,6 +37,11 @@ gdn_state_update = dispatched(
     _gdn_state_update.gdn_state_update, _gdn_state_update.gdn_state_update_reference
 )
 
-# Attention over the paged KV cache (reference only so far).
+# Attention over the paged KV cache: decode lanes through the kernel, prefill tokens through the
+# ragged reference (no prefill kernel yet).
+paged_decode_attention = dispatched(
+    _paged_decode_attention.paged_decode_attention,
+    _paged_decode_attention.paged_decode_attention_reference,
+)
 paged_attention = dispatched(None, _paged_attention.paged_attention_reference)
 write_kv = _paged_attention.write_kv

@@ -34,6 +34,7 @@ from pallas_kernels import causal_conv1d as conv
 from pallas_kernels import causal_conv1d_reference as conv_ref
 from pallas_kernels import gdn_chunk as gdnc
 from pallas_kernels import gdn_state_update as gdnu
+from pallas_kernels import paged_decode_attention as pda
 from pallas_kernels import ssd_chunk_scan as ssd
 from pallas_kernels import ssd_chunk_scan_reference as ssd_ref
 from pallas_kernels import ssd_state_update as ssu
@@ -311,6 +312,43 @@ def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: i
                  f"{jnp.dtype(dtype).name}", build)  # fmt: skip
 
 
+def paged_decode(width: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype,
+                 contexts: tuple[int, ...]) -> Shape:  # fmt: skip
+    """Decode rows of `width` lanes at the given context lengths (the last lane of each row dead
+    when width > 1), a padding row, NaN in the NULL block; the caches play the pool's part: no
+    block may change and block 0 stays NaN."""
+
+    def build(rng) -> Case:
+        rows = len(contexts) + 1
+        max_blocks = -(-max(contexts) // block_size)
+        num_blocks = rows * max_blocks + 2
+        table = np.zeros((rows, max_blocks), np.int32)
+        free = list(rng.permutation(np.arange(1, num_blocks)))
+        seq_lens, query_lens = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+        for r, length in enumerate(contexts):
+            n = -(-length // block_size)
+            table[r, :n] = [free.pop() for _ in range(n)]
+            seq_lens[r], query_lens[r] = length, max(1, min(width - 1, length))
+        cache = (num_blocks, block_size, kv_heads, head_dim)
+        k, v = _pool(rng, num_blocks, cache[1:], dtype), _pool(rng, num_blocks, cache[1:], dtype)
+        args = (_normal(rng, (rows, width, heads, head_dim), dtype), k, v, table, seq_lens,
+                query_lens)  # fmt: skip
+        scale = head_dim**-0.5
+
+        def kernel(*a, interpret):
+            return pda.paged_decode_attention(*a, scale=scale, interpret=interpret), a[1]
+
+        def reference(*a):
+            return pda.paged_decode_attention_reference(*a, scale=scale), a[1]
+
+        live = (np.arange(width)[None, :] < query_lens[:, None])[:, :, None, None]
+        return Case(kernel, reference, args, 1, live, np.zeros(0, np.int32),
+                    TOLERANCE[dtype, "update"], f"contexts={list(contexts)} W={width}")  # fmt: skip
+
+    return Shape(f"paged_decode_attention Hq={heads} Hkv={kv_heads} D={head_dim} bs={block_size} "
+                 f"W={width} {jnp.dtype(dtype).name}", build)  # fmt: skip
+
+
 def grid(quick: bool) -> list[Shape]:
     """The grid: each odd dimension at least once per kernel (quick: 1-2 small shapes each)."""
     if quick:
@@ -322,6 +360,7 @@ def grid(quick: bool) -> list[Shape]:
             ssd_update(5, 12, 1, 16, 2, F32),
             gdn_chunk(1, 2, 24, 12, F32, chunk=16),
             gdn_update(1, 2, 24, 12, 2, BF16),
+            paged_decode(2, 6, 3, 24, 8, F32, (1, 9, 30)),
         ]
     ssd_dims = [(5, 12, 1, 16, F32, 128), (6, 24, 2, 48, BF16, 256), (10, 48, 2, 128, F32, 256),
                 (1, 64, 1, 24, BF16, 128), (6, 80, 3, 64, F32, 128), (5, 96, 1, 128, BF16, 256),
@@ -342,6 +381,10 @@ def grid(quick: bool) -> list[Shape]:
         *(ssd_update(*d) for d in ssu_dims),
         *(gdn_chunk(*d) for d in gdn_dims),
         *(gdn_update(*d[:4], 1 + i % 3, d[4]) for i, d in enumerate(gdn_dims)),
+        paged_decode(1, 16, 4, 128, 16, BF16, (1, 17, 1000, 8200)),
+        paged_decode(3, 6, 3, 24, 8, F32, (1, 9, 300, 4100)),
+        paged_decode(2, 5, 1, 80, 32, BF16, (2, 63, 5000)),
+        paged_decode(4, 10, 5, 12, 16, F32, (1, 33, 700)),
     ]
 
 

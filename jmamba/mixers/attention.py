@@ -20,7 +20,12 @@ from jmamba.inputs import StepInputs
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import RMSNorm
 from jmamba.layers.rope import apply_rope
-from jmamba.mixers.token_layout import decode_lane_valid, prefill_token_rows
+from jmamba.mixers.token_layout import (
+    decode_lane_valid,
+    join_sections,
+    prefill_token_rows,
+    split_sections,
+)
 from pallas_kernels import ops
 
 
@@ -87,30 +92,42 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, KVCache]:
         cfg = self.cfg
         q, k, v, gate = self._project(x, inputs.positions)
-        rows, valid = _token_rows(inputs)
-        k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, inputs.kv_slots, valid)
-        block_table = jnp.concatenate([inputs.decode.block_table, inputs.prefill.block_table])
-        o = ops.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            block_table,
-            rows,
-            inputs.positions,
-            valid,
-            scale=cfg.head_dim**-0.5,
-        )
-        o = o.reshape(x.shape[0], -1)
+        k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, inputs.kv_slots, _live(inputs))
+        q_decode, q_prefill = split_sections(q, inputs)
+        scale = cfg.head_dim**-0.5
+        o_decode = jnp.zeros_like(q_decode)
+        if inputs.decode.num_rows:  # each row reads only its own blocks, up to its length
+            rows = inputs.decode
+            o_decode = ops.paged_decode_attention(
+                q_decode,
+                k_cache,
+                v_cache,
+                rows.block_table,
+                rows.seq_lens,
+                rows.query_lens,
+                scale=scale,
+            )
+        o_prefill = jnp.zeros_like(q_prefill)
+        if inputs.num_prefill_tokens:
+            token_rows, live = prefill_token_rows(inputs)
+            positions = inputs.positions[inputs.num_decode_tokens :]
+            o_prefill = ops.paged_attention(
+                q_prefill,
+                k_cache,
+                v_cache,
+                inputs.prefill.block_table,
+                token_rows.astype(jnp.int32),
+                positions,
+                live,
+                scale=scale,
+            )
+        o = join_sections(o_decode, o_prefill).reshape(x.shape[0], -1)
         if gate is not None:
             o = (o.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(x.dtype)
         return self.o_proj(o), KVCache(k_cache, v_cache)
 
 
-def _token_rows(inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-    """Row of every token in the stacked [decode rows; prefill rows] block table, and liveness."""
-    dec = inputs.decode
-    dec_rows = jnp.repeat(jnp.arange(dec.num_rows), dec.width)
-    dec_valid = decode_lane_valid(inputs).reshape(-1)
-    pre_rows, pre_valid = prefill_token_rows(inputs)
-    rows = jnp.concatenate([dec_rows, pre_rows + dec.num_rows]).astype(jnp.int32)
-    return rows, jnp.concatenate([dec_valid, pre_valid])
+def _live(inputs: StepInputs) -> jax.Array:
+    """[T] bool: live decode lanes, then live prefill tokens."""
+    _, prefill_live = prefill_token_rows(inputs)
+    return jnp.concatenate([decode_lane_valid(inputs).reshape(-1), prefill_live])

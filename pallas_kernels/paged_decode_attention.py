@@ -1,0 +1,252 @@
+"""Decode attention over the paged KV cache: each row reads only its own blocks, up to its length.
+
+Shapes (R decode rows of W = 1 + K lanes; lane t of a row sits at position
+seq_len - query_len + t and sees every key at a position <= its own):
+  q:            [R, W, Hq, D]     queries of the decode lanes
+  k/v_cache:    [num_blocks, block_size, Hkv, D]   block 0 is the NULL block
+  block_table:  [R, max_blocks]   blocks of each row, NULL past the row's blocks
+  seq_lens:     [R]               tokens in the row's context after this step (0: padding row)
+  query_lens:   [R]               live lanes of the row (lanes past it are padding: output 0)
+  -> out        [R, W, Hq, D]
+
+The reference (`paged_decode_attention_reference`) is the general ragged reference of
+`paged_attention`, which gathers `max_blocks * block_size` keys for every query whatever the
+row's real context. The kernel walks only the tiles of keys the row has: program (row, kv head,
+split) keeps the W x G queries of one KV head (G = Hq / Hkv) in registers and runs an online
+softmax over tiles of `block_k` keys, gathered row by row from the row's blocks (so any
+block_size works, 8 included).
+Long contexts are split over `num_splits` programs per row whose partial results are merged after
+the kernel; the split count is a static knob (never derived from the batch), so a row's arithmetic
+does not depend on what else is in the step. A block id outside [1, num_blocks) contributes no keys.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._common import check_shape, pow2
+from pallas_kernels.paged_attention import paged_attention_reference
+
+__all__ = ["paged_decode_attention", "paged_decode_attention_reference"]
+
+_NEG = -1e30
+SPLIT_KEYS = 4096  # default: one program per this many keys of a row's capacity ...
+MAX_SPLITS = 16  # ... and at most this many (long contexts at small batch still fill the GPU)
+
+
+def _check(q, k_cache, v_cache, block_table, seq_lens, query_lens) -> None:
+    num_rows, width, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    check_shape("k_cache", k_cache, (None, None, None, head_dim))
+    check_shape("v_cache", v_cache, k_cache.shape)
+    check_shape("block_table", block_table, (num_rows, None))
+    check_shape("seq_lens", seq_lens, (num_rows,))
+    check_shape("query_lens", query_lens, (num_rows,))
+    if num_heads % num_kv_heads:
+        raise ValueError(f"q has {num_heads} heads, not a multiple of {num_kv_heads} KV heads")
+    del width
+
+
+def paged_decode_attention_reference(
+    q, k_cache, v_cache, block_table, seq_lens, query_lens, *, scale: float
+):
+    """Plain-jnp decode attention: the ragged reference on the decode lanes."""
+    _check(q, k_cache, v_cache, block_table, seq_lens, query_lens)
+    num_rows, width, num_heads, head_dim = q.shape
+    lane = jnp.arange(width)[None, :]
+    positions = (seq_lens - query_lens)[:, None] + lane  # [R, W]
+    valid = lane < query_lens[:, None]
+    rows = jnp.repeat(jnp.arange(num_rows, dtype=jnp.int32), width)
+    out = paged_attention_reference(
+        q.reshape(num_rows * width, num_heads, head_dim),
+        k_cache,
+        v_cache,
+        block_table,
+        rows,
+        jnp.where(valid, positions, 0).reshape(-1),
+        valid.reshape(-1),
+        scale=scale,
+    )
+    return out.reshape(q.shape)
+
+
+def _kernel(
+    table_ref,
+    seq_ref,
+    qlen_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    m_ref,
+    l_ref,
+    *,
+    width,
+    group,
+    head_dim,
+    num_kv_heads,
+    block_size,
+    num_blocks,
+    max_blocks,
+    block_m,
+    block_d,
+    block_k,
+    tiles_per_split,
+    scale,
+    precision,
+):
+    r, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    seq, qlen = seq_ref[r], qlen_ref[r]
+    m = jnp.arange(block_m)
+    lane = m // group
+    live_query = (m < width * group) & (lane < qlen)
+    position = seq - qlen + lane  # [BM] the lane's own position
+    cols = jnp.arange(block_d)
+    dmask = cols < head_dim
+    q = plgpu.load(
+        q_ref.at[r, h, pl.ds(0, block_m), pl.ds(0, block_d)],
+        mask=live_query[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    dtype = q.dtype
+    num_tiles = pl.cdiv(seq, block_k)
+    first = split * tiles_per_split
+    last = jnp.minimum(first + tiles_per_split, num_tiles)
+
+    def tile(j, carry):
+        acc, m_i, l_i = carry
+        key = j * block_k + jnp.arange(block_k)  # absolute key positions of this tile
+        column = jnp.minimum(key // block_size, max_blocks - 1)
+        entry = (r * max_blocks + column)[
+            :, None
+        ]  # a 2-D gather from the [R * max_blocks, 1] table
+        block = plgpu.load(table_ref.at[entry, jnp.zeros((1, 1), jnp.int32)])[:, 0]
+        live_key = (key < seq) & (block > 0) & (block < num_blocks)
+        flat = (jnp.where(live_key, block, 0) * block_size + key % block_size) * num_kv_heads + h
+        kv_mask = live_key[:, None] & dmask[None, :]
+        k = plgpu.load(k_ref.at[flat[:, None], cols[None, :]], mask=kv_mask, other=0.0)
+        v = plgpu.load(v_ref.at[flat[:, None], cols[None, :]], mask=kv_mask, other=0.0)
+        s = scale * jax.lax.dot_general(
+            q,
+            k.astype(dtype),
+            (((1,), (1,)), ((), ())),
+            precision=precision,
+            preferred_element_type=jnp.float32,
+        )
+        visible = live_key[None, :] & (key[None, :] <= position[:, None]) & live_query[:, None]
+        s = jnp.where(visible, s, _NEG)
+        m_new = jnp.maximum(m_i, jnp.max(s, axis=1))
+        p = jnp.where(visible, jnp.exp(s - m_new[:, None]), 0.0)
+        alpha = jnp.exp(m_i - m_new)
+        pv = jax.lax.dot_general(
+            p.astype(dtype),
+            v.astype(dtype),
+            (((1,), (0,)), ((), ())),
+            precision=precision,
+            preferred_element_type=jnp.float32,
+        )
+        return acc * alpha[:, None] + pv, m_new, l_i * alpha + jnp.sum(p, axis=1)
+
+    init = (
+        jnp.zeros((block_m, block_d), jnp.float32),
+        jnp.full((block_m,), _NEG, jnp.float32),
+        jnp.zeros((block_m,), jnp.float32),
+    )
+    acc, m_i, l_i = jax.lax.fori_loop(first, jnp.maximum(last, first), tile, init)
+    plgpu.store(o_ref.at[split, r, h, pl.ds(0, block_m), pl.ds(0, block_d)], acc)
+    plgpu.store(m_ref.at[split, r, h, pl.ds(0, block_m)], m_i)
+    plgpu.store(l_ref.at[split, r, h, pl.ds(0, block_m)], l_i)
+
+
+def _merge_splits(acc, m, sums):
+    """Combine the splits' partial softmax sums: [S, R, Hkv, BM, BD] -> [R, Hkv, BM, BD]."""
+    top = jnp.max(m, axis=0)
+    weight = jnp.exp(m - top[None])  # [S, R, Hkv, BM]
+    total = jnp.sum(sums * weight, axis=0)
+    out = jnp.sum(acc * weight[..., None], axis=0)
+    return jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("scale", "interpret", "block_k", "num_splits", "num_warps", "num_stages"),
+)
+def paged_decode_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    query_lens,
+    *,
+    scale: float,
+    interpret: bool = False,
+    block_k: int = 64,
+    num_splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+):
+    """Pallas decode attention; same contract as `paged_decode_attention_reference`.
+
+    Tuning: block_k (keys per tile, a power of two >= 16), num_splits (programs per row over its
+    context, merged after the kernel; None = one per `SPLIT_KEYS` keys of the table's capacity, a
+    static shape: never the batch), num_warps, num_stages.
+    """
+    _check(q, k_cache, v_cache, block_table, seq_lens, query_lens)
+    num_rows, width, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    max_blocks = block_table.shape[1]
+    block_m, block_d = max(16, pow2(width * group)), max(16, pow2(head_dim))
+    block_k = max(16, pow2(block_k))
+    tiles = pl.cdiv(max_blocks * block_size, block_k)
+    if num_splits is None:
+        num_splits = min(MAX_SPLITS, pl.cdiv(max_blocks * block_size, SPLIT_KEYS))
+    # [R, W, Hkv, G, D] -> [R, Hkv, W * G, D]: one program's queries are contiguous.
+    qg = q.reshape(num_rows, width, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+    qg = qg.reshape(num_rows, num_kv_heads, width * group, head_dim)
+    fp32 = q.dtype == jnp.float32
+    kernel = functools.partial(
+        _kernel,
+        width=width,
+        group=group,
+        head_dim=head_dim,
+        num_kv_heads=num_kv_heads,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_blocks=max_blocks,
+        block_m=block_m,
+        block_d=block_d,
+        block_k=block_k,
+        tiles_per_split=pl.cdiv(tiles, num_splits),
+        scale=float(scale),
+        precision=jax.lax.Precision.HIGHEST if fp32 else None,
+    )
+    partial_shape = (num_splits, num_rows, num_kv_heads, block_m)
+    acc, m, sums = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((*partial_shape, block_d), jnp.float32),
+            jax.ShapeDtypeStruct(partial_shape, jnp.float32),
+            jax.ShapeDtypeStruct(partial_shape, jnp.float32),
+        ),
+        grid=(num_rows, num_kv_heads, num_splits),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="paged_decode_attention",
+    )(
+        block_table.astype(jnp.int32).reshape(-1, 1),
+        seq_lens.astype(jnp.int32),
+        query_lens.astype(jnp.int32),
+        qg,
+        k_cache.reshape(-1, head_dim),
+        v_cache.reshape(-1, head_dim),
+    )
+    out = _merge_splits(acc, m, sums)[:, :, : width * group, :head_dim]
+    out = out.reshape(num_rows, num_kv_heads, width, group, head_dim).transpose(0, 2, 1, 3, 4)
+    return out.reshape(q.shape).astype(q.dtype)

@@ -4,8 +4,8 @@ Compiling a step variant takes about a second on CPU for the tiny presets (more 
 with the cache, a second run of the same variant loads it from disk instead. The cache lives in
 the user's cache directory (`$XDG_CACHE_HOME/jmamba/jax`, else `~/.cache/jmamba/jax`).
 `JMAMBA_COMPILE_CACHE=off` (or 0, false, no) turns it off; any other value is the directory to
-use. A cache directory the user gave JAX already (`jax_compilation_cache_dir`,
-`JAX_COMPILATION_CACHE_DIR`) is left as it is.
+use; it holds at most 1 GiB. A cache directory the user gave JAX already
+(`jax_compilation_cache_dir`, `JAX_COMPILATION_CACHE_DIR`) is left as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 ENV = "JMAMBA_COMPILE_CACHE"
 _OFF = {"0", "off", "false", "no"}
+MAX_BYTES = 2**30  # JAX evicts the least recently used entries beyond this
 
 
 def default_directory() -> Path:
@@ -35,6 +36,8 @@ def enable() -> str | None:
         return current
     directory = Path(setting) if setting else default_directory()
     jax.config.update("jax_compilation_cache_dir", str(directory))
-    # JAX caches only compiles over 1 s by default; most of ours are shorter, all are worth it.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # JAX caches only compiles over 1 s by default; ours take 0.1 to a few seconds, and a step
+    # variant is worth keeping even then (a few small eager ops are kept too).
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return str(directory)

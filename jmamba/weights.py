@@ -278,9 +278,13 @@ def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} must be one of {['auto', *DTYPES]}")
         return jnp.dtype(DTYPES[dtype])
-    if jnp.dtype(dtype) not in {jnp.dtype(d) for d in DTYPES.values()}:
+    try:
+        resolved = jnp.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved not in {jnp.dtype(d) for d in DTYPES.values()}:
         raise ValueError(f"dtype={dtype!r} must be one of {['auto', *DTYPES]}")
-    return jnp.dtype(dtype)
+    return resolved
 
 
 def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
@@ -293,8 +297,8 @@ def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
 def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> HybridLM:
     """Build `HybridLM` from a HF checkpoint directory, every parameter cast to `dtype`: "auto"
     (the checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"."""
-    dtype = resolve_dtype(dtype, model_dir)
     cfg = load_hf_config(model_dir)
+    dtype = resolve_dtype(dtype, model_dir)
     tensors = read_safetensors(model_dir)
     sources = tensor_sources(cfg)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))

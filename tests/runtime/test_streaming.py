@@ -141,3 +141,25 @@ def test_stop_strings_need_a_tokenizer(family):
 def test_bad_logprobs_and_stop_values_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**options)
+
+
+def test_logprobs_on_two_ranks_equal_one_rank():
+    """Ranks agree on a mode that computes logprobs when any rank's request asks: each request
+    gets exactly its own (equal to a one-device run), the others none."""
+    from tests.runtime.test_data_parallel import dp_engine
+
+    prompts = {"a": [3, 1, 4, 1, 5], "b": [9, 2, 6]}
+    params = {"a": SamplingParams(max_tokens=3, logprobs=2), "b": SamplingParams(max_tokens=3)}
+    results = []
+    for engine in (make_engine("mamba2"), dp_engine("mamba2", 2)):
+        for rid, prompt in prompts.items():
+            engine.add_request(prompt, params[rid], request_id=rid)
+        outputs = {}
+        while engine.has_unfinished:
+            outputs |= {o.request_id: o for o in engine.step()}
+        results.append({rid: (o.token_ids, o.logprobs) for rid, o in outputs.items()})
+    one, two = results
+    assert one["b"][1] is None and two["b"][1] is None and one["a"][0] == two["a"][0]
+    for left, right in zip(one["a"][1], two["a"][1], strict=True):
+        assert left.keys() == right.keys()
+        assert all(abs(left[t] - right[t]) < 1e-5 for t in left)

@@ -5,8 +5,9 @@ run on every rank of the data-parallel mesh at once through `jax.shard_map`: par
 replicated, every cache pool is split on its pool axis (rank r owns blocks / slots
 `[r * n, (r + 1) * n)` of the global array and sees them as its own `[0, n)`, 0 being its NULL
 entry), and the packed inputs are stacked `[ranks, words]`, one row per rank. A rank with no work is
-given an all-padding row (the idle-rank dummy step): it runs the same program and, by DESIGN
-section 5 invariant 6, writes nothing but NULL entries. With one device this is a mesh of one rank.
+given an all-padding row (the idle-rank dummy step): it runs the same program and, by
+docs/architecture.md section 5 invariant 6, writes nothing but NULL entries. With one device this
+is a mesh of one rank.
 
 Sampling runs inside the step, so only int32 token ids come back to the host (and, in a variant
 whose sampling mode asks for them, the sampled and top-k log-probabilities). The runner makes no

@@ -105,6 +105,7 @@ class Engine:
         self._counter = itertools.count()
         self._device_seconds = 0.0
         self._compile_seconds = 0.0
+        self._host_seconds = 0.0
         self.tokenizer = tokenizer
         self.records: collections.deque[StepRecord] = collections.deque(
             maxlen=self.config.step_records
@@ -120,7 +121,9 @@ class Engine:
 
     @property
     def last_schedule(self) -> Schedule | None:
-        """The last step's schedule of a single-rank engine (`last_schedules` per rank)."""
+        """The last step's schedule of a single-rank engine (`last_schedules` per rank). It holds
+        the live `Request`s, which show their state now, not at the step: `records` holds
+        copies made at each step."""
         return self._only_rank(self.last_schedules)
 
     @property
@@ -223,14 +226,9 @@ class Engine:
         finally:
             self._streaming = False
 
-    def warmup(self, max_num_seqs: int | None = None) -> None:
-        """Compile the decode-only buckets now (the rest compile on first use): all of them, or
-        those a batch of up to `max_num_seqs` requests can use."""
-        buckets = self.buckets.decode_buckets()
-        if max_num_seqs is not None:
-            needed = next((b for b in buckets if b.num_decode_rows >= max_num_seqs), buckets[-1])
-            buckets = [b for b in buckets if b <= needed]
-        self.runner.warmup(buckets)
+    def warmup(self) -> None:
+        """Compile every decode-only bucket now (the rest compile on first use)."""
+        self.runner.warmup(self.buckets.decode_buckets())
 
     @property
     def num_variants(self) -> int:

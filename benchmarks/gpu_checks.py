@@ -3,7 +3,7 @@
 One run on the GPU; exits 1 if any check fails. Sections (each a module of `benchmarks/checks/`):
   kernels   every Pallas kernel against its plain-jnp reference on a grid of odd shapes
   fixtures  every transformers fixture (tests/fixtures) through the compiled kernels
-  batch     a request's prefill output does not depend on the batch it shares (DESIGN section 5.8)
+  batch     a request's prefill output does not depend on the batch it shares (architecture.md 5.8)
 
     PYTHONPATH=. python benchmarks/gpu_checks.py [--quick] [--only kernels,fixtures,batch]
         [--families mamba2,qwen3_5_odd] [--jobs 8]

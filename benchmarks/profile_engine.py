@@ -115,7 +115,7 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         dev = device_inputs(runner, bucket, batch_in, jax)
         with jax.profiler.trace(trace_dir):
             for _ in range(10):
-                tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+                tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
             np.asarray(tokens)
         try:
             row["profile"] = summarize_profile(profile_events(trace_dir), 10)
@@ -147,18 +147,18 @@ def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:
     dev = device_inputs(runner, bucket, batch_in, jax)
     t0 = time.perf_counter()
     for _ in range(steps):
-        tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
         np.asarray(tokens)
     res["runner_device_in_ms"] = 1e3 * (time.perf_counter() - t0) / steps
     t0 = time.perf_counter()
     for _ in range(steps):
-        tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
     np.asarray(tokens)
     res["pipelined_ms"] = 1e3 * (time.perf_counter() - t0) / steps
     dispatch = 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
-        tokens, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
         dispatch += time.perf_counter() - t0
         np.asarray(tokens)
     res["dispatch_ms"] = 1e3 * dispatch / steps

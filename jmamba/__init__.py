@@ -21,6 +21,8 @@ _EXPORTS = {
     "load_hf_config": "jmamba.families",
     "HybridLM": "jmamba.model",
     "load_pretrained": "jmamba.weights",
+    "checkpoint_dtype": "jmamba.weights",
+    "prefill_inputs": "jmamba.prefill",
 }
 _SUBMODULES = ("presets",)
 

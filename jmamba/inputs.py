@@ -2,7 +2,7 @@
 
 The model, the mixers and the runtime's device side import `StepInputs` from here, so the classes
 are registered before any jitted function sees them. The host side (the runtime's builder)
-imports `jmamba.step_inputs` instead and never loads jax (DESIGN.md section 3).
+imports `jmamba.step_inputs` instead and never loads jax (docs/architecture.md section 3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The invariants of DESIGN.md section 5 that a `StepInputs` shows by itself, checked in numpy.
+"""The invariants (docs/architecture.md section 5) a `StepInputs` shows by itself, in numpy.
 
 `StepInputs.validate()` calls `check_step_inputs`; the runtime runs it on every step in tests and in
 debug mode. Each check raises a ValueError naming the field, the row and the offending values.

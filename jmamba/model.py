@@ -28,8 +28,9 @@ LayerCache = KVCache | Mamba2State | GDNState | None
 def rows_or_zeros(table: jax.Array, index: jax.Array) -> jax.Array:
     """`table[index]` along axis 0, with zeros for an index outside [0, len(table)).
 
-    A plain device gather clamps an out-of-range index to the last row and wraps -1 to it (DESIGN
-    section 5), so a bad token id or logits index would silently read a live row.
+    A plain device gather clamps an out-of-range index to the last row and wraps -1 to it
+    (docs/architecture.md section 5), so a bad token id or logits index would silently read a live
+    row.
     """
     size = table.shape[0]
     index = jnp.where((index >= 0) & (index < size), index, size)

@@ -12,10 +12,12 @@ loader's exact inverse.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -27,6 +29,12 @@ from jmamba.families import from_hf_config, load_hf_config, read_json
 from jmamba.model import HybridLM
 
 Path_ = tuple[str | int, ...]
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # what parameters may be cast to
+# The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
+# checkpoints load as bfloat16 (the same size, float32's exponent range: no overflow in the
+# recurrent states' inputs); float64 ones as float32.
+_AUTO = {"F32": "float32", "F64": "float32", "BF16": "bfloat16", "F16": "bfloat16"}
 
 
 class Source(NamedTuple):
@@ -200,7 +208,14 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
 
 def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
     """All tensors of `model.safetensors`, or of the shards listed in its `.index.json`."""
-    model_dir = Path(model_dir)
+    tensors: dict[str, np.ndarray] = {}
+    for path in _safetensors_files(Path(model_dir)):
+        tensors.update(_load_file(path))
+    return tensors
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    """`model.safetensors`, or the shards its `model.safetensors.index.json` lists."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
@@ -211,14 +226,25 @@ def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
         files = ["model.safetensors"]
     else:
         raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
-    tensors: dict[str, np.ndarray] = {}
     for name in files:
         if not (model_dir / name).is_file():
             raise ValueError(
                 f"checkpoint shard {name} listed in the index is missing in {model_dir}"
             )
-        tensors.update(_load_file(model_dir / name))
-    return tensors
+    return [model_dir / name for name in files]
+
+
+def _header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON)."""
+    with path.open("rb") as file:
+        try:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+        except (struct.error, ValueError, UnicodeDecodeError):
+            raise ValueError(f"{path} is not a readable safetensors file") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a readable safetensors file")
+    return header
 
 
 def _load_file(path: Path) -> dict[str, np.ndarray]:
@@ -228,9 +254,51 @@ def _load_file(path: Path) -> dict[str, np.ndarray]:
         raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
 
 
-def load_pretrained(model_dir: str | Path, dtype: jnp.dtype = jnp.float32) -> HybridLM:
-    """Build `HybridLM` from a HF checkpoint directory, parameters cast to `dtype`."""
+def checkpoint_dtype(model_dir: str | Path) -> str:
+    """The parameter dtype `dtype="auto"` gives a checkpoint: that of most of its floating-point
+    weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone.
+    """
+    counts: dict[str, int] = {}
+    for path in _safetensors_files(Path(model_dir)):
+        for name, entry in _header(path).items():
+            if name != "__metadata__" and entry.get("dtype") in _AUTO:
+                size = int(np.prod(entry.get("shape", [])))
+                counts[_AUTO[entry["dtype"]]] = counts.get(_AUTO[entry["dtype"]], 0) + size
+    if not counts:
+        raise ValueError(f"checkpoint {model_dir} has no floating-point tensors")
+    return max(counts, key=counts.__getitem__)
+
+
+def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -> jnp.dtype:
+    """`dtype` as a jnp dtype: "auto" (the checkpoint's, float32 without one), "float32",
+    "bfloat16" or one of those dtypes."""
+    if isinstance(dtype, str):
+        if dtype == "auto":
+            dtype = checkpoint_dtype(model_dir) if model_dir is not None else "float32"
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} must be one of {['auto', *DTYPES]}")
+        return jnp.dtype(DTYPES[dtype])
+    try:
+        resolved = jnp.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved not in {jnp.dtype(d) for d in DTYPES.values()}:
+        raise ValueError(f"dtype={dtype!r} must be one of {['auto', *DTYPES]}")
+    return resolved
+
+
+def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
+    """`model` with every parameter cast to `dtype` (a new module; "auto" keeps float32)."""
+    dtype = resolve_dtype(dtype)
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(lambda a: a.astype(dtype), state))
+
+
+def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> HybridLM:
+    """Build `HybridLM` from a HF checkpoint directory, every parameter cast to `dtype`: "auto"
+    (the checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"."""
     cfg = load_hf_config(model_dir)
+    dtype = resolve_dtype(dtype, model_dir)
     tensors = read_safetensors(model_dir)
     sources = tensor_sources(cfg)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))

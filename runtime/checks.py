@@ -87,6 +87,17 @@ def token_ids(name: str, value: object, vocab_size: int | None = None) -> list[i
     return ids
 
 
+def strings(name: str, value: object) -> tuple[str, ...]:
+    """One non-empty str or a sequence of them, as a tuple (duplicates dropped, order kept)."""
+    items = (value,) if isinstance(value, str) else value
+    if isinstance(items, bytes) or not isinstance(items, Sequence):
+        raise ValueError(f"{name} must be a str or a list of str, got {_short(value)}")
+    bad = [s for s in items if not isinstance(s, str) or not s]
+    if bad:
+        raise ValueError(f"{name} entries must be non-empty strings, got {_short(bad[0])}")
+    return tuple(dict.fromkeys(items))
+
+
 def request_id(value: object) -> str:
     """Request ids are strings; an int (not a bool) is accepted and means `str(value)`."""
     if isinstance(value, str):

@@ -55,7 +55,9 @@ class EngineConfig:
         max_num_seqs and max_num_batched_tokens above is per rank: each rank has its own scheduler,
         its own KV blocks and state slots (each with its own NULL block and slot 0).
       seed: seeds the sampling of requests that set no seed of their own.
-      validate_inputs: check every step's `StepInputs` against DESIGN.md section 5 (debug, tests).
+      validate_inputs: check every step's `StepInputs` against the invariants of
+        docs/architecture.md ("Sentinels and invariants"); for debugging and tests.
+      step_records: how many `StepRecord`s of the latest steps the engine keeps (0: none).
     """
 
     max_num_seqs: int = 8
@@ -70,6 +72,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     seed: int = 0
     validate_inputs: bool = False
+    step_records: int = 256
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -79,6 +82,7 @@ class EngineConfig:
         checks.integer("seed", self.seed, low=0)
         checks.integer("data_parallel_size", self.data_parallel_size, low=1)
         checks.flag("validate_inputs", self.validate_inputs)
+        checks.integer("step_records", self.step_records, low=0)
         if self.max_num_batched_tokens is not None:
             checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, low=1)
         blocks = self.num_blocks if self.num_blocks is not None else self._default_num_blocks

@@ -3,15 +3,18 @@
 `step()` = schedule (every rank) -> agree on one bucket -> build fresh padded inputs per rank (an
 idle rank gets an all-padding step) -> run the jitted SPMD step -> postprocess per rank. Requests
 come in through `add_request` (checked there, so a bad request never reaches a step and the other
-requests keep being served) and leave through `step()`'s return value or `abort`.
+requests keep being served) and leave through `step()`'s return value or `abort`; `stream()`
+yields what each step added to each request instead. docs/architecture.md describes the design.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from flax import nnx
@@ -22,11 +25,13 @@ from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.model_runner import ModelRunner
-from runtime.request import Request, RequestOutput
+from runtime.outputs import OutputProcessor, Sampled, sampled_items
+from runtime.request import FinishReason, Request, RequestOutput, StreamDelta
 from runtime.router import LeastOutstandingWork, Router
 from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, Scheduler
+from runtime.step_record import ScheduleRecord, StepRecord
 
 
 @dataclasses.dataclass
@@ -40,11 +45,13 @@ class RankStats:
 
 @dataclasses.dataclass
 class StepStats:
-    """Accumulated wall time: host (schedule + build + postprocess) and device (run) seconds."""
+    """Accumulated wall time: host (schedule + build + postprocess), device (the jitted step,
+    compiling excluded) and compile seconds (first use of each step variant)."""
 
     num_steps: int = 0
     host_seconds: float = 0.0
     device_seconds: float = 0.0
+    compile_seconds: float = 0.0
     ranks: list[RankStats] = dataclasses.field(default_factory=list)
 
 
@@ -55,6 +62,10 @@ class Engine:
     Each rank driven by this process has its own `Scheduler` (and pools); a `Router` places each
     new request on one of them. Every step every rank runs, in one bucket: the elementwise max of
     what the ranks' schedules need; a rank with nothing scheduled runs an all-padding step.
+
+    With a `tokenizer` (a `tokenizers.Tokenizer`) outputs carry text and requests may use stop
+    strings. For looking inside: `records` (the latest steps as `StepRecord`s), `request(id)`,
+    `block_owners(rank)` / `slot_owners(rank)`, `stats`.
     """
 
     def __init__(
@@ -65,6 +76,7 @@ class Engine:
         keep_logits: bool = False,
         runner: ModelRunner | None = None,
         router: Router | None = None,
+        tokenizer: Any = None,
     ) -> None:
         """Build pools, schedulers and runner; `runner` reuses compiled steps and caches of another
         engine with the same pool sizes and bucket tables (tests, notebooks)."""
@@ -92,6 +104,15 @@ class Engine:
         self._rank_of: dict[str, int] = {}
         self._counter = itertools.count()
         self._device_seconds = 0.0
+        self._compile_seconds = 0.0
+        self._host_seconds = 0.0
+        self.tokenizer = tokenizer
+        self.records: collections.deque[StepRecord] = collections.deque(
+            maxlen=self.config.step_records
+        )
+        self.last_deltas: list[StreamDelta] = []  # filled while `stream()` drives the engine
+        self._streaming = False
+        self.outputs = OutputProcessor(tokenizer)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -100,7 +121,9 @@ class Engine:
 
     @property
     def last_schedule(self) -> Schedule | None:
-        """The last step's schedule of a single-rank engine (`last_schedules` per rank)."""
+        """The last step's schedule of a single-rank engine (`last_schedules` per rank). It holds
+        the live `Request`s, which show their state now, not at the step: `records` holds
+        copies made at each step."""
         return self._only_rank(self.last_schedules)
 
     @property
@@ -120,6 +143,8 @@ class Engine:
         Raises ValueError, and queues nothing, on bad input: the other requests keep being served.
         """
         prompt, params = self.check_request(prompt_token_ids, sampling_params)
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"stop={params.stop!r}: stop strings need a tokenizer")
         given = None if request_id is None else checks.request_id(request_id)
         if given in self._requests:
             raise ValueError(f"request_id={given!r} is already in use")
@@ -133,6 +158,7 @@ class Engine:
         rank = self.router.place(request, self.schedulers)
         self._requests[request_id] = request
         self._rank_of[request_id] = rank
+        self.outputs.add(request)
         self.schedulers[rank].add(request)
         return request_id
 
@@ -169,14 +195,36 @@ class Engine:
         if agreed is None:
             return []
         bucket, mode = agreed
+        snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
         batches = [with_mode(self._build(schedule, bucket), mode) for schedule in schedules]
         tokens = self._run(bucket, batches)
+        # Per-token work beyond the token itself only when something asks for it: the plain
+        # path stays as cheap as it was.
+        extras = mode.logprobs or self.outputs.has_text or self._streaming
+        sampled = [sampled_items(schedule) for schedule in schedules] if extras else []
         finished = []
-        for scheduler, schedule, sampled in zip(self.schedulers, schedules, tokens, strict=True):
-            finished += scheduler.postprocess(schedule, sampled.tolist())
+        for scheduler, schedule, ids in zip(self.schedulers, schedules, tokens, strict=True):
+            finished += scheduler.postprocess(schedule, ids.tolist())
+        if extras:
+            finished += self._process_outputs(sampled)
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
+        outputs = self._finish(sampled, finished)
         self._count(start, schedules)
-        return [self._release(request) for request in finished]
+        if self.records.maxlen:
+            self._record(bucket, mode, snapshots, outputs)
+        return outputs
+
+    def stream(self) -> Iterator[StreamDelta]:
+        """Step until every request of this process is finished, yielding what each step added
+        to each request (new tokens, new text, logprobs; the final delta of a request carries its
+        `RequestOutput`). Requests added meanwhile are served too."""
+        self._streaming = True
+        try:
+            while self.has_unfinished:
+                self.step()
+                yield from self.last_deltas
+        finally:
+            self._streaming = False
 
     def warmup(self) -> None:
         """Compile every decode-only bucket now (the rest compile on first use)."""
@@ -190,7 +238,7 @@ class Engine:
         """Elementwise max of the ranks' buckets and sampler modes, over every process; None if no
         rank of any process has work (then no step runs anywhere)."""
         sizes = Bucket.NUM_FIELDS
-        needs = np.zeros(sizes + 3, np.int32)
+        needs = np.zeros(sizes + SamplingMode.NUM_FIELDS, np.int32)
         for schedule in schedules:
             if not schedule.is_empty:
                 bucket = self.buckets.bucket_for(schedule).as_array()
@@ -222,21 +270,101 @@ class Engine:
         return batch
 
     def _run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
+        compiled_before = sum(self.runner.compile_seconds.values())
         start = time.perf_counter()
         tokens = self.runner.run(bucket, batches)
-        self._device_seconds = time.perf_counter() - start
+        self._compile_seconds = sum(self.runner.compile_seconds.values()) - compiled_before
+        self._device_seconds = time.perf_counter() - start - self._compile_seconds
         self.stats.device_seconds += self._device_seconds
+        self.stats.compile_seconds += self._compile_seconds
         return tokens
 
     def _count(self, start: float, schedules: list[Schedule]) -> None:
         self.stats.num_steps += 1
-        self.stats.host_seconds += time.perf_counter() - start - self._device_seconds
+        run_seconds = self._device_seconds + self._compile_seconds
+        self._host_seconds = time.perf_counter() - start - run_seconds
+        self.stats.host_seconds += self._host_seconds
         for rank, schedule in zip(self.stats.ranks, schedules, strict=True):
             if schedule.is_empty:
                 rank.num_idle_steps += 1
             else:
                 rank.num_live_steps += 1
                 rank.num_tokens += sum(item.num_tokens for item in schedule.items)
+
+    def _process_outputs(self, sampled: list[Sampled]) -> list[Request]:
+        """Logprobs and text of this step's tokens; finish the requests whose text now holds a
+        stop string. Returns those that were still running."""
+        stopped = []
+        logprobs = self.runner.last_logprobs
+        for rank, items in enumerate(sampled):
+            lp = None if logprobs is None else logprobs[rank]
+            for request in self.outputs.process(items, lp):
+                if not request.is_finished:  # else it ended by a stop token or length this step
+                    self.schedulers[rank].abort(request.request_id)
+                    stopped.append(request)
+                request.finish_reason = FinishReason.STOP
+        return stopped
+
+    def _finish(self, sampled: list[Sampled], finished: list[Request]) -> list[RequestOutput]:
+        """Release the finished requests; while streaming, set `last_deltas`."""
+        done = {request.request_id for request in finished}
+        parts = []
+        if self._streaming:
+            for items in sampled:
+                parts += [self.outputs.new_part(item.request, item.request.request_id in done)
+                          for _, item in items]  # fmt: skip
+        outputs = [self._release(request) for request in finished]
+        by_id = {output.request_id: output for output in outputs}
+        self.last_deltas = [StreamDelta(rid, ids, text, lps, rid in by_id, by_id.get(rid))
+                            for rid, ids, text, lps in parts]  # fmt: skip
+        return outputs
+
+    def _record(self, bucket: Bucket, mode: SamplingMode, snapshots: list[ScheduleRecord],
+                outputs: list[RequestOutput]) -> None:  # fmt: skip
+        self.records.append(StepRecord(
+            index=self.stats.num_steps - 1, bucket=bucket, mode=mode, schedules=tuple(snapshots),
+            finished=tuple(output.request_id for output in outputs),
+            host_ms=self._host_seconds * 1e3, device_ms=self._device_seconds * 1e3,
+            compile_seconds=self._compile_seconds,
+        ))  # fmt: skip
+
+    def request(self, request_id: str | int) -> Request:
+        """The live (waiting or running) request with this id."""
+        request_id = checks.request_id(request_id)
+        if request_id not in self._requests:
+            raise ValueError(f"request_id={request_id!r} is not a live request of this engine")
+        return self._requests[request_id]
+
+    def block_owners(self, rank: int = 0) -> dict[int, list[str]]:
+        """KV block id -> ids of the running requests holding it, in rank `rank`'s own pool."""
+        owners: dict[int, list[str]] = {}
+        for request in self._scheduler_of(rank).running:
+            for block in request.block_ids:
+                owners.setdefault(block, []).append(request.request_id)
+        return owners
+
+    def slot_owners(self, rank: int = 0) -> dict[int, str]:
+        """State slot id -> id of the running request whose state it holds, in rank `rank`'s
+        own pool."""
+        running = self._scheduler_of(rank).running
+        return {r.state_slot: r.request_id for r in running if r.state_slot}
+
+    def _scheduler_of(self, rank: int) -> Scheduler:
+        if rank not in self.ranks:
+            raise ValueError(f"rank={rank!r} is not a rank of this process: {self.ranks}")
+        return self.schedulers[self.ranks.index(rank)]
+
+    def __repr__(self) -> str:
+        waiting = sum(len(s.waiting) for s in self.schedulers)
+        running = sum(len(s.running) for s in self.schedulers)
+        config = self.config
+        return (
+            f"Engine({self.model_config.architecture}, ranks={len(self.ranks)}, "
+            f"running={running}, waiting={waiting}, steps={self.stats.num_steps}, "
+            f"variants={self.num_variants}, max_num_seqs={config.max_num_seqs}, "
+            f"max_model_len={config.max_model_len}, "
+            f"tokenizer={'yes' if self.tokenizer is not None else 'none'})"
+        )
 
     def _only_rank[T](self, per_rank: list[T]) -> T | None:
         if len(self.schedulers) != 1:
@@ -248,7 +376,9 @@ class Engine:
     def _release(self, request: Request) -> RequestOutput:
         del self._requests[request.request_id]
         del self._rank_of[request.request_id]
-        return RequestOutput.of(request)
+        output = RequestOutput.of(request)
+        text = self.outputs.release(request)
+        return output if text is None else dataclasses.replace(output, text=text)
 
     def check_request(
         self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None = None

@@ -5,10 +5,12 @@ run on every rank of the data-parallel mesh at once through `jax.shard_map`: par
 replicated, every cache pool is split on its pool axis (rank r owns blocks / slots
 `[r * n, (r + 1) * n)` of the global array and sees them as its own `[0, n)`, 0 being its NULL
 entry), and the packed inputs are stacked `[ranks, words]`, one row per rank. A rank with no work is
-given an all-padding row (the idle-rank dummy step): it runs the same program and, by DESIGN
-section 5 invariant 6, writes nothing but NULL entries. With one device this is a mesh of one rank.
+given an all-padding row (the idle-rank dummy step): it runs the same program and, by
+docs/architecture.md section 5 invariant 6, writes nothing but NULL entries. With one device this
+is a mesh of one rank.
 
-Sampling runs inside the step, so only int32 token ids come back to the host. The runner makes no
+Sampling runs inside the step, so only int32 token ids come back to the host (and, in a variant
+whose sampling mode asks for them, the sampled and top-k log-probabilities). The runner makes no
 policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket and with the
 sampler `SamplingMode` they carry. One variant is compiled per (bucket, sampling mode).
 
@@ -33,20 +35,25 @@ from runtime.builder import StepBatch, build_dummy
 from runtime.config import EngineConfig
 from runtime.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.packing import Layout, layout_of, pack, unpack
-from runtime.sampler import sample
-from runtime.sampling_inputs import SamplingMode
+from runtime.sampler import logprobs, sample
+from runtime.sampling_inputs import SamplingMode, TokenLogprobs
 
 VariantKey = tuple[Bucket, SamplingMode]
 
 
 def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
                param_leaves, caches, packed):  # fmt: skip
-    """One rank's step on its own shard: packed [1, words] -> tokens [1, N] (+ logits), caches."""
+    """One rank's step on its own shard: packed [1, words] -> tokens [1, N], log-probabilities
+    (when `mode.logprobs`), logits (when `keep_logits`), caches."""
     inputs, sampling = unpack(packed[0], layout)
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
-    tokens = sample(logits, sampling, mode)[None]
-    return tokens, (logits[None] if keep_logits else None), caches
+    tokens = sample(logits, sampling, mode)
+    token_logprobs = None
+    if mode.logprobs:
+        computed = logprobs(logits, tokens, mode.top_logprobs)
+        token_logprobs = jax.tree.map(lambda a: a[None], computed)
+    return tokens[None], token_logprobs, (logits[None] if keep_logits else None), caches
 
 
 def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
@@ -54,11 +61,12 @@ def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: boo
     by_rank = P(AXIS)
     cache_specs = jax.tree.map(lambda _: by_rank, caches)
     step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
+    logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
     return jax.shard_map(
         step,
         mesh=mesh.mesh,
         in_specs=(P(), cache_specs, by_rank),
-        out_specs=(by_rank, by_rank if keep_logits else None, cache_specs),
+        out_specs=(by_rank, logprob_specs, by_rank if keep_logits else None, cache_specs),
         check_vma=False,  # Pallas calls declare plain output shapes
     )(param_leaves, caches, packed)
 
@@ -71,6 +79,8 @@ class ModelRunner:
       caches: the device caches, every pool `[ranks * pool size, ...]` split by rank (replaced,
         not mutated, by every step: the old ones are donated).
       last_logits: [local ranks, N, vocab] fp32 logits of the last step when `keep_logits`.
+      last_logprobs: per local rank, the last step's `TokenLogprobs` (host arrays) of each
+        scheduled request's sampled row, when its sampling mode asked for them; else None.
       compile_seconds: time spent compiling, per (bucket, sampling mode).
     """
 
@@ -83,6 +93,7 @@ class ModelRunner:
         self.caches = self._init_caches(model)
         self.keep_logits = keep_logits
         self.last_logits: np.ndarray | None = None
+        self.last_logprobs: list[TokenLogprobs] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
         self._jitted = jax.jit(
             functools.partial(_spmd_step, self.mesh),
@@ -96,6 +107,11 @@ class ModelRunner:
     def num_variants(self) -> int:
         """How many step variants are compiled so far."""
         return len(self._compiled)
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of the model (one replica)."""
+        return sum(int(leaf.size) for leaf in self._param_leaves)
 
     @property
     def variants(self) -> list[VariantKey]:
@@ -116,12 +132,22 @@ class ModelRunner:
         if any(b.mode != key[1] for b in batches):
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
-        tokens, logits, self.caches = compiled(
+        tokens, token_logprobs, logits, self.caches = compiled(
             self._param_leaves, self.caches, self._packed(key, batches)
         )
         self.last_logits = None if logits is None else self.mesh.local_rows(logits)
+        self.last_logprobs = self._local_logprobs(token_logprobs, batches)
         rows = self.mesh.local_rows(tokens)
         return [rows[i][batch.sample_rows] for i, batch in enumerate(batches)]
+
+    def _local_logprobs(
+        self, token_logprobs: TokenLogprobs | None, batches: list[StepBatch]
+    ) -> list[TokenLogprobs] | None:
+        if token_logprobs is None:
+            return None
+        rows = [self.mesh.local_rows(a) for a in token_logprobs]
+        return [TokenLogprobs(*(a[i][batch.sample_rows] for a in rows))
+                for i, batch in enumerate(batches)]  # fmt: skip
 
     def warmup(self, buckets: list[Bucket]) -> None:
         """Compile `buckets` (greedy sampling), running each once on all-padding steps (which

@@ -29,7 +29,9 @@ class Request:
     request is a *prefill* while `num_computed < num_prefill_tokens` (its prompt, or after a
     preemption every token it had) and a *decode* afterwards, when exactly one token (the last
     sampled one) is left to feed. `stop_ids` are the tokens that end it: its sampling params'
-    stop_token_ids and, unless they ignore EOS, the model's `eos_token_ids`.
+    stop_token_ids and, unless they ignore EOS, the model's `eos_token_ids`. `logprobs` holds, per
+    output token, {token id: log-probability} of the sampled and the top-k tokens when the
+    sampling params ask for them (else None).
     """
 
     request_id: str
@@ -49,12 +51,27 @@ class Request:
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    logprobs: list[dict[int, float]] | None = None
 
     def __post_init__(self) -> None:
         self.num_prefill_tokens = len(self.prompt_token_ids)
         params = self.sampling_params
         eos = () if params.ignore_eos else self.eos_token_ids
         self.stop_ids = tuple(dict.fromkeys((*params.stop_token_ids, *eos)))
+        if params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
+
+    def __repr__(self) -> str:
+        where = f", slot={self.state_slot}" if self.state_slot else ""
+        if self.block_ids:
+            where += f", blocks={_short_list(self.block_ids)}"
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, "
+            f"prompt={len(self.prompt_token_ids)}, "
+            f"output={len(self.output_token_ids)}/{self.sampling_params.max_tokens}, "
+            f"computed={self.num_computed}{where}"
+            f"{f', finish={self.finish_reason.value}' if self.finish_reason else ''})"
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -116,6 +133,8 @@ class RequestOutput:
       finish_reason: "stop", "length" or "abort".
       time_to_first_token / latency: seconds from arrival (None if no token was generated).
       num_preemptions: how often the request was preempted and recomputed.
+      logprobs: per generated token, {token id: log-probability} of the sampled token and the
+        top `SamplingParams.logprobs` tokens; None unless asked for.
     """
 
     request_id: str
@@ -126,6 +145,7 @@ class RequestOutput:
     latency: float
     num_preemptions: int = 0
     text: str | None = None
+    logprobs: list[dict[int, float]] | None = None
 
     @classmethod
     def of(cls, request: Request) -> RequestOutput:
@@ -139,4 +159,38 @@ class RequestOutput:
             time_to_first_token=None if first is None else first - request.arrival_time,
             latency=end - request.arrival_time,
             num_preemptions=request.num_preemptions,
+            logprobs=None if request.logprobs is None else list(request.logprobs),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamDelta:
+    """What one engine step added to one request (`Engine.stream`, `LLM.stream`).
+
+    Attributes:
+      request_id: the request's id.
+      token_ids: the tokens generated in this step.
+      text: the text they complete (None without a tokenizer). Text may lag its tokens: the bytes
+        of an unfinished character, and the tail that may still start a stop string, wait for
+        the next step; the texts of one request's deltas add up to its final text.
+      logprobs: {token id: log-probability} per new token, when the request asked for them.
+      finished: whether the request finished in this step.
+      output: the finished request's `RequestOutput` (None while it runs).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    text: str | None
+    logprobs: list[dict[int, float]] | None
+    finished: bool
+    output: RequestOutput | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.output is None else self.output.finish_reason
+
+
+def _short_list(ids: list[int], limit: int = 6) -> str:
+    if len(ids) <= limit:
+        return str(ids)
+    return f"[{', '.join(map(str, ids[: limit - 1]))}, ... {ids[-1]}] ({len(ids)})"

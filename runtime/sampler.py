@@ -1,5 +1,6 @@
 """Token sampling on device, inside the jitted step: greedy, temperature, top-k, top-p, seeds,
-and masking of the stop tokens of rows short of their `min_tokens`.
+and masking of the stop tokens of rows short of their `min_tokens`; and, when a step asks for
+them, log-probabilities (`logprobs`).
 
 Each row draws with its own key `fold_in(key(seed), counter)` where `counter` is the index of the
 token being generated, so a request's random stream depends on nothing else in the batch. Sampling
@@ -13,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from runtime.sampling_inputs import SamplingInputs, SamplingMode
+from runtime.sampling_inputs import SamplingInputs, SamplingMode, TokenLogprobs
 
 
 def sample(logits: jax.Array, params: SamplingInputs, mode: SamplingMode) -> jax.Array:
@@ -42,6 +43,15 @@ def sample(logits: jax.Array, params: SamplingInputs, mode: SamplingMode) -> jax
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
     sampled = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
     return jnp.where(is_greedy, greedy, sampled)
+
+
+def logprobs(logits: jax.Array, tokens: jax.Array, width: int) -> TokenLogprobs:
+    """Log-probabilities of the model's raw next-token distribution (log-softmax of `logits`,
+    before temperature, filtering and masking): of `tokens` [N] and of each row's top `width`."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    sampled = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
+    top_logprobs, top_ids = jax.lax.top_k(log_probs, min(width, logits.shape[-1]))
+    return TokenLogprobs(sampled, top_ids.astype(jnp.int32), top_logprobs)
 
 
 def _mask(logits: jax.Array, masked_ids: jax.Array, num_masked: jax.Array) -> jax.Array:

@@ -1,4 +1,4 @@
-"""`SamplingInputs` and `SamplingMode`: the sampler's contract, built on the host (no jax).
+"""`SamplingInputs`, `SamplingMode`, `TokenLogprobs`: the sampler's contract (no jax).
 
 The builder fills one `SamplingInputs` row per logits row of a step; the sampler (inside the jitted
 step) reads them. `SamplingMode` is what the sampler must compute this step, decided on the host
@@ -40,6 +40,21 @@ class SamplingInputs(NamedTuple):
     num_masked: np.ndarray
 
 
+class TokenLogprobs(NamedTuple):
+    """Log-probabilities of one step's rows, the sampler's optional output (a pytree: device
+    arrays in the step, numpy on the host).
+
+    Attributes:
+      sampled: [N] float32, log-probability of each row's sampled token.
+      top_ids: [N, K] int32, the row's K most likely tokens, most likely first.
+      top_logprobs: [N, K] float32, their log-probabilities.
+    """
+
+    sampled: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingMode:
     """What one step's sampler computes (static per compiled variant).
@@ -49,20 +64,31 @@ class SamplingMode:
         numbers are drawn.
       filtered: some sampled row has top_k > 0 or top_p < 1, so the sort for top-k/top-p runs.
       mask_width: M, the columns of `masked_ids`; 0 when no row masks a token.
+      logprobs: some row asks for log-probabilities: the step also returns every row's sampled
+        token's log-probability and its `top_logprobs` most likely tokens. Off, the step's outputs
+        are the tokens alone.
+      top_logprobs: K, the top log-probability columns (a power of two >= the largest k asked,
+        or 0); rows keep their own first k.
     """
 
     sampled: bool = False
     filtered: bool = False
     mask_width: int = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    NUM_FIELDS = 5
 
     def as_array(self) -> np.ndarray:
-        """[3] int32: data-parallel ranks agree on one mode by the elementwise max (a mode that
-        computes more than a row needs gives that row the same token)."""
-        return np.array([self.sampled, self.filtered, self.mask_width], np.int32)
+        """[NUM_FIELDS] int32: data-parallel ranks agree on one mode by the elementwise max (a mode
+        that computes more than a row needs gives that row the same token)."""
+        return np.array([self.sampled, self.filtered, self.mask_width, self.logprobs,
+                         self.top_logprobs], np.int32)  # fmt: skip
 
     @classmethod
     def from_array(cls, values: np.ndarray) -> SamplingMode:
-        return cls(bool(values[0]), bool(values[1]), int(values[2]))
+        return cls(bool(values[0]), bool(values[1]), int(values[2]), bool(values[3]),
+                   int(values[4]))  # fmt: skip
 
     @classmethod
     def of_requests(cls, requests) -> SamplingMode:
@@ -72,11 +98,14 @@ class SamplingMode:
         sampled = [p for p in params if p.temperature > 0.0]
         filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
         width = mask_width(max((len(r.masked_token_ids) for r in requests), default=0))
-        return cls(bool(sampled), filtered, width)
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+        top = top_logprobs_width(max(asked, default=0))
+        return cls(bool(sampled), filtered, width, bool(asked), top)
 
     @classmethod
     def of(cls, inputs: SamplingInputs) -> SamplingMode:
-        """The mode a step with these rows needs."""
+        """The mode a step with these rows needs, logprobs aside (the rows do not carry them:
+        `of_requests` does, and `runtime.builder.with_mode` widens a batch's mode to it)."""
         sampled_rows = inputs.temperature > 0.0
         filtering_rows = sampled_rows & ((inputs.top_k > 0) | (inputs.top_p < 1.0))
         return cls(bool(sampled_rows.any()), bool(filtering_rows.any()), inputs.masked_ids.shape[1])
@@ -88,5 +117,14 @@ def mask_width(num_masked: int) -> int:
         return 0
     width = MIN_MASK_WIDTH
     while width < num_masked:
+        width *= 2
+    return width
+
+
+def top_logprobs_width(k: int) -> int:
+    """Top log-probability columns for a step whose largest `logprobs` is k (0 if 0): a power of
+    two, so that the k asked do not each compile a variant."""
+    width = 0 if k == 0 else 1
+    while width < k:
         width *= 2
     return width

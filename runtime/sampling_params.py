@@ -6,6 +6,8 @@ import dataclasses
 
 from runtime import checks
 
+MAX_LOGPROBS = 20  # most alternatives `logprobs=k` may ask for per token
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -13,8 +15,9 @@ class SamplingParams:
 
     A request stops at the first of: a stop token (finish reason "stop": one of `stop_token_ids`
     or, unless `ignore_eos`, an EOS id of the model's config.json / generation_config.json; the
-    stop token is kept in the output), `max_tokens` generated tokens, or prompt + output reaching
-    the engine's `max_model_len` (both finish reason "length"). Prompt + output never exceeds
+    stop token is kept in the output), a stop string in the output text (finish reason "stop"),
+    `max_tokens` generated tokens, or prompt + output reaching the engine's `max_model_len` (both
+    finish reason "length"). Prompt + output never exceeds
     max_model_len: when max_tokens asks for more than the room left, the request ends early with
     "length"; a prompt of max_model_len tokens or more has no room and is refused (ValueError).
 
@@ -29,6 +32,13 @@ class SamplingParams:
         one from the engine's seed and the request's arrival order.
       stop_token_ids: stop after generating any of these tokens.
       ignore_eos: do not stop at the model's EOS ids (stop_token_ids still stop).
+      stop: stop strings (one str or several; needs a tokenizer). The output text is cut before
+        the first one found and the finish reason is "stop"; the token ids keep every generated
+        token, the one that completed the stop string included (vLLM's semantics).
+      logprobs: None for none; k (0 to MAX_LOGPROBS) returns, for every generated token, the
+        log-probability of the sampled token and of the k most likely tokens, computed on the
+        device from the model's raw next-token distribution (log-softmax of the logits before
+        temperature, top-k/top-p and min_tokens masking).
     """
 
     temperature: float = 0.0
@@ -39,6 +49,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         max_tokens = checks.integer("max_tokens", self.max_tokens, low=1)
@@ -52,6 +64,9 @@ class SamplingParams:
                                                                   high=2**32 - 1),
             "stop_token_ids": tuple(checks.token_ids("stop_token_ids", self.stop_token_ids)),
             "ignore_eos": checks.flag("ignore_eos", self.ignore_eos),
+            "stop": checks.strings("stop", self.stop),
+            "logprobs": None if self.logprobs is None else checks.integer(
+                "logprobs", self.logprobs, low=0, high=MAX_LOGPROBS),
         }  # fmt: skip
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised: numpy scalars become Python's

@@ -10,6 +10,10 @@ import jax
 jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_enable_x64", False)
 
+# LLM turns on a persistent compilation cache in the user's cache directory; tests stay hermetic
+# (JAX_CACHE_DIR below is CI's own cache, inside the checkout).
+os.environ.setdefault("JMAMBA_COMPILE_CACHE", "off")
+
 if os.environ.get("JAX_CACHE_DIR"):
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_CACHE_DIR"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

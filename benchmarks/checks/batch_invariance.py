@@ -1,4 +1,4 @@
-"""A request's output does not depend on its batch (DESIGN.md section 5.8, issue 8 section 2).
+"""A request's output does not depend on its batch (docs/architecture.md 5.8, issue 8 section 2).
 
 For each fixture model (fp32): N prompts of varied lengths (1, chunk - 1, chunk, chunk + 1,
 2 chunk + 2 and random ones up to 150 tokens) are prefilled together in one engine step, then each

@@ -1,4 +1,4 @@
-"""Every Pallas kernel against its plain-jnp reference on a grid of odd shapes (DESIGN section 7).
+"""Every Pallas kernel against its plain-jnp reference on odd shapes (architecture.md section 7).
 
 Each grid point is ONE call with many rows of different lengths (compiles dominate on the GPU):
 lengths 1, chunk - 1, chunk, chunk + 1, 2 chunk + 2 and several chunks plus a remainder; rows that

@@ -1,4 +1,4 @@
-"""A row's outputs and states do not depend on the rest of its batch (DESIGN.md section 5.8).
+"""A row's outputs and states do not depend on the rest of its batch (architecture.md 5.8).
 
 For every stateful kernel (interpret mode): one row run inside a batch (at another row index and
 token offset, beside rows of other lengths, padding rows and padding tokens, a larger padded

@@ -1,4 +1,4 @@
-"""The NULL-slot contract, one test for every stateful op (DESIGN.md section 5, invariant 3).
+"""The NULL-slot contract, one test for every stateful op (architecture.md 5, invariant 3).
 
 Slot 0 of the state pool is poisoned with NaN. Then, for the kernel (interpret) and the reference:
 (a) live outputs equal those of an unpoisoned run, (b) every non-zero slot equals the unpoisoned

@@ -1,4 +1,4 @@
-"""Device gathers are safe without `validate()` (DESIGN.md section 5).
+"""Device gathers are safe without `validate()` (docs/architecture.md section 5).
 
 On the device an out-of-range gather is clamped to the last (live) row and -1 wraps to it. So every
 slot, block and kv-slot index is range-checked where it is used: an id outside the pool reads the

@@ -2,7 +2,7 @@
 
 Every engine built from `make_engine` shares its family's runner (fixed bucket tables, so at most
 three step variants compile per family) and therefore its caches: each test starts on pools full of
-an earlier test's states, which is what DESIGN.md section 5 invariant 4 must make harmless.
+an earlier test's states, which docs/architecture.md section 5 invariant 4 must make harmless.
 """
 
 from __future__ import annotations

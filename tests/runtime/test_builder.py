@@ -91,7 +91,7 @@ def corrupt(inputs: StepInputs, path: str, index, value) -> StepInputs:
     ],
 )
 def test_validate_catches_planted_bug(path, index, value, message):
-    """Each planted violation of DESIGN.md section 5 raises a ValueError naming it."""
+    """Each planted violation of docs/architecture.md section 5 raises a ValueError naming it."""
     _, _, batch = mixed_batch()
     with pytest.raises(ValueError, match=message):
         validate(corrupt(batch.inputs, path, index, value))

@@ -32,7 +32,10 @@ def test_generate_text_prompts_from_checkpoint_dir(tmp_path, capsys):
                  "w7", "--max-tokens", "4", "--max-num-seqs", "2"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count("length:") == 2 and "compiled step variants" in out
+    assert out.count("finish reason: length") == 2 and "[0] prompt: 'w1 w2 w3'" in out
+    assert "[1] output: '" in out and "4 tokens" in out
+    assert "model: " in out and "(Mamba2ForCausalLM" in out and "tokenizer.json" in out
+    assert "compile" in out and "step variants" in out and "tokens/s" in out
 
 
 def test_generate_with_a_real_chunk_size_uses_a_derived_budget(tmp_path, capsys):
@@ -45,7 +48,28 @@ def test_generate_with_a_real_chunk_size_uses_a_derived_budget(tmp_path, capsys)
                  "2", "--ignore-eos"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "length: [" in out
+    assert "[0] output: [" in out and "finish reason: length" in out and "no tokenizer" in out
+
+
+def test_default_run_is_the_trained_preset_on_text(capsys):
+    """No arguments but a short length: the trained preset, the text prompt 'def ', and every
+    labelled part of the report."""
+    assert main(["generate", "--max-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "[0] prompt: 'def '" in out and "[0] output: '" in out
+    assert "6 tokens, finish reason: length, time to first token: " in out
+    assert "model: tiny-stdlib (NemotronHForCausalLM" in out
+    for part in ("time: import", "load", "compile", "run", "speed: 6 tokens generated"):
+        assert part in out
+
+
+def test_help_shows_defaults_and_presets(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: tiny-stdlib)" in out and "(default: auto)" in out
+    for preset in ("tiny-mamba2", "tiny-nemotron_h", "tiny-qwen3_next", "tiny-stdlib"):
+        assert preset in out.replace("tiny- ", "tiny-")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""DESIGN.md section 3: the runtime's host modules import no jax, flax or Pallas kernels."""
+"""docs/architecture.md section 3: the runtime's host modules import no jax, flax or Pallas
+kernels."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ HOST_MODULES = (
     "runtime.sampling_inputs",
     "runtime.config",
     "runtime.checks",
+    "runtime.detokenizer",
+    "runtime.outputs",
+    "runtime.step_record",
+    "runtime.describe",
+    "runtime.compile_cache",
     "jmamba.step_inputs",
+    "jmamba.prefill",
+    "jmamba.describe",
     "jmamba.invariants",
     "jmamba.config",
     "jmamba.families",

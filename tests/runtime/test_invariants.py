@@ -1,4 +1,4 @@
-"""DESIGN.md section 5 on the running engine: dummy steps, poisoned NULL entries, aborts.
+"""docs/architecture.md section 5 on the running engine: dummy steps, poisoned NULL entries, aborts.
 
 Bad input (one test per class) is in test_bad_input.py.
 """

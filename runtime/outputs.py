@@ -1,0 +1,85 @@
+"""`OutputProcessor`: what a step's tokens become beyond the tokens: logprobs, text, stop strings
+and stream deltas (no jax).
+
+The engine calls it only when a step needs it (a request asked for logprobs, the engine has a
+tokenizer, or `Engine.stream` is running), so the plain token path costs what it did before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.detokenizer import RequestText
+from runtime.request import Request
+from runtime.sampling_inputs import TokenLogprobs
+from runtime.scheduler import Schedule, ScheduledRequest
+
+Sampled = list[tuple[int, ScheduledRequest]]  # (logits row, item) of the items given a token
+
+
+def sampled_items(schedule: Schedule) -> Sampled:
+    """The items of `schedule` that get a token this step, with their logits row. Call it before
+    `Scheduler.postprocess`: an item gets a token when its chunk reaches the end of the request's
+    known tokens."""
+    return [(row, item) for row, item in enumerate(schedule.items)
+            if item.start + item.num_tokens >= item.request.num_tokens]  # fmt: skip
+
+
+class OutputProcessor:
+    """Per-request text (with a tokenizer) and how much of each request was streamed."""
+
+    def __init__(self, tokenizer: Any = None) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[str, RequestText] = {}
+        self._streamed: dict[str, int] = {}
+
+    @property
+    def has_text(self) -> bool:
+        """Whether some live request has text to decode."""
+        return bool(self._texts)
+
+    def add(self, request: Request) -> None:
+        self._streamed[request.request_id] = 0
+        if self.tokenizer is not None:
+            stop = request.sampling_params.stop
+            self._texts[request.request_id] = RequestText(self.tokenizer, stop)
+
+    def process(self, sampled: Sampled, logprobs: TokenLogprobs | None) -> list[Request]:
+        """Append this step's logprobs to the requests that asked for them; decode the text of
+        requests with stop strings. Returns the requests whose text now holds a stop string."""
+        stopped = []
+        for row, item in sampled:
+            request = item.request
+            if logprobs is not None and request.logprobs is not None:
+                request.logprobs.append(_token_logprobs(logprobs, row, request))
+            text = self._texts.get(request.request_id)
+            if text is not None and text.stop and text.update(request.output_token_ids):
+                stopped.append(request)
+        return stopped
+
+    def new_part(self, request: Request, finished: bool) -> tuple:
+        """(id, new token ids, new text or None, new logprobs or None) since the last call."""
+        rid, outputs = request.request_id, request.output_token_ids
+        seen, self._streamed[rid] = self._streamed[rid], len(outputs)
+        text = self._texts.get(rid)
+        new_text = None
+        if text is not None:
+            text.update(outputs)
+            new_text = text.take(outputs, finished)
+        logprobs = None if request.logprobs is None else request.logprobs[seen:]
+        return rid, outputs[seen:], new_text, logprobs
+
+    def release(self, request: Request) -> str | None:
+        """Forget a finished request; returns its final text (None without a tokenizer)."""
+        self._streamed.pop(request.request_id, None)
+        text = self._texts.pop(request.request_id, None)
+        return None if text is None else text.text(request.output_token_ids)
+
+
+def _token_logprobs(logprobs: TokenLogprobs, row: int, request: Request) -> dict[int, float]:
+    """{token: log-probability} of the request's newest token, then its top k alternatives."""
+    entry = {request.output_token_ids[-1]: float(logprobs.sampled[row])}
+    for column in range(request.sampling_params.logprobs):
+        entry.setdefault(int(logprobs.top_ids[row, column]),
+                         float(logprobs.top_logprobs[row, column]))  # fmt: skip
+    return entry

@@ -1,0 +1,71 @@
+"""The README's path for a downloaded checkpoint directory, on the transformers fixtures of every
+supported architecture: `LLM(directory)` and `jmamba generate --model directory` load it, the
+first greedy token is the argmax of transformers' logits, and dtype "auto" follows the weights."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from jmamba import checkpoint_dtype
+from runtime.cli import main
+from runtime.llm import LLM
+from runtime.sampling_params import SamplingParams
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+ARCHITECTURES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+PROMPT_LEN = 19
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_checkpoint_directory_generates_transformers_greedy_token(name):
+    expected = np.load(FIXTURES / name / "expected.npz")
+    prompt = expected["seq_a"][:PROMPT_LEN].tolist()
+    llm = LLM(str(FIXTURES / name), max_num_seqs=2, max_model_len=64)
+    assert llm.model.dtype == jnp.float32 and llm.tokenizer is None  # fixtures: fp32, no tokenizer
+    (output,) = llm.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True),
+                             use_tqdm=False)  # fmt: skip
+    assert output.token_ids == [int(np.argmax(expected["logits_full_a"][PROMPT_LEN - 1]))]
+
+
+def bf16_copy(tmp_path: Path, name: str) -> Path:
+    """The fixture with every tensor stored as bfloat16, as many downloaded checkpoints are."""
+    target = tmp_path / name
+    shutil.copytree(FIXTURES / name, target, ignore=shutil.ignore_patterns("expected.npz"))
+    tensors = load_file(target / "model.safetensors")
+    save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()},
+              target / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    return target
+
+
+def test_auto_dtype_is_the_checkpoints(tmp_path):
+    bf16 = bf16_copy(tmp_path, "nemotron_h")
+    assert checkpoint_dtype(FIXTURES / "nemotron_h") == "float32"
+    assert checkpoint_dtype(bf16) == "bfloat16"
+    llm = LLM(str(bf16), max_num_seqs=1, max_model_len=32)
+    assert llm.model.dtype == jnp.bfloat16
+    assert LLM(str(bf16), dtype="float32", max_num_seqs=1, max_model_len=32).model.dtype == (
+        jnp.float32
+    )
+    (output,) = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert len(output.token_ids) >= 1
+
+
+def test_cli_dtype_and_a_random_preset_in_bfloat16(capsys):
+    code = main(["generate", "--model", "tiny-mamba2", "--dtype", "bfloat16", "--prompt", "ab",
+                 "--max-tokens", "2", "--max-model-len", "32"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "model: tiny-mamba2 (Mamba2ForCausalLM" in out and "bfloat16" in out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "fp32", 3])
+def test_unsupported_dtypes_are_named(dtype):
+    with pytest.raises(ValueError, match=f"dtype={dtype!r} must be one of"):
+        LLM("tiny-mamba2", dtype=dtype)

@@ -8,6 +8,11 @@ import math
 from runtime import checks
 
 DEFAULT_MIN_TOKEN_BUDGET = 256  # the smallest derived token budget (the tiny presets get this)
+PREFIX_CACHING_MODES = ("off", "align", "all")
+# The mode a config that names none gets, where it can cache (`EngineConfig.resolved`): "all" hits
+# where "align" cannot (a shared prefix that ends inside a chunk, a chat's previous answer); the
+# measured hit rates are in tests/runtime/test_prefix_hit_rates.py and README.
+DEFAULT_PREFIX_CACHING = "all"
 
 
 def powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
@@ -23,6 +28,8 @@ def min_token_budget(chunk_size: int, max_num_seqs: int) -> int:
 
     A step holds at most max_num_seqs rows; when one of them is a prefill, at most
     max_num_seqs - 1 decode lanes run beside it. The scheduler's fairness bound rests on this.
+    `chunk_size` is the scheduler's alignment: the model's chunk size, or the state block size
+    when prefix caching aligns chunks to it ("align").
     """
     return chunk_size + max_num_seqs - 1
 
@@ -47,8 +54,10 @@ class EngineConfig:
       block_size: tokens per attention KV block.
       num_blocks: KV blocks per attention layer, block 0 (NULL) included; None sizes the pool so
         that every request can reach max_model_len.
-      num_slots: recurrent-state slots per recurrent layer, slot 0 (NULL) included; None gives
-        max_num_seqs + 1.
+      num_slots: recurrent-state slots per recurrent layer, slot 0 (NULL) included: one per
+        running request plus the prefix cache's `max_cached_states`, so at least
+        max_num_seqs + 1 + max_cached_states; None gives exactly that (max_num_seqs + 1 without
+        prefix caching), derived by `resolved`.
       decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
         sections; None picks powers of two up to the budgets.
       data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
@@ -56,6 +65,18 @@ class EngineConfig:
         its own KV blocks and state slots (each with its own NULL block and slot 0).
       seed: seeds the sampling of requests that set no seed of their own.
       validate_inputs: check every step's `StepInputs` against DESIGN.md section 5 (debug, tests).
+      prefix_caching: "off", "align" or "all" (runtime/prefix_cache.py). "align": prefill chunks
+        end on state_block_size boundaries and the state at each such chunk end is cached;
+        "all": the state at every boundary a prefill chunk or a decode step crosses is cached.
+        Both cache full KV blocks. None: DEFAULT_PREFIX_CACHING where the config can cache
+        (a state slot to spare, a state block shorter than max_model_len - 1), else "off"; a
+        mode named explicitly that cannot work raises a ValueError saying why.
+      state_block_size: tokens per cached recurrent state (a multiple of block_size and of the
+        model's chunk size); None: their least common multiple, the finest possible. Per rank.
+      max_cached_states: state slots the prefix cache may hold per rank (published and being
+        written), apart from the running requests' slots; None: what an explicit num_slots
+        leaves beside max_num_seqs + 1, else max_num_seqs (so num_slots defaults to
+        2 * max_num_seqs + 1 with prefix caching: one cached state per running request).
     """
 
     max_num_seqs: int = 8
@@ -70,6 +91,9 @@ class EngineConfig:
     data_parallel_size: int = 1
     seed: int = 0
     validate_inputs: bool = False
+    prefix_caching: str | None = None
+    state_block_size: int | None = None
+    max_cached_states: int | None = None
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -89,8 +113,9 @@ class EngineConfig:
                 f"request of max_model_len={self.max_model_len} needs "
                 f"{self.max_blocks_per_seq} blocks of block_size={self.block_size} + NULL"
             )
-        slots = self.num_slots if self.num_slots is not None else self.max_num_seqs + 1
-        object.__setattr__(self, "num_slots", checks.integer("num_slots", slots, low=2))
+        if self.num_slots is not None:
+            checks.integer("num_slots", self.num_slots, low=2)
+        self._check_prefix_caching()
         seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
         self._set_buckets("decode_row_buckets", powers_of_two_up_to(seqs), seqs)
         self._set_buckets("prefill_row_buckets", powers_of_two_up_to(seqs), seqs)
@@ -98,11 +123,86 @@ class EngineConfig:
             self._set_buckets("prefill_token_buckets", powers_of_two_up_to(tokens, 8), tokens)
 
     def resolved(self, chunk_size: int) -> EngineConfig:
-        """This config with the token budget derived from the model's chunk size if it is None."""
-        if self.max_num_batched_tokens is not None:
-            return self
-        budget = default_token_budget(chunk_size, self.max_num_seqs)
-        return dataclasses.replace(self, max_num_batched_tokens=budget)
+        """This config with every None derived for a model of `chunk_size`: the prefix caching
+        mode, state_block_size, max_cached_states, num_slots and the token budget (a config
+        resolved once resolves to itself).
+
+        Raises ValueError when state_block_size is not a multiple of `chunk_size`, or when an
+        explicitly named prefix caching mode cannot work with this config (never a silent
+        downgrade).
+        """
+        sbs = self.state_block_size or math.lcm(chunk_size, self.block_size)
+        if sbs % chunk_size:
+            raise ValueError(
+                f"state_block_size={sbs} must be a multiple of the model's chunk_size="
+                f"{chunk_size} (and of block_size={self.block_size})"
+            )
+        seqs, cached = self.max_num_seqs, self._cached_states_if_caching()
+        problem = self._why_caching_cannot_work(sbs, cached)
+        mode = self.prefix_caching
+        if mode is None:
+            mode = "off" if problem else DEFAULT_PREFIX_CACHING
+        elif mode != "off" and problem:
+            raise ValueError(f"prefix_caching={mode!r} cannot work: {problem}")
+        cached = 0 if mode == "off" else cached
+        slots = self.num_slots if self.num_slots is not None else seqs + 1 + cached
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = default_token_budget(sbs if mode == "align" else chunk_size, seqs)
+        return dataclasses.replace(self, prefix_caching=mode, state_block_size=sbs,
+                                   max_cached_states=cached, num_slots=slots,
+                                   max_num_batched_tokens=budget)  # fmt: skip
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether prefix caching is on (a resolved config's mode is not "off")."""
+        return self.prefix_caching not in (None, "off")
+
+    @property
+    def boundary_block_size(self) -> int:
+        """The block size of the prefill rows' boundary slots: state_block_size when prefix
+        caching is on, 0 (no boundary slots) when it is off."""
+        return self.state_block_size if self.caches_prefixes else 0
+
+    def prefill_alignment(self, chunk_size: int) -> int:
+        """Where prefill chunks may end (besides the end of a prompt): multiples of the model's
+        chunk size, or of state_block_size in "align" mode."""
+        return self.state_block_size if self.prefix_caching == "align" else chunk_size
+
+    def _check_prefix_caching(self) -> None:
+        mode = self.prefix_caching
+        if mode is not None and mode not in PREFIX_CACHING_MODES:
+            raise ValueError(f"prefix_caching={mode!r} must be one of {PREFIX_CACHING_MODES}")
+        if self.state_block_size is not None:
+            sbs = checks.integer("state_block_size", self.state_block_size, low=1)
+            if sbs % self.block_size:
+                raise ValueError(
+                    f"state_block_size={sbs} must be a multiple of block_size={self.block_size}"
+                )
+        if self.max_cached_states is not None:
+            checks.integer("max_cached_states", self.max_cached_states, low=0)
+
+    def _cached_states_if_caching(self) -> int:
+        """max_cached_states, else what an explicit num_slots leaves, else max_num_seqs."""
+        if self.max_cached_states is not None:
+            return self.max_cached_states
+        if self.num_slots is not None:
+            return max(self.num_slots - 1 - self.max_num_seqs, 0)
+        return self.max_num_seqs
+
+    def _why_caching_cannot_work(self, sbs: int, cached: int) -> str | None:
+        seqs = self.max_num_seqs
+        if cached < 1:
+            return (f"max_cached_states={cached} leaves no state slot to cache in (num_slots="
+                    f"{self.num_slots} holds only the max_num_seqs={seqs} running requests' "
+                    "slots + NULL)")  # fmt: skip
+        if self.num_slots is not None and self.num_slots < seqs + 1 + cached:
+            return (f"num_slots={self.num_slots} must be >= max_num_seqs + 1 + max_cached_states "
+                    f"= {seqs + 1 + cached}")  # fmt: skip
+        if sbs > self.max_model_len - 2:
+            return (f"state_block_size={sbs} > max_model_len - 2 = {self.max_model_len - 2}: a "
+                    "hit leaves the last prompt token to compute, so none could hit")  # fmt: skip
+        return None
 
     def _set_buckets(self, name: str, default: tuple[int, ...], needed: int) -> None:
         buckets = getattr(self, name)

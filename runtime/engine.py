@@ -22,6 +22,7 @@ from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.model_runner import ModelRunner
+from runtime.prefix_cache import PrefixCacheStats
 from runtime.request import Request, RequestOutput
 from runtime.router import LeastOutstandingWork, Router
 from runtime.sampling_inputs import SamplingMode
@@ -31,11 +32,14 @@ from runtime.scheduler import Schedule, Scheduler
 
 @dataclasses.dataclass
 class RankStats:
-    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed."""
+    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed,
+    and the counters of its prefix cache (lookups, hits, tokens skipped, evictions; None when
+    prefix caching is off)."""
 
     num_live_steps: int = 0
     num_idle_steps: int = 0
     num_tokens: int = 0
+    prefix_cache: PrefixCacheStats | None = None
 
 
 @dataclasses.dataclass
@@ -52,9 +56,10 @@ class Engine:
     """Serve requests on a data-parallel mesh of one or more devices: `add_request`, `step`,
     `abort`.
 
-    Each rank driven by this process has its own `Scheduler` (and pools); a `Router` places each
-    new request on one of them. Every step every rank runs, in one bucket: the elementwise max of
-    what the ranks' schedules need; a rank with nothing scheduled runs an all-padding step.
+    Each rank driven by this process has its own `Scheduler` (and pools, and prefix cache); a
+    `Router` places each new request on one of them. Every step every rank runs, in one bucket: the
+    elementwise max of what the ranks' schedules need; a rank with nothing scheduled runs an
+    all-padding step.
     """
 
     def __init__(
@@ -84,7 +89,10 @@ class Engine:
         ]
         self.router = router or LeastOutstandingWork()
         self.buckets = BucketPolicy(self.config)
-        self.stats = StepStats(ranks=[RankStats() for _ in self.ranks])
+        self.stats = StepStats(ranks=[
+            RankStats(prefix_cache=s.prefix_cache.stats if s.prefix_cache else None)
+            for s in self.schedulers
+        ])  # fmt: skip
         self.last_bucket: Bucket | None = None
         self.last_schedules: list[Schedule] = []
         self.last_batches: list[StepBatch] = []
@@ -169,7 +177,10 @@ class Engine:
         if agreed is None:
             return []
         bucket, mode = agreed
-        batches = [with_mode(self._build(schedule, bucket), mode) for schedule in schedules]
+        batches = [
+            with_mode(self._build(scheduler, schedule, bucket), mode)
+            for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
+        ]
         tokens = self._run(bucket, batches)
         finished = []
         for scheduler, schedule, sampled in zip(self.schedulers, schedules, tokens, strict=True):
@@ -204,20 +215,23 @@ class Engine:
     def _mode_of(schedule: Schedule) -> np.ndarray:
         return SamplingMode.of_requests([item.request for item in schedule.items]).as_array()
 
-    def _build(self, schedule: Schedule, bucket: Bucket) -> StepBatch:
-        max_blocks = self.config.max_blocks_per_seq
+    def _build(self, scheduler: Scheduler, schedule: Schedule, bucket: Bucket) -> StepBatch:
+        max_blocks, boundary = self.config.max_blocks_per_seq, self.config.boundary_block_size
         if schedule.is_empty:  # an idle rank: the all-padding dummy step
-            batch = build_dummy(bucket, max_blocks=max_blocks)
+            batch = build_dummy(bucket, max_blocks=max_blocks, state_block_size=boundary)
         else:
             batch = build_step(schedule, bucket, block_size=self.config.block_size,
-                               max_blocks=max_blocks)  # fmt: skip
+                               max_blocks=max_blocks, state_block_size=boundary)  # fmt: skip
         if self.config.validate_inputs:
+            cache = scheduler.prefix_cache
             batch.inputs.validate(
                 block_size=self.config.block_size,
                 chunk_size=self.model_config.chunk_size,
                 num_blocks=self.config.num_blocks,
                 num_slots=self.config.num_slots,
                 vocab_size=self.model_config.vocab_size,
+                published_slots=None if cache is None else cache.published_slots,
+                published_blocks=None if cache is None else cache.published_blocks,
             )
         return batch
 
@@ -276,7 +290,8 @@ class Engine:
 
 def _check_same_shapes(runner_config: EngineConfig, config: EngineConfig) -> None:
     for name in ("num_blocks", "num_slots", "block_size", "max_model_len", "decode_row_buckets",
-                 "prefill_token_buckets", "prefill_row_buckets", "data_parallel_size"):  # fmt: skip
+                 "prefill_token_buckets", "prefill_row_buckets", "data_parallel_size",
+                 "boundary_block_size"):  # fmt: skip
         theirs, ours = getattr(runner_config, name), getattr(config, name)
         if theirs != ours:
             raise ValueError(f"{name}={ours} differs from the shared runner's {theirs}")

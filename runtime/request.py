@@ -30,6 +30,12 @@ class Request:
     preemption every token it had) and a *decode* afterwards, when exactly one token (the last
     sampled one) is left to feed. `stop_ids` are the tokens that end it: its sampling params'
     stop_token_ids and, unless they ignore EOS, the model's `eos_token_ids`.
+
+    Prefix caching: `read_slot` is a cached state slot the request's next step reads instead of
+    its own `state_slot` (after a hit, or after a decode step wrote a boundary state to a cache
+    slot); the request holds a reference on it until that step has run. `num_cached_blocks`
+    counts its leading KV blocks already in the cache. `block_digests` memoises the chained
+    digests of its full blocks: a function of its token ids alone, so it survives preemption.
     """
 
     request_id: str
@@ -45,6 +51,9 @@ class Request:
     num_prefill_tokens: int = 0
     block_ids: list[int] = dataclasses.field(default_factory=list)
     state_slot: int = 0
+    read_slot: int = 0
+    num_cached_blocks: int = 0
+    block_digests: list[bytes] = dataclasses.field(default_factory=list, repr=False)
     num_preemptions: int = 0
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -100,7 +109,7 @@ class Request:
         self.num_computed = 0
         self.num_prefill_tokens = self.num_tokens
         self.block_ids = []
-        self.state_slot = 0
+        self.state_slot = self.read_slot = self.num_cached_blocks = 0
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
 

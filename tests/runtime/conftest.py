@@ -41,6 +41,7 @@ def base_config(family: str) -> EngineConfig:
         prefill_token_buckets=(budget,),
         prefill_row_buckets=(4,),
         validate_inputs=True,
+        prefix_caching="off",  # test_prefix_caching.py has runners of its own
     )
 
 

@@ -13,6 +13,9 @@ PREFIX_CACHING_MODES = ("off", "align", "all")
 # where "align" cannot (a shared prefix that ends inside a chunk, a chat's previous answer); the
 # measured hit rates are in tests/runtime/test_prefix_hit_rates.py and README.
 DEFAULT_PREFIX_CACHING = "all"
+# The smallest derived state budget: "all" writes a state per state block of every prompt, and a
+# request's own deeper states would push a shared one out of a budget of one or two.
+DEFAULT_MIN_CACHED_STATES = 16
 
 
 def powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
@@ -75,8 +78,8 @@ class EngineConfig:
         model's chunk size); None: their least common multiple, the finest possible. Per rank.
       max_cached_states: state slots the prefix cache may hold per rank (published and being
         written), apart from the running requests' slots; None: what an explicit num_slots
-        leaves beside max_num_seqs + 1, else max_num_seqs (so num_slots defaults to
-        2 * max_num_seqs + 1 with prefix caching: one cached state per running request).
+        leaves beside max_num_seqs + 1, else max(max_num_seqs, 16) (so num_slots defaults to
+        max_num_seqs + 1 + that: a cached state per running request, at least 16).
     """
 
     max_num_seqs: int = 8
@@ -183,12 +186,12 @@ class EngineConfig:
             checks.integer("max_cached_states", self.max_cached_states, low=0)
 
     def _cached_states_if_caching(self) -> int:
-        """max_cached_states, else what an explicit num_slots leaves, else max_num_seqs."""
+        """max_cached_states, else what an explicit num_slots leaves, else the default."""
         if self.max_cached_states is not None:
             return self.max_cached_states
         if self.num_slots is not None:
             return max(self.num_slots - 1 - self.max_num_seqs, 0)
-        return self.max_num_seqs
+        return max(self.max_num_seqs, DEFAULT_MIN_CACHED_STATES)
 
     def _why_caching_cannot_work(self, sbs: int, cached: int) -> str | None:
         seqs = self.max_num_seqs

@@ -195,7 +195,12 @@ class PrefixCache:
 
     def publish_blocks(self, request: Request) -> None:
         """Publish the request's blocks that its computed tokens have filled since the last call
-        (`request.num_cached_blocks` counts the leading blocks already offered)."""
+        (`request.num_cached_blocks` counts the leading blocks already offered).
+
+        Its whole cached prefix then becomes most recently used, deepest block first: within a
+        prefix, deeper blocks are always older, so eviction never cuts a prefix in the middle
+        (a block is useless without every block before it).
+        """
         full = request.num_computed // self.block_size
         if not self.uses_blocks or full <= request.num_cached_blocks:
             return
@@ -207,6 +212,9 @@ class PrefixCache:
                 self._blocks[digests[i]] = block
                 self.stats.blocks_published += 1
         request.num_cached_blocks = full
+        for digest in reversed(digests):
+            if digest in self._blocks:
+                self._blocks.move_to_end(digest)
 
     # ----------------------------------------------------------------------------- states
 

@@ -53,6 +53,7 @@ class Request:
     state_slot: int = 0
     read_slot: int = 0
     num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
     block_digests: list[bytes] = dataclasses.field(default_factory=list, repr=False)
     num_preemptions: int = 0
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
@@ -125,6 +126,7 @@ class RequestOutput:
       finish_reason: "stop", "length" or "abort".
       time_to_first_token / latency: seconds from arrival (None if no token was generated).
       num_preemptions: how often the request was preempted and recomputed.
+      num_cached_tokens: prompt tokens its last admission took from the prefix cache.
     """
 
     request_id: str
@@ -134,6 +136,7 @@ class RequestOutput:
     time_to_first_token: float | None
     latency: float
     num_preemptions: int = 0
+    num_cached_tokens: int = 0
     text: str | None = None
 
     @classmethod
@@ -148,4 +151,5 @@ class RequestOutput:
             time_to_first_token=None if first is None else first - request.arrival_time,
             latency=end - request.arrival_time,
             num_preemptions=request.num_preemptions,
+            num_cached_tokens=request.num_cached_tokens,
         )

@@ -226,6 +226,7 @@ class Scheduler:
             self._start(request, num_blocks)
             if self.prefix_cache is not None:
                 self.prefix_cache.touch(request, hit)
+                request.num_cached_tokens = hit.num_tokens
             prefills.append(ScheduledRequest(request, request.num_computed, num_tokens))
             budget -= num_tokens
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from runtime.config import DEFAULT_PREFIX_CACHING, PREFIX_CACHING_MODES
 from runtime.llm import DEFAULT_MODEL, LLM
 from runtime.sampling_params import SamplingParams
 
@@ -36,6 +37,28 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="ranks of the data-parallel mesh (one device each; pool sizes are per rank)",
+    )
+    cache = gen.add_argument_group("prefix caching (per rank)")
+    cache.add_argument(
+        "--prefix-caching",
+        choices=PREFIX_CACHING_MODES,
+        default=None,
+        help=f"cache KV blocks and recurrent states of prompt prefixes (default: "
+        f"{DEFAULT_PREFIX_CACHING} where the config can cache, else off)",
+    )
+    cache.add_argument(
+        "--state-block-size",
+        type=int,
+        default=None,
+        help="tokens per cached recurrent state, a multiple of the chunk and KV block sizes "
+        "(default: their least common multiple)",
+    )
+    cache.add_argument(
+        "--max-cached-states",
+        type=int,
+        default=None,
+        help="state slots the cache may hold beside the running requests' (default: "
+        "max(max_num_seqs, 16))",
     )
     multi = gen.add_argument_group(
         "multi-host (every process runs the same command with its own prompts)"
@@ -69,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                                 seed=args.seed, ignore_eos=args.ignore_eos)  # fmt: skip
         llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                   max_num_batched_tokens=args.max_num_batched_tokens,
-                  data_parallel_size=args.data_parallel_size, warmup=False)  # fmt: skip
+                  data_parallel_size=args.data_parallel_size,
+                  prefix_caching=args.prefix_caching, state_block_size=args.state_block_size,
+                  max_cached_states=args.max_cached_states, warmup=False)  # fmt: skip
         outputs = llm.generate(prompts, params)
     except ValueError as error:
         print(f"jmamba: error: {error}", file=sys.stderr)
@@ -79,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{output.request_id}] {output.finish_reason}: {shown}")
     engine = llm.engine
     print(f"{engine.stats.num_steps} steps, {engine.num_variants} compiled step variants")
+    cached = llm.prefix_cache_stats
+    if cached is not None:
+        print(f"prefix cache ({engine.config.prefix_caching}): {cached.hits}/{cached.lookups} "
+              f"requests hit, {cached.hit_tokens}/{cached.lookup_tokens} prompt tokens skipped, "
+              f"{cached.block_evictions} block and {cached.state_evictions} state "
+              "evictions")  # fmt: skip
     return 0
 
 

@@ -134,11 +134,14 @@ class EngineConfig:
         explicitly named prefix caching mode cannot work with this config (never a silent
         downgrade).
         """
-        sbs = self.state_block_size or math.lcm(chunk_size, self.block_size)
+        unit = math.lcm(chunk_size, self.block_size)
+        sbs = self.state_block_size or unit
         if sbs % chunk_size:
+            smaller = " (it is shorter than one chunk)" if sbs < chunk_size else ""
             raise ValueError(
                 f"state_block_size={sbs} must be a multiple of the model's chunk_size="
-                f"{chunk_size} (and of block_size={self.block_size})"
+                f"{chunk_size} and of block_size={self.block_size}{smaller}: one of {unit}, "
+                f"{2 * unit}, {3 * unit}, ..."
             )
         seqs, cached = self.max_num_seqs, self._cached_states_if_caching()
         problem = self._why_caching_cannot_work(sbs, cached)
@@ -180,7 +183,8 @@ class EngineConfig:
             sbs = checks.integer("state_block_size", self.state_block_size, low=1)
             if sbs % self.block_size:
                 raise ValueError(
-                    f"state_block_size={sbs} must be a multiple of block_size={self.block_size}"
+                    f"state_block_size={sbs} must be a multiple of block_size={self.block_size}: "
+                    f"one of {self.block_size}, {2 * self.block_size}, ..."
                 )
         if self.max_cached_states is not None:
             checks.integer("max_cached_states", self.max_cached_states, low=0)

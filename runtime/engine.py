@@ -189,6 +189,13 @@ class Engine:
         self._count(start, schedules)
         return [self._release(request) for request in finished]
 
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache counters of this process's ranks, summed (a fresh copy; per rank:
+        `stats.ranks[i].prefix_cache`); None when prefix caching is off."""
+        parts = [rank.prefix_cache for rank in self.stats.ranks if rank.prefix_cache is not None]
+        return PrefixCacheStats.total(parts) if parts else None
+
     def warmup(self) -> None:
         """Compile every decode-only bucket now (the rest compile on first use)."""
         self.runner.warmup(self.buckets.decode_buckets())

@@ -10,7 +10,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from runtime.config import EngineConfig
-from runtime.engine import Engine
+from runtime.engine import Engine, StepStats
+from runtime.prefix_cache import PrefixCacheStats
 from runtime.request import RequestOutput
 from runtime.sampling_params import SamplingParams
 
@@ -79,7 +80,8 @@ class LLM:
     """Offline generation: `LLM("tiny-nemotron_h").generate([[1, 2, 3]], SamplingParams())`."""
 
     def __init__(self, model: str = DEFAULT_MODEL, *, warmup: bool = True, **engine_options):
-        """`engine_options` are `EngineConfig` fields (max_num_seqs, max_model_len, ...)."""
+        """`engine_options` are `EngineConfig` fields (max_num_seqs, max_model_len,
+        prefix_caching, state_block_size, max_cached_states, ...)."""
         fields = {f.name for f in dataclasses.fields(EngineConfig)}
         unknown = sorted(set(engine_options) - fields)
         if unknown:
@@ -89,6 +91,18 @@ class LLM:
         self.engine = Engine(self.model, config)
         if warmup:
             self.engine.warmup()
+
+    @property
+    def stats(self) -> StepStats:
+        """The engine's counters: steps, host and device seconds, per-rank tokens and prefix
+        cache counters."""
+        return self.engine.stats
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Prefix cache counters summed over the ranks (lookups, hits = requests that started
+        past token 0, hit_tokens = prompt tokens skipped, evictions); None when caching is off."""
+        return self.engine.prefix_cache_stats
 
     def generate(
         self,

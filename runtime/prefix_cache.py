@@ -85,6 +85,12 @@ class PrefixCacheStats:
     block_evictions: int = 0
     state_evictions: int = 0
 
+    @classmethod
+    def total(cls, parts: list[PrefixCacheStats]) -> PrefixCacheStats:
+        """Every counter summed over `parts` (the ranks of an engine)."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        return cls(**{name: sum(getattr(part, name) for part in parts) for name in names})
+
     @property
     def token_hit_rate(self) -> float:
         """Share of looked-up prefill tokens that a hit skipped."""

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from runtime.buckets import BucketPolicy
 from runtime.builder import build_step
 from runtime.config import EngineConfig
-from runtime.prefix_cache import Hit, chain_digest
+from runtime.prefix_cache import Hit, PrefixCacheStats, chain_digest
 from runtime.request import Request
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, Scheduler
@@ -30,7 +30,8 @@ _ids = itertools.count()
 
 def caching_scheduler(mode: str = "all", **options) -> Scheduler:
     options = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
-               "block_size": BS, "state_block_size": SBS, "prefix_caching": mode} | options  # fmt: skip
+               "block_size": BS, "state_block_size": SBS,
+               "prefix_caching": mode} | options  # fmt: skip
     return Scheduler(EngineConfig(**options), CHUNK, uses_blocks=True, uses_slots=True)
 
 
@@ -103,7 +104,7 @@ def test_hit_starts_after_the_longest_cached_prefix_and_reads_the_cached_slot():
     scheduler.add(a)
     run_all(scheduler)
     cache = scheduler.prefix_cache
-    slot_16 = dict(zip(cache._states.keys(), cache._states.values()))[cache.state_key(a, 16)]
+    slot_16 = cache._states[cache.state_key(a, 16)]
     scheduler.add(b)
     schedule = step(scheduler)
     (item,) = schedule.prefills
@@ -163,8 +164,8 @@ def test_align_mode_tail_is_its_own_chunk_even_when_the_prompt_fits():
 
 
 def test_decode_crossing_a_boundary_writes_a_cache_slot_then_reads_it():
-    """"all": the decode step feeding token 15 ends on the boundary at 16: it writes its state to
-    a fresh cache slot c (not its own), c is published after the step, and the next step reads c
+    """Mode "all": the decode step feeding token 15 ends on the boundary at 16: it writes its state
+    to a fresh cache slot c (not its own), c is published after the step, and the next step reads c
     and writes the request's own slot; then c is only the cache's."""
     scheduler = caching_scheduler()
     r = request(list(range(60, 74)), max_tokens=6)  # 14 prompt tokens: decodes feed 14, 15, ...
@@ -332,3 +333,13 @@ def test_random_shared_prefix_schedules(workload, mode, num_blocks, max_cached_s
     event("preempted" if any(r.num_preemptions for r in requests) else "no preemption")
     scheduler.prefix_cache.reset()
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
+
+
+def test_stats_total_sums_every_counter_over_ranks():
+    one = PrefixCacheStats(lookups=2, lookup_tokens=80, hits=1, hit_tokens=32, state_evictions=3)
+    two = PrefixCacheStats(lookups=1, lookup_tokens=8, block_evictions=4, states_published=5)
+    total = PrefixCacheStats.total([one, two])
+    assert total == PrefixCacheStats(lookups=3, lookup_tokens=88, hits=1, hit_tokens=32,
+                                     states_published=5, block_evictions=4,
+                                     state_evictions=3)  # fmt: skip
+    assert total.token_hit_rate == 32 / 88

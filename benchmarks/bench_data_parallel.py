@@ -122,8 +122,10 @@ def main() -> None:
             json.dump(result, f, indent=1)
     print("ranks  tokens/s   seconds  steps  host ms/step  device ms/step")
     for r in rows:
-        print(f"{r['ranks']:5d} {r['tokens_per_s']:9.0f} {r['seconds']:9.2f} {r['steps']:6d} "
-              f"{r['host_ms']:12.2f} {r['device_ms']:15.2f}")
+        print(
+            f"{r['ranks']:5d} {r['tokens_per_s']:9.0f} {r['seconds']:9.2f} {r['steps']:6d} "
+            f"{r['host_ms']:12.2f} {r['device_ms']:15.2f}"
+        )
     if "speedup" in result:
         print(f"DP={args.ranks} / DP=1 tokens/s: {result['speedup']:.2f}x; idle rank shard "
               f"bit-identical: {result['idle_rank']['bit_identical']}")  # fmt: skip

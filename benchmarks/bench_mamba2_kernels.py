@@ -43,12 +43,12 @@ RESULTS: list[dict] = []
 BW = {"tb_s": None}
 
 
-
 def _scan_knobs(cfg: dict) -> dict:
     """A sweep entry (algorithm + tuning knobs) as `ssd_chunk_scan`'s keywords."""
     knobs = dict(cfg)
     algorithm = knobs.pop("algorithm", "sequential")
     return dict(algorithm=algorithm, tuning=scan.ScanTuning(**knobs))
+
 
 def log(*a) -> None:
     print(*a, flush=True)

@@ -4,6 +4,16 @@
 debug mode. Each check raises a ValueError naming the field, the row and the offending values.
 Pure numpy over the dataclass fields (no jax, no pytree functions), so the host side can validate
 without loading jax; `jmamba.step_inputs` imports this module, never the other way at run time.
+
+State slots (invariant 2, as prefix caching refines it). Every live *write* target of a step
+(decode lanes, prefill final states, prefill boundary states) is distinct from every other, and
+from every slot another row reads: XLA scatters with duplicate targets are undefined, and a read
+racing a write would see either value. *Reads* may repeat: two requests that hit one cached prefix
+both read its published slot in the same step, which is harmless because a slot read by two rows
+is, by the rule above, written by neither (DESIGN.md section 5.2 asked reads to be distinct too;
+that predates shared reads). A boundary slot is a fresh cache slot, read by no row, and lies
+inside its row. Given the prefix cache's published slots and blocks, no step writes one of them
+(copy-on-write by construction; vLLM #57253).
 """
 
 from __future__ import annotations
@@ -24,16 +34,19 @@ def check_step_inputs(
     num_blocks: int | None = None,
     num_slots: int | None = None,
     vocab_size: int | None = None,
+    published_slots=None,
+    published_blocks=None,
 ) -> None:
     """Run every check; see `StepInputs.validate` for the list."""
     host = inputs.map_arrays(np.asarray)
     _check_layout(host)
     live_d = _check_decode(host)
     live_p = _check_prefill(host, chunk_size)
-    _check_slots(host, live_d, live_p)
+    _check_boundaries(host, chunk_size)
+    _check_slots(host, live_d, published_slots)
     _check_bounds(host, num_blocks, num_slots, vocab_size, block_size)
     if block_size is not None:
-        _check_blocks(host, live_d, live_p, block_size)
+        _check_blocks(host, live_d, live_p, block_size, published_blocks)
 
 
 def _require(condition: bool | np.bool_, message: str) -> None:
@@ -75,6 +88,11 @@ def _check_layout(s: StepInputs) -> None:
         f"prefill.block_table.shape={p.block_table.shape} must be ({rp}, {d.block_table.shape[1]})",
     )
     _require(t >= rd * w, f"num_tokens={t} must be >= decode rows x width = {rd * w}")
+    bnd = p.boundary_slots
+    _require(
+        bnd is None or (bnd.ndim == 2 and bnd.shape[0] == rp),
+        f"prefill.boundary_slots.shape={None if bnd is None else bnd.shape} must be ({rp}, NB)",
+    )
     for key, array in s.named_arrays():
         if key.endswith("has_initial_state"):
             _require(array.dtype == np.bool_, f"{key}.dtype={array.dtype} must be bool")
@@ -156,8 +174,10 @@ def _check_prefill(s: StepInputs, chunk_size: int | None) -> np.ndarray:
         "read_slots",
         "write_slots",
         "block_table",
+        "boundary_slots",
     ):
-        _require_null(getattr(p, name), ~live, f"prefill.{name}")
+        if getattr(p, name) is not None:
+            _require_null(getattr(p, name), ~live, f"prefill.{name}")
     bad = np.nonzero(live & (p.seq_lens != p.num_computed + lengths))[0]
     _require(bad.size == 0, f"prefill rows {bad.tolist()}: seq_lens must be num_computed + length")
     bad = np.nonzero(p.has_initial_state != (p.num_computed > 0))[0]
@@ -187,20 +207,51 @@ def _check_prefill(s: StepInputs, chunk_size: int | None) -> np.ndarray:
     return live
 
 
-def _check_slots(s: StepInputs, live_d: np.ndarray, live_p: np.ndarray) -> None:
+def _check_boundaries(s: StepInputs, chunk_size: int | None) -> None:
+    """Boundary slots: present exactly with a state block size, live only inside their row."""
+    p = s.prefill
+    sbs, bnd = p.state_block_size, p.boundary_slots
+    _require(
+        (bnd is None) == (sbs == 0),
+        f"prefill.state_block_size={sbs} must be > 0 exactly when boundary_slots are given",
+    )
+    if bnd is None:
+        return
+    _require(
+        chunk_size is None or sbs % chunk_size == 0,
+        f"prefill.state_block_size={sbs} must be a multiple of chunk_size={chunk_size}",
+    )
+    column = np.arange(bnd.shape[1])[None, :]
+    boundary = (p.num_computed[:, None] // sbs + column + 1) * sbs
+    outside = (bnd != 0) & (boundary > p.seq_lens[:, None])
+    bad = np.nonzero(outside.any(axis=1))[0]
+    _require(
+        bad.size == 0,
+        f"prefill rows {bad.tolist()} have boundary slots past their last token "
+        f"(state_block_size={sbs})",
+    )
+
+
+def _check_slots(s: StepInputs, live_d: np.ndarray, published_slots) -> None:
     d, p = s.decode, s.prefill
     reads = np.concatenate([d.read_slots, p.read_slots])
     writes = [d.write_slots[r][d.write_slots[r] != 0] for r in range(len(live_d))]
-    writes += [p.write_slots[r : r + 1][p.write_slots[r : r + 1] != 0] for r in range(len(live_p))]
+    writes += [p.write_slots[r : r + 1][p.write_slots[r : r + 1] != 0] for r in range(p.num_rows)]
     continues = np.concatenate([live_d, p.has_initial_state])
     bad = np.nonzero(continues & (reads == 0) & np.array([w.size > 0 for w in writes], bool))[0]
     _require(bad.size == 0, f"rows {bad.tolist()} continue a state but read NULL")
-    _require_distinct(reads[reads != 0], "read slots")
-    _require_distinct(np.concatenate(writes) if writes else reads[:0], "write slots")
+    bnd = reads[:0] if p.boundary_slots is None else p.boundary_slots[p.boundary_slots != 0]
+    every_write = np.concatenate([*writes, bnd])
+    _require_distinct(every_write, "write slots (decode lanes, prefill final and boundary states)")
     for row, slots in enumerate(writes):
         others = np.delete(reads, row)
         clash = np.intersect1d(slots, others[others != 0])
         _require(clash.size == 0, f"row {row} writes slots {clash.tolist()} another row reads")
+    clash = np.intersect1d(bnd, reads[reads != 0])
+    _require(clash.size == 0, f"boundary slots {clash.tolist()} are read in the same step")
+    if published_slots is not None:
+        clash = np.intersect1d(every_write, np.asarray(published_slots))
+        _require(clash.size == 0, f"a step writes published (cached) state slots {clash.tolist()}")
 
 
 def _require_distinct(values: np.ndarray, what: str) -> None:
@@ -222,6 +273,7 @@ def _check_bounds(s: StepInputs, num_blocks, num_slots, vocab_size, block_size) 
                 s.decode.write_slots,
                 s.prefill.read_slots,
                 s.prefill.write_slots,
+                *([] if s.prefill.boundary_slots is None else [s.prefill.boundary_slots]),
             ],
             num_slots,
         ),
@@ -235,7 +287,7 @@ def _check_bounds(s: StepInputs, num_blocks, num_slots, vocab_size, block_size) 
             _require(top < limit, f"{name} hold {top}, outside [0, {limit})")
 
 
-def _check_blocks(s: StepInputs, live_d, live_p, block_size: int) -> None:
+def _check_blocks(s: StepInputs, live_d, live_p, block_size: int, published_blocks) -> None:
     d, p = s.decode, s.prefill
     tables = np.concatenate([d.block_table, p.block_table])
     seq_lens = np.concatenate([d.seq_lens, p.seq_lens])
@@ -266,6 +318,9 @@ def _check_blocks(s: StepInputs, live_d, live_p, block_size: int) -> None:
         "+ pos % block_size",
     )
     _require_distinct(s.kv_slots[lanes], "kv_slots")
+    if published_blocks is not None:
+        clash = np.intersect1d(s.kv_slots[lanes] // block_size, np.asarray(published_blocks))
+        _require(clash.size == 0, f"a step writes K/V into published blocks {clash.tolist()}")
 
 
 def _live_token_rows(s: StepInputs, live_d: np.ndarray):

@@ -80,6 +80,11 @@ class PrefillRows:
       write_slots: [R_p] int32, slot receiving the state after the row's last token; NULL for
         padding.
       block_table: [R_p, max_blocks] int32, attention KV blocks of the row; NULL past its blocks.
+      boundary_slots: [R_p, NB] int32 or None (prefix caching off). Column j of row r is the
+        slot receiving the state after the row's token at absolute position
+        (num_computed[r] // state_block_size + j + 1) * state_block_size - 1, the j-th state
+        block boundary inside the row; NULL where no state is cached there (and for padding).
+      state_block_size: (static) tokens per state block of `boundary_slots`; 0 when None.
     """
 
     query_start_loc: Array
@@ -89,6 +94,8 @@ class PrefillRows:
     read_slots: Array
     write_slots: Array
     block_table: Array
+    boundary_slots: Array | None = None
+    state_block_size: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @property
     def num_rows(self) -> int:
@@ -130,12 +137,13 @@ class StepInputs:
         return self.num_tokens - self.num_decode_tokens
 
     def named_arrays(self) -> Iterator[tuple[str, Array]]:
-        """Every array with its dotted field name (`decode.read_slots`), in field order."""
+        """Every array with its dotted field name (`decode.read_slots`), in field order (fields
+        that are None are left out)."""
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, DecodeRows | PrefillRows):
-                for inner in dataclasses.fields(value):
-                    yield f"{field.name}.{inner.name}", getattr(value, inner.name)
+                for name in _array_fields(value):
+                    yield f"{field.name}.{name}", getattr(value, name)
             else:
                 yield field.name, value
 
@@ -143,7 +151,7 @@ class StepInputs:
         """A copy with `fn` applied to every array (`np.asarray` brings it to the host)."""
 
         def mapped(value: Any) -> Any:
-            changes = {f.name: fn(getattr(value, f.name)) for f in dataclasses.fields(value)}
+            changes = {name: fn(getattr(value, name)) for name in _array_fields(value)}
             return dataclasses.replace(value, **changes)
 
         return dataclasses.replace(
@@ -164,15 +172,21 @@ class StepInputs:
         num_blocks: int | None = None,
         num_slots: int | None = None,
         vocab_size: int | None = None,
+        published_slots: Array | None = None,
+        published_blocks: Array | None = None,
     ) -> None:
         """Check the invariants of DESIGN.md section 5 that the inputs alone show (numpy, cheap).
 
         Shapes and dtypes; no negative index anywhere; padding rows and tokens all NULL/zero/False;
         live rows before padding rows; positions, sequence lengths and `has_initial_state`
-        consistent with `num_computed`; live state slots pairwise distinct (only NULL repeats);
-        block-table rows NULL past their blocks; logits indices on each row's last token. With the
-        optional sizes also: ids inside their pools, KV slots matching the block table and pairwise
-        distinct, prefill rows starting on multiples of `chunk_size`, token ids inside the vocab.
+        consistent with `num_computed`; live write slots (decode lanes, prefill final states,
+        boundary states) pairwise distinct, none read by another row, boundary slots read by no
+        row and only inside their row (only NULL repeats; reads may repeat, see
+        `jmamba.invariants`); block-table rows NULL past their blocks; logits indices on each
+        row's last token. With the optional sizes also: ids inside their pools, KV slots
+        matching the block table and pairwise distinct, prefill rows starting on multiples of
+        `chunk_size`, token ids inside the vocab. With the prefix cache's published state slots
+        and KV blocks: no step writes one of them.
 
         Raises:
           ValueError naming the field, the row and the values that break an invariant.
@@ -184,4 +198,15 @@ class StepInputs:
             num_blocks=num_blocks,
             num_slots=num_slots,
             vocab_size=vocab_size,
+            published_slots=published_slots,
+            published_blocks=published_blocks,
         )
+
+
+def _array_fields(rows: DecodeRows | PrefillRows) -> list[str]:
+    """The names of a section's array fields (not static fields, not fields that are None)."""
+    return [
+        f.name
+        for f in dataclasses.fields(rows)
+        if not f.metadata.get("static") and getattr(rows, f.name) is not None
+    ]

@@ -131,3 +131,52 @@ def causal_conv1d_update_reference(
     windows = jnp.moveaxis(xx[:, :, idx], 1, 2)  # [B, D, L, W-1] -> [B, L, D, W-1]
     conv_state = scatter_slots(conv_state, write_slots, windows)
     return y, conv_state
+
+
+@functools.partial(jax.jit, static_argnames=("block_size",))
+def causal_conv1d_boundary_states(
+    x: jax.Array,
+    conv_state: jax.Array,
+    query_start_loc: jax.Array,
+    num_computed: jax.Array,
+    has_initial_state: jax.Array,
+    read_slots: jax.Array,
+    boundary_slots: jax.Array,
+    *,
+    block_size: int,
+) -> jax.Array:
+    """Conv windows at block boundaries inside prefill rows, for prefix caching (plain jnp: a
+    small gather and scatter, the implementation on every platform).
+
+    x [T, D] (the conv's input), conv_state [S, D, W-1]; per row r: query_start_loc [R + 1],
+    num_computed, has_initial_state, read_slots [R]; boundary_slots [R, NB]. Boundary j of row r
+    is the absolute position P = (num_computed[r] // block_size + j + 1) * block_size; when it
+    falls inside the row (P <= num_computed[r] + its length) and boundary_slots[r, j] is live,
+    the window of the last W - 1 inputs before P (xx entries P - nc .. P - nc + W - 2, xx = the
+    row's initial window ++ its tokens, as in `causal_conv1d_prefill_reference`) is written to
+    that slot. Near the row start the window reaches into the initial window, so this must read
+    the pool before the prefill conv overwrites the row's read slot: call it first (boundary slots
+    are never read in the same step). Returns the updated pool.
+    """
+    num_tokens, channels = x.shape
+    num_rows, nb = boundary_slots.shape
+    span = conv_state.shape[2]  # W - 1
+    check_shape("conv_state", conv_state, (None, channels, None))
+    for name, a in (("num_computed", num_computed), ("has_initial_state", has_initial_state),
+                    ("read_slots", read_slots)):  # fmt: skip
+        check_shape(name, a, (num_rows,))
+    check_shape("query_start_loc", query_start_loc, (num_rows + 1,))
+    if span == 0 or nb == 0:
+        return conv_state
+    init = gather_slots(conv_state, read_slots, has_initial_state)  # [R, D, W-1] fp32
+    nc = num_computed[:, None]
+    before = (nc // block_size + 1 + jnp.arange(nb)[None, :]) * block_size - nc  # [R, NB] tokens
+    lengths = (query_start_loc[1:] - query_start_loc[:-1])[:, None]
+    slots = jnp.where(before <= lengths, boundary_slots, 0)
+    i = before[:, :, None] + jnp.arange(span)[None, None, :]  # [R, NB, W-1] index into xx
+    flat = jnp.clip(query_start_loc[:-1, None, None] + i - span, 0, num_tokens - 1)
+    from_x = x.astype(jnp.float32)[flat]  # [R, NB, W-1, D]
+    rows = jnp.arange(num_rows)[:, None, None]
+    from_init = jnp.moveaxis(init, 1, 2)[rows, jnp.clip(i, 0, span - 1)]  # [R, NB, W-1, D]
+    windows = jnp.where((i < span)[..., None], from_init, from_x)
+    return scatter_slots(conv_state, slots, jnp.swapaxes(windows, -1, -2))

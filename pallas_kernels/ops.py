@@ -24,6 +24,8 @@ causal_conv1d_prefill = dispatched(
 causal_conv1d_update = dispatched(
     _conv1d.causal_conv1d_update, _conv1d_reference.causal_conv1d_update_reference
 )
+# Prefix caching: conv windows at state block boundaries (a jnp gather + scatter everywhere).
+causal_conv1d_boundary_states = dispatched(None, _conv1d_reference.causal_conv1d_boundary_states)
 ssd_chunk_scan = dispatched(
     _ssd_chunk_scan.ssd_chunk_scan, _ssd_chunk_scan_reference.ssd_chunk_scan_reference
 )

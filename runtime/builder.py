@@ -39,10 +39,20 @@ class StepBatch:
     sample_rows: np.ndarray
 
 
-class _Arrays:
-    """Zeroed numpy arrays of one bucket (every padding value is NULL / 0 / False)."""
+def boundary_columns(bucket: Bucket, state_block_size: int) -> int:
+    """NB, the boundary-slot columns of a prefill row: the most state block boundaries a row of at
+    most T_p tokens crosses (a row starts on a multiple of the chunk size, which divides
+    state_block_size, so it crosses at most ceil(T_p / state_block_size))."""
+    return -(-bucket.num_prefill_tokens // state_block_size)
 
-    def __init__(self, bucket: Bucket, max_blocks: int) -> None:
+
+class _Arrays:
+    """Zeroed numpy arrays of one bucket (every padding value is NULL / 0 / False).
+
+    `state_block_size` > 0 adds the prefill rows' boundary slots (prefix caching).
+    """
+
+    def __init__(self, bucket: Bucket, max_blocks: int, state_block_size: int) -> None:
         rd, w, rp, n = (
             bucket.num_decode_rows,
             bucket.width,
@@ -60,6 +70,11 @@ class _Arrays:
         self.p_read, self.p_write = np.zeros(rp, i32), np.zeros(rp, i32)
         self.p_initial = np.zeros(rp, bool)
         self.p_table = np.zeros((rp, max_blocks), i32)
+        self.state_block_size = state_block_size
+        self.p_boundary = (
+            np.zeros((rp, boundary_columns(bucket, state_block_size)), i32)
+            if state_block_size else None
+        )  # fmt: skip
         self.logits_indices = np.zeros(n, i32)
         self.temperature, self.top_p = np.zeros(n, np.float32), np.ones(n, np.float32)
         self.top_k, self.counters = np.zeros(n, i32), np.zeros(n, i32)
@@ -69,7 +84,8 @@ class _Arrays:
         decode = DecodeRows(self.d_query_lens, self.d_seq_lens, self.d_read, self.d_write,
                             self.d_table)  # fmt: skip
         prefill = PrefillRows(self.qsl, self.p_computed, self.p_seq_lens, self.p_initial,
-                              self.p_read, self.p_write, self.p_table)  # fmt: skip
+                              self.p_read, self.p_write, self.p_table, self.p_boundary,
+                              self.state_block_size)  # fmt: skip
         return StepInputs(self.token_ids, self.positions, self.kv_slots, decode, prefill,
                           self.logits_indices)  # fmt: skip
 
@@ -108,10 +124,18 @@ class _Arrays:
 
 
 def build_step(
-    schedule: Schedule, bucket: Bucket, *, block_size: int, max_blocks: int
+    schedule: Schedule,
+    bucket: Bucket,
+    *,
+    block_size: int,
+    max_blocks: int,
+    state_block_size: int = 0,
 ) -> StepBatch:
-    """Build the padded inputs of one step (shapes fixed by `bucket`, values from `schedule`)."""
-    a = _Arrays(bucket, max_blocks)
+    """Build the padded inputs of one step (shapes fixed by `bucket`, values from `schedule`).
+
+    `state_block_size` > 0 (prefix caching on) gives prefill rows their boundary slots.
+    """
+    a = _Arrays(bucket, max_blocks, state_block_size)
     sample_rows, masks = _fill_decode(a, schedule.decodes, bucket.width, block_size)
     num_decode_lanes = bucket.num_decode_rows * bucket.width
     offset = 0
@@ -121,10 +145,15 @@ def build_step(
         a.p_computed[j] = item.start
         a.p_seq_lens[j] = item.start + item.num_tokens
         a.p_initial[j] = item.start > 0
-        # A first chunk reads NULL (zeros) whatever its own slot holds: pools are never zeroed.
-        a.p_read[j] = request.state_slot if item.start > 0 else 0
-        a.p_write[j] = request.state_slot
+        # A first chunk reads NULL (the scheduler's read_slot): pools are never zeroed.
+        a.p_read[j] = item.read_slot
+        a.p_write[j] = item.write_slot
         a.p_table[j, : len(request.block_ids)] = request.block_ids
+        if item.boundary_slots:
+            if a.p_boundary is None:
+                raise ValueError("the schedule caches boundary states: build with the config's "
+                                 "boundary_block_size, not state_block_size=0")  # fmt: skip
+            a.p_boundary[j, : len(item.boundary_slots)] = item.boundary_slots
         a.set_tokens(num_decode_lanes + offset, item, block_size)
         offset += item.num_tokens
         a.logits_indices[num_decode_lanes + j] = num_decode_lanes + offset - 1
@@ -149,13 +178,14 @@ def _fill_decode(
     n = len(decodes)
     if n == 0:
         return [], []
-    table = np.array([_decode_scalars(item) for item in decodes], np.float64)  # [n, 11]
-    query_lens, starts, slots, num_blocks, counters = table[:, :5].astype(np.int64).T
+    table = np.array([_decode_scalars(item) for item in decodes], np.float64)  # [n, 12]
+    query_lens, starts, reads, num_blocks, counters = table[:, :5].astype(np.int64).T
+    writes = table[:, 11].astype(np.int64)
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
-    a.d_read[:n] = slots
+    a.d_read[:n] = reads
     lane_live = np.arange(width)[None, :] < query_lens[:, None]
-    a.d_write[:n] = np.where(lane_live, slots[:, None], 0)
+    a.d_write[:n] = np.where(lane_live, writes[:, None], 0)
     requests = [item.request for item in decodes]
     total_blocks = int(num_blocks.sum())
     if total_blocks:
@@ -194,13 +224,14 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decode_scalars(item: ScheduledRequest) -> tuple:
-    """query_len, start, slot, #blocks, #outputs, temperature, top_k, top_p, seed, first token,
-    min_tokens (all exact in float64)."""
+    """query_len, start, read slot, #blocks, #outputs, temperature, top_k, top_p, seed, first
+    token, min_tokens, write slot (all exact in float64)."""
     request = item.request
     params = request.sampling_params
-    return (item.num_tokens, item.start, request.state_slot, len(request.block_ids),
+    return (item.num_tokens, item.start, item.read_slot, len(request.block_ids),
             len(request.output_token_ids), params.temperature, params.top_k, params.top_p,
-            request.seed, request.token_at(item.start), params.min_tokens)  # fmt: skip
+            request.seed, request.token_at(item.start), params.min_tokens,
+            item.write_slot)  # fmt: skip
 
 
 def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
@@ -216,7 +247,7 @@ def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
     return dataclasses.replace(batch, sampling=batch.sampling._replace(masked_ids=wider), mode=mode)
 
 
-def build_dummy(bucket: Bucket, *, max_blocks: int) -> StepBatch:
+def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
-    a = _Arrays(bucket, max_blocks)
+    a = _Arrays(bucket, max_blocks, state_block_size)
     return StepBatch(a.step_inputs(), a.sampling([]), SamplingMode(), np.zeros(0, np.int64))

@@ -13,6 +13,7 @@ import sys
 import time
 
 import jmamba.presets
+from runtime.config import DEFAULT_PREFIX_CACHING, PREFIX_CACHING_MODES
 from runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
 PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]
@@ -72,6 +73,28 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="ranks of the data-parallel mesh (one device each)",
     )
+    cache = gen.add_argument_group("prefix caching (per rank)")
+    cache.add_argument(
+        "--prefix-caching",
+        choices=PREFIX_CACHING_MODES,
+        default=None,
+        help=f"cache KV blocks and recurrent states of prompt prefixes (default: "
+        f"{DEFAULT_PREFIX_CACHING} where the config can cache, else off)",
+    )
+    cache.add_argument(
+        "--state-block-size",
+        type=int,
+        default=None,
+        help="tokens per cached recurrent state, a multiple of the chunk and KV block sizes "
+        "(default: their least common multiple)",
+    )
+    cache.add_argument(
+        "--max-cached-states",
+        type=int,
+        default=None,
+        help="state slots the cache may hold beside the running requests' (default: "
+        "max(max_num_seqs, 16))",
+    )
     multi = gen.add_argument_group(
         "multi-host (every process runs the same command with its own prompts)"
     )
@@ -113,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                   max_model_len=args.max_model_len,
                   max_num_batched_tokens=args.max_num_batched_tokens,
-                  data_parallel_size=args.data_parallel_size)  # fmt: skip
+                  data_parallel_size=args.data_parallel_size,
+                  prefix_caching=args.prefix_caching, state_block_size=args.state_block_size,
+                  max_cached_states=args.max_cached_states)  # fmt: skip
         if not prompts:
             prompts = [DEFAULT_TEXT_PROMPT] if llm.tokenizer is not None else [[1, 2, 3, 4]]
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -162,6 +187,12 @@ def _print_summary(llm, outputs, import_seconds: float) -> None:
     speed = f"{generated / run:.1f} tokens/s" if run > 0 else "-"
     print(f"speed: {generated} tokens generated in {run:.2f} s of run time = {speed} "
           f"(compile excluded)")  # fmt: skip
+    cached = llm.prefix_cache_stats
+    if cached is not None:
+        print(f"prefix cache ({engine.config.prefix_caching}): {cached.hits}/{cached.lookups} "
+              f"requests hit, {cached.hit_tokens}/{cached.lookup_tokens} prompt tokens skipped, "
+              f"{cached.block_evictions} block and {cached.state_evictions} state "
+              "evictions")  # fmt: skip
 
 
 if __name__ == "__main__":

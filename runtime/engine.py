@@ -26,6 +26,7 @@ from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.model_runner import ModelRunner
 from runtime.outputs import OutputProcessor, Sampled, sampled_items
+from runtime.prefix_cache import PrefixCacheStats
 from runtime.request import FinishReason, Request, RequestOutput, StreamDelta
 from runtime.router import LeastOutstandingWork, Router
 from runtime.sampling_inputs import SamplingMode
@@ -36,11 +37,14 @@ from runtime.step_record import ScheduleRecord, StepRecord
 
 @dataclasses.dataclass
 class RankStats:
-    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed."""
+    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed,
+    and the counters of its prefix cache (lookups, hits, tokens skipped, evictions; None when
+    prefix caching is off)."""
 
     num_live_steps: int = 0
     num_idle_steps: int = 0
     num_tokens: int = 0
+    prefix_cache: PrefixCacheStats | None = None
 
 
 @dataclasses.dataclass
@@ -59,9 +63,10 @@ class Engine:
     """Serve requests on a data-parallel mesh of one or more devices: `add_request`, `step`,
     `abort`.
 
-    Each rank driven by this process has its own `Scheduler` (and pools); a `Router` places each
-    new request on one of them. Every step every rank runs, in one bucket: the elementwise max of
-    what the ranks' schedules need; a rank with nothing scheduled runs an all-padding step.
+    Each rank driven by this process has its own `Scheduler` (and pools, and prefix cache); a
+    `Router` places each new request on one of them. Every step every rank runs, in one bucket: the
+    elementwise max of what the ranks' schedules need; a rank with nothing scheduled runs an
+    all-padding step.
 
     With a `tokenizer` (a `tokenizers.Tokenizer`) outputs carry text and requests may use stop
     strings. For looking inside: `records` (the latest steps as `StepRecord`s), `request(id)`,
@@ -96,7 +101,10 @@ class Engine:
         ]
         self.router = router or LeastOutstandingWork()
         self.buckets = BucketPolicy(self.config)
-        self.stats = StepStats(ranks=[RankStats() for _ in self.ranks])
+        self.stats = StepStats(ranks=[
+            RankStats(prefix_cache=s.prefix_cache.stats if s.prefix_cache else None)
+            for s in self.schedulers
+        ])  # fmt: skip
         self.last_bucket: Bucket | None = None
         self.last_schedules: list[Schedule] = []
         self.last_batches: list[StepBatch] = []
@@ -196,7 +204,10 @@ class Engine:
             return []
         bucket, mode = agreed
         snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
-        batches = [with_mode(self._build(schedule, bucket), mode) for schedule in schedules]
+        batches = [
+            with_mode(self._build(scheduler, schedule, bucket), mode)
+            for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
+        ]
         tokens = self._run(bucket, batches)
         # Per-token work beyond the token itself only when something asks for it: the plain
         # path stays as cheap as it was.
@@ -226,6 +237,13 @@ class Engine:
         finally:
             self._streaming = False
 
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache counters of this process's ranks, summed (a fresh copy; per rank:
+        `stats.ranks[i].prefix_cache`); None when prefix caching is off."""
+        parts = [rank.prefix_cache for rank in self.stats.ranks if rank.prefix_cache is not None]
+        return PrefixCacheStats.total(parts) if parts else None
+
     def warmup(self) -> None:
         """Compile every decode-only bucket now (the rest compile on first use)."""
         self.runner.warmup(self.buckets.decode_buckets())
@@ -252,20 +270,23 @@ class Engine:
     def _mode_of(schedule: Schedule) -> np.ndarray:
         return SamplingMode.of_requests([item.request for item in schedule.items]).as_array()
 
-    def _build(self, schedule: Schedule, bucket: Bucket) -> StepBatch:
-        max_blocks = self.config.max_blocks_per_seq
+    def _build(self, scheduler: Scheduler, schedule: Schedule, bucket: Bucket) -> StepBatch:
+        max_blocks, boundary = self.config.max_blocks_per_seq, self.config.boundary_block_size
         if schedule.is_empty:  # an idle rank: the all-padding dummy step
-            batch = build_dummy(bucket, max_blocks=max_blocks)
+            batch = build_dummy(bucket, max_blocks=max_blocks, state_block_size=boundary)
         else:
             batch = build_step(schedule, bucket, block_size=self.config.block_size,
-                               max_blocks=max_blocks)  # fmt: skip
+                               max_blocks=max_blocks, state_block_size=boundary)  # fmt: skip
         if self.config.validate_inputs:
+            cache = scheduler.prefix_cache
             batch.inputs.validate(
                 block_size=self.config.block_size,
                 chunk_size=self.model_config.chunk_size,
                 num_blocks=self.config.num_blocks,
                 num_slots=self.config.num_slots,
                 vocab_size=self.model_config.vocab_size,
+                published_slots=None if cache is None else cache.published_slots,
+                published_blocks=None if cache is None else cache.published_blocks,
             )
         return batch
 
@@ -406,7 +427,8 @@ class Engine:
 
 def _check_same_shapes(runner_config: EngineConfig, config: EngineConfig) -> None:
     for name in ("num_blocks", "num_slots", "block_size", "max_model_len", "decode_row_buckets",
-                 "prefill_token_buckets", "prefill_row_buckets", "data_parallel_size"):  # fmt: skip
+                 "prefill_token_buckets", "prefill_row_buckets", "data_parallel_size",
+                 "boundary_block_size"):  # fmt: skip
         theirs, ours = getattr(runner_config, name), getattr(config, name)
         if theirs != ours:
             raise ValueError(f"{name}={ours} differs from the shared runner's {theirs}")

@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from runtime import compile_cache
 from runtime.config import EngineConfig
-from runtime.engine import Engine
+from runtime.engine import Engine, StepStats
+from runtime.prefix_cache import PrefixCacheStats
 from runtime.request import RequestOutput, StreamDelta
 from runtime.sampling_params import SamplingParams
 
@@ -103,7 +104,8 @@ class LLM:
         """`model` is a preset name ("tiny-stdlib", see `preset_names()`) or a HF checkpoint
         directory; `dtype` is "auto" (the checkpoint's), "float32" or "bfloat16"; `warmup`
         compiles every decode-only step variant now instead of on first use; `engine_options`
-        are `EngineConfig` fields (max_num_seqs, max_model_len, ...). JAX's persistent
+        are `EngineConfig` fields (max_num_seqs, max_model_len, prefix_caching,
+        state_block_size, max_cached_states, ...). JAX's persistent
         compilation cache is turned on (`runtime.compile_cache`; JMAMBA_COMPILE_CACHE=off)."""
         fields = set(EngineConfig.__dataclass_fields__)
         unknown = sorted(set(engine_options) - fields)
@@ -118,6 +120,18 @@ class LLM:
         self.engine = Engine(self.model, config, tokenizer=self.tokenizer)
         if warmup:
             self.engine.warmup()
+
+    @property
+    def stats(self) -> StepStats:
+        """The engine's counters: steps, host and device seconds, per-rank tokens and prefix
+        cache counters."""
+        return self.engine.stats
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Prefix cache counters summed over the ranks (lookups, hits = requests that started
+        past token 0, hit_tokens = prompt tokens skipped, evictions); None when caching is off."""
+        return self.engine.prefix_cache_stats
 
     def generate(
         self,

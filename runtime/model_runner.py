@@ -153,7 +153,11 @@ class ModelRunner:
         """Compile `buckets` (greedy sampling), running each once on all-padding steps (which
         change no live slot)."""
         for bucket in buckets:
-            dummy = build_dummy(bucket, max_blocks=self.config.max_blocks_per_seq)
+            dummy = build_dummy(
+                bucket,
+                max_blocks=self.config.max_blocks_per_seq,
+                state_block_size=self.config.boundary_block_size,
+            )
             self.run(bucket, [dummy] * len(self.local_ranks))
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:

@@ -32,6 +32,12 @@ class Request:
     stop_token_ids and, unless they ignore EOS, the model's `eos_token_ids`. `logprobs` holds, per
     output token, {token id: log-probability} of the sampled and the top-k tokens when the
     sampling params ask for them (else None).
+
+    Prefix caching: `read_slot` is a cached state slot the request's next step reads instead of
+    its own `state_slot` (after a hit, or after a decode step wrote a boundary state to a cache
+    slot); the request holds a reference on it until that step has run. `num_cached_blocks`
+    counts its leading KV blocks already in the cache. `block_digests` memoises the chained
+    digests of its full blocks: a function of its token ids alone, so it survives preemption.
     """
 
     request_id: str
@@ -47,6 +53,10 @@ class Request:
     num_prefill_tokens: int = 0
     block_ids: list[int] = dataclasses.field(default_factory=list)
     state_slot: int = 0
+    read_slot: int = 0
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
+    block_digests: list[bytes] = dataclasses.field(default_factory=list, repr=False)
     num_preemptions: int = 0
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -117,7 +127,7 @@ class Request:
         self.num_computed = 0
         self.num_prefill_tokens = self.num_tokens
         self.block_ids = []
-        self.state_slot = 0
+        self.state_slot = self.read_slot = self.num_cached_blocks = 0
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
 
@@ -135,6 +145,7 @@ class RequestOutput:
       num_preemptions: how often the request was preempted and recomputed.
       logprobs: per generated token, {token id: log-probability} of the sampled token and the
         top `SamplingParams.logprobs` tokens; None unless asked for.
+      num_cached_tokens: prompt tokens its last admission took from the prefix cache.
     """
 
     request_id: str
@@ -144,6 +155,7 @@ class RequestOutput:
     time_to_first_token: float | None
     latency: float
     num_preemptions: int = 0
+    num_cached_tokens: int = 0
     text: str | None = None
     logprobs: list[dict[int, float]] | None = None
 
@@ -160,6 +172,7 @@ class RequestOutput:
             latency=end - request.arrival_time,
             num_preemptions=request.num_preemptions,
             logprobs=None if request.logprobs is None else list(request.logprobs),
+            num_cached_tokens=request.num_cached_tokens,
         )
 
 

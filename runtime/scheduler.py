@@ -1,32 +1,45 @@
-"""`Scheduler`: every policy decision of a step (admission, chunking, preemption), in plain Python.
+"""`Scheduler`: every policy decision of a step (admission, chunking, preemption, prefix caching),
+in plain Python.
 
 Continuous batching with chunked prefill under a token budget B (`max_num_batched_tokens`), at
-most S = `max_num_seqs` rows per step, chunk size c (the model's `chunk_size`). Each step:
+most S = `max_num_seqs` rows per step, alignment a: the model's `chunk_size` c, or the
+`state_block_size` when prefix caching runs in "align" mode. Each step:
 
 1. Running requests are served oldest first (by arrival). Each running decode gets its one token
    from lanes set aside before any prefill is served, so decodes never wait for prefills.
 2. Running prefills share the rest, oldest first. A prefill chunk ends on an absolute multiple of
-   c unless it ends the tokens to prefill, so a request's result does not depend on how its
-   prompt was cut (DESIGN.md section 5, invariant 7).
-3. Waiting requests are admitted oldest first with the tokens left. A request that cannot get a
-   chunk of them keeps its place and its row for a later step, and the requests behind it may use
-   those tokens (fewer than c, which it could not use): no head-of-line blocking on the budget.
-   Running out of rows, state slots or KV blocks stops admission instead, because the requests
-   behind would take what the older one is waiting for.
-4. When the KV block pool runs out, the youngest running request is preempted: it gives back its
-   blocks and slot and later recomputes everything it had (prompt + output) as a fresh prefill.
+   a unless it ends the tokens to prefill, so a request's result does not depend on how its
+   prompt was cut (DESIGN.md section 5, invariant 7; a is a multiple of c). In "align" mode a
+   chunk also stops at the last multiple of a in the prompt: the tail after it is a chunk of its
+   own, so the state at that boundary is a chunk end and gets cached.
+3. Waiting requests are admitted oldest first with the tokens left. With prefix caching a request
+   first looks up its longest cached prefix (runtime/prefix_cache.py) and starts after it. A
+   request that cannot get a chunk of the tokens left keeps its place and its row for a later
+   step, and the requests behind it may use those tokens (fewer than a, which it could not use):
+   no head-of-line blocking on the budget. Running out of rows, state slots or KV blocks stops
+   admission instead, because the requests behind would take what the older one is waiting for.
+4. When the KV block pool runs out (after evicting unused cached blocks), the youngest running
+   request is preempted: it gives back its blocks and slots and later recomputes everything it
+   had (prompt + output) as a fresh prefill, from its longest cached prefix.
 
-Fairness. B >= c + S - 1 is required (`min_token_budget`): a full chunk always fits beside a full
-decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows, slots
-and blocks last, the oldest request still prefilling advances by at least k = (B - S + 1) // c
-chunks every step, or finishes its prompt: if it runs, no older prefill takes tokens before it and
-at most S - 1 lanes are set aside; if it waits, it has a free row and no running prefill is older
-than it (a request that overtook it in step 3 had a whole prompt under c tokens, so it finished its
-prefill in that step). So a request's first token comes at most sum_j ceil(L_j / (k * c)) steps
-after it arrives, over the requests j that arrived no later (itself included; L_j their prompt
-lengths); tests/runtime/test_scheduler_fairness.py checks this bound. A request kept out for lack
-of rows, slots or blocks waits for running requests to finish or be preempted, and no younger
-request is admitted before it meanwhile, so it is not starved either.
+Fairness. B >= a + S - 1 is required (`min_token_budget`): a full aligned chunk always fits beside
+a full decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows,
+slots and blocks last, the oldest request still prefilling advances by at least k = (B - S + 1)
+// a aligned chunks every step, or finishes its prompt (in "align" mode: or reaches the last
+multiple of a in its prompt, after which its tail of fewer than a tokens takes one step): if it
+runs, no older prefill takes tokens before it and at most S - 1 lanes are set aside; if it waits,
+it has a free row and no running prefill is older than it (a request that overtook it in step 3
+had fewer than a tokens left to prefill, so it finished its prefill in that step). So a request's
+first token comes at most sum_j ceil(L_j / (k * a)) steps after it arrives, plus one step per
+request in "align" mode, over the requests j that arrived no later (itself included; L_j their
+prompt lengths); a prefix hit only shortens L_j. tests/runtime/test_scheduler_fairness.py checks
+this bound. A request kept out for lack of rows, slots or blocks waits for running requests to
+finish or be preempted, and no younger request is admitted before it meanwhile, so it is not
+starved either.
+
+Prefix caching (runtime/prefix_cache.py) is decided here too: which cached prefix an admitted
+request starts after, which state slots a step writes boundary states to (reserved now,
+published by `postprocess` after the step has run), and which slot each row reads and writes.
 """
 
 from __future__ import annotations
@@ -37,7 +50,8 @@ import time
 from typing import NamedTuple
 
 from runtime.config import EngineConfig, min_token_budget
-from runtime.pools import Pool
+from runtime.pools import NULL, Pool
+from runtime.prefix_cache import NO_HIT, Hit, PrefixCache
 from runtime.request import FinishReason, Request, RequestStatus
 
 
@@ -46,11 +60,24 @@ class ScheduledRequest(NamedTuple):
 
     A NamedTuple rather than a frozen dataclass: one is built per running request per step, and a
     frozen dataclass's constructor costs several times more.
+
+    Attributes (state slots, NULL without recurrent layers):
+      read_slot: the slot holding the state before `start` (NULL for a first chunk).
+      write_slot: the slot receiving the state after the last token (the request's own slot, or
+        a fresh cache slot when a decode step ends on a state block boundary in "all" mode).
+      boundary_slots: (prefill) slot of the j-th state block boundary after `start`, NULL where
+        none is cached; the layout of the kernels' `boundary_slots` columns.
+      new_states: (key, slot) of every state this step writes for the cache, published by
+        `Scheduler.postprocess`.
     """
 
     request: Request
     start: int
     num_tokens: int
+    read_slot: int = NULL
+    write_slot: int = NULL
+    boundary_slots: tuple[int, ...] = ()
+    new_states: tuple[tuple[bytes, int], ...] = ()
 
     @property
     def token_ids(self) -> list[int]:
@@ -85,19 +112,30 @@ class Scheduler:
         self, config: EngineConfig, chunk_size: int, *, uses_blocks: bool, uses_slots: bool
     ) -> None:
         config = config.resolved(chunk_size)
-        needed = min_token_budget(chunk_size, config.max_num_seqs)
+        alignment = config.prefill_alignment(chunk_size)
+        needed = min_token_budget(alignment, config.max_num_seqs)
         if config.max_num_batched_tokens < needed:
+            unit = (f"state_block_size={alignment} (prefix_caching='align')"
+                    if alignment != chunk_size else f"model's chunk_size={chunk_size}")  # fmt: skip
             raise ValueError(
                 f"max_num_batched_tokens={config.max_num_batched_tokens} must be >= chunk_size + "
-                f"max_num_seqs - 1 = {needed}: one full prefill chunk of the model's "
-                f"chunk_size={chunk_size} must fit beside a full decode batch"
+                f"max_num_seqs - 1 = {needed}: one full prefill chunk of the {unit} must fit "
+                "beside a full decode batch"
             )
         self.config = config
         self.chunk_size = chunk_size
+        self.alignment = alignment
         self.uses_blocks = uses_blocks
         self.uses_slots = uses_slots
         self.block_pool = Pool("KV block", config.num_blocks)
         self.slot_pool = Pool("state slot", config.num_slots)
+        self.prefix_cache = (
+            PrefixCache(self.block_pool, self.slot_pool, block_size=config.block_size,
+                        state_block_size=config.state_block_size,
+                        max_cached_states=config.max_cached_states, uses_blocks=uses_blocks,
+                        uses_slots=uses_slots)
+            if config.caches_prefixes else None
+        )  # fmt: skip
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -142,6 +180,8 @@ class Scheduler:
                 prefill_budget -= num_tokens
         if not preempted:
             self._admit(prefills, prefill_budget)
+        decodes = [self._with_slots(item, decode=True) for item in decodes]
+        prefills = [self._with_slots(item, decode=False) for item in prefills]
         return Schedule(decodes, prefills, preempted)
 
     def postprocess(self, schedule: Schedule, sampled: list[int]) -> list[Request]:
@@ -155,6 +195,8 @@ class Scheduler:
         for item, token in zip(schedule.items, sampled, strict=True):
             request = item.request
             request.num_computed += item.num_tokens
+            if self.prefix_cache is not None:
+                self._publish(item)
             if request.num_computed < request.num_tokens:
                 continue  # a prefill chunk that is not the last one: its logits are not needed
             request.output_token_ids.append(int(token))
@@ -173,23 +215,31 @@ class Scheduler:
             if free_rows == 0 or (self.uses_slots and not self.slot_pool.can_allocate(1)):
                 return
             free_rows -= 1  # admitted now, or kept for it while younger requests go ahead
+            hit = self._take_hit(request)
             num_tokens = self._chunk_len(request, budget)
-            if num_tokens == 0:
-                continue
             num_blocks = self._blocks_needed(request, num_tokens)
-            if not self.block_pool.can_allocate(num_blocks):
+            if num_tokens == 0 or not self._can_allocate_blocks(num_blocks):
+                self._drop_hit(request, hit)
+                if num_tokens == 0:
+                    continue
                 return
             self._start(request, num_blocks)
+            if self.prefix_cache is not None:
+                self.prefix_cache.touch(request, hit)
+                request.num_cached_tokens = hit.num_tokens
             prefills.append(ScheduledRequest(request, request.num_computed, num_tokens))
             budget -= num_tokens
 
     def _chunk_len(self, request: Request, budget: int) -> int:
-        """Prefill tokens to feed: all that remain if they fit, else up to a chunk-size multiple."""
-        remaining = request.num_prefill_tokens - request.num_computed
-        if remaining <= budget:
-            return remaining
-        end = (request.num_computed + budget) // self.chunk_size * self.chunk_size
-        return max(end - request.num_computed, 0)
+        """Prefill tokens to feed: all that remain if they fit, else up to a multiple of the
+        alignment; in "align" mode never past the last multiple of it before the prompt's end."""
+        a, done = self.alignment, request.num_computed
+        end = request.num_prefill_tokens
+        if self.config.prefix_caching == "align" and done < end // a * a:
+            end = end // a * a
+        if end - done <= budget:
+            return end - done
+        return max((done + budget) // a * a - done, 0)
 
     def _blocks_needed(self, request: Request, num_tokens: int) -> int:
         if not self.uses_blocks:
@@ -202,28 +252,109 @@ class Scheduler:
         """Give `request` the KV blocks its next tokens reach, preempting the youngest running
         requests while the pool is short; False if that preempted `request` itself."""
         needed = self._blocks_needed(request, num_tokens)
-        while not self.block_pool.can_allocate(needed):
+        while not self._can_allocate_blocks(needed):
             victim = self.running[-1]
             preempted.append(self._preempt(victim))
             if victim is request:
                 return False
         if needed:
-            request.block_ids += self.block_pool.allocate(needed)
+            request.block_ids += self._allocate_blocks(needed)
         return True
+
+    def _can_allocate_blocks(self, n: int) -> bool:
+        if self.prefix_cache is None:
+            return self.block_pool.can_allocate(n)
+        return self.prefix_cache.can_allocate_blocks(n)
+
+    def _allocate_blocks(self, n: int) -> list[int]:
+        if self.prefix_cache is None:
+            return self.block_pool.allocate(n)
+        return self.prefix_cache.allocate_blocks(n)
 
     def _start(self, request: Request, num_blocks: int) -> None:
         self.waiting.remove(request)
         if self.uses_slots:
             request.state_slot = self.slot_pool.allocate(1)[0]
-        request.block_ids = self.block_pool.allocate(num_blocks)
+        request.block_ids += self._allocate_blocks(num_blocks)  # after a hit's cached blocks
         request.status = RequestStatus.RUNNING
         _insert_by_arrival(self.running, request)
 
     def _release(self, request: Request) -> None:
         self.block_pool.free(request.block_ids)
-        if request.state_slot:
-            self.slot_pool.free([request.state_slot])
-        request.block_ids, request.state_slot = [], 0
+        held = [slot for slot in (request.state_slot, request.read_slot) if slot]
+        self.slot_pool.free(held)
+        request.block_ids, request.state_slot, request.read_slot = [], NULL, NULL
+
+    # ----------------------------------------------------------------------------- prefix caching
+
+    def _take_hit(self, request: Request) -> Hit:
+        """Start a waiting request after its longest cached prefix, holding references on it."""
+        if self.prefix_cache is None:
+            return NO_HIT
+        hit = self.prefix_cache.lookup(request)
+        if hit.num_tokens:
+            self.prefix_cache.acquire(hit)
+            request.num_computed = hit.num_tokens
+            request.block_ids = list(hit.block_ids)
+            request.num_cached_blocks = len(hit.block_ids)
+            request.read_slot = hit.slot
+        return hit
+
+    def _drop_hit(self, request: Request, hit: Hit) -> None:
+        """Undo `_take_hit` for a request that is not admitted after all."""
+        if not hit.num_tokens:
+            return
+        self.block_pool.free(hit.block_ids)
+        self.slot_pool.free([hit.slot] if hit.slot else [])
+        request.num_computed = request.num_cached_blocks = 0
+        request.block_ids, request.read_slot = [], NULL
+
+    def _with_slots(self, item: ScheduledRequest, *, decode: bool) -> ScheduledRequest:
+        """The item with the state slots its row reads and writes, and the boundary states it
+        writes for the prefix cache (slots reserved now, published after the step)."""
+        request = item.request
+        if not self.uses_slots:
+            return item
+        read = (request.read_slot or request.state_slot) if item.start else NULL
+        item = item._replace(read_slot=read, write_slot=request.state_slot)
+        if self.prefix_cache is None:
+            return item
+        sbs, end = self.config.state_block_size, item.start + item.num_tokens
+        if decode:  # "all": a decode step ending on a boundary writes its state to the cache
+            if self.config.prefix_caching != "all" or end % sbs:
+                return item
+            key = self.prefix_cache.state_key(request, end)
+            slot = self.prefix_cache.reserve_state(key)
+            return item._replace(write_slot=slot, new_states=((key, slot),)) if slot else item
+        first, last = item.start // sbs + 1, end // sbs  # boundaries crossed: first * sbs, ...
+        wanted = range(first, last + 1)
+        if self.config.prefix_caching == "align":  # only a chunk end on a boundary
+            wanted = range(last, last + 1) if end % sbs == 0 else range(0)
+        columns, new = [NULL] * max(last - first + 1, 0), []
+        for boundary in wanted:
+            key = self.prefix_cache.state_key(request, boundary * sbs)
+            slot = self.prefix_cache.reserve_state(key)
+            if slot:
+                columns[boundary - first] = slot
+                new.append((key, slot))
+        return item._replace(boundary_slots=tuple(columns), new_states=tuple(new))
+
+    def _publish(self, item: ScheduledRequest) -> None:
+        """After the step ran: publish the states it wrote and the KV blocks it filled; drop the
+        reference on the cached slot the row read; a decode that wrote its state to a cache slot
+        reads it next step (holding a reference), with no copy."""
+        cache, request = self.prefix_cache, item.request
+        for key, _ in item.new_states:
+            cache.publish_state(key)
+        if request.status is not RequestStatus.RUNNING:
+            return  # aborted since it was scheduled: it holds nothing any more
+        if request.read_slot and item.read_slot == request.read_slot:
+            self.slot_pool.free([request.read_slot])
+            request.read_slot = NULL
+        if item.write_slot != request.state_slot:
+            self.slot_pool.share([item.write_slot])
+            request.read_slot = item.write_slot
+        cache.publish_blocks(request)
 
     def _preempt(self, request: Request) -> Request:
         self.running.remove(request)

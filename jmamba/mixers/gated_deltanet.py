@@ -22,6 +22,7 @@ from jmamba.config import GDN_CHUNK_SIZE, GDNConfig
 from jmamba.inputs import StepInputs
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import HeadGatedRMSNorm
+from jmamba.mixers.boundary_states import scan_kwargs, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
 
@@ -107,7 +108,7 @@ class GatedDeltaNet(nnx.Module):
             qkv,
             self.conv_weight[...],
             None,
-            state.conv,
+            write_conv_windows(qkv, state.conv, rows),
             rows.query_start_loc,
             rows.has_initial_state,
             rows.read_slots,
@@ -132,6 +133,7 @@ class GatedDeltaNet(nnx.Module):
             rows.write_slots,
             use_qk_l2norm=True,
             chunk_size=GDN_CHUNK_SIZE,
+            **scan_kwargs(rows),
         )
         return o, GDNState(conv, rec)
 

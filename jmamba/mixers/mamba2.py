@@ -24,6 +24,7 @@ from jmamba.config import Mamba2Config
 from jmamba.inputs import StepInputs
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import GroupGatedRMSNorm
+from jmamba.mixers.boundary_states import scan_kwargs, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
 
@@ -116,7 +117,7 @@ class Mamba2(nnx.Module):
         xbc, conv = ops.causal_conv1d_prefill(
             xbc,
             *self._conv_args(),
-            state.conv,
+            write_conv_windows(xbc, state.conv, rows),
             rows.query_start_loc,
             rows.has_initial_state,
             rows.read_slots,
@@ -137,6 +138,7 @@ class Mamba2(nnx.Module):
             rows.has_initial_state,
             rows.read_slots,
             rows.write_slots,
+            **scan_kwargs(rows),
             chunk_size=self.cfg.chunk_size,
             algorithm=self.cfg.scan_algorithm,
             **self._ssm_kwargs(),

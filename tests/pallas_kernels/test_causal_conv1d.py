@@ -197,3 +197,62 @@ def test_prefill_kernel_lowers_for_triton(split_paths):
     )
     fn = functools.partial(conv_mod.causal_conv1d_prefill, split_paths=split_paths)
     assert "causal_conv1d_prefill" in lower_for_cuda(fn, *args)
+
+
+def oracle_boundary_states(x, pool, qsl, num_computed, has_init, read, boundary, block_size):
+    """Row by row in float64: the last W - 1 inputs before each boundary inside the row."""
+    src, out = pool.astype(np.float64), pool.astype(np.float64).copy()
+    for r in range(len(qsl) - 1):
+        init = src[read[r]] if (has_init[r] and read[r] > 0) else np.zeros(pool.shape[1:])
+        xx = np.concatenate([init, x[qsl[r] : qsl[r + 1]].T.astype(np.float64)], axis=1)
+        for j, slot in enumerate(boundary[r]):
+            before = (num_computed[r] // block_size + j + 1) * block_size - num_computed[r]
+            if slot > 0 and before <= qsl[r + 1] - qsl[r]:
+                out[slot] = xx[:, before : before + pool.shape[2]]
+    return out
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_boundary_states_match_a_numpy_loop(width):
+    """Rows starting on and off a block boundary, boundaries within W - 1 tokens of a row start
+    (the window reaches into the initial state), a column past the row's end and NULL columns
+    (nothing written), a padding row; slot 0 holds NaN and stays untouched."""
+    bs = 8
+    args = prefill_inputs(3, [21, 9, 17], channels=12, width=width, slots=24)
+    del args["weight"], args["bias"], args["write_slots"]
+    args["conv_state"][0] = np.nan
+    args["has_initial_state"] = np.array([True, True, False, False])
+    num_computed = np.array([16, 6, 0, 0], np.int32)  # row 1: boundary 8 is 2 tokens in
+    boundary = np.array([[13, 14, 15], [16, 0, 17], [18, 19, 20], [0, 0, 0]], np.int32)
+    pool = ops.causal_conv1d_boundary_states(
+        args["x"], args["conv_state"], args["query_start_loc"], num_computed,
+        args["has_initial_state"], args["read_slots"], boundary, block_size=bs,
+    )  # fmt: skip
+    want = oracle_boundary_states(args["x"], args["conv_state"], args["query_start_loc"],
+                                  num_computed, args["has_initial_state"], args["read_slots"],
+                                  boundary, bs)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(pool)[1:], want[1:], rtol=0, atol=1e-6)
+    assert np.isnan(np.asarray(pool)[0]).all()
+    written = {13, 14, 16, 18, 19}  # row 0: 24, 32; row 1: 8 (17 is past 13); row 2: 8, 16
+    for slot in set(range(13, 21)) - written:
+        np.testing.assert_array_equal(np.asarray(pool)[slot], args["conv_state"][slot])
+
+
+def test_boundary_window_equals_the_final_window_of_a_row_cut_there():
+    """What prefix caching relies on: the window cached at a boundary inside a row is what the
+    prefill writes as the final window of the same row cut at that boundary."""
+    args = prefill_inputs(5, [19], channels=6, width=4, slots=8)
+    bs, read = 8, args["read_slots"]
+    num_computed = np.array([8, 0], np.int32)
+    has_init = np.array([True, False])
+    boundary = np.array([[3, 4], [0, 0]], np.int32)  # positions 16 and 24 (row ends at 27)
+    pool = np.asarray(ops.causal_conv1d_boundary_states(
+        args["x"], args["conv_state"], args["query_start_loc"], num_computed, has_init, read,
+        boundary, block_size=bs))  # fmt: skip
+    for slot, cut in ((3, 8), (4, 16)):
+        qsl = np.array([0, cut, cut], np.int32)
+        _, cut_pool = ops.causal_conv1d_prefill(
+            args["x"], args["weight"], args["bias"], args["conv_state"], qsl, has_init, read,
+            np.array([7, 0], np.int32),
+        )  # fmt: skip
+        np.testing.assert_array_equal(pool[slot], np.asarray(cut_pool)[7])

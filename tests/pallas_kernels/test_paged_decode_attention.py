@@ -1,8 +1,8 @@
 """Paged decode attention: the kernel (interpret mode) against the ragged jnp reference.
 
-Odd head dims and group sizes, block sizes below and above the key tile, rows of 1 + K lanes with dead
-lanes, padding rows, NaN in the NULL block, out-of-range block ids (they must contribute nothing),
-splits over the context, and a row's bitwise independence from the rest of the batch.
+Odd head dims and group sizes, block sizes below and above the key tile, rows of 1 + K lanes with
+dead lanes, padding rows, NaN in the NULL block, out-of-range block ids (they must contribute
+nothing), splits over the context, and a row's bitwise independence from the rest of the batch.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def make_case(rng, *, width, heads, kv_heads, head_dim, block_size, dtype=np.flo
 
 def run_both(case, **knobs):
     scale = case[0].shape[-1] ** -0.5
-    out = np.asarray(paged_decode_attention(*case, scale=scale, interpret=True, **knobs), np.float32)
+    out = np.asarray(
+        paged_decode_attention(*case, scale=scale, interpret=True, **knobs), np.float32
+    )
     ref = np.asarray(paged_decode_attention_reference(*case, scale=scale), np.float32)
     return out, ref
 
@@ -81,7 +83,9 @@ def test_out_of_range_block_ids_contribute_no_keys():
     case = make_case(rng, width=2, heads=4, kv_heads=2, head_dim=16, block_size=8)
     q, k, v, table, seq_lens, query_lens = case
     bad, null = table.copy(), table.copy()
-    for value, (r, c) in zip((-1, k.shape[0], k.shape[0] + 7), ((1, 1), (2, 3), (3, 2)), strict=True):
+    for value, (r, c) in zip(
+        (-1, k.shape[0], k.shape[0] + 7), ((1, 1), (2, 3), (3, 2)), strict=True
+    ):
         bad[r, c], null[r, c] = value, 0
     out_bad, _ = run_both((q, k, v, bad, seq_lens, query_lens))
     out_null, ref_null = run_both((q, k, v, null, seq_lens, query_lens))
@@ -90,7 +94,7 @@ def test_out_of_range_block_ids_contribute_no_keys():
 
 
 def test_a_row_does_not_depend_on_its_batch():
-    """Row 3 alone (as row 0 of a batch of one) gives bitwise the same output as inside the batch."""
+    """Row 3 alone (row 0 of a batch of one) gives bitwise the same output as inside the batch."""
     rng = np.random.default_rng(5)
     case = make_case(rng, width=3, heads=6, kv_heads=3, head_dim=24, block_size=8)
     full, _ = run_both(case)

@@ -41,6 +41,7 @@ def base_config(family: str) -> EngineConfig:
         prefill_token_buckets=(budget,),
         prefill_row_buckets=(4,),
         validate_inputs=True,
+        prefix_caching="off",  # test_prefix_caching.py has runners of its own
     )
 
 
@@ -77,13 +78,13 @@ def run_to_completion(engine: Engine, max_steps: int = 500) -> dict[str, list[in
 
 
 @functools.cache
-def _naive_forward(family: str):
+def _naive_forward(family: str, max_len: int):
     model, _ = model_and_runner(family)
     graphdef, params = nnx.split(model)
 
     @jax.jit
     def forward(params, inputs):
-        caches = model.init_caches(num_blocks=MAX_MODEL_LEN // BLOCK_SIZE + 1,
+        caches = model.init_caches(num_blocks=max_len // BLOCK_SIZE + 1,
                                    block_size=BLOCK_SIZE, num_slots=2)  # fmt: skip
         logits, _ = nnx.merge(graphdef, params)(inputs, caches)
         return logits[0]
@@ -91,14 +92,14 @@ def _naive_forward(family: str):
     return functools.partial(forward, params)
 
 
-def _whole_sequence_inputs(tokens: list[int]) -> StepInputs:
+def _whole_sequence_inputs(tokens: list[int], max_len: int) -> StepInputs:
     """The whole sequence as one prefill row from fresh caches, written independently of builder."""
-    n, width = len(tokens), MAX_MODEL_LEN // BLOCK_SIZE
+    n, width = len(tokens), max_len // BLOCK_SIZE
     i32 = functools.partial(np.array, dtype=np.int32)
-    padded = np.zeros(MAX_MODEL_LEN, np.int32)
+    padded = np.zeros(max_len, np.int32)
     padded[:n] = tokens
-    positions = np.where(np.arange(MAX_MODEL_LEN) < n, np.arange(MAX_MODEL_LEN), 0).astype(np.int32)
-    kv_slots = np.where(np.arange(MAX_MODEL_LEN) < n, BLOCK_SIZE + np.arange(MAX_MODEL_LEN), 0)
+    positions = np.where(np.arange(max_len) < n, np.arange(max_len), 0).astype(np.int32)
+    kv_slots = np.where(np.arange(max_len) < n, BLOCK_SIZE + np.arange(max_len), 0)
     table = np.where(np.arange(width) < -(-n // BLOCK_SIZE), 1 + np.arange(width), 0)
     empty = np.zeros((0,), np.int32)
     decode = DecodeRows(
@@ -115,16 +116,18 @@ def naive_greedy(
     max_tokens: int,
     stop_ids: tuple[int, ...] | None = None,
     min_tokens: int = 0,
+    max_len: int = MAX_MODEL_LEN,
 ) -> list[int]:
     """Greedy tokens by full recompute: fresh caches, the whole sequence as one prefill row.
 
     Stops after a token of `stop_ids` (default: the model's EOS ids) once more than `min_tokens`
-    are generated (before that their logits are -inf), or at MAX_MODEL_LEN tokens in all.
+    are generated (before that their logits are -inf), or at `max_len` tokens in all (a multiple
+    of BLOCK_SIZE; one compiled forward per family and length).
     """
-    forward, tokens = _naive_forward(family), list(prompt)
+    forward, tokens = _naive_forward(family, max_len), list(prompt)
     stop_ids = jmamba.presets.tiny(family).eos_token_ids if stop_ids is None else stop_ids
-    for step in range(min(max_tokens, MAX_MODEL_LEN - len(prompt))):
-        logits = np.array(forward(_whole_sequence_inputs(tokens)), np.float64)
+    for step in range(min(max_tokens, max_len - len(prompt))):
+        logits = np.array(forward(_whole_sequence_inputs(tokens, max_len)), np.float64)
         if step < min_tokens:
             logits[list(stop_ids)] = -np.inf
         tokens.append(int(np.argmax(logits)))

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
+from runtime.llm import LLM
+from runtime.sampling_params import SamplingParams
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mamba2"
 
@@ -80,8 +82,57 @@ def test_help_shows_defaults_and_presets(capsys):
         (["--prompt-ids", "1,x"], "comma-separated ints"),
         (["--min-tokens", "20", "--max-tokens", "4"], "min_tokens=20 must be an int in [0, 4]"),
         (["--max-num-batched-tokens", "8"], "max_num_batched_tokens=8 must be >= chunk_size"),
+        (["--state-block-size", "24"], "state_block_size=24 must be a multiple of block_size=16"),
+        (
+            ["--prefix-caching", "all", "--max-cached-states", "0"],
+            "prefix_caching='all' cannot work: max_cached_states=0",
+        ),
     ],
 )
 def test_cli_errors_name_the_problem(argv, message, capsys):
     assert main(["generate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_prefix_caching_options_and_hit_counters(capsys):
+    """Two equal 40-token prompts one after the other (max_num_seqs 1): the second hits the
+    longest multiple of the 16-token state block below 40, 32 tokens; both print the same ids."""
+    prompt = ",".join(str(i % 50 + 1) for i in range(40))
+    code = main(["generate", "--model", "tiny-mamba2", "--prompt-ids", prompt, "--prompt-ids",
+                 prompt, "--max-tokens", "3", "--ignore-eos", "--max-num-seqs", "1",
+                 "--prefix-caching", "all", "--state-block-size", "16",
+                 "--max-cached-states", "4"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = [line.split(": ", 1)[1] for line in out.splitlines() if "] output:" in line]
+    assert len(lines) == 2 and lines[0] == lines[1]
+    assert "prefix cache (all): 1/2 requests hit, 32/80 prompt tokens skipped" in out
+
+
+def test_cli_rejects_an_unknown_prefix_caching_mode(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--prefix-caching", "some"])
+    assert "invalid choice: 'some'" in capsys.readouterr().err
+
+
+def test_llm_passes_prefix_caching_options_and_shows_the_counters():
+    """Mode "align", 32-token state blocks: the second of two equal 40-token prompts (run one after
+    the other) skips 32 tokens and generates what the first did; "off" has no counters."""
+    llm = LLM("tiny-mamba2", warmup=False, max_num_seqs=1, max_model_len=64,
+              prefix_caching="align", state_block_size=32, max_cached_states=2)  # fmt: skip
+    prompt = [i % 50 + 3 for i in range(40)]
+    first, second = llm.generate([prompt, prompt], SamplingParams(max_tokens=3, ignore_eos=True),
+                                 use_tqdm=False)  # fmt: skip
+    assert first.token_ids == second.token_ids
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 32)
+    stats = llm.prefix_cache_stats
+    assert (stats.lookups, stats.hits, stats.hit_tokens, stats.lookup_tokens) == (2, 1, 32, 80)
+    assert llm.stats.ranks[0].prefix_cache.hits == 1
+    assert LLM("tiny-mamba2", warmup=False, prefix_caching="off").prefix_cache_stats is None
+
+
+def test_llm_refuses_a_state_block_shorter_than_a_chunk():
+    message = (r"state_block_size=8 must be a multiple of the model's chunk_size=16 and of "
+               r"block_size=8 \(it is shorter than one chunk\): one of 16, 32, 48")  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        LLM("tiny-mamba2", warmup=False, block_size=8, state_block_size=8)

@@ -10,6 +10,7 @@ from pathlib import Path
 HOST_MODULES = (
     "runtime.scheduler",
     "runtime.pools",
+    "runtime.prefix_cache",
     "runtime.request",
     "runtime.buckets",
     "runtime.builder",
@@ -50,8 +51,10 @@ scheduler.add(Request("a", [1, 2, 3, 4, 5], SamplingParams(min_tokens=1), seed=0
                       eos_token_ids=(2,)))
 schedule = scheduler.schedule()
 bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
-batch = build_step(schedule, bucket, block_size=4, max_blocks=16)
-batch.inputs.validate(block_size=4, chunk_size=4, num_blocks=scheduler.config.num_blocks)
+batch = build_step(schedule, bucket, block_size=4, max_blocks=16,
+                   state_block_size=scheduler.config.boundary_block_size)
+batch.inputs.validate(block_size=4, chunk_size=4, num_blocks=scheduler.config.num_blocks,
+                      published_slots=scheduler.prefix_cache.published_slots)
 loaded = sorted({{m.split(".")[0] for m in sys.modules}} & set({DEVICE_PACKAGES!r}))
 print(",".join(loaded) or "none")
 """

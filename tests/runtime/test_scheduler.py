@@ -20,8 +20,10 @@ def make_request(num_prompt: int, max_tokens: int = 4) -> Request:
 
 
 def make_scheduler(chunk_size: int = 4, **options) -> Scheduler:
+    """A scheduler without prefix caching unless `options` turn it on (tests/runtime/
+    test_prefix_cache.py covers it), so pools empty out when requests finish."""
     options = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
-               "block_size": 4} | options  # fmt: skip
+               "block_size": 4, "prefix_caching": "off"} | options  # fmt: skip
     return Scheduler(EngineConfig(**options), chunk_size, uses_blocks=True, uses_slots=True)
 
 

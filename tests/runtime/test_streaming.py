@@ -11,6 +11,7 @@ from jmamba.tokenizer import byte_tokenizer
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 from tests.runtime.conftest import (
+    MAX_MODEL_LEN,
     _naive_forward,
     _whole_sequence_inputs,
     base_config,
@@ -28,7 +29,8 @@ def text_engine(family: str) -> Engine:
 
 def naive_log_softmax(family: str, tokens: list[int]) -> np.ndarray:
     """float64 log-probabilities of the next token after `tokens`, by full recompute."""
-    logits = np.asarray(_naive_forward(family)(_whole_sequence_inputs(tokens)), np.float64)
+    run = _naive_forward(family, MAX_MODEL_LEN)
+    logits = np.asarray(run(_whole_sequence_inputs(tokens, MAX_MODEL_LEN)), np.float64)
     shifted = logits - logits.max()
     return shifted - np.log(np.exp(shifted).sum())
 

@@ -1,0 +1,288 @@
+"""`PrefixCache`: one rank's cache of full KV blocks and recurrent states, keyed by token prefix.
+
+Keys. Full KV blocks of block_size tokens are named by a chained digest, d_i = H(d_{i-1}, token
+ids of block i) (blake2b over the int32 bytes: Python's `hash()` collides too easily for lossless
+serving), so d_i names the whole prefix [0, (i + 1) * block_size). The recurrent state at position
+p (p a multiple of state_block_size, itself a multiple of block_size) is keyed by the digest of
+the KV block ending at p: the key names exactly the prefix the state summarises (vLLM #51113).
+The two units are never mixed (vLLM #53142): block indices count block_size tokens, positions
+count tokens.
+
+Ownership. The cache holds one reference (`Pool.share`) on every block and state slot it names,
+so a request freeing its own reference does not free a cached entry. An entry no request uses
+(reference count 1) is evictable, least recently used first; eviction drops the cache's reference
+(`Pool.free`). KV blocks are evicted when the block pool runs short; state slots have a budget of
+their own, `max_cached_states`, counting published entries and slots reserved for states a step
+is about to write.
+
+Publication. A state slot is *reserved* when the scheduler gives a step a state to write there
+and *published* only after that step has run (vLLM #56525): a reserved slot is never found by a
+lookup. A published slot is only ever read (copy-on-write by construction: a request that hits
+reads it and writes its own slot; vLLM #57253). KV blocks are published when full, after the step
+that filled them; a block whose digest is already cached stays its request's own.
+
+Host side only: numpy and hashlib, no jax.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+from typing import NamedTuple
+
+import numpy as np
+
+from runtime.pools import NULL, Pool
+from runtime.request import Request
+
+DIGEST_BYTES = 16
+
+
+def chain_digest(previous: bytes, token_ids: list[int]) -> bytes:
+    """The digest of a block: blake2b over the previous block's digest and this block's ids."""
+    h = hashlib.blake2b(previous, digest_size=DIGEST_BYTES)
+    h.update(np.asarray(token_ids, np.int32).tobytes())
+    return h.digest()
+
+
+class Hit(NamedTuple):
+    """A cached prefix: its first `num_tokens` tokens' KV blocks and the state after them.
+
+    Attributes:
+      num_tokens: p, a multiple of state_block_size (0: no hit).
+      block_ids: the cached KV blocks of [0, p) (empty for a model without attention).
+      slot: the state slot holding the state after p tokens (NULL for a model without
+        recurrent layers).
+    """
+
+    num_tokens: int
+    block_ids: list[int]
+    slot: int
+
+
+NO_HIT = Hit(0, [], NULL)
+
+
+@dataclasses.dataclass
+class PrefixCacheStats:
+    """Counters of one rank's prefix cache.
+
+    Attributes:
+      lookups / lookup_tokens: admissions (first ones and re-admissions after preemption) and
+        their prefill tokens.
+      hits / hit_tokens: admissions that started past token 0, and the tokens they skipped.
+      blocks_published / states_published: entries added.
+      block_evictions / state_evictions: entries dropped to make room.
+    """
+
+    lookups: int = 0
+    lookup_tokens: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    blocks_published: int = 0
+    states_published: int = 0
+    block_evictions: int = 0
+    state_evictions: int = 0
+
+    @classmethod
+    def total(cls, parts: list[PrefixCacheStats]) -> PrefixCacheStats:
+        """Every counter summed over `parts` (the ranks of an engine)."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        return cls(**{name: sum(getattr(part, name) for part in parts) for name in names})
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Share of looked-up prefill tokens that a hit skipped."""
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
+class PrefixCache:
+    """Digest -> KV block and digest -> state slot maps of one rank, in LRU order.
+
+    `uses_blocks` / `uses_slots`: whether the model has attention / recurrent layers (a hit
+    needs every KV block of its prefix cached, resp. the state at its end).
+    """
+
+    def __init__(self, block_pool: Pool, slot_pool: Pool, *, block_size: int,
+                 state_block_size: int, max_cached_states: int, uses_blocks: bool,
+                 uses_slots: bool) -> None:  # fmt: skip
+        if state_block_size % block_size:
+            raise ValueError(
+                f"state_block_size={state_block_size} must be a multiple of block_size={block_size}"
+            )
+        self.block_pool, self.slot_pool = block_pool, slot_pool
+        self.block_size, self.state_block_size = block_size, state_block_size
+        self.max_cached_states = max_cached_states
+        self.uses_blocks, self.uses_slots = uses_blocks, uses_slots
+        self.stats = PrefixCacheStats()
+        # Least recently used first; a hit or a publication moves an entry to the end.
+        self._blocks: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._states: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._reserved: dict[bytes, int] = {}
+
+    # ----------------------------------------------------------------------------- keys
+
+    def digests(self, request: Request, num_blocks: int) -> list[bytes]:
+        """The chained digests of the request's first `num_blocks` full blocks (memoised on the
+        request: they depend on its token ids only, which never change once known)."""
+        known, bs = request.block_digests, self.block_size
+        previous = known[-1] if known else b""
+        for i in range(len(known), num_blocks):
+            previous = chain_digest(previous, request.token_ids(i * bs, (i + 1) * bs))
+            known.append(previous)
+        return known[:num_blocks]
+
+    def state_key(self, request: Request, position: int) -> bytes:
+        """The key of the request's state after `position` tokens (a state block boundary)."""
+        return self.digests(request, position // self.block_size)[-1]
+
+    # ----------------------------------------------------------------------------- lookup
+
+    def lookup(self, request: Request) -> Hit:
+        """The longest cached prefix of the request's tokens to prefill, at most all but the last
+        one (a full-prompt hit still computes its last token for the logits)."""
+        bs, per_state = self.block_size, self.state_block_size // self.block_size
+        digests = self.digests(request, (request.num_prefill_tokens - 1) // bs)
+        blocks: list[int] = []
+        best = (0, NULL)
+        for i, digest in enumerate(digests):
+            if self.uses_blocks:
+                block = self._blocks.get(digest)
+                if block is None:
+                    break  # a hit needs every KV block before it
+                blocks.append(block)
+            if (i + 1) % per_state:
+                continue
+            slot = self._states.get(digest, NULL)
+            if slot or not self.uses_slots:
+                best = (i + 1, slot)
+        num_blocks, slot = best
+        if num_blocks == 0:
+            return NO_HIT
+        return Hit(num_blocks * bs, blocks[:num_blocks] if self.uses_blocks else [], slot)
+
+    def acquire(self, hit: Hit) -> None:
+        """Take a request's reference on the hit's blocks and slot (they stop being evictable)."""
+        self.block_pool.share(hit.block_ids)
+        if hit.slot:
+            self.slot_pool.share([hit.slot])
+
+    def touch(self, request: Request, hit: Hit) -> None:
+        """Mark the hit's entries most recently used and count the lookup in the stats. The last
+        block is touched first, so within one prefix the deepest blocks are evicted first."""
+        self.stats.lookups += 1
+        self.stats.lookup_tokens += request.num_prefill_tokens
+        if not hit.num_tokens:
+            return
+        self.stats.hits += 1
+        self.stats.hit_tokens += hit.num_tokens
+        digests = self.digests(request, hit.num_tokens // self.block_size)
+        if self.uses_blocks:
+            for digest in reversed(digests):
+                self._blocks.move_to_end(digest)
+        if hit.slot:
+            self._states.move_to_end(digests[-1])
+
+    # ----------------------------------------------------------------------------- KV blocks
+
+    def can_allocate_blocks(self, n: int) -> bool:
+        """Whether n blocks are free or can be freed by evicting unused cached blocks."""
+        free = self.block_pool.num_free
+        return n <= free or n <= free + self._num_evictable(self._blocks, self.block_pool)
+
+    def allocate_blocks(self, n: int) -> list[int]:
+        """n blocks, evicting least recently used unused cached blocks while the pool is short."""
+        while self.block_pool.num_free < n:
+            if not self._evict(self._blocks, self.block_pool):
+                break  # Pool.allocate raises with the numbers
+            self.stats.block_evictions += 1
+        return self.block_pool.allocate(n)
+
+    def publish_blocks(self, request: Request) -> None:
+        """Publish the request's blocks that its computed tokens have filled since the last call
+        (`request.num_cached_blocks` counts the leading blocks already offered).
+
+        Its whole cached prefix then becomes most recently used, deepest block first: within a
+        prefix, deeper blocks are always older, so eviction never cuts a prefix in the middle
+        (a block is useless without every block before it).
+        """
+        full = request.num_computed // self.block_size
+        if not self.uses_blocks or full <= request.num_cached_blocks:
+            return
+        digests = self.digests(request, full)
+        for i in range(request.num_cached_blocks, full):
+            if digests[i] not in self._blocks:  # else another request's copy is cached already
+                block = request.block_ids[i]
+                self.block_pool.share([block])
+                self._blocks[digests[i]] = block
+                self.stats.blocks_published += 1
+        request.num_cached_blocks = full
+        for digest in reversed(digests):
+            if digest in self._blocks:
+                self._blocks.move_to_end(digest)
+
+    # ----------------------------------------------------------------------------- states
+
+    def has_state(self, key: bytes) -> bool:
+        """Whether the state of `key` is published or reserved (then it is not written again)."""
+        return key in self._states or key in self._reserved
+
+    def reserve_state(self, key: bytes) -> int:
+        """A fresh slot for the state of `key` that the next step writes, or NULL when the key is
+        cached or reserved already, or every cached state is in use and the budget is spent."""
+        if self.has_state(key):
+            return NULL
+        while len(self._states) + len(self._reserved) >= self.max_cached_states:
+            if not self._evict(self._states, self.slot_pool):
+                return NULL
+            self.stats.state_evictions += 1
+        slot = self.slot_pool.allocate(1)[0]
+        self._reserved[key] = slot
+        return slot
+
+    def publish_state(self, key: bytes) -> int:
+        """Publish the reserved state of `key` (its step has run); returns its slot."""
+        slot = self._reserved.pop(key)
+        self._states[key] = slot
+        self.stats.states_published += 1
+        return slot
+
+    @property
+    def published_slots(self) -> np.ndarray:
+        """[n] int32 state slots a lookup can return: no step may write them."""
+        return np.fromiter(self._states.values(), np.int32, len(self._states))
+
+    @property
+    def published_blocks(self) -> np.ndarray:
+        """[n] int32 KV blocks a lookup can return: no step may write them."""
+        return np.fromiter(self._blocks.values(), np.int32, len(self._blocks))
+
+    @property
+    def num_states(self) -> int:
+        """State slots the cache holds (published and reserved): at most max_cached_states."""
+        return len(self._states) + len(self._reserved)
+
+    def reset(self) -> None:
+        """Evict every entry no request uses (reserved slots stay: a step is writing them)."""
+        while self._evict(self._blocks, self.block_pool):
+            self.stats.block_evictions += 1
+        while self._evict(self._states, self.slot_pool):
+            self.stats.state_evictions += 1
+
+    # ----------------------------------------------------------------------------- eviction
+
+    @staticmethod
+    def _num_evictable(entries: collections.OrderedDict[bytes, int], pool: Pool) -> int:
+        ids = np.fromiter(entries.values(), np.int64, len(entries))
+        return int((pool.ref_counts[ids] == 1).sum())
+
+    @staticmethod
+    def _evict(entries: collections.OrderedDict[bytes, int], pool: Pool) -> bool:
+        """Drop the least recently used entry only the cache references; False if none."""
+        for key, ident in entries.items():
+            if pool.ref_counts[ident] == 1:
+                del entries[key]
+                pool.free([ident])
+                return True
+        return False

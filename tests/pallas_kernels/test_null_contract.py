@@ -88,6 +88,26 @@ def _conv_update() -> Case:
     return Case(run, d["conv_state"], pad)
 
 
+@case("causal_conv1d_boundary_states")
+def _conv_boundary_states() -> Case:
+    """A pool-only op (no token outputs): rows read initial windows, one through a NULL read
+    slot, and write boundary windows, one column of each row NULL."""
+    d = conv.prefill_inputs(7, (21, 9, 17), 6, 4, slots=24)
+    d["has_initial_state"][:] = True
+    d["read_slots"][1] = 0
+    nc = np.array([16, 6, 0, 0], np.int32)
+    boundary = np.array([[13, 0, 15], [16, 0, 17], [18, 19, 0], [0, 0, 0]], np.int32)
+
+    def run(pool, implementation):
+        new_pool = ops.causal_conv1d_boundary_states(
+            d["x"], pool, d["query_start_loc"], nc, d["has_initial_state"], d["read_slots"],
+            boundary, block_size=8, implementation=implementation,
+        )  # fmt: skip
+        return np.zeros(1, np.float32), new_pool
+
+    return Case(run, d["conv_state"], np.zeros(1, bool))
+
+
 @case("ssd_chunk_scan")
 def _ssd_chunk_scan() -> Case:
     d = scan.make_inputs(5, (6, 1, 9), slots=14)

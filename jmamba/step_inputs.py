@@ -169,7 +169,9 @@ class StepInputs:
 
         Shapes and dtypes; no negative index anywhere; padding rows and tokens all NULL/zero/False;
         live rows before padding rows; positions, sequence lengths and `has_initial_state`
-        consistent with `num_computed`; live state slots pairwise distinct (only NULL repeats);
+        consistent with `num_computed`; live state slots pairwise distinct (only NULL repeats;
+        every speculative lane's write slot included, dead lanes NULL; a decode row rewrites its
+        own read slot only from lane 0);
         block-table rows NULL past their blocks; logits indices on each row's last token. With the
         optional sizes also: ids inside their pools, KV slots matching the block table and pairwise
         distinct, prefill rows starting on multiples of `chunk_size`, token ids inside the vocab.

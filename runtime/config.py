@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 from runtime import checks
+from runtime.speculative import SpeculativeConfig, default_num_slots, min_num_slots
 
 DEFAULT_MIN_TOKEN_BUDGET = 256  # the smallest derived token budget (the tiny presets get this)
 
@@ -48,7 +49,10 @@ class EngineConfig:
       num_blocks: KV blocks per attention layer, block 0 (NULL) included; None sizes the pool so
         that every request can reach max_model_len.
       num_slots: recurrent-state slots per recurrent layer, slot 0 (NULL) included; None gives
-        max_num_seqs + 1.
+        max_num_seqs + 1, and with speculative decoding 1 + max_num_seqs * (2 + K): each request
+        holds one slot, and each decode row takes 1 + K fresh lane slots during a step (the state
+        after each lane, kept or given back after verification). With speculation at least
+        1 + 2 * max_num_seqs; fewer than the default trims drafts to the slots left.
       decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
         sections; None picks powers of two up to the budgets.
       data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
@@ -56,6 +60,8 @@ class EngineConfig:
         its own KV blocks and state slots (each with its own NULL block and slot 0).
       seed: seeds the sampling of requests that set no seed of their own.
       validate_inputs: check every step's `StepInputs` against DESIGN.md section 5 (debug, tests).
+      speculative: speculative decoding (`runtime.speculative.SpeculativeConfig`, or a dict of its
+        fields); None decodes one token per request per step.
     """
 
     max_num_seqs: int = 8
@@ -70,6 +76,7 @@ class EngineConfig:
     data_parallel_size: int = 1
     seed: int = 0
     validate_inputs: bool = False
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -89,8 +96,13 @@ class EngineConfig:
                 f"request of max_model_len={self.max_model_len} needs "
                 f"{self.max_blocks_per_seq} blocks of block_size={self.block_size} + NULL"
             )
-        slots = self.num_slots if self.num_slots is not None else self.max_num_seqs + 1
-        object.__setattr__(self, "num_slots", checks.integer("num_slots", slots, low=2))
+        speculative = SpeculativeConfig.of(self.speculative)
+        object.__setattr__(self, "speculative", speculative)
+        slots = self.num_slots
+        if slots is None:
+            slots = default_num_slots(self.max_num_seqs, speculative)
+        low = min_num_slots(self.max_num_seqs, speculative)
+        object.__setattr__(self, "num_slots", checks.integer("num_slots", slots, low=low))
         seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
         self._set_buckets("decode_row_buckets", powers_of_two_up_to(seqs), seqs)
         self._set_buckets("prefill_row_buckets", powers_of_two_up_to(seqs), seqs)

@@ -8,7 +8,8 @@ entry), and the packed inputs are stacked `[ranks, words]`, one row per rank. A 
 given an all-padding row (the idle-rank dummy step): it runs the same program and, by DESIGN
 section 5 invariant 6, writes nothing but NULL entries. With one device this is a mesh of one rank.
 
-Sampling runs inside the step, so only int32 token ids come back to the host. The runner makes no
+Sampling runs inside the step, so only int32 token ids (and, per speculative decode lane, whether
+it accepted the next lane's draft) come back to the host. The runner makes no
 policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket and with the
 sampler `SamplingMode` they carry. One variant is compiled per (bucket, sampling mode).
 
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
@@ -33,7 +35,7 @@ from runtime.builder import StepBatch, build_dummy
 from runtime.config import EngineConfig
 from runtime.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.packing import Layout, layout_of, pack, unpack
-from runtime.sampler import sample
+from runtime.sampler import accept_drafts, sample
 from runtime.sampling_inputs import SamplingMode
 
 VariantKey = tuple[Bucket, SamplingMode]
@@ -41,12 +43,14 @@ VariantKey = tuple[Bucket, SamplingMode]
 
 def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
                param_leaves, caches, packed):  # fmt: skip
-    """One rank's step on its own shard: packed [1, words] -> tokens [1, N] (+ logits), caches."""
+    """One rank's step on its own shard: packed [1, words] -> [1, 2, N] (tokens, accept flags)
+    (+ logits), caches."""
     inputs, sampling = unpack(packed[0], layout)
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
-    tokens = sample(logits, sampling, mode)[None]
-    return tokens, (logits[None] if keep_logits else None), caches
+    tokens = sample(logits, sampling, mode)
+    accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
+    return jnp.stack([tokens, accepted])[None], (logits[None] if keep_logits else None), caches
 
 
 def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
@@ -109,7 +113,8 @@ class ModelRunner:
 
     def run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
         """Run one step; `batches[i]` is local rank i's inputs, all built for `bucket` with one
-        `SamplingMode`. Returns, per local rank, each scheduled request's sampled token."""
+        `SamplingMode`. Returns, per local rank, [2, N] int32: every logits row's sampled token,
+        and 1 where it accepted the draft of the next lane (`sampler.accept_drafts`)."""
         if len(batches) != len(self.local_ranks):
             raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
         key = (bucket, batches[0].mode)
@@ -120,8 +125,7 @@ class ModelRunner:
             self._param_leaves, self.caches, self._packed(key, batches)
         )
         self.last_logits = None if logits is None else self.mesh.local_rows(logits)
-        rows = self.mesh.local_rows(tokens)
-        return [rows[i][batch.sample_rows] for i, batch in enumerate(batches)]
+        return list(self.mesh.local_rows(tokens))
 
     def warmup(self, buckets: list[Bucket]) -> None:
         """Compile `buckets` (greedy sampling), running each once on all-padding steps (which

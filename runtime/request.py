@@ -29,7 +29,9 @@ class Request:
     request is a *prefill* while `num_computed < num_prefill_tokens` (its prompt, or after a
     preemption every token it had) and a *decode* afterwards, when exactly one token (the last
     sampled one) is left to feed. `stop_ids` are the tokens that end it: its sampling params'
-    stop_token_ids and, unless they ignore EOS, the model's `eos_token_ids`.
+    stop_token_ids and, unless they ignore EOS, the model's `eos_token_ids`. `draft_token_ids`
+    are the drafts a speculative engine's drafter proposed for the tokens after the last sampled
+    one (fed behind it in this step's decode row; output only once verified).
     """
 
     request_id: str
@@ -45,6 +47,7 @@ class Request:
     num_prefill_tokens: int = 0
     block_ids: list[int] = dataclasses.field(default_factory=list)
     state_slot: int = 0
+    draft_token_ids: list[int] = dataclasses.field(default_factory=list)
     num_preemptions: int = 0
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -101,6 +104,7 @@ class Request:
         self.num_prefill_tokens = self.num_tokens
         self.block_ids = []
         self.state_slot = 0
+        self.draft_token_ids = []
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
 

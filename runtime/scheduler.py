@@ -15,6 +15,12 @@ most S = `max_num_seqs` rows per step, chunk size c (the model's `chunk_size`). 
    behind would take what the older one is waiting for.
 4. When the KV block pool runs out, the youngest running request is preempted: it gives back its
    blocks and slot and later recomputes everything it had (prompt + output) as a fresh prefill.
+5. Speculative decoding (`config.speculative`, K drafts at most): after steps 1-3, each decode row,
+   oldest first, gets k <= K drafts out of what is left (tokens of the budget, free KV blocks,
+   free state slots), never more than its drafter proposes nor than the tokens it may still
+   generate minus one, and 1 + k fresh lane slots (the state after each of its tokens). Drafts
+   never preempt and never take what a prefill or an admission could use, so the fairness bound
+   below is unchanged; k = 0 rows take the same path.
 
 Fairness. B >= c + S - 1 is required (`min_token_budget`): a full chunk always fits beside a full
 decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows, slots
@@ -34,6 +40,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from runtime.config import EngineConfig, min_token_budget
@@ -45,16 +52,20 @@ class ScheduledRequest(NamedTuple):
     """One request's share of a step: tokens [start, start + num_tokens) of prompt + output.
 
     A NamedTuple rather than a frozen dataclass: one is built per running request per step, and a
-    frozen dataclass's constructor costs several times more.
+    frozen dataclass's constructor costs several times more. A speculative decode row's tokens
+    past prompt + output are the request's drafts, and `lane_slots` holds the fresh slot each of
+    its num_tokens lanes writes (empty without speculation: the row updates its slot in place).
     """
 
     request: Request
     start: int
     num_tokens: int
+    lane_slots: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.token_ids(self.start, self.start + self.num_tokens)
+        tokens = self.request.token_ids(self.start, self.start + self.num_tokens)
+        return tokens + self.request.draft_token_ids[: self.num_tokens - len(tokens)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +112,8 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        spec = config.speculative
+        self.num_speculative_tokens = spec.num_speculative_tokens if spec is not None else 0
 
     @property
     def budget(self) -> int:
@@ -122,8 +135,9 @@ class Scheduler:
                 return request
         return None
 
-    def schedule(self) -> Schedule:
-        """Pick this step's requests and token counts (module docstring, steps 1-4)."""
+    def schedule(self, num_drafts: Callable[[Request], int] | None = None) -> Schedule:
+        """Pick this step's requests and token counts (module docstring, steps 1-5);
+        `num_drafts(request)` is how many drafts the drafter proposes for a decode row."""
         decodes: list[ScheduledRequest] = []
         prefills: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -142,29 +156,73 @@ class Scheduler:
                 prefill_budget -= num_tokens
         if not preempted:
             self._admit(prefills, prefill_budget)
+        if self.num_speculative_tokens:
+            left = self.budget - len(decodes) - sum(item.num_tokens for item in prefills)
+            decodes = self._speculate(decodes, left, num_drafts or (lambda _: 0))
         return Schedule(decodes, prefills, preempted)
 
-    def postprocess(self, schedule: Schedule, sampled: list[int]) -> list[Request]:
-        """Advance each scheduled request; append a token where its last known token was fed.
+    def postprocess(
+        self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] | None = None
+    ) -> list[Request]:
+        """Advance each scheduled request; append tokens where its last known token was fed.
 
-        `sampled[i]` is the token sampled from the logits of `schedule.items[i]`'s last token.
-        Returns the requests that finished in this step.
+        `sampled[i]` is the token sampled from the logits of `schedule.items[i]`'s last token, or
+        for a speculative decode row the target's token after the accepted drafts `drafts[i]`:
+        the row appends drafts[i] + [sampled[i]], cut at the first stop, and keeps the state of
+        its lane len(drafts[i]). Returns the requests that finished in this step.
         """
         finished = []
         now = time.perf_counter()
-        for item, token in zip(schedule.items, sampled, strict=True):
+        for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
-            request.num_computed += item.num_tokens
+            accepted = drafts[i] if drafts is not None else []
+            if item.lane_slots:
+                self._keep_lane(request, item.lane_slots, len(accepted))
+                request.num_computed += len(accepted) + 1
+                request.draft_token_ids = []
+            else:
+                request.num_computed += item.num_tokens
             if request.num_computed < request.num_tokens:
                 continue  # a prefill chunk that is not the last one: its logits are not needed
-            request.output_token_ids.append(int(token))
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason = self._stop_reason(request, int(token))
-            if reason is not None:
-                self._finish(request, reason)
-                finished.append(request)
+            for new in (*accepted, token):
+                request.output_token_ids.append(int(new))
+                reason = self._stop_reason(request, int(new))
+                if reason is not None:
+                    self._finish(request, reason)
+                    finished.append(request)
+                    break
         return finished
+
+    def _speculate(
+        self, decodes: list[ScheduledRequest], budget: int, num_drafts: Callable[[Request], int]
+    ) -> list[ScheduledRequest]:
+        """Give each decode row, oldest first, its drafts and lane slots (module docstring, 5)."""
+        rows = []
+        for i, item in enumerate(decodes):
+            request = item.request
+            params = request.sampling_params
+            room = min(params.max_tokens - len(request.output_token_ids),
+                       self.config.max_model_len - request.num_tokens)  # fmt: skip
+            k = min(num_drafts(request), self.num_speculative_tokens, room - 1, budget)
+            if self.uses_slots:  # keep a lane-0 slot for each younger row
+                k = min(k, self.slot_pool.num_free - (len(decodes) - i))
+            while k > 0 and not self.block_pool.can_allocate(self._blocks_needed(request, 1 + k)):
+                k -= 1
+            if k > 0:
+                request.block_ids += self.block_pool.allocate(self._blocks_needed(request, 1 + k))
+            lanes = self.slot_pool.allocate(1 + k) if self.uses_slots else [0] * (1 + k)
+            rows.append(item._replace(num_tokens=1 + k, lane_slots=tuple(lanes)))
+            budget -= k
+        return rows
+
+    def _keep_lane(self, request: Request, lane_slots: tuple[int, ...], lane: int) -> None:
+        """The state after `lane` becomes the request's; its old slot and other lanes go back."""
+        if not self.uses_slots:
+            return
+        old, request.state_slot = request.state_slot, lane_slots[lane]
+        self.slot_pool.free([old, *lane_slots[:lane], *lane_slots[lane + 1 :]])
 
     def _admit(self, prefills: list[ScheduledRequest], budget: int) -> None:
         """Admit waiting requests oldest first (module docstring, step 3)."""

@@ -7,6 +7,7 @@ import sys
 
 from runtime.llm import DEFAULT_MODEL, LLM
 from runtime.sampling_params import SamplingParams
+from runtime.speculative import METHODS, SpeculativeConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +38,14 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="ranks of the data-parallel mesh (one device each; pool sizes are per rank)",
     )
+    spec = gen.add_argument_group("speculative decoding")
+    spec.add_argument("--speculative-method", choices=METHODS, default=None,
+                      help="propose drafts by prompt lookup (ngram) or with a draft model")
+    spec.add_argument("--num-speculative-tokens", type=int, default=3, help="K, drafts per step")
+    spec.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram")
+    spec.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram")
+    spec.add_argument("--draft-model", default=None,
+                      help="draft_model: preset (tiny-<family>) or HF dir, same vocabulary")  # fmt: skip
     multi = gen.add_argument_group(
         "multi-host (every process runs the same command with its own prompts)"
     )
@@ -56,6 +65,16 @@ def _prompts(args: argparse.Namespace) -> list:
     return prompts or [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11]]
 
 
+def _speculative(args: argparse.Namespace) -> SpeculativeConfig | None:
+    if args.speculative_method is None:
+        if args.draft_model is not None:
+            raise ValueError("--draft-model needs --speculative-method draft_model")
+        return None
+    return SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
+                             args.prompt_lookup_min, args.prompt_lookup_max,
+                             args.draft_model)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -69,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                                 seed=args.seed, ignore_eos=args.ignore_eos)  # fmt: skip
         llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                   max_num_batched_tokens=args.max_num_batched_tokens,
-                  data_parallel_size=args.data_parallel_size, warmup=False)  # fmt: skip
+                  data_parallel_size=args.data_parallel_size, speculative=_speculative(args),
+                  warmup=False)  # fmt: skip
         outputs = llm.generate(prompts, params)
     except ValueError as error:
         print(f"jmamba: error: {error}", file=sys.stderr)
@@ -79,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{output.request_id}] {output.finish_reason}: {shown}")
     engine = llm.engine
     print(f"{engine.stats.num_steps} steps, {engine.num_variants} compiled step variants")
+    if engine.config.speculative is not None:
+        spec = engine.stats.speculation
+        print(f"{spec.num_accepted}/{spec.num_drafted} drafts accepted "
+              f"(mean acceptance length {spec.mean_acceptance_length:.2f})")  # fmt: skip
     return 0
 
 

@@ -28,7 +28,7 @@ import dataclasses
 import numpy as np
 from flax import nnx
 
-from runtime.buckets import Bucket
+from runtime.buckets import Bucket, lane_width
 from runtime.builder import StepBatch, build_dummy, build_step
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
@@ -222,7 +222,8 @@ class DraftModelDrafter:
         """Run the catch-up pass and the proposal passes; give each decode row its drafts."""
         self.release_done()
         passes = [rank.catch_up(s) for rank, s in zip(self.ranks, schedules, strict=True)]
-        first = Bucket(bucket.num_decode_rows, self.k + 1, bucket.num_prefill_tokens,
+        rows = bucket.num_decode_rows
+        first = Bucket(rows, lane_width(rows, self.k + 1), bucket.num_prefill_tokens,
                        bucket.num_prefill_rows)  # fmt: skip
         for rank, draft, tokens in zip(self.ranks, passes, self._run(first, passes), strict=True):
             rank.after_catch_up(draft, tokens)
@@ -270,8 +271,8 @@ class DraftModelDrafter:
 def draft_engine_config(config: EngineConfig) -> EngineConfig:
     """The draft model's pools and buckets: the target's buckets, max_model_len and block size;
     a KV pool for every request at max_model_len; per request its committed slot and 1 + K lane
-    slots for the catch-up pass (the same count the target's default gives)."""
-    slots = default_num_slots(config.max_num_seqs, config.speculative)
+    slots for the catch-up pass (the target's default count; as many as the target's if more)."""
+    slots = max(config.num_slots, default_num_slots(config.max_num_seqs, config.speculative))
     return dataclasses.replace(config, speculative=None, num_blocks=None, num_slots=slots)
 
 

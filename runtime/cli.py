@@ -39,13 +39,20 @@ def _parser() -> argparse.ArgumentParser:
         help="ranks of the data-parallel mesh (one device each; pool sizes are per rank)",
     )
     spec = gen.add_argument_group("speculative decoding")
-    spec.add_argument("--speculative-method", choices=METHODS, default=None,
-                      help="propose drafts by prompt lookup (ngram) or with a draft model")
+    spec.add_argument(
+        "--speculative-method",
+        choices=METHODS,
+        default=None,
+        help="propose drafts by prompt lookup (ngram) or with a draft model",
+    )
     spec.add_argument("--num-speculative-tokens", type=int, default=3, help="K, drafts per step")
     spec.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram")
     spec.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram")
-    spec.add_argument("--draft-model", default=None,
-                      help="draft_model: preset (tiny-<family>) or HF dir, same vocabulary")  # fmt: skip
+    spec.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft_model: preset (tiny-<family>) or HF dir, same vocabulary",
+    )
     multi = gen.add_argument_group(
         "multi-host (every process runs the same command with its own prompts)"
     )

@@ -1,4 +1,4 @@
-"""`DraftModelDrafter`: a smaller jmamba model with the target's vocabulary proposes drafts greedily.
+"""`DraftModelDrafter`: a smaller jmamba model over the target's vocabulary drafts greedily.
 
 The draft model has its own caches (its own `ModelRunner`, on the same data-parallel mesh), and
 per rank its own KV block pool and state-slot pool. Per request it keeps a `DraftSequence` whose
@@ -29,23 +29,22 @@ import numpy as np
 from flax import nnx
 
 from runtime.buckets import Bucket, lane_width
-from runtime.builder import StepBatch, build_dummy, build_step
+from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.model_runner import ModelRunner
 from runtime.pools import Pool
 from runtime.request import Request, RequestStatus
+from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, ScheduledRequest
 from runtime.speculative import default_num_slots
 
-_GREEDY = SamplingParams(max_tokens=1)
-
 
 class DraftSequence:
     """The draft model's view of one request: what `build_step` reads of a `Request` (tokens,
-    `state_slot` to read, `block_ids`, greedy sampling), over the request's tokens followed by
-    the drafts proposed so far in this step.
+    `state_slot` to read, `block_ids`, greedy sampling with the request's min_tokens masks), over
+    the request's tokens followed by the drafts proposed so far in this step.
 
     Attributes:
       request: the target request.
@@ -55,23 +54,32 @@ class DraftSequence:
       block_ids: the draft model's KV blocks of this request.
       num_computed: tokens of the request whose effect is in the committed slot.
       drafts: this step's drafts d_1, d_2, ...
+      first_output: the output index that lane 0 of the next pass samples (the builder masks the
+        stop ids on lanes short of min_tokens, as the target does, so that the draft model
+        proposes what the target can accept).
     """
 
-    sampling_params = _GREEDY
     seed = 0
-    output_token_ids = ()  # counters and min_tokens masks of greedy rows are unused
-    masked_token_ids = ()
-    stop_ids = ()
+    masked_token_ids = ()  # a prefill row's token is never a draft
 
     def __init__(self, request: Request, slot: int) -> None:
         self.request = request
+        params = request.sampling_params
+        self.sampling_params = SamplingParams(max_tokens=params.max_tokens,
+                                              min_tokens=params.min_tokens)  # fmt: skip
+        self.stop_ids = request.stop_ids
         self.committed = self.state_slot = slot
-        self.scratch = 0
+        self.scratch = self.first_output = 0
         self.block_ids: list[int] = []
         self.num_computed = 0
         self.drafts: list[int] = []
         self.draft_token_ids: list[int] = []  # none past `token_ids`, which covers the drafts
         self.num_preemptions = request.num_preemptions
+
+    @property
+    def output_token_ids(self) -> range:
+        """Stands for the outputs before lane 0's (the builder reads only its length)."""
+        return range(self.first_output)
 
     def token_at(self, index: int) -> int:
         num_tokens = self.request.num_tokens
@@ -141,6 +149,7 @@ class _RankDrafts:
             self.reserve_blocks(seq, n + max(item.num_tokens - 2, 0))  # + the proposal passes
             seq.state_slot, seq.drafts = seq.committed, []
             lanes = n - seq.num_computed
+            seq.first_output = len(item.request.output_token_ids) - (lanes - 1)
             slots = tuple(self.allocate(lanes))
             decodes.append(ScheduledRequest(seq, seq.num_computed, lanes, slots))
         for item in schedule.prefills:
@@ -171,6 +180,7 @@ class _RankDrafts:
             if j == 2:
                 seq.scratch = self.allocate(1)[0]
             seq.state_slot = seq.committed if j == 2 else seq.scratch
+            seq.first_output = len(item.request.output_token_ids) + j - 1
             rows.append(ScheduledRequest(seq, seq.num_computed + j - 2, 1, (seq.scratch,)))
         return Schedule(rows, [], [])
 
@@ -200,10 +210,10 @@ class DraftModelDrafter:
     ) -> None:
         self.k = target_config.speculative.num_speculative_tokens
         self.config = draft_engine_config(target_config)
+        if runner is not None:  # shared (tests, notebooks): its pools, if large enough
+            _check_shared_runner(runner.config, self.config)
+            self.config = runner.config
         self.runner = runner or ModelRunner(model, self.config)
-        if self.runner.config != self.config:
-            raise ValueError(f"the shared draft runner's config {self.runner.config} differs from "
-                             f"this engine's draft config {self.config}")  # fmt: skip
         self.model_config = model.config
         chunk = model.config.chunk_size
         # Prefill chunks end where the target's do: the draft model's own invariance check
@@ -249,8 +259,12 @@ class DraftModelDrafter:
                             for width in (self.k + 1, 1)])  # fmt: skip
 
     def _run(self, bucket: Bucket, schedules: list[Schedule]) -> list[np.ndarray]:
-        """One draft-model step; per rank, each scheduled row's greedy token (in item order)."""
+        """One draft-model step; per rank, each scheduled row's greedy token (in item order).
+        The ranks of every process agree on the sampler mode (its min_tokens mask width)."""
         batches = [self._build(schedule, bucket) for schedule in schedules]
+        needs = np.max([batch.mode.as_array() for batch in batches], axis=0)
+        mode = SamplingMode.from_array(agree_max(needs))
+        batches = [with_mode(batch, mode) for batch in batches]
         results = self.runner.run(bucket, batches)
         return [r[0][b.sample_rows] for r, b in zip(results, batches, strict=True)]
 
@@ -274,6 +288,18 @@ def draft_engine_config(config: EngineConfig) -> EngineConfig:
     slots for the catch-up pass (the target's default count; as many as the target's if more)."""
     slots = max(config.num_slots, default_num_slots(config.max_num_seqs, config.speculative))
     return dataclasses.replace(config, speculative=None, num_blocks=None, num_slots=slots)
+
+
+def _check_shared_runner(shared: EngineConfig, needed: EngineConfig) -> None:
+    for name in ("block_size", "max_model_len", "decode_row_buckets", "prefill_token_buckets",
+                 "prefill_row_buckets", "data_parallel_size"):  # fmt: skip
+        theirs, ours = getattr(shared, name), getattr(needed, name)
+        if theirs != ours:
+            raise ValueError(f"draft runner {name}={theirs} differs from this engine's {ours}")
+    for name in ("num_blocks", "num_slots"):
+        theirs, ours = getattr(shared, name), getattr(needed, name)
+        if theirs < ours:
+            raise ValueError(f"draft runner {name}={theirs} is below this engine's {ours}")
 
 
 def check_draft_model(draft: nnx.Module, target: nnx.Module) -> None:

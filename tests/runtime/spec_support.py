@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -19,7 +21,7 @@ from runtime.model_runner import ModelRunner
 from runtime.request import Request
 from runtime.scheduler import Schedule
 from runtime.speculative import SpeculativeConfig
-from tests.runtime.conftest import MAX_NUM_SEQS, base_config, model_and_runner
+from tests.runtime.conftest import MAX_NUM_SEQS, base_config, model_and_runner, model_with_eos
 
 MAX_K = 4
 SPEC_SLOTS = 1 + MAX_NUM_SEQS * (2 + MAX_K)  # the default slot count at K = MAX_K
@@ -38,12 +40,33 @@ def spec_runner(family: str, ranks: int = 1) -> ModelRunner:
     return ModelRunner(model, config, keep_logits=True)
 
 
+NOISE = 0.05  # relative weight noise of a 'noisy:' draft: about half of its drafts are accepted
+
+
 @functools.cache
 def draft_model(name: str) -> nnx.Module:
-    """'target:<family>' is the family's target model itself; else a preset with seed 1."""
-    if name.startswith("target:"):
-        return model_and_runner(name.removeprefix("target:"))[0]
+    """'target:<family>' is the family's target model itself; 'noisy:<family>' the target with
+    every weight scaled by 1 + NOISE * N(0, 1) (it agrees with the target often but not always,
+    so drafts are accepted in part); else a preset with seed 1."""
+    kind, _, family = name.partition(":")
+    if kind == "target":
+        return model_and_runner(family)[0]
+    if kind == "noisy":
+        return perturbed(model_and_runner(family)[0], NOISE, seed=1)
     return jmamba.HybridLM(jmamba.presets.tiny(name), rngs=nnx.Rngs(1))
+
+
+def perturbed(model: nnx.Module, scale: float, seed: int) -> nnx.Module:
+    """A copy of `model` with every floating-point weight w scaled by 1 + scale * N(0, 1)."""
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [
+        w * (1 + scale * jax.random.normal(key, w.shape, w.dtype))
+        if jnp.issubdtype(w.dtype, jnp.floating) else w
+        for w, key in zip(leaves, keys, strict=True)
+    ]  # fmt: skip
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
 @functools.cache
@@ -53,9 +76,12 @@ def draft_runner(name: str, family: str, ranks: int = 1) -> ModelRunner:
 
 
 def spec_engine(family: str, method: str, k: int, draft: str = DRAFT_PRESET, ranks: int = 1,
-                **options) -> Engine:  # fmt: skip
-    """A fresh speculative engine on the shared runners; `options` replace EngineConfig fields."""
+                eos_token_ids: tuple[int, ...] | None = None, **options) -> Engine:  # fmt: skip
+    """A fresh speculative engine on the shared runners; `eos_token_ids` replaces the model's EOS
+    ids, `options` the EngineConfig fields."""
     model, _ = model_and_runner(family)
+    if eos_token_ids is not None:
+        model = model_with_eos(family, tuple(eos_token_ids))
     # 1-grams too: random models rarely repeat longer n-grams of their own output
     speculative = SpeculativeConfig(method, k, prompt_lookup_min=1, prompt_lookup_max=3)
     config = spec_config(family, speculative, data_parallel_size=ranks, **options)

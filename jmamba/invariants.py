@@ -137,6 +137,13 @@ def _check_decode(s: StepInputs) -> np.ndarray:
     _require(
         (d.write_slots[~lane_live] == 0).all(), "decode.write_slots of dead lanes must be NULL"
     )
+    num_writes = ((d.write_slots != 0) & lane_live).sum(axis=1)
+    bad = np.nonzero((num_writes > 0) & (num_writes != d.query_lens))[0]
+    _require(
+        bad.size == 0,
+        f"decode rows {bad.tolist()} give a write slot to some live lanes and not others: the "
+        "kernels treat a lane without one as padding (all live lanes write, or none: no state)",
+    )
     idx = (np.arange(rd)[:, None] * w + lane).reshape(-1)
     lane_live = lane_live.reshape(-1)
     for name in ("token_ids", "positions", "kv_slots"):
@@ -252,6 +259,13 @@ def _check_slots(s: StepInputs, live_d: np.ndarray, published_slots) -> None:
     if published_slots is not None:
         clash = np.intersect1d(every_write, np.asarray(published_slots))
         _require(clash.size == 0, f"a step writes published (cached) state slots {clash.tolist()}")
+    later = (d.write_slots[:, 1:] == d.read_slots[:, None]) & (d.read_slots[:, None] != 0)
+    bad = np.nonzero(later.any(axis=1))[0]
+    _require(
+        bad.size == 0,
+        f"decode rows {bad.tolist()} write their read slot from a lane > 0: only a one-token "
+        "update (lane 0) may rewrite its own slot; speculative lanes write fresh slots",
+    )
 
 
 def _require_distinct(values: np.ndarray, what: str) -> None:

@@ -179,14 +179,15 @@ class StepInputs:
 
         Shapes and dtypes; no negative index anywhere; padding rows and tokens all NULL/zero/False;
         live rows before padding rows; positions, sequence lengths and `has_initial_state`
-        consistent with `num_computed`; live write slots (decode lanes, prefill final states,
-        boundary states) pairwise distinct, none read by another row, boundary slots read by no
-        row and only inside their row (only NULL repeats; reads may repeat, see
-        `jmamba.invariants`); block-table rows NULL past their blocks; logits indices on each
-        row's last token. With the optional sizes also: ids inside their pools, KV slots
-        matching the block table and pairwise distinct, prefill rows starting on multiples of
-        `chunk_size`, token ids inside the vocab. With the prefix cache's published state slots
-        and KV blocks: no step writes one of them.
+        consistent with `num_computed`; live write slots (decode lanes, every speculative lane
+        included, dead lanes NULL; prefill final states; boundary states) pairwise distinct,
+        none read by another row, a decode row rewriting its own read slot only from lane 0,
+        boundary slots read by no row and only inside their row (only NULL repeats; reads may
+        repeat, see `jmamba.invariants`); block-table rows NULL past their blocks; logits
+        indices on each row's last token. With the optional sizes also: ids inside their pools,
+        KV slots matching the block table and pairwise distinct, prefill rows starting on
+        multiples of `chunk_size`, token ids inside the vocab. With the prefix cache's published
+        state slots and KV blocks: no step writes one of them.
 
         Raises:
           ValueError naming the field, the row and the values that break an invariant.

@@ -24,7 +24,8 @@ class Bucket:
 
     Attributes:
       num_decode_rows: R_d, decode rows (0 when the step has no decode).
-      width: W = 1 + K_max token lanes per decode row (1 without speculative decoding).
+      width: W = 1 + K token lanes per decode row (1 without speculative decoding, and in a
+        bucket without decode rows).
       num_prefill_tokens: T_p, prefill tokens (0 in a decode-only step).
       num_prefill_rows: R_p, prefill rows (0 in a decode-only step).
     """
@@ -58,6 +59,11 @@ class Bucket:
         return self.num_decode_rows * self.width + self.num_prefill_rows
 
 
+def lane_width(num_decode_rows: int, width: int) -> int:
+    """A bucket's lanes per decode row: 1 when it has no decode row (one variant, whatever K)."""
+    return width if num_decode_rows else 1
+
+
 def round_up(sizes: tuple[int, ...], n: int) -> int:
     """Smallest size >= n (0 stays 0)."""
     if n == 0:
@@ -79,9 +85,10 @@ class BucketPolicy:
 
     def bucket_for(self, schedule: Schedule) -> Bucket:
         num_prefill_rows = len(schedule.prefills)
+        num_decode_rows = round_up(self.decode_rows, len(schedule.decodes))
         return Bucket(
-            num_decode_rows=round_up(self.decode_rows, len(schedule.decodes)),
-            width=self.width,
+            num_decode_rows=num_decode_rows,
+            width=lane_width(num_decode_rows, self.width),
             num_prefill_tokens=round_up(self.prefill_tokens, schedule.num_prefill_tokens),
             num_prefill_rows=round_up(self.prefill_rows, num_prefill_rows),
         )

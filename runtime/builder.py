@@ -173,7 +173,8 @@ def _fill_decode(
     """Fill the decode section with whole-array writes (this is the per-step hot path).
 
     One Python pass gathers every per-request scalar into one table; the rest is numpy.
-    Returns each row's sampled lane and the masks of the rows still short of `min_tokens`.
+    Returns each row's last live lane and the masks of the lanes still short of `min_tokens` (lane
+    t of a row samples output number len(outputs) + t: its counter and its mask follow that).
     """
     n = len(decodes)
     if n == 0:
@@ -187,17 +188,26 @@ def _fill_decode(
     lane_live = np.arange(width)[None, :] < query_lens[:, None]
     a.d_write[:n] = np.where(lane_live, writes[:, None], 0)
     requests = [item.request for item in decodes]
+    reached = -(-(starts + query_lens) // block_size)
+    if (num_blocks > reached).any():  # blocks held for rejected draft positions stay unlisted
+        num_blocks = np.minimum(num_blocks, reached)
+        block_lists = [r.block_ids[:b] for r, b in zip(requests, num_blocks.tolist(), strict=True)]
+    else:
+        block_lists = [r.block_ids for r in requests]
     total_blocks = int(num_blocks.sum())
     if total_blocks:
         rows, columns = _ragged(num_blocks)
-        blocks = itertools.chain.from_iterable(r.block_ids for r in requests)
+        blocks = itertools.chain.from_iterable(block_lists)
         a.d_table[rows, columns] = np.fromiter(blocks, np.int32, total_blocks)
     num_lanes = int(query_lens.sum())
     rows, lanes = _ragged(query_lens)
+    if decodes[0].lane_slots:  # speculative rows: each lane writes its own fresh slot
+        lane_slots = itertools.chain.from_iterable(item.lane_slots for item in decodes)
+        a.d_write[rows, lanes] = np.fromiter(lane_slots, np.int32, num_lanes)
     index = rows * width + lanes
     positions = starts[rows] + lanes
     if num_lanes == n:  # one token per row (no drafts): the table holds it
-        a.token_ids[:n] = table[:, 9]
+        a.token_ids[index] = table[:, 9]
     else:
         tokens = itertools.chain.from_iterable(item.token_ids for item in decodes)
         a.token_ids[index] = np.fromiter(tokens, np.int32, num_lanes)
@@ -206,14 +216,15 @@ def _fill_decode(
         blocks = a.d_table[rows, positions // block_size]
         a.kv_slots[index] = blocks * block_size + positions % block_size
     a.logits_indices[index] = index
-    a.counters[index] = counters[rows]
+    outputs = counters[rows] + lanes  # the output index each lane samples
+    a.counters[index] = outputs
     a.temperature[index] = table[rows, 5]
     a.top_k[index] = table[rows, 6]
     a.top_p[index] = table[rows, 7]
     a.seeds[index] = table[rows, 8]
     sample_rows = np.arange(n) * width + query_lens - 1  # each row's last live lane
-    short = np.nonzero(counters < table[:, 10])[0]  # fewer outputs than min_tokens
-    masks = [(int(sample_rows[i]), decodes[i].request.stop_ids) for i in short]
+    short = np.nonzero(outputs < table[rows, 10])[0]  # fewer outputs than min_tokens
+    masks = [(int(index[i]), decodes[rows[i]].request.stop_ids) for i in short]
     return sample_rows.tolist(), [(row, ids) for row, ids in masks if ids]
 
 

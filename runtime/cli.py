@@ -15,6 +15,7 @@ import time
 import jmamba.presets
 from runtime.config import DEFAULT_PREFIX_CACHING, PREFIX_CACHING_MODES
 from runtime.sampling_params import MAX_LOGPROBS, SamplingParams
+from runtime.speculative import METHODS, SpeculativeConfig
 
 PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]
 DEFAULT_MODEL = "tiny-stdlib"
@@ -95,6 +96,21 @@ def _parser() -> argparse.ArgumentParser:
         help="state slots the cache may hold beside the running requests' (default: "
         "max(max_num_seqs, 16))",
     )
+    spec = gen.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--speculative-method",
+        choices=METHODS,
+        default=None,
+        help="propose drafts by prompt lookup (ngram) or with a draft model",
+    )
+    spec.add_argument("--num-speculative-tokens", type=int, default=3, help="K, drafts per step")
+    spec.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram")
+    spec.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram")
+    spec.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft_model: preset (tiny-<family>) or HF dir, same vocabulary",
+    )
     multi = gen.add_argument_group(
         "multi-host (every process runs the same command with its own prompts)"
     )
@@ -121,6 +137,16 @@ def _sampling_params(args: argparse.Namespace) -> SamplingParams:
                           logprobs=args.logprobs)  # fmt: skip
 
 
+def _speculative(args: argparse.Namespace) -> SpeculativeConfig | None:
+    if args.speculative_method is None:
+        if args.draft_model is not None:
+            raise ValueError("--draft-model needs --speculative-method draft_model")
+        return None
+    return SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
+                             args.prompt_lookup_min, args.prompt_lookup_max,
+                             args.draft_model)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = _parser().parse_args(argv)
@@ -138,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                   max_num_batched_tokens=args.max_num_batched_tokens,
                   data_parallel_size=args.data_parallel_size,
                   prefix_caching=args.prefix_caching, state_block_size=args.state_block_size,
-                  max_cached_states=args.max_cached_states)  # fmt: skip
+                  max_cached_states=args.max_cached_states,
+                  speculative=_speculative(args))  # fmt: skip
         if not prompts:
             prompts = [DEFAULT_TEXT_PROMPT] if llm.tokenizer is not None else [[1, 2, 3, 4]]
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -193,6 +220,11 @@ def _print_summary(llm, outputs, import_seconds: float) -> None:
               f"requests hit, {cached.hit_tokens}/{cached.lookup_tokens} prompt tokens skipped, "
               f"{cached.block_evictions} block and {cached.state_evictions} state "
               "evictions")  # fmt: skip
+    if engine.config.speculative is not None:
+        spec = stats.speculation
+        print(f"speculative decoding ({engine.config.speculative.method}): {spec.num_accepted}/"
+              f"{spec.num_drafted} drafts accepted (mean acceptance length "
+              f"{spec.mean_acceptance_length:.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

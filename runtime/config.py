@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 from runtime import checks
+from runtime.speculative import SpeculativeConfig, default_num_slots, min_num_slots
 
 DEFAULT_MIN_TOKEN_BUDGET = 256  # the smallest derived token budget (the tiny presets get this)
 PREFIX_CACHING_MODES = ("off", "align", "all")
@@ -57,9 +58,12 @@ class EngineConfig:
       num_blocks: KV blocks per attention layer, block 0 (NULL) included; None sizes the pool so
         that every request can reach max_model_len.
       num_slots: recurrent-state slots per recurrent layer, slot 0 (NULL) included: one per
-        running request plus the prefix cache's `max_cached_states`, so at least
-        max_num_seqs + 1 + max_cached_states; None gives exactly that (max_num_seqs + 1 without
-        prefix caching), derived by `resolved`.
+        running request, with speculative decoding 1 + K fresh lane slots per decode row during
+        a step (the state after each lane, kept or given back after verification), plus the
+        prefix cache's `max_cached_states`. None gives exactly that: 1 + max_num_seqs * (1, or
+        2 + K with speculation) + max_cached_states, derived by `resolved`. With speculation at
+        least 1 + 2 * max_num_seqs (+ max_cached_states); fewer than the default trims drafts
+        to the slots left.
       decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
         sections; None picks powers of two up to the budgets.
       data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
@@ -91,8 +95,10 @@ class EngineConfig:
         model's chunk size); None: their least common multiple, the finest possible. Per rank.
       max_cached_states: state slots the prefix cache may hold per rank (published and being
         written), apart from the running requests' slots; None: what an explicit num_slots
-        leaves beside max_num_seqs + 1, else max(max_num_seqs, 16) (so num_slots defaults to
-        max_num_seqs + 1 + that: a cached state per running request, at least 16).
+        leaves beside the requests' and lanes' slots + NULL, else max(max_num_seqs, 16) (a
+        cached state per running request, at least 16).
+      speculative: speculative decoding (`runtime.speculative.SpeculativeConfig`, or a dict of its
+        fields); None decodes one token per request per step.
     """
 
     max_num_seqs: int = 8
@@ -111,6 +117,7 @@ class EngineConfig:
     prefix_caching: str | None = None
     state_block_size: int | None = None
     max_cached_states: int | None = None
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -131,8 +138,11 @@ class EngineConfig:
                 f"request of max_model_len={self.max_model_len} needs "
                 f"{self.max_blocks_per_seq} blocks of block_size={self.block_size} + NULL"
             )
+        speculative = SpeculativeConfig.of(self.speculative)
+        object.__setattr__(self, "speculative", speculative)
         if self.num_slots is not None:
-            checks.integer("num_slots", self.num_slots, low=2)
+            low = min_num_slots(self.max_num_seqs, speculative)
+            checks.integer("num_slots", self.num_slots, low=low)
         self._check_prefix_caching()
         seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
         self._set_buckets("decode_row_buckets", powers_of_two_up_to(seqs), seqs)
@@ -166,7 +176,9 @@ class EngineConfig:
         elif mode != "off" and problem:
             raise ValueError(f"prefix_caching={mode!r} cannot work: {problem}")
         cached = 0 if mode == "off" else cached
-        slots = self.num_slots if self.num_slots is not None else seqs + 1 + cached
+        slots = self.num_slots
+        if slots is None:
+            slots = default_num_slots(seqs, self.speculative) + cached
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = default_token_budget(sbs if mode == "align" else chunk_size, seqs)
@@ -209,7 +221,8 @@ class EngineConfig:
         if self.max_cached_states is not None:
             return self.max_cached_states
         if self.num_slots is not None:
-            return max(self.num_slots - 1 - self.max_num_seqs, 0)
+            running = default_num_slots(self.max_num_seqs, self.speculative)
+            return max(self.num_slots - running, 0)
         return max(self.max_num_seqs, DEFAULT_MIN_CACHED_STATES)
 
     def _why_caching_cannot_work(self, sbs: int, cached: int) -> str | None:
@@ -218,9 +231,11 @@ class EngineConfig:
             return (f"max_cached_states={cached} leaves no state slot to cache in (num_slots="
                     f"{self.num_slots} holds only the max_num_seqs={seqs} running requests' "
                     "slots + NULL)")  # fmt: skip
-        if self.num_slots is not None and self.num_slots < seqs + 1 + cached:
-            return (f"num_slots={self.num_slots} must be >= max_num_seqs + 1 + max_cached_states "
-                    f"= {seqs + 1 + cached}")  # fmt: skip
+        running = default_num_slots(seqs, self.speculative)
+        if self.num_slots is not None and self.num_slots < running + cached:
+            return (f"num_slots={self.num_slots} must be >= {running} (NULL and the running "
+                    f"requests' slots{' and lanes' if self.speculative else ''}) + "
+                    f"max_cached_states={cached} = {running + cached}")  # fmt: skip
         if sbs > self.max_model_len - 2:
             return (f"state_block_size={sbs} > max_model_len - 2 = {self.max_model_len - 2}: a "
                     "hit leaves the last prompt token to compute, so none could hit")  # fmt: skip

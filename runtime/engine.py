@@ -1,7 +1,9 @@
 """`Engine`: wires schedulers, router, bucket policy, builder and model runner into one step loop.
 
-`step()` = schedule (every rank) -> agree on one bucket -> build fresh padded inputs per rank (an
-idle rank gets an all-padding step) -> run the jitted SPMD step -> postprocess per rank. Requests
+`step()` = schedule (every rank) -> agree on one bucket -> (speculative decoding: the drafter
+proposes each decode row's drafts) -> build fresh padded inputs per rank (an idle rank gets an
+all-padding step) -> run the jitted SPMD step -> postprocess per rank (keep the accepted drafts
+and the target's token after them). Requests
 come in through `add_request` (checked there, so a bad request never reaches a step and the other
 requests keep being served) and leave through `step()`'s return value or `abort`; `stream()`
 yields what each step added to each request instead. docs/architecture.md describes the design.
@@ -25,6 +27,7 @@ from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.model_runner import ModelRunner
+from runtime.ngram import NgramDrafter
 from runtime.outputs import OutputProcessor, Sampled, sampled_items
 from runtime.prefix_cache import PrefixCacheStats
 from runtime.request import FinishReason, Request, RequestOutput, StreamDelta
@@ -32,19 +35,21 @@ from runtime.router import LeastOutstandingWork, Router
 from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, Scheduler
+from runtime.speculative import Drafter, SpeculationStats, verified_tokens
 from runtime.step_record import ScheduleRecord, StepRecord
 
 
 @dataclasses.dataclass
 class RankStats:
-    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed,
-    and the counters of its prefix cache (lookups, hits, tokens skipped, evictions; None when
-    prefix caching is off)."""
+    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed
+    (drafts fed included), the speculative acceptance counters, and the counters of its prefix
+    cache (lookups, hits, tokens skipped, evictions; None when prefix caching is off)."""
 
     num_live_steps: int = 0
     num_idle_steps: int = 0
     num_tokens: int = 0
     prefix_cache: PrefixCacheStats | None = None
+    speculation: SpeculationStats = dataclasses.field(default_factory=SpeculationStats)
 
 
 @dataclasses.dataclass
@@ -57,6 +62,14 @@ class StepStats:
     device_seconds: float = 0.0
     compile_seconds: float = 0.0
     ranks: list[RankStats] = dataclasses.field(default_factory=list)
+
+    @property
+    def speculation(self) -> SpeculationStats:
+        """Acceptance counters summed over ranks (`acceptance_rate`, `mean_acceptance_length`)."""
+        total = SpeculationStats()
+        for rank in self.ranks:
+            total = total.add(rank.speculation)
+        return total
 
 
 class Engine:
@@ -82,9 +95,14 @@ class Engine:
         runner: ModelRunner | None = None,
         router: Router | None = None,
         tokenizer: Any = None,
+        draft_model: nnx.Module | None = None,
+        draft_runner: ModelRunner | None = None,
     ) -> None:
         """Build pools, schedulers and runner; `runner` reuses compiled steps and caches of another
-        engine with the same pool sizes and bucket tables (tests, notebooks)."""
+        engine with the same pool sizes and bucket tables (tests, notebooks). With
+        `config.speculative.method == "draft_model"`, `draft_model` is the draft model (default:
+        loaded from `config.speculative.draft_model`) and `draft_runner` may share its compiled
+        steps and caches likewise."""
         self.model_config = model.config
         self.config = (config or EngineConfig()).resolved(self.model_config.chunk_size)
         self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)
@@ -100,7 +118,9 @@ class Engine:
             for _ in self.ranks
         ]
         self.router = router or LeastOutstandingWork()
-        self.buckets = BucketPolicy(self.config)
+        spec = self.config.speculative
+        self.buckets = BucketPolicy(self.config, width=1 if spec is None else spec.width)
+        self.drafter = self._make_drafter(model, draft_model, draft_runner)
         self.stats = StepStats(ranks=[
             RankStats(prefix_cache=s.prefix_cache.stats if s.prefix_cache else None)
             for s in self.schedulers
@@ -153,6 +173,10 @@ class Engine:
         prompt, params = self.check_request(prompt_token_ids, sampling_params)
         if params.stop and self.tokenizer is None:
             raise ValueError(f"stop={params.stop!r}: stop strings need a tokenizer")
+        if params.logprobs is not None and self.config.speculative is not None:
+            raise ValueError(f"logprobs={params.logprobs}: log-probabilities are not computed "
+                             "with speculative decoding (ask for them on an engine without "
+                             "`speculative`)")  # fmt: skip
         given = None if request_id is None else checks.request_id(request_id)
         if given in self._requests:
             raise ValueError(f"request_id={given!r} is already in use")
@@ -175,6 +199,8 @@ class Engine:
         request_id = checks.request_id(request_id)
         rank = self._rank_of.get(request_id)
         request = None if rank is None else self.schedulers[rank].abort(request_id)
+        if request is not None and self.drafter is not None:
+            self.drafter.release_done()
         return None if request is None else self._release(request)
 
     def rank_of(self, request_id: str) -> int:
@@ -198,26 +224,31 @@ class Engine:
         the sampler mode).
         """
         start = time.perf_counter()
-        schedules = [s.schedule() for s in self.schedulers]
+        num_drafts = None if self.drafter is None else self.drafter.num_wanted
+        schedules = [s.schedule(num_drafts) for s in self.schedulers]
         agreed = self._agree(schedules)
         if agreed is None:
             return []
         bucket, mode = agreed
         snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
+        if self.drafter is not None:
+            self.drafter.propose(schedules, bucket)
         batches = [
             with_mode(self._build(scheduler, schedule, bucket), mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
-        tokens = self._run(bucket, batches)
+        results = self._run(bucket, batches)
         # Per-token work beyond the token itself only when something asks for it: the plain
         # path stays as cheap as it was.
         extras = mode.logprobs or self.outputs.has_text or self._streaming
         sampled = [sampled_items(schedule) for schedule in schedules] if extras else []
         finished = []
-        for scheduler, schedule, ids in zip(self.schedulers, schedules, tokens, strict=True):
-            finished += scheduler.postprocess(schedule, ids.tolist())
+        for i, (schedule, batch) in enumerate(zip(schedules, batches, strict=True)):
+            finished += self._postprocess(i, schedule, batch, results[i], bucket.width)
         if extras:
             finished += self._process_outputs(sampled)
+        if self.drafter is not None:
+            self.drafter.release_done()
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         outputs = self._finish(sampled, finished)
         self._count(start, schedules)
@@ -247,6 +278,8 @@ class Engine:
     def warmup(self) -> None:
         """Compile every decode-only bucket now (the rest compile on first use)."""
         self.runner.warmup(self.buckets.decode_buckets())
+        if self.drafter is not None:
+            self.drafter.warmup()
 
     @property
     def num_variants(self) -> int:
@@ -289,6 +322,39 @@ class Engine:
                 published_blocks=None if cache is None else cache.published_blocks,
             )
         return batch
+
+    def _postprocess(
+        self, rank: int, schedule: Schedule, batch: StepBatch, result: np.ndarray, width: int
+    ) -> list[Request]:
+        """Hand rank `rank`'s sampled tokens ([2, N]: tokens, accept flags) to its scheduler."""
+        tokens = result[0]
+        if self.drafter is None:
+            return self.schedulers[rank].postprocess(schedule, tokens[batch.sample_rows].tolist())
+        sampled, drafts, stats = verified_tokens(schedule, batch.sample_rows, width, tokens,
+                                                 result[1])  # fmt: skip
+        self.stats.ranks[rank].speculation = self.stats.ranks[rank].speculation.add(stats)
+        return self.schedulers[rank].postprocess(schedule, sampled, drafts)
+
+    def _make_drafter(
+        self, model: nnx.Module, draft_model: nnx.Module | None, draft_runner: ModelRunner | None
+    ) -> Drafter | None:
+        spec = self.config.speculative
+        if spec is None or spec.method == "ngram":
+            if draft_model is not None or draft_runner is not None:
+                raise ValueError("draft_model / draft_runner need speculative method 'draft_model'")
+            return None if spec is None else NgramDrafter(spec)
+        from runtime.draft_model import DraftModelDrafter, check_draft_model
+
+        if draft_model is None:
+            if spec.draft_model is None:
+                raise ValueError("speculative method 'draft_model' needs draft_model: a checkpoint "
+                                 "directory or preset name, or the model object")  # fmt: skip
+            from runtime.llm import load_model
+
+            draft_model, _ = load_model(spec.draft_model, seed=self.config.seed)
+        check_draft_model(draft_model, model)
+        return DraftModelDrafter(draft_model, self.config, self.model_config.chunk_size,
+                                 len(self.ranks), runner=draft_runner)  # fmt: skip
 
     def _run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
         compiled_before = sum(self.runner.compile_seconds.values())

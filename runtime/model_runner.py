@@ -9,8 +9,9 @@ given an all-padding row (the idle-rank dummy step): it runs the same program an
 docs/architecture.md section 5 invariant 6, writes nothing but NULL entries. With one device this
 is a mesh of one rank.
 
-Sampling runs inside the step, so only int32 token ids come back to the host (and, in a variant
-whose sampling mode asks for them, the sampled and top-k log-probabilities). The runner makes no
+Sampling runs inside the step, so only int32 token ids (and, per speculative decode lane, whether
+it accepted the next lane's draft; in a variant whose sampling mode asks for them, the sampled and
+top-k log-probabilities) come back to the host. The runner makes no
 policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket and with the
 sampler `SamplingMode` they carry. One variant is compiled per (bucket, sampling mode).
 
@@ -26,6 +27,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
@@ -35,7 +37,7 @@ from runtime.builder import StepBatch, build_dummy
 from runtime.config import EngineConfig
 from runtime.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.packing import Layout, layout_of, pack, unpack
-from runtime.sampler import logprobs, sample
+from runtime.sampler import accept_drafts, logprobs, sample
 from runtime.sampling_inputs import SamplingMode, TokenLogprobs
 
 VariantKey = tuple[Bucket, SamplingMode]
@@ -43,8 +45,8 @@ VariantKey = tuple[Bucket, SamplingMode]
 
 def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
                param_leaves, caches, packed):  # fmt: skip
-    """One rank's step on its own shard: packed [1, words] -> tokens [1, N], log-probabilities
-    (when `mode.logprobs`), logits (when `keep_logits`), caches."""
+    """One rank's step on its own shard: packed [1, words] -> [1, 2, N] (tokens, accept flags),
+    log-probabilities (when `mode.logprobs`), logits (when `keep_logits`), caches."""
     inputs, sampling = unpack(packed[0], layout)
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
@@ -53,7 +55,9 @@ def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode:
     if mode.logprobs:
         computed = logprobs(logits, tokens, mode.top_logprobs)
         token_logprobs = jax.tree.map(lambda a: a[None], computed)
-    return tokens[None], token_logprobs, (logits[None] if keep_logits else None), caches
+    accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
+    tokens_and_flags = jnp.stack([tokens, accepted])[None]
+    return tokens_and_flags, token_logprobs, (logits[None] if keep_logits else None), caches
 
 
 def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
@@ -125,7 +129,8 @@ class ModelRunner:
 
     def run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
         """Run one step; `batches[i]` is local rank i's inputs, all built for `bucket` with one
-        `SamplingMode`. Returns, per local rank, each scheduled request's sampled token."""
+        `SamplingMode`. Returns, per local rank, [2, N] int32: every logits row's sampled token,
+        and 1 where it accepted the draft of the next lane (`sampler.accept_drafts`)."""
         if len(batches) != len(self.local_ranks):
             raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
         key = (bucket, batches[0].mode)
@@ -137,8 +142,7 @@ class ModelRunner:
         )
         self.last_logits = None if logits is None else self.mesh.local_rows(logits)
         self.last_logprobs = self._local_logprobs(token_logprobs, batches)
-        rows = self.mesh.local_rows(tokens)
-        return [rows[i][batch.sample_rows] for i, batch in enumerate(batches)]
+        return list(self.mesh.local_rows(tokens))
 
     def _local_logprobs(
         self, token_logprobs: TokenLogprobs | None, batches: list[StepBatch]

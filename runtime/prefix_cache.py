@@ -29,6 +29,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import types
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -231,15 +233,35 @@ class PrefixCache:
     def reserve_state(self, key: bytes) -> int:
         """A fresh slot for the state of `key` that the next step writes, or NULL when the key is
         cached or reserved already, or every cached state is in use and the budget is spent."""
-        if self.has_state(key):
+        if self.has_state(key) or not self._make_state_room():
             return NULL
-        while len(self._states) + len(self._reserved) >= self.max_cached_states:
-            if not self._evict(self._states, self.slot_pool):
-                return NULL
-            self.stats.state_evictions += 1
         slot = self.slot_pool.allocate(1)[0]
         self._reserved[key] = slot
         return slot
+
+    def adopt_state(self, key: bytes, slot: int) -> bool:
+        """Publish `slot`, which a step that has run wrote the state of `key` to (an accepted
+        speculative lane), taking a reference on it; False (nothing taken) when the key is cached
+        or reserved already, or every cached state is in use and the budget is spent."""
+        if self.has_state(key) or not self._make_state_room():
+            return False
+        self.slot_pool.share([slot])
+        self._states[key] = slot
+        self.stats.states_published += 1
+        return True
+
+    @property
+    def unused_state_budget(self) -> int:
+        """State slots the cache may still take without evicting."""
+        return max(self.max_cached_states - len(self._states) - len(self._reserved), 0)
+
+    def _make_state_room(self) -> bool:
+        """Evict unused states, least recently used first, until one more fits the budget."""
+        while len(self._states) + len(self._reserved) >= self.max_cached_states:
+            if not self._evict(self._states, self.slot_pool):
+                return False
+            self.stats.state_evictions += 1
+        return True
 
     def publish_state(self, key: bytes) -> int:
         """Publish the reserved state of `key` (its step has run); returns its slot."""
@@ -247,6 +269,11 @@ class PrefixCache:
         self._states[key] = slot
         self.stats.states_published += 1
         return slot
+
+    @property
+    def published_states(self) -> Mapping[bytes, int]:
+        """Key -> slot of every published state (a read-only view)."""
+        return types.MappingProxyType(self._states)
 
     @property
     def published_slots(self) -> np.ndarray:

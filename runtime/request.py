@@ -38,6 +38,10 @@ class Request:
     slot); the request holds a reference on it until that step has run. `num_cached_blocks`
     counts its leading KV blocks already in the cache. `block_digests` memoises the chained
     digests of its full blocks: a function of its token ids alone, so it survives preemption.
+
+    Speculative decoding: `draft_token_ids` are the drafts the drafter proposed for the tokens
+    after the last sampled one (fed behind it in this step's decode row; output only once
+    verified).
     """
 
     request_id: str
@@ -57,6 +61,7 @@ class Request:
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
     block_digests: list[bytes] = dataclasses.field(default_factory=list, repr=False)
+    draft_token_ids: list[int] = dataclasses.field(default_factory=list)
     num_preemptions: int = 0
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -128,6 +133,7 @@ class Request:
         self.num_prefill_tokens = self.num_tokens
         self.block_ids = []
         self.state_slot = self.read_slot = self.num_cached_blocks = 0
+        self.draft_token_ids = []
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
 

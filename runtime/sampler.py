@@ -7,6 +7,16 @@ token being generated, so a request's random stream depends on nothing else in t
 is Gumbel-max over the filtered, temperature-scaled logits. What runs is fixed by the static
 `SamplingMode` the host decided for the step (the mask only if some row masks, the random draw only
 if some row samples, the sort only if some sampled row filters): no branch waits on the device.
+
+Speculative decode rows (`accept_drafts`): lane t's token is sampled exactly as above (its counter
+is the output index it would produce) and the draft d that lane t + 1 fed is accepted iff the
+token equals d. For a greedy row that is the exact-match rule. For a sampled row it is rejection
+sampling with a deterministic draft (ngram lookup, a greedy draft model): the Gumbel-max token
+equals d with probability p(d), so d is accepted with probability p(d), and when it is not, the
+token is distributed as p restricted to the other tokens, renormalised: the residual
+distribution. Every output token thus follows the target distribution, and because the draw uses
+the request's own (seed, output index) stream, a sampled request gets the same tokens with or
+without drafts.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jmamba.inputs import StepInputs
 from runtime.sampling_inputs import SamplingInputs, SamplingMode, TokenLogprobs
 
 
@@ -52,6 +63,18 @@ def logprobs(logits: jax.Array, tokens: jax.Array, width: int) -> TokenLogprobs:
     sampled = jnp.take_along_axis(log_probs, tokens[:, None], axis=-1)[:, 0]
     top_logprobs, top_ids = jax.lax.top_k(log_probs, min(width, logits.shape[-1]))
     return TokenLogprobs(sampled, top_ids.astype(jnp.int32), top_logprobs)
+
+
+def accept_drafts(tokens: jax.Array, inputs: StepInputs) -> jax.Array:
+    """[N] bool per logits row: a live decode lane whose token equals the draft the next lane of
+    its row fed (see the module docstring); False for the last live lane and prefill rows."""
+    rows, width = inputs.decode.num_rows, inputs.decode.width
+    lanes = tokens[: rows * width].reshape(rows, width)
+    fed = inputs.token_ids[: rows * width].reshape(rows, width)
+    has_draft = jnp.arange(1, width)[None, :] < inputs.decode.query_lens[:, None]
+    accepted = has_draft & (lanes[:, :-1] == fed[:, 1:])
+    flat = jnp.pad(accepted, ((0, 0), (0, 1))).reshape(-1)
+    return jnp.pad(flat, (0, tokens.shape[0] - rows * width))
 
 
 def _mask(logits: jax.Array, masked_ids: jax.Array, num_masked: jax.Array) -> jax.Array:

@@ -21,6 +21,15 @@ most S = `max_num_seqs` rows per step, alignment a: the model's `chunk_size` c, 
 4. When the KV block pool runs out (after evicting unused cached blocks), the youngest running
    request is preempted: it gives back its blocks and slots and later recomputes everything it
    had (prompt + output) as a fresh prefill, from its longest cached prefix.
+5. Speculative decoding (`config.speculative`, K drafts at most): after steps 1-3, each decode row,
+   oldest first, gets k <= K drafts out of what is left (tokens of the budget, free KV blocks,
+   free state slots, less what the prefix cache's state budget may still
+   take), never more than its drafter proposes nor than the tokens it may still
+   generate minus one, and 1 + k fresh lane slots (the state after each of its tokens). Drafts
+   never preempt and never take what a prefill or an admission could use, so the fairness bound
+   below is unchanged; k = 0 rows take the same path.
+   With prefix caching "all", an accepted lane that ends on a state block boundary gives its slot
+   to the cache (published at once: its step has run); rejected lanes publish nothing.
 
 Fairness. B >= a + S - 1 is required (`min_token_budget`): a full aligned chunk always fits beside
 a full decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows,
@@ -47,6 +56,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from runtime.config import EngineConfig, min_token_budget
@@ -69,6 +79,9 @@ class ScheduledRequest(NamedTuple):
         none is cached; the layout of the kernels' `boundary_slots` columns.
       new_states: (key, slot) of every state this step writes for the cache, published by
         `Scheduler.postprocess`.
+      lane_slots: (speculative decode) the fresh slot each of its num_tokens lanes writes (the
+        state after each token; empty without speculation: the row writes `write_slot`). Its
+        tokens past prompt + output are the request's drafts.
     """
 
     request: Request
@@ -78,10 +91,12 @@ class ScheduledRequest(NamedTuple):
     write_slot: int = NULL
     boundary_slots: tuple[int, ...] = ()
     new_states: tuple[tuple[bytes, int], ...] = ()
+    lane_slots: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.token_ids(self.start, self.start + self.num_tokens)
+        tokens = self.request.token_ids(self.start, self.start + self.num_tokens)
+        return tokens + self.request.draft_token_ids[: self.num_tokens - len(tokens)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +154,8 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        spec = config.speculative
+        self.num_speculative_tokens = spec.num_speculative_tokens if spec is not None else 0
 
     @property
     def budget(self) -> int:
@@ -160,8 +177,9 @@ class Scheduler:
                 return request
         return None
 
-    def schedule(self) -> Schedule:
-        """Pick this step's requests and token counts (module docstring, steps 1-4)."""
+    def schedule(self, num_drafts: Callable[[Request], int] | None = None) -> Schedule:
+        """Pick this step's requests and token counts (module docstring, steps 1-5);
+        `num_drafts(request)` is how many drafts the drafter proposes for a decode row."""
         decodes: list[ScheduledRequest] = []
         prefills: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -180,33 +198,100 @@ class Scheduler:
                 prefill_budget -= num_tokens
         if not preempted:
             self._admit(prefills, prefill_budget)
+        if self.num_speculative_tokens:
+            left = self.budget - len(decodes) - sum(item.num_tokens for item in prefills)
+            decodes = self._speculate(decodes, left, num_drafts or (lambda _: 0))
         decodes = [self._with_slots(item, decode=True) for item in decodes]
         prefills = [self._with_slots(item, decode=False) for item in prefills]
         return Schedule(decodes, prefills, preempted)
 
-    def postprocess(self, schedule: Schedule, sampled: list[int]) -> list[Request]:
-        """Advance each scheduled request; append a token where its last known token was fed.
+    def postprocess(
+        self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] | None = None
+    ) -> list[Request]:
+        """Advance each scheduled request; append tokens where its last known token was fed.
 
-        `sampled[i]` is the token sampled from the logits of `schedule.items[i]`'s last token.
-        Returns the requests that finished in this step.
+        `sampled[i]` is the token sampled from the logits of `schedule.items[i]`'s last token, or
+        for a speculative decode row the target's token after the accepted drafts `drafts[i]`:
+        the row appends drafts[i] + [sampled[i]], cut at the first stop, and keeps the state of
+        its lane len(drafts[i]). Returns the requests that finished in this step.
         """
         finished = []
         now = time.perf_counter()
-        for item, token in zip(schedule.items, sampled, strict=True):
+        for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
-            request.num_computed += item.num_tokens
+            accepted = drafts[i] if drafts is not None else []
+            if item.lane_slots:
+                request.num_computed += len(accepted) + 1
+                request.draft_token_ids = []
+            else:
+                request.num_computed += item.num_tokens
+            reason = None
+            if request.num_computed >= request.num_tokens:  # else a prefill chunk, not the last
+                reason = self._append(request, [*accepted, token], now)
+            if item.lane_slots:
+                self._keep_lane(item, len(accepted))
             if self.prefix_cache is not None:
                 self._publish(item)
-            if request.num_computed < request.num_tokens:
-                continue  # a prefill chunk that is not the last one: its logits are not needed
-            request.output_token_ids.append(int(token))
-            if request.first_token_time is None:
-                request.first_token_time = now
-            reason = self._stop_reason(request, int(token))
             if reason is not None:
                 self._finish(request, reason)
                 finished.append(request)
         return finished
+
+    def _append(self, request: Request, tokens: list[int], now: float) -> FinishReason | None:
+        """Append `tokens` to the request's output up to the first that stops it; returns why it
+        stops (None: it goes on)."""
+        if request.first_token_time is None:
+            request.first_token_time = now
+        for token in tokens:
+            request.output_token_ids.append(int(token))
+            reason = self._stop_reason(request, int(token))
+            if reason is not None:
+                return reason
+        return None
+
+    def _speculate(
+        self, decodes: list[ScheduledRequest], budget: int, num_drafts: Callable[[Request], int]
+    ) -> list[ScheduledRequest]:
+        """Give each decode row, oldest first, its drafts and lane slots (module docstring, 5)."""
+        rows = []
+        for i, item in enumerate(decodes):
+            request = item.request
+            params = request.sampling_params
+            room = min(params.max_tokens - len(request.output_token_ids),
+                       self.config.max_model_len - request.num_tokens)  # fmt: skip
+            k = min(num_drafts(request), self.num_speculative_tokens, room - 1, budget)
+            if self.uses_slots:  # keep a lane-0 slot for each younger row
+                k = min(k, self._slots_for_lanes() - (len(decodes) - i))
+            while k > 0 and not self._can_allocate_blocks(self._blocks_needed(request, 1 + k)):
+                k -= 1
+            if k > 0:
+                request.block_ids += self._allocate_blocks(self._blocks_needed(request, 1 + k))
+            lanes = self.slot_pool.allocate(1 + k) if self.uses_slots else [0] * (1 + k)
+            rows.append(item._replace(num_tokens=1 + k, lane_slots=tuple(lanes)))
+            budget -= k
+        return rows
+
+    def _slots_for_lanes(self) -> int:
+        """Free state slots less what the prefix cache's state budget may still take."""
+        cache = self.prefix_cache
+        return self.slot_pool.num_free - (cache.unused_state_budget if cache is not None else 0)
+
+    def _keep_lane(self, item: ScheduledRequest, lane: int) -> None:
+        """After verification: the state after `lane` becomes the request's; its old slot and the
+        other lanes go back. In "all" mode the accepted lanes (0..lane) that end on a state block
+        boundary first give their slot to the prefix cache (module docstring, step 5)."""
+        if not self.uses_slots:
+            return
+        request, lanes = item.request, item.lane_slots
+        if self.config.prefix_caching == "all":
+            sbs = self.config.state_block_size
+            for t in range(lane + 1):
+                end = item.start + t + 1  # tokens summarised by lane t's state
+                if end % sbs == 0 and end <= request.num_tokens:
+                    key = self.prefix_cache.state_key(request, end)
+                    self.prefix_cache.adopt_state(key, lanes[t])
+        old, request.state_slot = request.state_slot, lanes[lane]
+        self.slot_pool.free([old, *lanes[:lane], *lanes[lane + 1 :]])
 
     def _admit(self, prefills: list[ScheduledRequest], budget: int) -> None:
         """Admit waiting requests oldest first (module docstring, step 3)."""
@@ -316,6 +401,8 @@ class Scheduler:
         if not self.uses_slots:
             return item
         read = (request.read_slot or request.state_slot) if item.start else NULL
+        if item.lane_slots:  # speculative: lanes write fresh slots, the cache adopts after
+            return item._replace(read_slot=read)
         item = item._replace(read_slot=read, write_slot=request.state_slot)
         if self.prefix_cache is None:
             return item
@@ -351,7 +438,7 @@ class Scheduler:
         if request.read_slot and item.read_slot == request.read_slot:
             self.slot_pool.free([request.read_slot])
             request.read_slot = NULL
-        if item.write_slot != request.state_slot:
+        if item.write_slot and item.write_slot != request.state_slot:
             self.slot_pool.share([item.write_slot])
             request.read_slot = item.write_slot
         cache.publish_blocks(request)

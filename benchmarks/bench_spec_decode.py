@@ -1,0 +1,239 @@
+"""Speculative decoding: decode tokens/s and acceptance with and without drafts at B = 1, 16, 64.
+
+The ~1B NemotronH-shaped random bench model of `bench_engine.py` (bf16 weights) serves B greedy
+requests (ignore_eos, `--max-tokens` each) whose prompts repeat a random `--phrase-len`-token
+phrase `--repeats` times (a different phrase per request), so prompt lookup can hit. Methods:
+
+- `none`: no speculation (decode rows of one lane): the baseline.
+- `ngram-K`: prompt lookup (n = 2..4) with K drafts.
+- `oracle-K` (UPPER BOUND, not a real drafter): proposes the baseline's own greedy continuation,
+  so every draft is right while outputs agree; it shows what the 1 + K lane mechanics give at full
+  acceptance with free drafts.
+- `draft-K`: a small random draft model of the same vocabulary (~10x fewer weights; random models
+  rarely agree, so its acceptance shows the cost side).
+- `self-K` (UPPER BOUND of draft-model acceptance): the target as its own draft model; every draft
+  must be accepted, at the price of K + 1 target-sized draft passes per step.
+
+One runner per lane width (and per draft model) serves every batch size (decode row buckets
+1, 16, 64), and a short warm-up serve of the same shape compiles every variant before timing.
+tokens/s = decode tokens / wall time of the decode phase (from the first step in which no request
+is waiting or prefilling to the end; the faster of two timed serves); acceptance = accepted /
+proposed drafts; accepted per step = accepted drafts per decode row per step (the row gains
+1 + that many tokens).
+
+    python benchmarks/bench_spec_decode.py --size tiny --batches 1,2 --max-tokens 8   # CPU smoke
+    python benchmarks/bench_spec_decode.py                                           # one GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from benchmarks.bench_engine import build_model, hf_config
+from jmamba import HybridLM
+from jmamba.families import from_hf_config
+from runtime.config import EngineConfig
+from runtime.draft_model import draft_engine_config
+from runtime.engine import Engine
+from runtime.model_runner import ModelRunner
+from runtime.request import Request
+from runtime.sampling_params import SamplingParams
+from runtime.speculative import SpeculativeConfig
+
+METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4")
+
+
+def draft_hf_config(size: str) -> dict:
+    """The bench model's family and vocabulary, 4 layers (Mamba2, MLP, attention, MLP), narrower."""
+    config = hf_config(size)
+    config["layers_block_type"] = ["mamba", "mlp", "attention", "mlp"]
+    if size != "tiny":
+        config.update(hidden_size=512, mamba_num_heads=16, mamba_head_dim=64, n_groups=8,
+                      intermediate_size=2048, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=64)  # fmt: skip
+    return config
+
+
+def build_draft_model(size: str) -> HybridLM:
+    """A random draft model (seed 1) with bf16 weights, as the bench model."""
+    model = HybridLM(from_hf_config(draft_hf_config(size)), rngs=nnx.Rngs(1))
+    graphdef, state = nnx.split(model)
+    to_bf16 = lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+    return nnx.merge(graphdef, jax.tree.map(to_bf16, state))
+
+
+class OracleDrafter:
+    """UPPER BOUND drafter: proposes the next K tokens of a known continuation (`truth`)."""
+
+    def __init__(self, truth: dict[str, list[int]], k: int) -> None:
+        self.truth, self.k = truth, k
+
+    def num_wanted(self, request: Request) -> int:
+        done = len(request.output_token_ids)
+        request.draft_token_ids = self.truth[request.request_id][done : done + self.k]
+        return len(request.draft_token_ids)
+
+    def propose(self, schedules, bucket) -> None:
+        """Nothing to run."""
+
+    def release_done(self) -> None:
+        """Holds nothing."""
+
+    def warmup(self) -> None:
+        """Compiles nothing."""
+
+
+def workload(vocab: int, count: int, phrase_len: int, repeats: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, vocab, phrase_len).tolist() * repeats for _ in range(count)]
+
+
+def engine_config(max_batch: int, batches: tuple[int, ...], max_model_len: int, budget: int,
+                  speculative: SpeculativeConfig | None) -> EngineConfig:  # fmt: skip
+    return EngineConfig(max_num_seqs=max_batch, max_num_batched_tokens=budget,
+                        max_model_len=max_model_len, block_size=16, decode_row_buckets=batches,
+                        prefill_token_buckets=(budget,), prefill_row_buckets=(min(16, max_batch),),
+                        speculative=speculative)  # fmt: skip
+
+
+def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Serve every prompt to completion, timing the decode phase."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, request_id=i)
+    outputs, start, before = {}, None, 0
+    total = time.perf_counter()
+    while engine.has_unfinished:
+        scheduler = engine.scheduler
+        if start is None and not scheduler.waiting and all(r.is_decode for r in scheduler.running):
+            before = sum(len(r.output_token_ids) for r in scheduler.running) + sum(
+                len(t) for t in outputs.values()
+            )
+            start = time.perf_counter()
+        outputs |= {o.request_id: o.token_ids for o in engine.step()}
+    end = time.perf_counter()
+    decode_tokens = len(prompts) * max_tokens - before
+    return dict(outputs=outputs, decode_s=end - start, total_s=end - total,
+                decode_tokens=decode_tokens)  # fmt: skip
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.model = build_model(args.size)
+        self.batches = tuple(int(b) for b in args.batches.split(","))
+        self.prompts = workload(self.model.config.vocab_size, max(self.batches),
+                                args.phrase_len, args.repeats)  # fmt: skip
+        max_len = args.phrase_len * args.repeats + args.max_tokens + 16
+        self.max_model_len = 1 << (max_len - 1).bit_length()
+        self.budget = max(args.budget, self.model.config.chunk_size)
+        self.draft_model = build_draft_model(args.size)
+        self.runners: dict[tuple, ModelRunner] = {}
+        self.truth: dict[str, list[int]] = {}
+
+    def config(self, method: str) -> EngineConfig:
+        kind, _, k = method.partition("-")
+        spec = None
+        if kind in ("ngram", "oracle"):
+            spec = SpeculativeConfig("ngram", int(k))
+        elif kind in ("draft", "self"):
+            spec = SpeculativeConfig("draft_model", int(k))
+        return engine_config(max(self.batches), self.batches, self.max_model_len, self.budget,
+                             spec)  # fmt: skip
+
+    def runner(self, key: tuple, model: HybridLM, config: EngineConfig) -> ModelRunner:
+        if key not in self.runners:
+            self.runners[key] = ModelRunner(model, config)
+        return self.runners[key]
+
+    def engine(self, method: str) -> Engine:
+        kind, _, k = method.partition("-")
+        config = self.config(method)
+        runner = self.runner(("target", config.speculative and config.speculative.width),
+                             self.model, config)  # fmt: skip
+        if kind not in ("draft", "self"):
+            engine = Engine(self.model, config, runner=runner)
+            if kind == "oracle":
+                engine.drafter = OracleDrafter(self.truth, int(k))
+            return engine
+        draft = self.model if kind == "self" else self.draft_model
+        draft_runner = self.runner((kind, k), draft, draft_engine_config(runner.config))
+        return Engine(self.model, config, runner=runner, draft_model=draft,
+                      draft_runner=draft_runner)  # fmt: skip
+
+    def run(self, method: str, batch: int) -> dict:
+        prompts = self.prompts[:batch]
+        warm = self.engine(method)
+        warm.warmup()
+        serve(warm, prompts, min(self.args.max_tokens, 8))  # compiles prefill and mixed variants
+        compiled = self.compile_seconds()
+        runs = []
+        for _ in range(2):  # the faster of two timed serves (a fresh engine each, same runners)
+            engine = self.engine(method)
+            runs.append((serve(engine, prompts, self.args.max_tokens), engine))
+        result, engine = min(runs, key=lambda run: run[0]["decode_s"])
+        if method == "none" and batch == max(self.batches):
+            self.truth.update(result["outputs"])
+        spec = engine.stats.speculation
+        return dict(method=method, batch=batch, tokens_per_s=result["decode_tokens"] /
+                    result["decode_s"], decode_s=result["decode_s"], total_s=result["total_s"],
+                    decode_tokens=result["decode_tokens"], steps=engine.stats.num_steps,
+                    drafted=spec.num_drafted, accepted=spec.num_accepted,
+                    acceptance=spec.acceptance_rate,
+                    accepted_per_step=spec.num_accepted / spec.num_rows if spec.num_rows else 0.0,
+                    compile_in_timing_s=self.compile_seconds() - compiled)  # fmt: skip
+
+    def compile_seconds(self) -> float:
+        return sum(sum(r.compile_seconds.values()) for r in self.runners.values())
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--phrase-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--budget", type=int, default=4096, help="token budget per step")
+    args = parser.parse_args(argv)
+    methods = args.methods.split(",")
+    if "oracle" in args.methods and methods[0] != "none":
+        raise ValueError(f"--methods={args.methods}: oracle needs 'none' first (its continuation)")
+    bench = Bench(args)
+    print(f"device={jax.devices()[0].device_kind} prompt={args.phrase_len}x{args.repeats} "
+          f"max_tokens={args.max_tokens}", flush=True)  # fmt: skip
+    start, rows = time.perf_counter(), []
+    for method in methods:
+        for batch in sorted(bench.batches, reverse=True):  # the largest first: the oracle's truth
+            rows.append(bench.run(method, batch))
+            print(json.dumps(rows[-1]), flush=True)
+    base = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
+    for r in rows:
+        r["speedup"] = r["tokens_per_s"] / base[r["batch"]] if r["batch"] in base else None
+    result = dict(args=vars(args), rows=rows, wall_s=time.perf_counter() - start,
+                  compile_s=bench.compile_seconds())  # fmt: skip
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_spec_decode.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    print("method     B   tokens/s  speedup  drafted  accepted  acceptance  accepted/step")
+    for r in sorted(rows, key=lambda r: (r["batch"], methods.index(r["method"]))):
+        speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        print(f"{r['method']:9s} {r['batch']:3d} {r['tokens_per_s']:10.0f} {speedup:>8s} "
+              f"{r['drafted']:8d} {r['accepted']:9d} {r['acceptance']:10.1%} "
+              f"{r['accepted_per_step']:13.2f}")  # fmt: skip
+    print(f"wall {result['wall_s']:.0f} s, compile {result['compile_s']:.0f} s "
+          "(oracle-K and self-K are upper bounds, not drafters)")  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    main()

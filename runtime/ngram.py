@@ -1,0 +1,57 @@
+"""`NgramDrafter`: prompt-lookup drafts from the request's own tokens, on the host (numpy, no jax).
+
+For n from `prompt_lookup_max` down to `prompt_lookup_min`: if the last n tokens of prompt +
+output occurred earlier in them, propose the (up to K) tokens that followed their most recent
+earlier occurrence. Text that repeats itself (code, quotes, lists, a chat that copies from its
+prompt) gets drafts that often match; elsewhere nothing is proposed and the row decodes one token
+through the same speculative path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from runtime.buckets import Bucket
+from runtime.request import Request
+from runtime.scheduler import Schedule
+from runtime.speculative import SpeculativeConfig
+
+
+def lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the longest suffix of
+    `tokens` of length in [min_n, max_n]; [] when no such suffix occurred before."""
+    length = tokens.size
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        # Windows starting before length - n: every earlier occurrence of the last n tokens.
+        windows = sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tokens[start : start + k].tolist()
+    return []
+
+
+class NgramDrafter:
+    """Drafts by prompt lookup; proposals are made when the scheduler asks how many it has."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+
+    def num_wanted(self, request: Request) -> int:
+        """Look the request's tokens up; keep the proposal in `request.draft_token_ids`."""
+        c = self.config
+        tokens = np.asarray(request.token_ids(0, request.num_tokens), np.int32)
+        request.draft_token_ids = lookup(
+            tokens, c.prompt_lookup_min, c.prompt_lookup_max, c.num_speculative_tokens
+        )
+        return len(request.draft_token_ids)
+
+    def propose(self, schedules: list[Schedule], bucket: Bucket) -> None:
+        """Nothing to run: each row feeds the first num_tokens - 1 of its proposal."""
+
+    def release_done(self) -> None:
+        """Holds nothing."""
+
+    def warmup(self) -> None:
+        """Compiles nothing."""

@@ -1,0 +1,149 @@
+"""Shared speculative engines for the tests: one target runner per family (every K shares it, so
+the prefill-only variant compiles once), one draft runner per (draft, family), and `Oracle`, a
+drafter that proposes a known continuation with planned mistakes."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import jmamba
+from runtime.buckets import Bucket
+from runtime.config import EngineConfig
+from runtime.draft_model import draft_engine_config
+from runtime.engine import Engine
+from runtime.model_runner import ModelRunner
+from runtime.request import Request
+from runtime.scheduler import Schedule
+from runtime.speculative import SpeculativeConfig
+from tests.runtime.conftest import MAX_NUM_SEQS, base_config, model_and_runner, model_with_eos
+
+MAX_K = 4
+SPEC_SLOTS = 1 + MAX_NUM_SEQS * (2 + MAX_K)  # the default slot count at K = MAX_K
+DRAFT_PRESET = "mamba2"  # the small draft model: a random mamba2 of the shared vocabulary (256)
+
+
+def spec_config(family: str, speculative: SpeculativeConfig, **options) -> EngineConfig:
+    return dataclasses.replace(base_config(family), num_slots=SPEC_SLOTS, speculative=speculative,
+                               **options)  # fmt: skip
+
+
+@functools.cache
+def spec_runner(family: str, ranks: int = 1) -> ModelRunner:
+    model, _ = model_and_runner(family)
+    config = spec_config(family, SpeculativeConfig("ngram", MAX_K), data_parallel_size=ranks)
+    return ModelRunner(model, config, keep_logits=True)
+
+
+NOISE = 0.05  # relative weight noise of a 'noisy:' draft: about half of its drafts are accepted
+
+
+@functools.cache
+def draft_model(name: str) -> nnx.Module:
+    """'target:<family>' is the family's target model itself; 'noisy:<family>' the target with
+    every weight scaled by 1 + NOISE * N(0, 1) (it agrees with the target often but not always,
+    so drafts are accepted in part); else a preset with seed 1."""
+    kind, _, family = name.partition(":")
+    if kind == "target":
+        return model_and_runner(family)[0]
+    if kind == "noisy":
+        return perturbed(model_and_runner(family)[0], NOISE, seed=1)
+    return jmamba.HybridLM(jmamba.presets.tiny(name), rngs=nnx.Rngs(1))
+
+
+def perturbed(model: nnx.Module, scale: float, seed: int) -> nnx.Module:
+    """A copy of `model` with every floating-point weight w scaled by 1 + scale * N(0, 1)."""
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [
+        w * (1 + scale * jax.random.normal(key, w.shape, w.dtype))
+        if jnp.issubdtype(w.dtype, jnp.floating) else w
+        for w, key in zip(leaves, keys, strict=True)
+    ]  # fmt: skip
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
+
+
+@functools.cache
+def draft_runner(name: str, family: str, ranks: int = 1) -> ModelRunner:
+    config = spec_config(family, SpeculativeConfig("draft_model", MAX_K), data_parallel_size=ranks)
+    return ModelRunner(draft_model(name), draft_engine_config(config))
+
+
+def spec_engine(family: str, method: str, k: int, draft: str = DRAFT_PRESET, ranks: int = 1,
+                eos_token_ids: tuple[int, ...] | None = None, **options) -> Engine:  # fmt: skip
+    """A fresh speculative engine on the shared runners; `eos_token_ids` replaces the model's EOS
+    ids, `options` the EngineConfig fields."""
+    model, _ = model_and_runner(family)
+    if eos_token_ids is not None:
+        model = model_with_eos(family, tuple(eos_token_ids))
+    # 1-grams too: random models rarely repeat longer n-grams of their own output
+    speculative = SpeculativeConfig(method, k, prompt_lookup_min=1, prompt_lookup_max=3)
+    config = spec_config(family, speculative, data_parallel_size=ranks, **options)
+    if method != "draft_model":
+        return Engine(model, config, runner=spec_runner(family, ranks))
+    return Engine(model, config, runner=spec_runner(family, ranks), draft_model=draft_model(draft),
+                  draft_runner=draft_runner(draft, family, ranks))  # fmt: skip
+
+
+class Oracle:
+    """A drafter that knows each request's continuation (`truth[request_id]`, its outputs from
+    index 0) and proposes its next tokens with planned mistakes: each time, `plan` picks how many
+    drafts to propose and how many of them are right (the rest are off by one). It records what
+    it planned, so a test can compute how many drafts the engine must accept."""
+
+    def __init__(self, truth: dict[str, list[int]], k: int, seed: int = 0) -> None:
+        self.truth, self.k = truth, k
+        self.rng = np.random.default_rng(seed)
+        self.expected_accepted = 0
+        self.num_drafted = 0
+        self._right: dict[Request, int] = {}
+
+    def num_wanted(self, request: Request) -> int:
+        outputs = request.output_token_ids
+        truth = self.truth[request.request_id]
+        follows = truth[: len(outputs)] == outputs
+        n = int(self.rng.integers(0, self.k + 1))
+        right = int(self.rng.integers(0, n + 1)) if follows else 0
+        nxt = truth[len(outputs) : len(outputs) + n] if follows else []
+        nxt = nxt + [0] * (n - len(nxt))  # past the known continuation: a guess
+        drafts = nxt[:right] + [(t + 1) % 256 for t in nxt[right:]]
+        request.draft_token_ids = drafts
+        self._right[request] = min(right, len(truth) - len(outputs))
+        return n
+
+    def propose(self, schedules: list[Schedule], bucket: Bucket) -> None:
+        for schedule in schedules:
+            for item in schedule.decodes:
+                granted = item.num_tokens - 1
+                self.num_drafted += granted
+                self.expected_accepted += min(self._right.pop(item.request, 0), granted)
+
+    def release_done(self) -> None:
+        self._right = {r: n for r, n in self._right.items() if not r.is_finished}
+
+    def warmup(self) -> None:
+        pass
+
+
+@functools.cache
+def trained_runner() -> tuple[nnx.Module, ModelRunner]:
+    """The trained stdlib preset (vocabulary 257, chunk size 64) with an ngram engine's pools."""
+    model = jmamba.load_pretrained(jmamba.presets.path("stdlib"))
+    budget = 128
+    speculative = SpeculativeConfig("ngram", MAX_K, prompt_lookup_min=1, prompt_lookup_max=3)
+    config = EngineConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=budget,
+                          max_model_len=128, decode_row_buckets=(MAX_NUM_SEQS,),
+                          prefill_token_buckets=(budget,), prefill_row_buckets=(MAX_NUM_SEQS,),
+                          validate_inputs=True, speculative=speculative)  # fmt: skip
+    return model, ModelRunner(model, config)
+
+
+def trained_engine() -> Engine:
+    model, runner = trained_runner()
+    return Engine(model, runner.config, runner=runner)

@@ -100,7 +100,7 @@ def engine_config(max_batch: int, batches: tuple[int, ...], max_model_len: int, 
                   speculative: SpeculativeConfig | None) -> EngineConfig:  # fmt: skip
     return EngineConfig(max_num_seqs=max_batch, max_num_batched_tokens=budget,
                         max_model_len=max_model_len, block_size=16, decode_row_buckets=batches,
-                        prefill_token_buckets=(budget,), prefill_row_buckets=(min(16, max_batch),),
+                        prefill_token_buckets=(budget,), prefill_row_buckets=(max_batch,),
                         speculative=speculative)  # fmt: skip
 
 

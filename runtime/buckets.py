@@ -82,24 +82,28 @@ class BucketPolicy:
         self.prefill_tokens = config.prefill_token_buckets
         self.prefill_rows = config.prefill_row_buckets
         self.width = width
+        # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
+        # finds nothing would otherwise pay for K padding lanes per row).
+        self.widths = tuple(sorted({1, width}))
 
     def bucket_for(self, schedule: Schedule) -> Bucket:
         num_prefill_rows = len(schedule.prefills)
         num_decode_rows = round_up(self.decode_rows, len(schedule.decodes))
+        lanes = max((item.num_tokens for item in schedule.decodes), default=1)
         return Bucket(
             num_decode_rows=num_decode_rows,
-            width=lane_width(num_decode_rows, self.width),
+            width=lane_width(num_decode_rows, round_up(self.widths, lanes)),
             num_prefill_tokens=round_up(self.prefill_tokens, schedule.num_prefill_tokens),
             num_prefill_rows=round_up(self.prefill_rows, num_prefill_rows),
         )
 
     def decode_buckets(self) -> list[Bucket]:
         """The decode-only variants, compiled by warm-up."""
-        return [Bucket(rows, self.width, 0, 0) for rows in self.decode_rows]
+        return [Bucket(rows, w, 0, 0) for rows in self.decode_rows for w in self.widths]
 
     @property
     def max_num_variants(self) -> int:
         """How many buckets `bucket_for` can return: (decode rows or none) x (prefill or none)."""
-        num_decode = len(self.decode_rows) + 1
+        num_decode = len(self.decode_rows) * len(self.widths) + 1
         num_prefill = len(self.prefill_tokens) * len(self.prefill_rows) + 1
         return num_decode * num_prefill - 1  # the empty step never runs

@@ -238,3 +238,24 @@ def test_validate_catches_lane_slot_bugs():
         write_slots[where] = value
         with pytest.raises(ValueError, match=match):
             planted(batch, write_slots=write_slots).validate(num_slots=32)
+
+
+def test_a_step_without_drafts_takes_one_lane_per_row():
+    """Width 1 + K only when some decode row has a draft: a drafter that finds nothing costs no
+    padding lanes. A zero-draft row still writes a fresh lane slot (the same path)."""
+    scheduler = spec_scheduler(k=3)
+    first = decoding(scheduler, make_request(6, max_tokens=10))
+    second = decoding(scheduler, make_request(5, max_tokens=10))
+    policy = BucketPolicy(scheduler.config, 4)
+    assert policy.widths == (1, 4)
+    assert {b.width for b in policy.decode_buckets()} == {1, 4}
+    schedule = scheduler.schedule(lambda r: 0)
+    assert [item.num_tokens for item in schedule.decodes] == [1, 1]
+    assert all(len(item.lane_slots) == 1 for item in schedule.decodes)
+    assert policy.bucket_for(schedule).width == 1
+    scheduler.postprocess(schedule, [7, 7], [[], []])
+    second.draft_token_ids = [11]
+    schedule = scheduler.schedule(lambda r: len(r.draft_token_ids))
+    assert [item.num_tokens for item in schedule.decodes] == [1, 2]
+    assert policy.bucket_for(schedule).width == 4
+    assert first.state_slot

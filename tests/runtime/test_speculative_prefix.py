@@ -127,9 +127,10 @@ request_strategy = st.fixed_dictionaries(
 )
 def test_random_shared_prefix_schedules_with_drafts_are_lossless(requests, max_cached_states, seed):
     """nemotron_h (KV blocks and state slots): shared prefixes of random lengths, arrivals,
-    aborts, preemption in the middle of speculation (39 KV blocks, requests of up to 19), drafts with mistakes;
-    validate() with the published slots on every step; every request that was not aborted equals
-    full recompute; every pool holds only the cache's entries at the end."""
+    aborts, preemption in the middle of speculation (39 KV blocks, requests of up to 19),
+    drafts with mistakes; validate() with the published slots on every step; every request that
+    was not aborted equals full recompute; every pool holds only the cache's entries at the
+    end."""
     family = "nemotron_h"
     prefixes = [tokens(80 + k, 60) for k in range(2)]
     arrivals = [

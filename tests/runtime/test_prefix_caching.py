@@ -95,6 +95,34 @@ def tokens(seed: int, n: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 256, n).tolist()  # no EOS (2) in prompts
 
 
+def shared_prefix_arrivals(requests: list[dict], prefixes: list[list[int]], seed: int) -> list:
+    """(arrival, prompt, max_tokens) per drawn request: part of a shared prefix + its own tokens."""
+    return [
+        (r["arrival"], prefixes[r["prefix"]][: r["shared"]] + tokens(seed + i, r["own"]),
+         r["max_tokens"])
+        for i, r in enumerate(requests)
+    ]  # fmt: skip
+
+
+def serve_and_check_with_aborts(engine: Engine, family: str, arrivals, abort_at) -> None:
+    """Serve `arrivals`, aborting request i at step abort_at[i] (None: never); every request
+    that was not aborted must equal full recompute."""
+    outputs, aborted, step = {}, set(), 0
+    last = max([a for a, _, _ in arrivals] + [s for s in abort_at if s is not None])
+    while step <= last or engine.has_unfinished:
+        for i, (arrival, prompt, n) in enumerate(arrivals):
+            if arrival == step:
+                engine.add_request(prompt, SamplingParams(max_tokens=n), request_id=i)
+            if abort_at[i] == step and engine.abort(i) is not None:
+                aborted.add(str(i))
+        outputs |= {o.request_id: o for o in engine.step()}
+        step += 1
+        assert step < 500
+    for i, (_, prompt, n) in enumerate(arrivals):
+        if str(i) not in aborted:
+            assert outputs[str(i)].token_ids == reference(family, tuple(prompt), n), i
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hits_inside_a_chunk_and_full_prompt_hits_are_lossless(family, mode):
@@ -221,25 +249,9 @@ def test_random_shared_prefix_schedules_are_lossless(family, requests, mode, max
     on every step, every request that was not aborted equals full recompute, and every pool holds
     only the cache's entries at the end."""
     prefixes = [tokens(50 + k, 100) for k in range(3)]
-    arrivals = [
-        (r["arrival"], prefixes[r["prefix"]][: r["shared"]] + tokens(60 + i, r["own"]),
-         r["max_tokens"])
-        for i, r in enumerate(requests)
-    ]  # fmt: skip
+    arrivals = shared_prefix_arrivals(requests, prefixes, seed=60)
     engine = prefix_engine(family, mode, max_cached_states=max_cached_states)
-    outputs, aborted, step = {}, set(), 0
-    while step <= 10 or engine.has_unfinished:
-        for i, (arrival, prompt, n) in enumerate(arrivals):
-            if arrival == step:
-                engine.add_request(prompt, SamplingParams(max_tokens=n), request_id=i)
-            if requests[i]["abort_at"] == step and engine.abort(i) is not None:
-                aborted.add(str(i))
-        outputs |= {o.request_id: o for o in engine.step()}
-        step += 1
-        assert step < 500
-    kept = [(i, a) for i, a in enumerate(arrivals) if str(i) not in aborted]
-    for i, (_, prompt, n) in kept:
-        assert outputs[str(i)].token_ids == reference(family, tuple(prompt), n), i
+    serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
     event("hit" if engine.stats.ranks[0].prefix_cache.hits else "no hit")
     event("preempted" if engine.scheduler.num_preemptions else "no preemption")
     scheduler = engine.scheduler

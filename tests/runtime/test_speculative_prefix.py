@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from runtime.engine import Engine
 from runtime.model_runner import ModelRunner
-from runtime.sampling_params import SamplingParams
 from runtime.speculative import SpeculativeConfig
 from tests.runtime.conftest import FAMILIES, model_and_runner
 from tests.runtime.spec_support import Oracle
@@ -32,6 +31,8 @@ from tests.runtime.test_prefix_caching import (
     prefix_engine,
     reference,
     serve,
+    serve_and_check_with_aborts,
+    shared_prefix_arrivals,
     tokens,
 )
 
@@ -133,25 +134,9 @@ def test_random_shared_prefix_schedules_with_drafts_are_lossless(requests, max_c
     end."""
     family = "nemotron_h"
     prefixes = [tokens(80 + k, 60) for k in range(2)]
-    arrivals = [
-        (r["arrival"], prefixes[r["prefix"]][: r["shared"]] + tokens(90 + i, r["own"]),
-         r["max_tokens"])
-        for i, r in enumerate(requests)
-    ]  # fmt: skip
+    arrivals = shared_prefix_arrivals(requests, prefixes, seed=90)
     engine = oracle_engine(family, arrivals, seed=seed, max_cached_states=max_cached_states)
-    outputs, aborted, step = {}, set(), 0
-    while step <= 12 or engine.has_unfinished:
-        for i, (arrival, prompt, n) in enumerate(arrivals):
-            if arrival == step:
-                engine.add_request(prompt, SamplingParams(max_tokens=n), request_id=i)
-            if requests[i]["abort_at"] == step and engine.abort(i) is not None:
-                aborted.add(str(i))
-        outputs |= {o.request_id: o for o in engine.step()}
-        step += 1
-        assert step < 500
-    for i, (_, prompt, n) in enumerate(arrivals):
-        if str(i) not in aborted:
-            assert outputs[str(i)].token_ids == reference(family, tuple(prompt), n), i
+    serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
     cache_stats, spec = engine.stats.ranks[0].prefix_cache, engine.stats.speculation
     event("hit" if cache_stats.hits else "no hit")
     event("preempted" if engine.scheduler.num_preemptions else "no preemption")

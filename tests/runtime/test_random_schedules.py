@@ -86,18 +86,10 @@ def check_stopping(output: RequestOutput, free: list[int], params, stop_ids: set
         assert output.finish_reason == "length" and len(tokens) == params.max_tokens
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@given(
-    requests=st.lists(request_strategy, min_size=1, max_size=6),
-    extra_budget=st.integers(0, 16),
-    max_num_seqs=st.integers(1, 4),
-    eos_at=st.integers(0, 7),
-)
-def test_random_schedule_is_valid_batch_invariant_and_stops(
-    family, requests, extra_budget, max_num_seqs, eos_at
-):
-    """Arrivals, aborts, small pools (preemption), varied budgets, EOS and stop tokens,
-    min_tokens: every request == the request served alone, which obeys the stopping rules."""
+def drawn_workload(family: str, requests: list[dict], extra_budget: int, max_num_seqs: int,
+                   eos_at: int) -> tuple:  # fmt: skip
+    """(token budget, prompts, each prompt's unconstrained greedy continuation, the EOS id (a
+    token of the first continuation), sampling params) of drawn `request_strategy` requests."""
     low = min_token_budget(jmamba.presets.tiny(family).chunk_size, max_num_seqs)
     budget = min(low + extra_budget, base_config(family).max_num_batched_tokens)
     prompts = [
@@ -117,6 +109,24 @@ def test_random_schedule_is_valid_batch_invariant_and_stops(
         )
         for r, f in zip(requests, free, strict=True)
     ]
+    return budget, prompts, free, eos, params
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@given(
+    requests=st.lists(request_strategy, min_size=1, max_size=6),
+    extra_budget=st.integers(0, 16),
+    max_num_seqs=st.integers(1, 4),
+    eos_at=st.integers(0, 7),
+)
+def test_random_schedule_is_valid_batch_invariant_and_stops(
+    family, requests, extra_budget, max_num_seqs, eos_at
+):
+    """Arrivals, aborts, small pools (preemption), varied budgets, EOS and stop tokens,
+    min_tokens: every request == the request served alone, which obeys the stopping rules."""
+    budget, prompts, free, eos, params = drawn_workload(
+        family, requests, extra_budget, max_num_seqs, eos_at
+    )
     engine = make_engine(
         family, eos_token_ids=eos, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs
     )

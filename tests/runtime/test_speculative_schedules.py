@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-import jmamba
-from runtime.config import min_token_budget
 from runtime.sampling_params import SamplingParams
-from tests.runtime.conftest import base_config, naive_greedy
+from tests.runtime.conftest import naive_greedy
 from tests.runtime.spec_support import Oracle, spec_engine
-from tests.runtime.test_random_schedules import request_strategy, unconstrained
+from tests.runtime.test_random_schedules import drawn_workload, request_strategy
 from tests.runtime.test_speculative import assert_pools_empty
 
 K = 3
@@ -54,25 +51,9 @@ def expected(family: str, prompt: tuple[int, ...], params: SamplingParams, eos: 
 def test_random_schedule_with_drafts_equals_full_recompute(
     family, requests, extra_budget, max_num_seqs, eos_at, drafter, seed
 ):
-    low = min_token_budget(jmamba.presets.tiny(family).chunk_size, max_num_seqs)
-    budget = min(low + extra_budget, base_config(family).max_num_batched_tokens)
-    prompts = [
-        tuple(np.random.default_rng(r["seed"]).integers(0, 256, r["prompt_len"]).tolist())
-        for r in requests
-    ]
-    free = [
-        unconstrained(family, p, r["max_tokens"]) for p, r in zip(prompts, requests, strict=True)
-    ]
-    eos = (free[0][min(eos_at, len(free[0]) - 1)],)
-    params = [
-        SamplingParams(
-            max_tokens=r["max_tokens"],
-            min_tokens=min(r["min_tokens"], r["max_tokens"]),
-            ignore_eos=r["ignore_eos"],
-            stop_token_ids=() if r["stop_at"] is None else (f[min(r["stop_at"], len(f) - 1)],),
-        )
-        for r, f in zip(requests, free, strict=True)
-    ]
+    budget, prompts, free, eos, params = drawn_workload(
+        family, requests, extra_budget, max_num_seqs, eos_at
+    )
     method = "draft_model" if drafter == "draft_model" else "ngram"
     engine = spec_engine(family, method, K, draft=f"noisy:{family}", eos_token_ids=eos,
                          max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)  # fmt: skip

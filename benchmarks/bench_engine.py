@@ -1,41 +1,62 @@
 """Decode throughput, step time, memory roofline and host time of the serving engine.
 
-A random NemotronH-shaped hybrid model (~1B parameters: Mamba2 + relu2 MLP layers, two attention
-layers, bf16 weights, fp32 SSM state) serves B requests of 16-token prompts; after one prefill
-step every step is a pure decode of B rows. Per batch size we report the step time (wall time of
-`Engine.step()`), decode tokens/s, host time per step (schedule + build + postprocess) beside
-device time (the compiled step call including input packing, dispatch and the token fetch), and
-the memory roofline: bytes the step must move (weights + B recurrent states read and written + KV
-read) over the bandwidth measured in the same run.
+Two random bench models (bf16 weights, fp32 recurrent state), each with a `tiny` CPU twin:
 
-    python benchmarks/bench_engine.py --size tiny --batches 1,4     # CPU smoke test
-    python benchmarks/bench_engine.py --size 1b                     # GPU
+* `1b`: NemotronH-shaped, ~0.87B parameters: 11 Mamba2 + 11 relu2 MLP layers, two attention
+  layers, hidden 2048;
+* `qwen3next`: Qwen3-Next-shaped and sized to fit one H100: 12 layers (9 Gated DeltaNet + 3 gated
+  attention, each followed by a 512-expert MoE with 10 routed experts and a shared expert), the
+  per-layer shapes of Qwen3-Next-80B-A3B (hidden 2048, 16/32 key/value heads of 128, head dim
+  256), ~20B parameters.
+
+B requests of 16-token prompts are served; after one prefill step every step is a pure decode of
+B rows. Per batch size we report the step time (wall time of `Engine.step()`), decode tokens/s,
+host time per step (schedule + build + postprocess) beside device time (the compiled step call
+including input packing, dispatch and the token fetch), and the memory roofline: bytes the step
+must move (weights it reads, B recurrent states read and written, KV read) over the bandwidth
+measured in the same run. MoE weights count the experts B tokens are expected to touch under
+uniform routing (the random router is close to uniform), E * (1 - (1 - k / E)^B) of E.
+
+`--contexts 8192,32768` adds decode at long contexts: the compiled decode step called with its
+inputs moved to C tokens of context (each row given its own C / block_size KV blocks; no prefill
+is run, the KV pool holds zeros), device time only (host time does not depend on the context).
+
+    python benchmarks/bench_engine.py --size tiny --batches 1,4 --contexts 64   # CPU smoke test
+    python benchmarks/bench_engine.py --size 1b --contexts 8192,32768           # GPU
+    python benchmarks/bench_engine.py --size qwen3next --contexts 8192,32768    # GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
+from jmamba.weights import cast
+from runtime.builder import StepBatch
 from runtime.config import EngineConfig
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
 
 PROMPT_LEN = 16
+SIZES = ("tiny", "1b", "qwen3next_tiny", "qwen3next")
+MAX_POSITIONS = 65536
 _MAMBA, _MLP, _ATTN = "mamba", "mlp", "attention"
+_GDN, _FULL = "linear_attention", "full_attention"
 
 
 def hf_config(size: str) -> dict:
-    """NemotronH-style config.json: 1b = 24 layers (11 Mamba2, 11 MLP, 2 attention), hidden 2048."""
+    """config.json of a bench model (see the module docstring)."""
+    if size.startswith("qwen3next"):
+        return _qwen3_next_config(tiny=size.endswith("tiny"))
     if size == "tiny":
         dims = dict(hidden_size=64, vocab_size=256, mamba_num_heads=8, mamba_head_dim=16,
                     ssm_state_size=16, n_groups=2, chunk_size=16, intermediate_size=128,
@@ -48,14 +69,43 @@ def hf_config(size: str) -> dict:
         pattern = [_MAMBA, _MLP] * 5 + [_ATTN, _MLP] + [_MAMBA, _MLP] * 5 + [_ATTN, _MLP]
         pattern = pattern[:22] + [_MAMBA, _MLP]
     return dict(architectures=["NemotronHForCausalLM"], layers_block_type=pattern, conv_kernel=4,
-                max_position_embeddings=4096, tie_word_embeddings=False, **dims)  # fmt: skip
+                max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False,
+                **dims)  # fmt: skip
+
+
+def _qwen3_next_config(tiny: bool) -> dict:
+    """Qwen3-Next-80B-A3B's per-layer shapes on 12 layers (tiny: the same structure, small)."""
+    if tiny:
+        dims = dict(hidden_size=64, vocab_size=256, linear_num_key_heads=2,
+                    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+                    num_experts_per_tok=2, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=32)  # fmt: skip
+        layers = [_GDN, _GDN, _GDN, _FULL]
+    else:
+        dims = dict(hidden_size=2048, vocab_size=151936, linear_num_key_heads=16,
+                    linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                    num_attention_heads=16, num_key_value_heads=2, head_dim=256, num_experts=512,
+                    num_experts_per_tok=10, moe_intermediate_size=512,
+                    shared_expert_intermediate_size=512)  # fmt: skip
+        layers = [_GDN, _GDN, _GDN, _FULL] * 3
+    return dict(architectures=["Qwen3NextForCausalLM"], layer_types=layers,
+                num_hidden_layers=len(layers), linear_conv_kernel_dim=4, intermediate_size=5120,
+                decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, hidden_act="silu",
+                rms_norm_eps=1e-6, max_position_embeddings=MAX_POSITIONS,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                     partial_rotary_factor=0.25),
+                tie_word_embeddings=False, **dims)  # fmt: skip
 
 
 def build_model(size: str) -> HybridLM:
-    model = HybridLM(from_hf_config(hf_config(size)), rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
-    to_bf16 = lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
-    return nnx.merge(graphdef, jax.tree.map(to_bf16, state))
+    """The random bench model in bf16 (`jmamba.weights.cast`), initialised inside one jitted call so
+    the fp32 initial values of a 20B model never all exist at once."""
+    config = from_hf_config(hf_config(size))
+    make = lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16")  # noqa: E731
+    graphdef, _ = nnx.split(nnx.eval_shape(make))
+    state = jax.jit(lambda: nnx.split(make())[1])()
+    return nnx.merge(graphdef, state)
 
 
 def measure_bandwidth(num_bytes: int = 1 << 30, repeats: int = 20) -> float:
@@ -63,7 +113,7 @@ def measure_bandwidth(num_bytes: int = 1 << 30, repeats: int = 20) -> float:
     writing every byte, inside ONE jitted loop (no per-call dispatch or allocation in the timing;
     the 20 separately dispatched calls of the earlier probe read 303 GB/s on an H100). The barrier
     keeps XLA from unrolling the loop and fusing the passes into one (that read 41 TB/s)."""
-    x = jnp.ones(num_bytes // 2, jnp.bfloat16)
+    x = jax.numpy.ones(num_bytes // 2, jax.numpy.bfloat16)
 
     def one_pass(_, b):
         return jax.lax.optimization_barrier(b * 1.0001)
@@ -75,10 +125,24 @@ def measure_bandwidth(num_bytes: int = 1 << 30, repeats: int = 20) -> float:
     return 2 * num_bytes * repeats / (time.perf_counter() - start)
 
 
+def weight_bytes(model: HybridLM, batch: int) -> int:
+    """Weight bytes a decode step of `batch` tokens reads: every parameter but the embedding (a
+    gather of B rows), MoE expert stacks scaled by the expected fraction of experts touched."""
+    moe, total = model.config.moe, 0
+    for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = leaf.get_value()
+        if path == ("embed",):
+            continue
+        if moe is not None and value.ndim == 3 and value.shape[0] == moe.num_experts:
+            touched = 1 - (1 - moe.top_k / moe.num_experts) ** batch
+            total += int(value.nbytes * touched)  # [E, ...] stack of routed experts
+        else:
+            total += value.nbytes
+    return total
+
+
 def step_bytes(model: HybridLM, engine: Engine, batch: int, context: int) -> dict[str, int]:
     """Bytes one decode step must move: weights, B states read + written, KV of B contexts."""
-    params = nnx.state(model, nnx.Param)
-    weights = sum(x.nbytes for x in jax.tree.leaves(params)) - model.embed[...].nbytes
     state = kv = 0
     for cache in engine.runner.caches:
         if cache is None:
@@ -89,14 +153,14 @@ def step_bytes(model: HybridLM, engine: Engine, batch: int, context: int) -> dic
                 kv += per_entry // leaf.shape[1] * batch * (context + 1)
             else:  # [slots, ...]: read and write each live slot
                 state += 2 * per_entry * batch
-    return {"weights": weights, "state": state, "kv": kv}
+    return {"weights": weight_bytes(model, batch), "state": state, "kv": kv}
 
 
-def make_engine(model: HybridLM, batch: int, steps: int) -> Engine:
+def make_engine(model: HybridLM, batch: int, steps: int, max_model_len: int = 256) -> Engine:
     """A warmed-up engine holding `batch` requests of PROMPT_LEN random tokens (not yet stepped)."""
-    budget = max(batch * PROMPT_LEN, model.config.chunk_size)
-    config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget, max_model_len=256,
-                          block_size=16, decode_row_buckets=(batch,),
+    budget = max(batch * PROMPT_LEN, model.config.chunk_size + batch - 1)
+    config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget,
+                          max_model_len=max_model_len, block_size=16, decode_row_buckets=(batch,),
                           prefill_token_buckets=(budget,),
                           prefill_row_buckets=(batch,))  # fmt: skip
     engine = Engine(model, config)
@@ -123,35 +187,110 @@ def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> di
     roofline_s = sum(moved.values()) / bandwidth
     compile_s = engine.runner.compile_seconds
     return dict(batch=batch, step_ms=1e3 * step_s, tokens_per_s=batch / step_s,
-                host_ms=1e3 * host_s, device_ms=1e3 * device_s, host_pct=100 * host_s / device_s,
-                roofline_ms=1e3 * roofline_s, x_roofline=step_s / roofline_s,
+                host_ms=1e3 * host_s, device_ms=1e3 * device_s, host_pct=100 * host_s / step_s,
+                roofline_ms=1e3 * roofline_s, x_roofline=device_s / roofline_s,
                 bytes=moved, variants=engine.num_variants,
                 compile_s={str(b): round(t, 1) for b, t in compile_s.items()})  # fmt: skip
 
 
+def at_context(batch_in: StepBatch, context: int, block_size: int) -> StepBatch:
+    """A pure-decode batch (one lane per row) moved to `context` tokens of context: live row r
+    decodes position `context` and owns blocks 1 + r * n ... (r + 1) * n, n = the blocks of
+    context + 1 tokens (distinct per row, never NULL)."""
+    inputs = batch_in.inputs
+    decode = inputs.decode
+    if decode.width != 1 or inputs.num_prefill_tokens:
+        raise ValueError("at_context takes a pure-decode batch of one lane per row")
+    live = np.asarray(decode.query_lens) > 0
+    n = -(-(context + 1) // block_size)
+    rows = np.arange(decode.num_rows)
+    table = np.zeros_like(np.asarray(decode.block_table))
+    table[:, :n] = np.where(live[:, None], 1 + rows[:, None] * n + np.arange(n)[None, :], 0)
+    positions = np.where(live, context, 0).astype(np.int32)
+    kv_slots = table[rows, context // block_size] * block_size + context % block_size
+    new_decode = dataclasses.replace(
+        decode, seq_lens=np.where(live, context + 1, 0).astype(np.int32), block_table=table
+    )
+    new_inputs = dataclasses.replace(
+        inputs, decode=new_decode, positions=_with_head(inputs.positions, positions),
+        kv_slots=_with_head(inputs.kv_slots, np.where(live, kv_slots, 0).astype(np.int32)),
+    )  # fmt: skip
+    return dataclasses.replace(batch_in, inputs=new_inputs)
+
+
+def _with_head(array: np.ndarray, head: np.ndarray) -> np.ndarray:
+    out = np.array(array)
+    out[: len(head)] = head
+    return out
+
+
+def bench_context(model: HybridLM, batch: int, context: int, steps: int, bandwidth: float) -> dict:
+    """Device ms of the compiled decode step at `context` tokens of context (pipelined calls)."""
+    engine = make_engine(model, batch, steps, max_model_len=context + 4 * PROMPT_LEN)
+    for _ in range(2):  # the prefill step, then one decode step to get a decode batch
+        engine.step()
+    runner, bucket = engine.runner, engine.last_bucket
+    moved = at_context(engine.last_batch, context, engine.config.block_size)
+    key = (bucket, moved.mode)
+    compiled, packed = runner._compiled[key], runner._packed(key, [moved])
+    for _ in range(3):
+        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, packed)
+    np.asarray(tokens)
+    start = time.perf_counter()
+    for _ in range(steps):
+        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, packed)
+    np.asarray(tokens)
+    device_s = (time.perf_counter() - start) / steps
+    moved_bytes = step_bytes(model, engine, batch, context)
+    roofline_s = sum(moved_bytes.values()) / bandwidth
+    return dict(batch=batch, context=context, device_ms=1e3 * device_s,
+                roofline_ms=1e3 * roofline_s, x_roofline=device_s / roofline_s,
+                bytes=moved_bytes)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
+    parser.add_argument("--size", choices=SIZES, default="1b")
     parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--contexts", default="", help="long-context decode, e.g. 8192,32768")
+    parser.add_argument("--max-context-tokens", type=int, default=1 << 21,
+                        help="skip long-context rows with batch x context above this")  # fmt: skip
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     model = build_model(args.size)
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    bandwidth = measure_bandwidth(1 << (30 if args.size == "1b" else 24))
-    print(f"device={jax.devices()[0].device_kind} params={num_params / 1e9:.3f}B "
-          f"bandwidth={bandwidth / 1e9:.0f} GB/s", flush=True)  # fmt: skip
+    bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
+    print(f"device={jax.devices()[0].device_kind} model={args.size} "
+          f"params={num_params / 1e9:.3f}B bandwidth={bandwidth / 1e9:.0f} GB/s",
+          flush=True)  # fmt: skip
+    batches = [int(b) for b in args.batches.split(",")]
     rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch in batches:
         rows.append(bench_batch(model, batch, args.steps, bandwidth))
         print(json.dumps(rows[-1]), flush=True)
+    long_rows = []
+    for context in (int(c) for c in args.contexts.split(",") if c):
+        for batch in (b for b in batches if b * context <= args.max_context_tokens):
+            long_rows.append(bench_context(model, batch, context, args.steps, bandwidth))
+            print(json.dumps(long_rows[-1]), flush=True)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_engine.json"), "w") as f:
-            json.dump({"params": num_params, "bandwidth": bandwidth, "rows": rows}, f, indent=1)
-    print("batch  step_ms  tok/s     host_ms device_ms host%  roofline_ms  x_roofline")
+        with open(os.path.join(os.environ["OUT"], f"bench_engine_{args.size}.json"), "w") as f:
+            json.dump({"params": num_params, "bandwidth": bandwidth, "rows": rows,
+                       "long_context": long_rows}, f, indent=1)  # fmt: skip
+    print_tables(rows, long_rows)
+
+
+def print_tables(rows: list[dict], long_rows: list[dict]) -> None:
+    print("batch  step_ms  tok/s     host_ms device_ms host%  roofline_ms  dev/roofline")
     for r in rows:
         print(f"{r['batch']:5d} {r['step_ms']:8.3f} {r['tokens_per_s']:9.0f} {r['host_ms']:8.3f} "
               f"{r['device_ms']:8.3f} {r['host_pct']:6.1f} {r['roofline_ms']:10.3f} "
               f"{r['x_roofline']:8.2f}")  # fmt: skip
+    if long_rows:
+        print("batch  context  device_ms  roofline_ms  dev/roofline")
+        for r in long_rows:
+            print(f"{r['batch']:5d} {r['context']:8d} {r['device_ms']:9.3f} "
+                  f"{r['roofline_ms']:11.3f} {r['x_roofline']:8.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

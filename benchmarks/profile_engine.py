@@ -1,14 +1,17 @@
 """Where the decode step's time goes: kernels per step, GPU busy time, transfers, XLA flags.
 
 For each XLA_FLAGS variant (one subprocess each, since the flags are read when the backend starts)
-and each batch size, on the random ~1B NemotronH-shaped model of `bench_engine.py`:
+and each batch size, on a random bench model of `bench_engine.py` (`--size`: 1b NemotronH-shaped,
+qwen3next, or their tiny twins):
 
 * engine: `Engine.step()` wall time split into host and device (as `bench_engine.py`);
 * runner, numpy inputs: the compiled step called with the step's numpy inputs, tokens fetched;
 * runner, device inputs: the same with inputs already on the device (the difference is transfers);
 * pipelined: N calls with no sync between them (GPU-bound when dispatch is shorter than the GPU);
-* profile: kernels per step, GPU busy time per step and the top kernels (jax.profiler trace
-  parsed with `jax.profiler.ProfileData`);
+* profile: kernels per step, GPU busy time per step, the top kernels, and busy time by part of the
+  step (attention, each mixer, MLP / MoE, lm_head, sampler: the named scopes the model sets, read
+  from the HLO metadata of each kernel's instruction); jax.profiler trace parsed with
+  `jax.profiler.ProfileData`;
 * HLO: instructions of the compiled decode step by opcode, custom-call targets, command buffers.
 
     python benchmarks/profile_engine.py --size tiny --batches 4 --variants default   # CPU smoke
@@ -51,8 +54,8 @@ def hlo_stats(text: str) -> dict:
     }
 
 
-def profile_events(trace_dir: str) -> list[tuple[str, str, int, int]]:
-    """(line name, event name, start ns, duration ns) of every event on the GPU planes."""
+def profile_events(trace_dir: str) -> list[tuple[str, str, int, int, str]]:
+    """(line name, event name, start ns, duration ns, HLO op or "") of every GPU-plane event."""
     import jax
 
     (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
@@ -63,13 +66,33 @@ def profile_events(trace_dir: str) -> list[tuple[str, str, int, int]]:
             continue
         for line in plane.lines:
             for event in line.events:
-                events.append((line.name, event.name, event.start_ns, event.duration_ns))
+                stats = dict(event.stats)
+                events.append((line.name, event.name, event.start_ns, event.duration_ns,
+                               str(stats.get("hlo_op", ""))))  # fmt: skip
     return events
 
 
-def summarize_profile(events: list, steps: int) -> dict:
+def instruction_parts(hlo_text: str) -> dict[str, str]:
+    """HLO instruction name -> the part of the step it belongs to: the named scope in its op_name
+    metadata (`mixer_<Mixer>`, `ffn_<Ffn>`, `lm_head`, `sampler`, set by jmamba.model and
+    runtime.model_runner), else "other" (embedding, input unpacking, glue between layers)."""
+    parts = {}
+    for match in re.finditer(r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name="([^"]+)"', hlo_text,
+                             re.M):  # fmt: skip
+        scope = re.search(r"(mixer_\w+?|ffn_\w+?|lm_head|sampler)(?:/|$)", match.group(2))
+        parts[match.group(1)] = scope.group(1) if scope else "other"
+    return parts
+
+
+def _is_stream(line: str) -> bool:
+    return "Stream" in line or "stream" in line
+
+
+def summarize_profile(events: list, steps: int, parts: dict[str, str] | None = None) -> dict:
+    """Per line: events, busy and span ms per step; the top kernels; GPU busy ms per step by part
+    (kernels matched to HLO instructions by their `hlo_op` stat, else by name)."""
     by_line = collections.defaultdict(list)
-    for line, name, start, dur in events:
+    for line, name, start, dur, _ in events:
         by_line[line].append((name, start, dur))
     lines = {}
     for line, evs in by_line.items():
@@ -78,13 +101,22 @@ def summarize_profile(events: list, steps: int) -> dict:
                        "busy_ms_per_step": sum(d for *_, d in evs) / steps / 1e6,
                        "span_ms_per_step": span / steps / 1e6}  # fmt: skip
     kernels = collections.defaultdict(lambda: [0, 0])
-    for line, name, _, dur in events:
-        if "Stream" in line or "stream" in line:
-            kernels[name][0] += 1
-            kernels[name][1] += dur
+    by_part = collections.defaultdict(lambda: [0, 0.0])
+    normalised = {k.replace(".", "_").replace("-", "_"): v for k, v in (parts or {}).items()}
+    for line, name, _, dur, hlo_op in events:
+        if not _is_stream(line):
+            continue
+        kernels[name][0] += 1
+        kernels[name][1] += dur
+        part = (parts or {}).get(hlo_op) or normalised.get(name.replace(".", "_"), "unattributed")
+        by_part[part][0] += 1
+        by_part[part][1] += dur
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]
+    ranked = sorted(by_part.items(), key=lambda kv: -kv[1][1])
     return {"lines": lines,
-            "top_kernels": [(n, c / steps, t / steps / 1e3) for n, (c, t) in top]}  # fmt: skip
+            "top_kernels": [(n, c / steps, t / steps / 1e3) for n, (c, t) in top],
+            "parts": {p: {"kernels_per_step": c / steps, "busy_ms_per_step": t / steps / 1e6}
+                      for p, (c, t) in ranked}}  # fmt: skip
 
 
 def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) -> list[dict]:
@@ -117,11 +149,12 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
             for _ in range(10):
                 tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
             np.asarray(tokens)
+        text = compiled.as_text()
         try:
-            row["profile"] = summarize_profile(profile_events(trace_dir), 10)
+            row["profile"] = summarize_profile(profile_events(trace_dir), 10,
+                                               instruction_parts(text))  # fmt: skip
         except Exception as error:  # keep the timings if the trace cannot be parsed
             row["profile"] = {"error": repr(error)}
-        text = compiled.as_text()
         row["hlo"] = hlo_stats(text)
         if name == "default":  # at most 8 files come back from the device machine
             with open(os.path.join(out, f"hlo_{name}_b{batch}.txt"), "w") as f:
@@ -177,7 +210,7 @@ def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
+    parser.add_argument("--size", default="1b", help="a bench_engine.py size")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -221,6 +254,14 @@ def print_table(out: str, names: list[str]) -> None:
                   f"{r['pipelined_ms']:5.3f} {r['dispatch_ms']:5.3f} "
                   f"{r['device_put_packed_ms']:5.3f} "
                   f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']}")  # fmt: skip
+    print("GPU busy ms per step by part (kernels per step)")
+    for name in names:
+        path = os.path.join(out, f"profile_{name}.json")
+        for r in json.load(open(path)) if os.path.exists(path) else []:
+            parts = r["profile"].get("parts", {})
+            cells = [f"{p} {v['busy_ms_per_step']:.3f} ({v['kernels_per_step']:.0f})"
+                     for p, v in parts.items()]  # fmt: skip
+            print(f"{name:11s} {r['batch']:5d}  " + ", ".join(cells))
 
 
 if __name__ == "__main__":

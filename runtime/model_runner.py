@@ -50,12 +50,13 @@ def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode:
     inputs, sampling = unpack(packed[0], layout)
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
-    tokens = sample(logits, sampling, mode)
-    token_logprobs = None
-    if mode.logprobs:
-        computed = logprobs(logits, tokens, mode.top_logprobs)
-        token_logprobs = jax.tree.map(lambda a: a[None], computed)
-    accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
+    with jax.named_scope("sampler"):
+        tokens = sample(logits, sampling, mode)
+        token_logprobs = None
+        if mode.logprobs:
+            computed = logprobs(logits, tokens, mode.top_logprobs)
+            token_logprobs = jax.tree.map(lambda a: a[None], computed)
+        accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
     tokens_and_flags = jnp.stack([tokens, accepted])[None]
     return tokens_and_flags, token_logprobs, (logits[None] if keep_logits else None), caches
 

@@ -36,6 +36,9 @@ VARIANTS = {
     "no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     "cmdbuf_all": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
     "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1",
+    # At batch 1 XLA rewrites each [1, K] x [K, N] matmul into a multiply + reduce fusion (35-45%
+    # of bandwidth on the H100); a threshold of 0 may keep them GEMMs.
+    "gemm_threshold0": "--xla_gpu_gemm_rewrite_size_threshold=0",
 }
 
 
@@ -73,14 +76,19 @@ def profile_events(trace_dir: str) -> list[tuple[str, str, int, int, str]]:
 
 
 def instruction_parts(hlo_text: str) -> dict[str, str]:
-    """HLO instruction name -> the part of the step it belongs to: the named scope in its op_name
-    metadata (`mixer_<Mixer>`, `ffn_<Ffn>`, `lm_head`, `sampler`, set by jmamba.model and
-    runtime.model_runner), else "other" (embedding, input unpacking, glue between layers)."""
+    """HLO instruction name (and Pallas kernel name) -> the part of the step it belongs to: the
+    named scope in its op_name metadata (`mixer_<Mixer>`, `ffn_<Ffn>`, `lm_head`, `sampler`, set
+    by jmamba.model and runtime.model_runner), else "other" (embedding, input unpacking)."""
     parts = {}
     for match in re.finditer(r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name="([^"]+)"', hlo_text,
                              re.M):  # fmt: skip
-        scope = re.search(r"(mixer_\w+?|ffn_\w+?|lm_head|sampler)(?:/|$)", match.group(2))
-        parts[match.group(1)] = scope.group(1) if scope else "other"
+        op_name = match.group(2)
+        scope = re.search(r"(mixer_\w+?|ffn_\w+?|lm_head|sampler)(?:/|$)", op_name)
+        part = scope.group(1) if scope else "other"
+        parts[match.group(1)] = part
+        kernel = re.search(r"/(\w+)/pallas_call$", op_name)  # a Pallas kernel keeps its name
+        if kernel:
+            parts[kernel.group(1)] = part
     return parts
 
 
@@ -90,7 +98,8 @@ def _is_stream(line: str) -> bool:
 
 def summarize_profile(events: list, steps: int, parts: dict[str, str] | None = None) -> dict:
     """Per line: events, busy and span ms per step; the top kernels; GPU busy ms per step by part
-    (kernels matched to HLO instructions by their `hlo_op` stat, else by name)."""
+    (kernels matched to HLO instructions by their `hlo_op` stat, else by name, else the part of
+    the kernel before them)."""
     by_line = collections.defaultdict(list)
     for line, name, start, dur, _ in events:
         by_line[line].append((name, start, dur))
@@ -102,13 +111,18 @@ def summarize_profile(events: list, steps: int, parts: dict[str, str] | None = N
                        "span_ms_per_step": span / steps / 1e6}  # fmt: skip
     kernels = collections.defaultdict(lambda: [0, 0])
     by_part = collections.defaultdict(lambda: [0, 0.0])
-    normalised = {k.replace(".", "_").replace("-", "_"): v for k, v in (parts or {}).items()}
-    for line, name, _, dur, hlo_op in events:
+    parts = parts or {}
+    normalised = {k.replace(".", "_").replace("-", "_"): v for k, v in parts.items()}
+    previous = "unattributed"
+    for line, name, _, dur, hlo_op in sorted(events, key=lambda e: (e[0], e[2])):
         if not _is_stream(line):
             continue
         kernels[name][0] += 1
         kernels[name][1] += dur
-        part = (parts or {}).get(hlo_op) or normalised.get(name.replace(".", "_"), "unattributed")
+        # cuBLAS kernels and copies carry no instruction name: they take the part of the kernel
+        # launched before them on the stream (a GEMM follows the norm or glue of its own layer).
+        part = parts.get(hlo_op) or normalised.get(name.replace(".", "_")) or previous
+        previous = part
         by_part[part][0] += 1
         by_part[part][1] += dur
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]

@@ -109,13 +109,12 @@ def build_model(size: str) -> HybridLM:
 
 
 def measure_bandwidth(num_bytes: int = 1 << 30, repeats: int = 20) -> float:
-    """Bytes/s of device memory: `repeats` calls of one jitted bf16 scale over a donated
+    """Bytes/s of device memory: `repeats` calls of one jitted bf16 negation over a donated
     `num_bytes` buffer (each reads and writes every byte in place), queued back to back and synced
-    once, so dispatch hides behind the ~0.7 ms passes. Loops inside one jitted call measured
-    nothing: XLA folded the chained scales into one pass (41 TB/s, and 34 TB/s with an
-    optimization barrier in the loop body)."""
+    once, so dispatch hides behind the ~0.7 ms passes. The pass negates: the earlier probes
+    scaled by 1.0001, which is 1.0 in bf16, so XLA removed the pass (41 and 34 TB/s)."""
     donate = (0,) if jax.default_backend() == "gpu" else ()  # CPU cannot donate (it warns)
-    scale = jax.jit(lambda a: a * 1.0001, donate_argnums=donate)
+    scale = jax.jit(jax.numpy.negative, donate_argnums=donate)
     x = scale(jax.numpy.ones(num_bytes // 2, jax.numpy.bfloat16))
     x.block_until_ready()
     start = time.perf_counter()

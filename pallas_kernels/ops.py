@@ -10,6 +10,7 @@ from pallas_kernels import causal_conv1d as _conv1d
 from pallas_kernels import causal_conv1d_reference as _conv1d_reference
 from pallas_kernels import gdn_chunk as _gdn_chunk
 from pallas_kernels import gdn_state_update as _gdn_state_update
+from pallas_kernels import grouped_matmul as _grouped_matmul
 from pallas_kernels import paged_attention as _paged_attention
 from pallas_kernels import paged_decode_attention as _paged_decode_attention
 from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan
@@ -47,3 +48,8 @@ paged_decode_attention = dispatched(
 )
 paged_attention = dispatched(None, _paged_attention.paged_attention_reference)
 write_kv = _paged_attention.write_kv
+
+# MoE routed experts: rows grouped by expert; the kernel reads only the experts that have rows.
+grouped_matmul = dispatched(
+    _grouped_matmul.grouped_matmul, _grouped_matmul.grouped_matmul_reference
+)

@@ -1,9 +1,11 @@
 """Mixture of experts: a router choosing top-k experts per token, the experts, a shared expert.
 
 The routed experts run as grouped matmuls over the (token, choice) pairs sorted by expert
-(`jax.lax.ragged_dot`): each token reaches only its top-k experts' weights, not all of them
-(Qwen3-Next routes 10 of 512). The per-choice outputs are put back in token order and summed over
-the k choices in a fixed order (a gather, not a scatter-add, so the sum is deterministic).
+(`ops.grouped_matmul`, the semantics of `jax.lax.ragged_dot`; on the GPU a Pallas kernel that reads
+only the experts that have pairs, where XLA's ragged_dot reads all of them): each token reaches
+only its top-k experts' weights (Qwen3-Next routes 10 of 512); fp32 operands get full-precision
+fp32 dots. The per-choice outputs are put back in token order and summed over the k choices in a
+fixed order (a gather, not a scatter-add, so the sum is deterministic).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import MoeConfig
-from jmamba.layers.linear import PRECISION, Linear
+from jmamba.layers.linear import Linear
 from jmamba.layers.mlp import MLP, relu2
+from pallas_kernels import ops
 
 
 def _softmax_topk(logits: jax.Array, cfg: MoeConfig) -> tuple[jax.Array, jax.Array]:
@@ -83,8 +86,7 @@ class MoE(nnx.Module):
         xs = x[order // k]
 
         def grouped(a: jax.Array, w: nnx.Param) -> jax.Array:
-            return jax.lax.ragged_dot(a, w[...], group_sizes, precision=PRECISION,
-                                      preferred_element_type=jnp.float32)  # fmt: skip
+            return ops.grouped_matmul(a, w[...], group_sizes, out_dtype=jnp.float32)
 
         up = grouped(xs, self.up_proj)
         if self.cfg.activation == "silu_gated":

@@ -1,0 +1,206 @@
+"""Grouped matmul, the routed experts of a MoE layer: rows grouped, one weight matrix per group.
+
+Shapes (M rows, K contraction, N output columns, G groups):
+  lhs:          [M, K]     rows of group g are contiguous and follow group g - 1's
+  rhs:          [G, K, N]  group g's weights
+  group_sizes:  [G]        rows per group (int, >= 0); rows past sum(group_sizes) belong to no group
+  -> out        [M, N]     out[r] = lhs[r] @ rhs[g(r)], fp32 accumulation; 0 for rows in no group
+
+The semantics of `jax.lax.ragged_dot(lhs, rhs, group_sizes)`. XLA:GPU (jax 0.11.2) lowers that as a
+dense matmul over every group (`[M, G * K] x [G * K, N]`), reading all G weight matrices whatever
+the routing. The kernel reads only the groups that have rows: program (g, N tile) finds its row
+range from the prefix sums of group_sizes, returns at once for an empty group, and otherwise walks
+its rows in tiles of `block_m` (masked) and K in tiles of `block_k`, so each touched group's
+weights are read once per row tile. Tile sizes are static knobs (never derived from M), so a row's
+arithmetic does not depend on the other rows (DESIGN 5.8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._common import check_shape, pow2
+
+__all__ = ["GroupedMatmulTuning", "grouped_matmul", "grouped_matmul_reference"]
+
+_HIGHEST = jax.lax.Precision.HIGHEST  # fp32 operands: IEEE fp32 dots, not TF32
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedMatmulTuning:
+    """Launch knobs: a tile of `block_m` rows x `block_n` columns per step, K in `block_k` slices
+    (each a power of two >= 16: tensor-core dots need 16), `num_warps`, `num_stages` (software
+    pipelining of the K loop). Static: from code, never from the batch."""
+
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name}={value} must be a power of two >= 16")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages} must be in [1, inf]")
+
+
+def check_args(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype) -> None:
+    """Raise ValueError unless lhs [M, K], rhs [G, K, N], group_sizes [G] (integer), float out."""
+    if lhs.ndim != 2:
+        raise ValueError(f"lhs has shape {tuple(lhs.shape)}; expected [M, K]")
+    if rhs.ndim != 3 or rhs.shape[0] < 1:
+        raise ValueError(f"rhs has shape {tuple(rhs.shape)}; expected [G >= 1, K, N]")
+    check_shape("rhs", rhs, (None, lhs.shape[1], None))
+    check_shape("group_sizes", group_sizes, (rhs.shape[0],))
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise ValueError(f"group_sizes has dtype {group_sizes.dtype}; expected an integer dtype")
+    if not jnp.issubdtype(out_dtype, jnp.floating):
+        raise ValueError(f"out_dtype={jnp.dtype(out_dtype).name} must be a floating dtype")
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype",))
+def grouped_matmul_reference(
+    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, out_dtype=jnp.float32
+) -> jax.Array:
+    """lhs [M, K], rhs [G, K, N], group_sizes [G] -> out [M, N] in `out_dtype`.
+
+    XLA's `jax.lax.ragged_dot` (fp32 accumulation, fp32 operands at full precision). Fine on the
+    CPU; on the GPU its dense lowering reads every group's weights (use the kernel there).
+    """
+    check_args(lhs, rhs, group_sizes, out_dtype)
+    out = jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=_HIGHEST,
+                             preferred_element_type=jnp.float32)  # fmt: skip
+    return out.astype(out_dtype)
+
+
+def _grouped_matmul_kernel(
+    starts_ref,
+    ends_ref,
+    lhs_ref,
+    rhs_ref,
+    out_ref,
+    *,
+    num_rows,
+    num_groups,
+    k_dim,
+    n_dim,
+    block_m,
+    block_n,
+    block_k,
+    compute_dtype,
+    precision,
+):
+    """Program (g, N tile): out[rows of g, tile] = lhs[rows of g] @ rhs[g, :, tile]. The extra
+    program g == G zeroes the rows past the last group."""
+    g, nb = pl.program_id(0), pl.program_id(1)
+    cols = nb * block_n + jnp.arange(block_n)
+    col_mask = (cols < n_dim)[None, :]
+    n_slice = pl.ds(nb * block_n, block_n)
+
+    def rows_from(row0, end):
+        """The row tile starting at row0 and its mask: rows in [row0, end)."""
+        return pl.ds(row0, block_m), (row0 + jnp.arange(block_m) < end)[:, None]
+
+    def tile_product(row0, end):
+        """fp32 [block_m, block_n]: the tile's rows times group g's weights, over K."""
+        rows, row_mask = rows_from(row0, end)
+
+        def k_step(j, acc):
+            k0 = j * block_k
+            k_mask = k0 + jnp.arange(block_k) < k_dim
+            a = plgpu.load(lhs_ref.at[rows, pl.ds(k0, block_k)], mask=row_mask & k_mask[None, :],
+                           other=0)  # fmt: skip
+            b = plgpu.load(rhs_ref.at[g, pl.ds(k0, block_k), n_slice],
+                           mask=k_mask[:, None] & col_mask, other=0)  # fmt: skip
+            a, b = a.astype(compute_dtype), b.astype(compute_dtype)
+            return acc + jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
+
+        zeros = jnp.zeros((block_m, block_n), jnp.float32)
+        return jax.lax.fori_loop(0, pl.cdiv(k_dim, block_k), k_step, zeros)
+
+    def store(row0, end, value):
+        rows, row_mask = rows_from(row0, end)
+        value = value.astype(out_ref.dtype)
+        plgpu.store(out_ref.at[rows, n_slice], value, mask=row_mask & col_mask)
+
+    def over_row_tiles(start, end, body):
+        """body(row0) for the row tiles of [start, end); none (nothing read) when end <= start."""
+
+        def step(i, carry):
+            body(start + i * block_m)
+            return carry
+
+        jax.lax.fori_loop(0, pl.cdiv(jnp.maximum(end - start, 0), block_m), step, jnp.int32(0))
+
+    @pl.when(g < num_groups)
+    def _group():
+        start, end = starts_ref[g], jnp.minimum(ends_ref[g], num_rows)
+        over_row_tiles(start, end, lambda row0: store(row0, end, tile_product(row0, end)))
+
+    @pl.when(g == num_groups)
+    def _rows_in_no_group():
+        start = jnp.minimum(ends_ref[num_groups - 1], num_rows)
+        zeros = jnp.zeros((block_m, block_n), jnp.float32)
+        over_row_tiles(start, num_rows, lambda row0: store(row0, num_rows, zeros))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "tuning", "interpret"))
+def grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    out_dtype=jnp.float32,
+    tuning: GroupedMatmulTuning = GroupedMatmulTuning(),
+    interpret: bool = False,
+) -> jax.Array:
+    """Pallas kernel for `grouped_matmul_reference` (same arguments and result).
+
+    Grid (G + 1, N / block_n). Operands of different dtypes are promoted to a common one; fp32
+    operands use full-precision fp32 dots. `tuning` holds the launch knobs (`GroupedMatmulTuning`);
+    block_n and block_k shrink to the next power of two >= N and K (>= 16) for small matrices.
+    """
+    check_args(lhs, rhs, group_sizes, out_dtype)
+    num_rows, k_dim = lhs.shape
+    num_groups, _, n_dim = rhs.shape
+    if num_rows == 0:
+        return jnp.zeros((0, n_dim), out_dtype)
+    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    block_n = min(tuning.block_n, max(16, pow2(n_dim)))
+    block_k = min(tuning.block_k, max(16, pow2(k_dim)))
+    sizes = group_sizes.astype(jnp.int32)
+    ends = jnp.cumsum(sizes, dtype=jnp.int32)
+    axes = jax.typeof(lhs).manual_axis_type  # keeps shard_map's varying axes (as `sds_like`)
+    kernel = functools.partial(
+        _grouped_matmul_kernel,
+        num_rows=num_rows,
+        num_groups=num_groups,
+        k_dim=k_dim,
+        n_dim=n_dim,
+        block_m=tuning.block_m,
+        block_n=block_n,
+        block_k=block_k,
+        compute_dtype=compute_dtype,
+        precision=_HIGHEST if compute_dtype == jnp.float32 else None,
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((num_rows, n_dim), out_dtype, manual_axis_type=axes),
+        grid=(num_groups + 1, pl.cdiv(n_dim, block_n)),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=tuning.num_warps, num_stages=tuning.num_stages
+        ),
+        interpret=interpret,
+        name="grouped_matmul",
+    )(ends - sizes, ends, lhs, rhs)

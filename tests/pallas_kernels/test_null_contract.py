@@ -34,6 +34,7 @@ NOT_STATEFUL = {
     "ragged_attention",
     "attention",
     "write_kv",
+    "grouped_matmul",  # no state pool: MoE experts (tests in test_grouped_matmul.py)
 }
 
 

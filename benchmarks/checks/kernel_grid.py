@@ -34,6 +34,7 @@ from pallas_kernels import causal_conv1d as conv
 from pallas_kernels import causal_conv1d_reference as conv_ref
 from pallas_kernels import gdn_chunk as gdnc
 from pallas_kernels import gdn_state_update as gdnu
+from pallas_kernels import grouped_matmul as gmm
 from pallas_kernels import paged_decode_attention as pda
 from pallas_kernels import ssd_chunk_scan as ssd
 from pallas_kernels import ssd_chunk_scan_reference as ssd_ref
@@ -349,6 +350,45 @@ def paged_decode(width: int, heads: int, kv_heads: int, head_dim: int, block_siz
                  f"W={width} {jnp.dtype(dtype).name}", build)  # fmt: skip
 
 
+def _grouped_matmul_oracle(lhs, rhs, group_sizes, out_dtype):
+    """Every row times every group's weights ([G, M, N], fp32 at full precision), then each row
+    picks its own group's product: no ragged_dot, and empty groups' NaN weights reach no row."""
+    ends = jnp.cumsum(group_sizes)
+    row = jnp.arange(lhs.shape[0])
+    group = jnp.minimum(jnp.searchsorted(ends, row, side="right"), rhs.shape[0] - 1)
+    every = jnp.einsum("mk,gkn->gmn", lhs.astype(F32), rhs.astype(F32), precision="highest")
+    return jnp.where((row < ends[-1])[:, None], every[group, row], 0.0).astype(out_dtype)
+
+
+def grouped_matmul(k: int, n: int, groups: int, dtype, out_dtype=F32) -> Shape:
+    """MoE experts: groups of 0 to 19 rows (about 40% empty), one group of 37 rows (several row
+    tiles), 5 rows in no group (NaN: never read, output 0). Group 0 is empty and its weights are
+    NaN (the pool's NULL slot): an empty group's weights are never read. Needs groups >= 2."""
+
+    def build(rng) -> Case:
+        sizes = rng.integers(0, 20, groups).astype(np.int32)
+        sizes[rng.random(groups) < 0.4] = 0
+        sizes[0], sizes[-1] = 0, 37
+        num_rows = int(sizes.sum()) + 5
+        lhs = np.array(_normal(rng, (num_rows, k), dtype, k**-0.5))
+        lhs[-5:] = np.nan
+        args = (lhs, _pool(rng, groups, (k, n), dtype), sizes)
+
+        def kernel(*a, interpret):
+            return gmm.grouped_matmul(*a, out_dtype=out_dtype, interpret=interpret), a[1]
+
+        def reference(*a):
+            return _grouped_matmul_oracle(*a, out_dtype), a[1]
+
+        live = (np.arange(num_rows) < sizes.sum())[:, None]
+        tol = TOLERANCE[out_dtype, "update"]  # bf16 products are exact in fp32
+        return Case(kernel, reference, args, 1, live, np.zeros(0, np.int32), tol,
+                    f"M={num_rows} groups with rows={int(np.sum(sizes > 0))}")  # fmt: skip
+
+    dtypes = f"{jnp.dtype(dtype).name} -> {jnp.dtype(out_dtype).name}"
+    return Shape(f"grouped_matmul K={k} N={n} G={groups} {dtypes}", build)
+
+
 def grid(quick: bool) -> list[Shape]:
     """The grid: each odd dimension at least once per kernel (quick: 1-2 small shapes each)."""
     if quick:
@@ -361,6 +401,7 @@ def grid(quick: bool) -> list[Shape]:
             gdn_chunk(1, 2, 24, 12, F32, chunk=16),
             gdn_update(1, 2, 24, 12, 2, BF16),
             paged_decode(2, 6, 3, 24, 8, F32, (1, 9, 30)),
+            grouped_matmul(24, 12, 5, BF16),
         ]
     ssd_dims = [(5, 12, 1, 16, F32, 128), (6, 24, 2, 48, BF16, 256), (10, 48, 2, 128, F32, 256),
                 (1, 64, 1, 24, BF16, 128), (6, 80, 3, 64, F32, 128), (5, 96, 1, 128, BF16, 256),
@@ -385,6 +426,11 @@ def grid(quick: bool) -> list[Shape]:
         paged_decode(3, 6, 3, 24, 8, F32, (1, 9, 300, 4100)),
         paged_decode(2, 5, 1, 80, 32, BF16, (2, 63, 5000)),
         paged_decode(4, 10, 5, 12, 16, F32, (1, 33, 700)),
+        grouped_matmul(24, 12, 5, F32),
+        grouped_matmul(80, 96, 7, BF16),
+        grouped_matmul(80, 96, 7, BF16, BF16),
+        grouped_matmul(2048, 512, 24, BF16),  # Qwen3-Next's up / gate shape, fewer experts
+        grouped_matmul(512, 2048, 24, F32),  # and its down shape
     ]
 
 

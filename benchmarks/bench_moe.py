@@ -38,7 +38,7 @@ VARIANTS = {
 # Launch knobs of the Pallas kernel timed with --tunings (names become `<name>_us` columns).
 TUNINGS = {
     "n32": dict(block_n=32),  # twice the programs per expert: more SMs busy at B = 1
-    "k64_s4": dict(block_k=64, num_stages=4),
+    "k128_s3": dict(block_k=128, num_stages=3),  # the first default (101 us at B = 1)
     "k256_s2": dict(block_k=256, num_stages=2),
     "m32": dict(block_m=32),  # fewer weight re-reads for groups of > 16 pairs (B >= 256)
     "m64_w8": dict(block_m=64, num_warps=8),

@@ -146,10 +146,9 @@ class HybridLM(nnx.Module):
             x, cache = layer(x, cache, inputs)
             new_caches.append(cache)
         x = self.final_norm(rows_or_zeros(x, inputs.logits_indices))
-        if self.lm_head is None:
-            logits = jnp.dot(
-                x, self.embed[...].T, preferred_element_type=jnp.float32, precision=PRECISION
-            )
-        else:
-            logits = self.lm_head(x)
-        return logits.astype(jnp.float32), tuple(new_caches)
+        # The head GEMM emits the fp32 logits the sampler takes (it accumulates in fp32 anyway).
+        head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
+        logits = jnp.dot(
+            x.astype(head.dtype), head, preferred_element_type=jnp.float32, precision=PRECISION
+        )
+        return logits, tuple(new_caches)

@@ -7,8 +7,10 @@ fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert, HF line
 used; otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source`
 says how it is built from its tensors and how it splits back into them, so the writer is the
 loader's inverse: a model written and read back has the same parameters, bit for bit. Mamba2 holds
-A where checkpoints hold A_log = log(-A); a checkpoint read and written back has its tensors bit
-for bit except such an A_log, which may move by an ulp to another value of the same A.
+A where checkpoints hold A_log = log(-A), which fp32 cannot invert exactly both ways: a checkpoint
+read and written back has its tensors bit for bit except such an A_log, which may move to another
+value of the same A; an A set other than through `a_from_log` (training, perturbation) comes
+back within 2 ulps.
 
 Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
 """
@@ -355,7 +357,8 @@ def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str,
     """Write `model` as a HF checkpoint directory: `config.json` (`hf_config`, which must describe
     `model.config`) and `model.safetensors` with transformers' on-disk names, each tensor in its
     parameter's dtype (so a bf16 model writes its fp32 parameters in fp32; A as fp32 A_log).
-    `load_pretrained` reads it back to the same parameters, bit for bit.
+    `load_pretrained` reads it back to the same parameters, bit for bit (for Mamba2's A: when it
+    came from a checkpoint or initialisation, see the module docstring).
     """
     if from_hf_config(hf_config) != model.config:
         raise ValueError(

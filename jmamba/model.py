@@ -153,11 +153,10 @@ class HybridLM(nnx.Module):
             return self._logits(rows_or_zeros(x, inputs.logits_indices)), tuple(new_caches)
 
     def _logits(self, x: jax.Array) -> jax.Array:
+        """fp32 logits of the final-normed rows: the head GEMM emits fp32 (it accumulates in fp32
+        anyway), the sampler's dtype."""
         x = self.final_norm(x)
-        if self.lm_head is None:
-            logits = jnp.dot(
-                x, self.embed[...].T, preferred_element_type=jnp.float32, precision=PRECISION
-            )
-        else:
-            logits = self.lm_head(x)
-        return logits.astype(jnp.float32)
+        head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
+        return jnp.dot(
+            x.astype(head.dtype), head, preferred_element_type=jnp.float32, precision=PRECISION
+        )

@@ -6,7 +6,13 @@ fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert, HF line
 (ours are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
 used; otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source`
 says how it is built from its tensors and how it splits back into them, so the writer is the
-loader's exact inverse.
+loader's inverse: a model written and read back has the same parameters, bit for bit. Mamba2 holds
+A where checkpoints hold A_log = log(-A), which fp32 cannot invert exactly both ways: a checkpoint
+read and written back has its tensors bit for bit except such an A_log, which may move to another
+value of the same A; an A set other than through `a_from_log` (training, perturbation) comes
+back within 2 ulps.
+
+Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ from safetensors.numpy import load_file, save_file
 
 from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.families import from_hf_config, load_hf_config, read_json
+from jmamba.layers.fp32_param import Fp32Param
+from jmamba.mixers.mamba2 import a_from_log, log_from_a
 from jmamba.model import HybridLM
 
 Path_ = tuple[str | int, ...]
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # what parameters may be cast to
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # what models may be cast to
 # The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
 # checkpoints load as bfloat16 (the same size, float32's exponent range: no overflow in the
 # recurrent states' inputs); float64 ones as float32.
@@ -52,6 +60,10 @@ def _same(name: str) -> Source:
 
 def _linear(name: str) -> Source:
     return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,))
+
+
+def _a_from_log(name: str) -> Source:
+    return Source((name,), a_from_log, lambda p: (log_from_a(p),))
 
 
 def _conv(name: str) -> Source:
@@ -113,7 +125,8 @@ def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source
             }
             if cfg.mamba2.conv_bias:
                 src[("conv_bias",)] = _same(f"{hf}.conv1d.bias")
-            src.update({(p,): _same(f"{hf}.{p}") for p in ("dt_bias", "A_log", "D")})
+            src.update({(p,): _same(f"{hf}.{p}") for p in ("dt_bias", "D")})
+            src[("A",)] = _a_from_log(f"{hf}.A_log")
             return src
         case Mixer.GDN:
             return {
@@ -287,16 +300,32 @@ def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -
     return resolved
 
 
+def param_dtype(variable: nnx.Variable, dtype: jnp.dtype) -> jnp.dtype:
+    """The dtype a parameter takes in a model of `dtype`, by its declared role: an `Fp32Param`
+    (norm weights; A or A_log, D, dt_bias; conv taps and bias; MoE router kernel and bias) stays
+    fp32, every other parameter (the matmul weights: Linear kernels, embedding, lm_head, MoE expert
+    stacks) takes `dtype`."""
+    return jnp.dtype(jnp.float32) if isinstance(variable, Fp32Param) else dtype
+
+
 def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
-    """`model` with every parameter cast to `dtype` (a new module; "auto" keeps float32)."""
+    """`model` as a model of `dtype` (a new module; "auto" is float32): each parameter in
+    `param_dtype(parameter, dtype)`, so a bfloat16 model has bf16 matmul weights and keeps the
+    parameters of fp32 math in fp32 (its step converts none of them); `model.dtype` is `dtype`."""
     dtype = resolve_dtype(dtype)
     graphdef, state = nnx.split(model)
-    return nnx.merge(graphdef, jax.tree.map(lambda a: a.astype(dtype), state))
+
+    def to_dtype(variable: nnx.Variable) -> nnx.Variable:
+        return variable.replace(variable.get_value().astype(param_dtype(variable, dtype)))
+
+    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    return nnx.merge(graphdef, jax.tree.map(to_dtype, state, is_leaf=is_variable))
 
 
 def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> HybridLM:
-    """Build `HybridLM` from a HF checkpoint directory, every parameter cast to `dtype`: "auto"
-    (the checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"."""
+    """Build `HybridLM` from a HF checkpoint directory as a model of `dtype`: "auto" (the
+    checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"; each parameter in
+    `param_dtype(parameter, dtype)`, as `cast` gives."""
     cfg = load_hf_config(model_dir)
     dtype = resolve_dtype(dtype, model_dir)
     tensors = read_safetensors(model_dir)
@@ -320,14 +349,16 @@ def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> H
                 f"tensor(s) {list(names)} give shape {value.shape} for parameter "
                 f"{'.'.join(map(str, path))}, expected {variable.get_value().shape}"
             )
-        variable.set_value(jnp.asarray(value, dtype=dtype))
+        variable.set_value(jnp.asarray(value, dtype=param_dtype(variable, dtype)))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str, Any]) -> None:
     """Write `model` as a HF checkpoint directory: `config.json` (`hf_config`, which must describe
-    `model.config`) and `model.safetensors` with transformers' on-disk names, in the parameters'
-    dtype. `load_pretrained` reads it back to the same parameters, bit for bit.
+    `model.config`) and `model.safetensors` with transformers' on-disk names, each tensor in its
+    parameter's dtype (so a bf16 model writes its fp32 parameters in fp32; A as fp32 A_log).
+    `load_pretrained` reads it back to the same parameters, bit for bit (for Mamba2's A: when it
+    came from a checkpoint or initialisation, see the module docstring).
     """
     if from_hf_config(hf_config) != model.config:
         raise ValueError(

@@ -42,7 +42,7 @@ from training_ops import fast_training_ops
 
 import jmamba
 from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
-from jmamba.mixers.mamba2 import Mamba2
+from jmamba.mixers.mamba2 import Mamba2, a_from_log
 from jmamba.tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
 from jmamba.weights import save_pretrained
 
@@ -191,7 +191,8 @@ def init_model(seed: int) -> nnx.Module:
             heads = config.mamba2.num_heads
             dt = np.exp(rng.uniform(low, high, heads))
             block.dt_bias.set_value(jnp.asarray(dt + np.log(-np.expm1(-dt)), jnp.float32))
-            block.A_log.set_value(jnp.asarray(np.log(rng.uniform(1, 16, heads)), jnp.float32))
+            a_log = np.log(rng.uniform(1, 16, heads)).astype(np.float32)
+            block.A.set_value(jnp.asarray(a_from_log(a_log)))  # A itself is trained
     return model
 
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import MoeConfig
+from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.mlp import MLP, relu2
 from pallas_kernels import ops
@@ -54,9 +55,9 @@ class MoE(nnx.Module):
     def __init__(self, hidden: int, cfg: MoeConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         e, i = cfg.num_experts, cfg.intermediate_size
-        self.router = Linear(hidden, e, rngs=rngs)
+        self.router = Linear(hidden, e, rngs=rngs, param=Fp32Param)
         if cfg.router == "sigmoid_grouped":
-            self.router_bias = nnx.Param(jnp.zeros((e,), jnp.float32))
+            self.router_bias = Fp32Param(jnp.zeros((e,), jnp.float32))
 
         def expert_weights(shape: tuple[int, ...]) -> nnx.Param:
             fan_in = shape[1]
@@ -71,8 +72,9 @@ class MoE(nnx.Module):
             self.shared_gate = Linear(hidden, 1, rngs=rngs)
 
     def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Per token its top-k experts' weights [T, k] (fp32) and ids [T, k]."""
-        logits = self.router(x.astype(jnp.float32)).astype(jnp.float32)
+        """Per token its top-k experts' weights [T, k] (fp32) and ids [T, k]; the router kernel
+        is fp32 (`Fp32Param`), so the logits are computed in fp32 from the activations."""
+        logits = self.router(x).astype(jnp.float32)
         if self.cfg.router == "softmax":
             return _softmax_topk(logits, self.cfg)
         return _sigmoid_grouped_topk(logits, self.router_bias[...], self.cfg)

@@ -1,10 +1,13 @@
-"""RMSNorm and the two gated RMSNorms of the recurrent mixers (all computed in fp32)."""
+"""RMSNorm and the two gated RMSNorms of the recurrent mixers (all computed in fp32, their weights
+held in fp32: `Fp32Param`)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from jmamba.layers.fp32_param import Fp32Param
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -17,12 +20,12 @@ class RMSNorm(nnx.Module):
     """`x_hat * (offset + w)`: offset 0 for plain norms, 1 for zero-centred ones (Qwen3-Next)."""
 
     def __init__(self, dim: int, eps: float, offset: float = 0.0):
-        self.weight = nnx.Param(jnp.full((dim,), 1.0 - offset, jnp.float32))
+        self.weight = Fp32Param(jnp.full((dim,), 1.0 - offset, jnp.float32))
         self.eps = eps
         self.offset = offset
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        w = self.weight[...].astype(jnp.float32) + self.offset
+        w = self.weight[...] + self.offset
         return (rms_normalize(x, self.eps) * w).astype(x.dtype)
 
 
@@ -30,7 +33,7 @@ class GroupGatedRMSNorm(nnx.Module):
     """Mamba2's gated norm: `rmsnorm_per_group(y * silu(z)) * w` (gate before the norm)."""
 
     def __init__(self, dim: int, group_size: int, eps: float):
-        self.weight = nnx.Param(jnp.ones((dim,), jnp.float32))
+        self.weight = Fp32Param(jnp.ones((dim,), jnp.float32))
         self.group_size = group_size
         self.eps = eps
 
@@ -38,16 +41,16 @@ class GroupGatedRMSNorm(nnx.Module):
         gated = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
         groups = gated.reshape(*gated.shape[:-1], -1, self.group_size)
         normed = rms_normalize(groups, self.eps).reshape(gated.shape)
-        return (normed * self.weight[...].astype(jnp.float32)).astype(y.dtype)
+        return (normed * self.weight[...]).astype(y.dtype)
 
 
 class HeadGatedRMSNorm(nnx.Module):
     """Gated DeltaNet's gated norm per head: `rmsnorm(o) * w * silu(z)` (norm before the gate)."""
 
     def __init__(self, head_dim: int, eps: float):
-        self.weight = nnx.Param(jnp.ones((head_dim,), jnp.float32))
+        self.weight = Fp32Param(jnp.ones((head_dim,), jnp.float32))
         self.eps = eps
 
     def __call__(self, o: jax.Array, z: jax.Array) -> jax.Array:
-        normed = rms_normalize(o, self.eps) * self.weight[...].astype(jnp.float32)
+        normed = rms_normalize(o, self.eps) * self.weight[...]
         return (normed * jax.nn.silu(z.astype(jnp.float32))).astype(o.dtype)

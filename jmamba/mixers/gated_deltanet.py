@@ -7,6 +7,11 @@ beta = sigmoid(b),  g = -exp(A_log) * softplus(a + dt_bias)          (log decay,
 S_t  = S_{t-1} exp(g_t) + beta_t (v_t - S_{t-1} exp(g_t) k_t) k_t^T    (S: [d_v, d_k] per head)
 o_t  = S_t q_t
 out  = (rmsnorm(o) * w * silu(z)) W_out          (per head)
+
+A_log, dt_bias, the conv taps and the norm weight stay fp32 in a bf16 model (`Fp32Param`). Unlike
+Mamba2 the parameter stays A_log: the decode kernel takes A_log and forms the decay -exp(A_log) in
+registers, and prefill's -exp(A_log) fuses into the gate computation, so no step has a separate
+op for it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from flax import nnx
 
 from jmamba.config import GDN_CHUNK_SIZE, GDNConfig
 from jmamba.inputs import StepInputs
+from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import HeadGatedRMSNorm
 from jmamba.mixers.boundary_states import scan_kwargs, write_conv_windows
@@ -56,12 +62,12 @@ class GatedDeltaNet(nnx.Module):
     def __init__(self, hidden: int, cfg: GDNConfig, norm_eps: float, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.in_proj = Linear(hidden, cfg.conv_dim + cfg.value_dim + 2 * cfg.num_v_heads, rngs=rngs)
-        self.conv_weight = nnx.Param(
+        self.conv_weight = Fp32Param(
             jax.random.normal(rngs.params(), (cfg.conv_dim, cfg.d_conv), jnp.float32)
             / cfg.d_conv**0.5
         )
-        self.dt_bias = nnx.Param(jnp.ones((cfg.num_v_heads,), jnp.float32))
-        self.A_log = nnx.Param(jnp.log(jnp.linspace(1.0, 16.0, cfg.num_v_heads)))
+        self.dt_bias = Fp32Param(jnp.ones((cfg.num_v_heads,), jnp.float32))
+        self.A_log = Fp32Param(jnp.log(jnp.linspace(1.0, 16.0, cfg.num_v_heads)))
         self.norm = HeadGatedRMSNorm(cfg.head_v_dim, norm_eps)
         self.out_proj = Linear(cfg.value_dim, hidden, rngs=rngs)
 
@@ -93,8 +99,8 @@ class GatedDeltaNet(nnx.Module):
             v,
             a,
             b,
-            self.A_log[...].astype(jnp.float32),
-            self.dt_bias[...].astype(jnp.float32),
+            self.A_log[...],
+            self.dt_bias[...],
             state.recurrent,
             rows.read_slots,
             rows.write_slots,
@@ -116,8 +122,8 @@ class GatedDeltaNet(nnx.Module):
             activation="silu",
         )
         q, k, v = self._split_qkv(qkv)
-        a32 = a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
-        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a32)
+        a32 = a.astype(jnp.float32) + self.dt_bias[...]
+        g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a32)
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         o, rec = ops.gdn_chunk(
             q,

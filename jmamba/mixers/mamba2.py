@@ -1,7 +1,7 @@
 """The Mamba2 mixer (SSD) and its per-slot state.
 
-Glossary (paper symbol: code name): x_t: x, Delta_t: dt, A: -exp(A_log), B_t/C_t: B/C (shared by the
-heads of a group), D: skip, z: output gate.
+Glossary (paper symbol: code name): x_t: x, Delta_t: dt, A: A (negative, one per head; checkpoints
+store A_log = log(-A)), B_t/C_t: B/C (shared by the heads of a group), D: skip, z: output gate.
 
     [z | xBC | dt] = x W_in
     xBC            = silu(causal_conv1d(xBC))           (depthwise, width d_conv)
@@ -9,6 +9,10 @@ heads of a group), D: skip, z: output gate.
     h_t            = exp(Delta_t A) h_{t-1} + Delta_t x_t B_t^T,   Delta_t = softplus(dt + dt_bias)
     y_t            = h_t C_t + D x_t
     out            = groupnorm(y * silu(z)) W_out
+
+The parameter is A itself (fp32, `a_from_log` at load), so a step computes no -exp(A_log); the
+writer maps it back with `log_from_a`. A, D, dt_bias, the conv taps and the norm weight stay fp32
+in a bf16 model (`Fp32Param`).
 """
 
 from __future__ import annotations
@@ -18,15 +22,41 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jmamba.config import Mamba2Config
 from jmamba.inputs import StepInputs
+from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import GroupGatedRMSNorm
 from jmamba.mixers.boundary_states import scan_kwargs, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
+
+
+def a_from_log(a_log: np.ndarray) -> np.ndarray:
+    """A = -exp(A_log) as fp32, computed in float64 (so rounded once) on the host."""
+    return (-np.exp(np.asarray(a_log, np.float64))).astype(np.float32)
+
+
+def log_from_a(a: np.ndarray) -> np.ndarray:
+    """The fp32 A_log that `a_from_log` maps back to `a` exactly, where one lies within two ulps
+    of log(-a) (always, for an A that `a_from_log` made); otherwise the nearest, log(-a).
+
+    Several fp32 A_log may give the same A (exp is flatter than the fp32 grid for |A_log| < 1),
+    so a checkpoint's own A_log can come back one ulp away; it still loads to the same A.
+    """
+    a = np.asarray(a, np.float32)
+    nearest = np.log(-a.astype(np.float64)).astype(np.float32)
+    candidates, up, down = [nearest], nearest, nearest
+    for _ in range(2):
+        up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(-np.inf))
+        candidates += [up, down]
+    out = nearest
+    for candidate in reversed(candidates):  # the nearest last: it wins over its neighbours
+        out = np.where(a_from_log(candidate) == a, candidate, out)
+    return out
 
 
 @jax.tree_util.register_dataclass
@@ -61,14 +91,15 @@ class Mamba2(nnx.Module):
             hidden, 2 * cfg.d_inner + 2 * cfg.n_groups * cfg.d_state + cfg.num_heads, rngs=rngs
         )
         key = rngs.params()
-        self.conv_weight = nnx.Param(
+        self.conv_weight = Fp32Param(
             jax.random.normal(key, (cfg.conv_dim, cfg.d_conv), jnp.float32) / cfg.d_conv**0.5
         )
         if cfg.conv_bias:
-            self.conv_bias = nnx.Param(jnp.zeros((cfg.conv_dim,), jnp.float32))
-        self.dt_bias = nnx.Param(jnp.ones((cfg.num_heads,), jnp.float32))
-        self.A_log = nnx.Param(jnp.log(jnp.arange(1, cfg.num_heads + 1, dtype=jnp.float32)))
-        self.D = nnx.Param(jnp.ones((cfg.num_heads,), jnp.float32))
+            self.conv_bias = Fp32Param(jnp.zeros((cfg.conv_dim,), jnp.float32))
+        self.dt_bias = Fp32Param(jnp.ones((cfg.num_heads,), jnp.float32))
+        a_log = np.log(np.arange(1, cfg.num_heads + 1, dtype=np.float32))
+        self.A = Fp32Param(jnp.asarray(a_from_log(a_log)))
+        self.D = Fp32Param(jnp.ones((cfg.num_heads,), jnp.float32))
         self.norm = GroupGatedRMSNorm(cfg.d_inner, cfg.d_inner // cfg.n_groups, norm_eps)
         self.out_proj = Linear(cfg.d_inner, hidden, rngs=rngs)
 
@@ -78,8 +109,8 @@ class Mamba2(nnx.Module):
 
     def _ssm_kwargs(self) -> dict:
         return dict(
-            D=self.D[...].astype(jnp.float32),
-            dt_bias=self.dt_bias[...].astype(jnp.float32),
+            D=self.D[...],
+            dt_bias=self.dt_bias[...],
             dt_softplus=True,
             dt_limit=self.cfg.dt_limit,
         )
@@ -106,7 +137,7 @@ class Mamba2(nnx.Module):
             activation="silu",
         )
         x, b, c = self._split_xbc(xbc)
-        a = -jnp.exp(self.A_log[...].astype(jnp.float32))
+        a = self.A[...]
         y, ssm = ops.ssd_state_update(
             x, dt, a, b, c, state.ssm, rows.read_slots, rows.write_slots, **self._ssm_kwargs()
         )
@@ -125,7 +156,7 @@ class Mamba2(nnx.Module):
             activation="silu",
         )
         x, b, c = self._split_xbc(xbc)
-        a = -jnp.exp(self.A_log[...].astype(jnp.float32))
+        a = self.A[...]
         y, ssm = ops.ssd_chunk_scan(
             x,
             dt,

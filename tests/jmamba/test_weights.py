@@ -6,7 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -50,11 +49,6 @@ def test_sharded_checkpoint_loads_the_same_parameters(tmp_path):
     )
     assert sharded.keys() == single.keys()
     assert all(np.array_equal(sharded[k], single[k]) for k in single)
-
-
-def test_bf16_load_casts_every_parameter():
-    model = load_pretrained(FIXTURES / "mamba2", dtype=jnp.bfloat16)
-    assert {v.dtype for v in params_of(model).values()} == {jnp.dtype(jnp.bfloat16)}
 
 
 @pytest.mark.parametrize(

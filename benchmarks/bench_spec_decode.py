@@ -33,13 +33,13 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from benchmarks.bench_engine import build_model, hf_config
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
+from jmamba.weights import cast
 from runtime.config import EngineConfig
 from runtime.draft_model import draft_engine_config
 from runtime.engine import Engine
@@ -64,10 +64,7 @@ def draft_hf_config(size: str) -> dict:
 
 def build_draft_model(size: str) -> HybridLM:
     """A random draft model (seed 1) with bf16 weights, as the bench model."""
-    model = HybridLM(from_hf_config(draft_hf_config(size)), rngs=nnx.Rngs(1))
-    graphdef, state = nnx.split(model)
-    to_bf16 = lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
-    return nnx.merge(graphdef, jax.tree.map(to_bf16, state))
+    return cast(HybridLM(from_hf_config(draft_hf_config(size)), rngs=nnx.Rngs(1)), "bfloat16")
 
 
 class OracleDrafter:

@@ -10,6 +10,7 @@ from pallas_kernels import causal_conv1d as _conv1d
 from pallas_kernels import causal_conv1d_reference as _conv1d_reference
 from pallas_kernels import gdn_chunk as _gdn_chunk
 from pallas_kernels import gdn_state_update as _gdn_state_update
+from pallas_kernels import mamba2_decode as _mamba2_decode
 from pallas_kernels import paged_attention as _paged_attention
 from pallas_kernels import paged_decode_attention as _paged_decode_attention
 from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan
@@ -31,6 +32,10 @@ ssd_chunk_scan = dispatched(
 )
 ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_state_update.ssd_state_update_reference
+)
+# Decode fused: conv update + state update reading in_proj's output by column offset.
+mamba2_decode = dispatched(
+    _mamba2_decode.mamba2_decode, _mamba2_decode.mamba2_decode_reference
 )
 
 # Gated DeltaNet path.

@@ -70,7 +70,7 @@ class Geometry(NamedTuple):
 
 def check_args(zxbcdt, conv_weight, conv_bias, conv_state, ssm_state, A, read_slots, write_slots,
                D, dt_bias) -> Geometry:  # fmt: skip
-    """Validate shapes; the geometry comes from ssm_state (H, P, N) and conv_weight (conv_dim, W)."""
+    """Validate shapes; the geometry comes from ssm_state (H, P, N) and conv_weight (C, W)."""
     check_shape("zxbcdt", zxbcdt, (None, None, None))
     check_shape("ssm_state", ssm_state, (None, None, None, None))
     check_shape("conv_weight", conv_weight, (None, None))
@@ -153,7 +153,8 @@ def mamba2_decode_reference(
 
 def _sds(shape: tuple[int, ...], like: jax.Array) -> jax.ShapeDtypeStruct:
     """A new output of `like`'s dtype that keeps shard_map's varying axes, as `sds_like` does."""
-    return jax.ShapeDtypeStruct(shape, like.dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
+    manual = jax.typeof(like).manual_axis_type
+    return jax.ShapeDtypeStruct(shape, like.dtype, manual_axis_type=manual)
 
 
 def _conv_lanes(read_ref, write_ref, zx_ref, w_ref, bias_ref, state_ref, *, channel, column, mask,

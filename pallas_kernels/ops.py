@@ -34,9 +34,7 @@ ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_state_update.ssd_state_update_reference
 )
 # Decode fused: conv update + state update reading in_proj's output by column offset.
-mamba2_decode = dispatched(
-    _mamba2_decode.mamba2_decode, _mamba2_decode.mamba2_decode_reference
-)
+mamba2_decode = dispatched(_mamba2_decode.mamba2_decode, _mamba2_decode.mamba2_decode_reference)
 
 # Gated DeltaNet path.
 gdn_chunk = dispatched(_gdn_chunk.gdn_chunk, _gdn_chunk.gdn_chunk_reference)

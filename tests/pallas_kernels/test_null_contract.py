@@ -22,6 +22,7 @@ from pallas_kernels import ops
 from . import test_causal_conv1d as conv
 from . import test_gdn_chunk as gdnc
 from . import test_gdn_state_update as gdnu
+from . import test_mamba2_decode as m2d
 from . import test_ssd_chunk_scan as scan
 from . import test_ssd_state_update as ssu
 
@@ -136,6 +137,31 @@ def _ssd_state_update() -> Case:
     run = _with_pool(d, "ssm_state", ssu.ARGS, ops.ssd_state_update, **opts)
     pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], d["x"].shape)
     return Case(run, d["ssm_state"], pad)
+
+
+def _mamba2_decode_case(pool_name: str) -> Case:
+    """mamba2_decode holds two pools: each case poisons one, the other starts with slot 0 zero."""
+    d = m2d.make_inputs(6, 4, 2)
+    for name in ("conv_state", "ssm_state"):
+        d[name][0] = 0.0
+    index = 1 if pool_name == "conv_state" else 2
+
+    def run(pool, implementation):
+        out = m2d.run({**d, pool_name: pool}, implementation)
+        return out[0], out[index]
+
+    pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], (4, 2, 6, 12))
+    return Case(run, d[pool_name], pad)
+
+
+@case("mamba2_decode")
+def _mamba2_decode() -> Case:
+    return _mamba2_decode_case("ssm_state")
+
+
+@case("mamba2_decode (conv pool)")
+def _mamba2_decode_conv_pool() -> Case:
+    return _mamba2_decode_case("conv_state")
 
 
 @case("gdn_chunk")

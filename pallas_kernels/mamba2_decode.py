@@ -35,12 +35,12 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
     check_shape,
+    conv_update_lanes,
     dt_activation,
     live_slot,
     pow2,
     safe_slot,
     sds_like,
-    silu,
 )
 from pallas_kernels.causal_conv1d_reference import causal_conv1d_update_reference
 from pallas_kernels.ssd_state_update import ssd_state_update_reference
@@ -157,55 +157,13 @@ def _sds(shape: tuple[int, ...], like: jax.Array) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, like.dtype, manual_axis_type=manual)
 
 
-def _conv_lanes(read_ref, write_ref, zx_ref, w_ref, bias_ref, state_ref, *, channel, column, mask,
-                lanes, width, dtype) -> list[jax.Array]:  # fmt: skip
-    """silu(conv) of one channel block of row `program_id(0)` for every lane, fp32 rounded to
-    `dtype` (0 on dead lanes); stores the window after each lane to that lane's write slot.
-
-    `channel` is the block's pl.ds into the conv channels, `column` the same block in zxbcdt. The
-    whole window is loaded before the first store: lane 0 may write its own read slot.
-    """
-    b, num_slots = pl.program_id(0), state_ref.shape[0]
-    read = read_ref[b]
-    seq = [
-        plgpu.load(
-            state_ref.at[safe_slot(read, num_slots), channel, jnp.int32(k)],
-            mask=mask & live_slot(read, num_slots),
-            other=0.0,
-        ).astype(jnp.float32)
-        for k in range(width - 1)
-    ]
-    taps = [
-        plgpu.load(w_ref.at[channel, jnp.int32(j)], mask=mask, other=0.0).astype(jnp.float32)
-        for j in range(width)
-    ]
-    bias = plgpu.load(bias_ref.at[channel], mask=mask, other=0.0).astype(jnp.float32)
-    outs = []
-    for t in range(lanes):
-        tt = jnp.int32(t)  # a traced index (interpret mode rejects Python ints in .at[])
-        seq.append(plgpu.load(zx_ref.at[b, tt, column], mask=mask, other=0.0).astype(jnp.float32))
-        acc = bias
-        for j in range(width):
-            acc = acc + taps[j] * seq[t + j]
-        write = write_ref[b, tt]
-        writes = live_slot(write, num_slots)
-        outs.append(jnp.where(writes, silu(acc), 0.0).astype(dtype).astype(jnp.float32))
-        for k in range(width - 1):
-            plgpu.store(
-                state_ref.at[safe_slot(write, num_slots), channel, jnp.int32(k)],
-                seq[t + 1 + k].astype(state_ref.dtype),
-                mask=mask & writes,
-            )
-    return outs
-
-
 def _bc_conv_kernel(read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_in_ref, bc_ref, conv_ref,
                     *, geo: Geometry, block_c: int):  # fmt: skip
     """One (row, block of B/C channels): the conv of B and C; windows and bc [B, L, 2GN] out."""
     del conv_in_ref  # aliased to conv_ref
     b, start = pl.program_id(0), pl.program_id(1) * block_c
     mask = start + jnp.arange(block_c) < geo.bc_dim
-    outs = _conv_lanes(
+    outs = conv_update_lanes(
         read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_ref,
         channel=pl.ds(geo.d_inner + start, block_c),
         column=pl.ds(2 * geo.d_inner + start, block_c),
@@ -230,7 +188,7 @@ def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_r
     n_mask = jnp.arange(block_n) < geo.state_size
     pn_mask = p_mask[:, None] & n_mask[None, :]
     x0 = h * geo.head_dim + p0  # first x channel of the block
-    xs = _conv_lanes(
+    xs = conv_update_lanes(
         read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_ref,
         channel=pl.ds(x0, block_p), column=pl.ds(geo.d_inner + x0, block_p),
         mask=p_mask, lanes=geo.lanes, width=geo.width, dtype=y_ref.dtype,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pallas_kernels import causal_conv1d as _conv1d
 from pallas_kernels import causal_conv1d_reference as _conv1d_reference
 from pallas_kernels import gdn_chunk as _gdn_chunk
+from pallas_kernels import gdn_decode as _gdn_decode
 from pallas_kernels import gdn_state_update as _gdn_state_update
 from pallas_kernels import mamba2_decode as _mamba2_decode
 from pallas_kernels import paged_attention as _paged_attention
@@ -41,6 +42,8 @@ gdn_chunk = dispatched(_gdn_chunk.gdn_chunk, _gdn_chunk.gdn_chunk_reference)
 gdn_state_update = dispatched(
     _gdn_state_update.gdn_state_update, _gdn_state_update.gdn_state_update_reference
 )
+# Decode fused: conv update + l2norm + gating + state update reading in_proj's output.
+gdn_decode = dispatched(_gdn_decode.gdn_decode, _gdn_decode.gdn_decode_reference)
 
 # Attention over the paged KV cache: decode lanes through the kernel, prefill tokens through the
 # ragged reference (no prefill kernel yet).

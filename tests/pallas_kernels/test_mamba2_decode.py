@@ -86,22 +86,27 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def check_against_reference(d: dict, tol: float):
-    """Kernel vs the unfused references: outputs and written slots within `tol` (relative norm),
-    padding outputs exactly 0, slot 0 still NaN, every slot the call does not write unchanged."""
-    got = [np.asarray(a) for a in run(d, "interpret")]
-    want = [np.asarray(a) for a in run(d, "reference")]
+def assert_pools_and_outputs(d: dict, got: list, want: list, pools: tuple[str, str], tol: float):
+    """Kernel results `got` vs reference results `want` ([out, pool, pool]): outputs and written
+    slots within `tol` (relative norm), padding outputs exactly 0, slot 0 still NaN, every slot
+    the call does not write unchanged."""
     y, y_ref = got[0].astype(np.float32), want[0].astype(np.float32)
     live = d["write_slots"] > 0
     assert np.isfinite(y).all() and not y[~live].any(), "padding lanes must output 0"
     assert _rel(y[live], y_ref[live]) <= tol
     written = np.unique(d["write_slots"][live])
-    for name, pool, pool_ref in zip(("conv_state", "ssm_state"), got[1:], want[1:], strict=True):
+    for name, pool, pool_ref in zip(pools, got[1:], want[1:], strict=True):
         pool_in = d[name]
         kept = np.setdiff1d(np.arange(1, pool.shape[0]), written)
         assert np.isnan(np.asarray(pool[0], np.float32)).all()
         assert pool[kept].tobytes() == pool_in[kept].tobytes(), f"{name}: an unwritten slot changed"
         assert _rel(pool[written].astype(np.float32), pool_ref[written].astype(np.float32)) <= tol
+
+
+def check_against_reference(d: dict, tol: float):
+    got = [np.asarray(a) for a in run(d, "interpret")]
+    want = [np.asarray(a) for a in run(d, "reference")]
+    assert_pools_and_outputs(d, got, want, ("conv_state", "ssm_state"), tol)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from pallas_kernels import ops
 
 from . import test_causal_conv1d as conv
 from . import test_gdn_chunk as gdnc
+from . import test_gdn_decode as gdnd
 from . import test_gdn_state_update as gdnu
 from . import test_mamba2_decode as m2d
 from . import test_ssd_chunk_scan as scan
@@ -139,19 +140,39 @@ def _ssd_state_update() -> Case:
     return Case(run, d["ssm_state"], pad)
 
 
-def _mamba2_decode_case(pool_name: str) -> Case:
-    """mamba2_decode holds two pools: each case poisons one, the other starts with slot 0 zero."""
-    d = m2d.make_inputs(6, 4, 2)
-    for name in ("conv_state", "ssm_state"):
+def _fused_decode_case(module, pools: tuple[str, str], pool_name: str) -> Case:
+    """The fused decode ops hold two pools: each case poisons one, the other starts with slot 0
+    zero."""
+    d = module.make_inputs(6, 4, 2)
+    for name in pools:
         d[name][0] = 0.0
-    index = 1 if pool_name == "conv_state" else 2
+    index = 1 + pools.index(pool_name)
 
     def run(pool, implementation):
-        out = m2d.run({**d, pool_name: pool}, implementation)
+        out = module.run({**d, pool_name: pool}, implementation)
         return out[0], out[index]
 
-    pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], (4, 2, 6, 12))
+    out_shape = jax.eval_shape(lambda: module.run(d, "reference")[0]).shape
+    pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], out_shape)
     return Case(run, d[pool_name], pad)
+
+
+def _mamba2_decode_case(pool_name: str) -> Case:
+    return _fused_decode_case(m2d, ("conv_state", "ssm_state"), pool_name)
+
+
+def _gdn_decode_case(pool_name: str) -> Case:
+    return _fused_decode_case(gdnd, ("conv_state", "state"), pool_name)
+
+
+@case("gdn_decode")
+def _gdn_decode() -> Case:
+    return _gdn_decode_case("state")
+
+
+@case("gdn_decode (conv pool)")
+def _gdn_decode_conv_pool() -> Case:
+    return _gdn_decode_case("conv_state")
 
 
 @case("mamba2_decode")

@@ -139,3 +139,47 @@ def store_boundary_state(pool_ref, boundary_ref, row, end, pos0, block_size, ind
     hit = (end % block_size == 0) & (j < boundary_ref.shape[1]) & live_slot(slot, pool_ref.shape[0])
     plgpu.store(pool_ref.at[(jnp.where(hit, slot, NULL), *index)], value.astype(pool_ref.dtype),
                 mask=mask & hit)  # fmt: skip
+
+
+def conv_update_lanes(read_ref, write_ref, x_ref, w_ref, bias_ref, state_ref, *, channel, column,
+                      mask, lanes, width, dtype) -> list[jax.Array]:  # fmt: skip
+    """In a decode kernel: silu(causal conv) of one channel block of row `program_id(0)` for
+    every lane, fp32 rounded to `dtype` as an unfused conv would store it (0 on dead lanes); stores
+    the window after each lane to that lane's write slot in `state_ref` [S, channels, W - 1].
+
+    `channel` is the block's pl.ds into the conv channels, `column` the same block in the input
+    x_ref [B, L, columns] (a projection holding the channels among other columns). The whole
+    window is loaded before the first store: lane 0 may write its own read slot.
+    """
+    b, num_slots = pl.program_id(0), state_ref.shape[0]
+    read = read_ref[b]
+    seq = [
+        plgpu.load(
+            state_ref.at[safe_slot(read, num_slots), channel, jnp.int32(k)],
+            mask=mask & live_slot(read, num_slots),
+            other=0.0,
+        ).astype(jnp.float32)
+        for k in range(width - 1)
+    ]
+    taps = [
+        plgpu.load(w_ref.at[channel, jnp.int32(j)], mask=mask, other=0.0).astype(jnp.float32)
+        for j in range(width)
+    ]
+    bias = plgpu.load(bias_ref.at[channel], mask=mask, other=0.0).astype(jnp.float32)
+    outs = []
+    for t in range(lanes):
+        tt = jnp.int32(t)  # a traced index (interpret mode rejects Python ints in .at[])
+        seq.append(plgpu.load(x_ref.at[b, tt, column], mask=mask, other=0.0).astype(jnp.float32))
+        acc = bias
+        for j in range(width):
+            acc = acc + taps[j] * seq[t + j]
+        write = write_ref[b, tt]
+        writes = live_slot(write, num_slots)
+        outs.append(jnp.where(writes, silu(acc), 0.0).astype(dtype).astype(jnp.float32))
+        for k in range(width - 1):
+            plgpu.store(
+                state_ref.at[safe_slot(write, num_slots), channel, jnp.int32(k)],
+                seq[t + 1 + k].astype(state_ref.dtype),
+                mask=mask & writes,
+            )
+    return outs

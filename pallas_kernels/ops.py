@@ -9,8 +9,10 @@ from __future__ import annotations
 from pallas_kernels import causal_conv1d as _conv1d
 from pallas_kernels import causal_conv1d_reference as _conv1d_reference
 from pallas_kernels import gdn_chunk as _gdn_chunk
+from pallas_kernels import gdn_decode as _gdn_decode
 from pallas_kernels import gdn_state_update as _gdn_state_update
 from pallas_kernels import grouped_matmul as _grouped_matmul
+from pallas_kernels import mamba2_decode as _mamba2_decode
 from pallas_kernels import paged_attention as _paged_attention
 from pallas_kernels import paged_decode_attention as _paged_decode_attention
 from pallas_kernels import ssd_chunk_scan as _ssd_chunk_scan
@@ -33,12 +35,16 @@ ssd_chunk_scan = dispatched(
 ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_state_update.ssd_state_update_reference
 )
+# Decode fused: conv update + state update reading in_proj's output by column offset.
+mamba2_decode = dispatched(_mamba2_decode.mamba2_decode, _mamba2_decode.mamba2_decode_reference)
 
 # Gated DeltaNet path.
 gdn_chunk = dispatched(_gdn_chunk.gdn_chunk, _gdn_chunk.gdn_chunk_reference)
 gdn_state_update = dispatched(
     _gdn_state_update.gdn_state_update, _gdn_state_update.gdn_state_update_reference
 )
+# Decode fused: conv update + l2norm + gating + state update reading in_proj's output.
+gdn_decode = dispatched(_gdn_decode.gdn_decode, _gdn_decode.gdn_decode_reference)
 
 # Attention over the paged KV cache: decode lanes through the kernel, prefill tokens through the
 # ragged reference (no prefill kernel yet).

@@ -35,6 +35,7 @@ from pallas_kernels import causal_conv1d_reference as conv_ref
 from pallas_kernels import gdn_chunk as gdnc
 from pallas_kernels import gdn_state_update as gdnu
 from pallas_kernels import grouped_matmul as gmm
+from pallas_kernels import mamba2_decode as m2d
 from pallas_kernels import paged_decode_attention as pda
 from pallas_kernels import ssd_chunk_scan as ssd
 from pallas_kernels import ssd_chunk_scan_reference as ssd_ref
@@ -259,6 +260,49 @@ def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: in
     return Shape(f"ssd_state_update {dims} {jnp.dtype(dtype).name}", build)
 
 
+def mamba2_decode(heads: int, head_dim: int, groups: int, state: int, width: int, num_lanes: int,
+                  dtype, batch: int = 6) -> Shape:  # fmt: skip
+    """The fused decode op. Its two pools travel packed into one fp32 [S, conv + ssm] array, so the
+    judge checks both (a bf16 conv window round-trips through fp32 exactly)."""
+    d_inner = heads * head_dim
+    conv_dim = d_inner + 2 * groups * state
+    split = conv_dim * (width - 1)
+
+    def call(fn, zxbcdt, weight, bias, packed, a, read, write, d, dt_bias, **kw):
+        conv_state = packed[:, :split].reshape(-1, conv_dim, width - 1).astype(dtype)
+        ssm_state = packed[:, split:].reshape(-1, heads, head_dim, state)
+        y, conv_state, ssm_state = fn(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write,
+                                      D=d, dt_bias=dt_bias, **kw)  # fmt: skip
+        flat = (conv_state.astype(F32).reshape(packed.shape[0], -1),
+                ssm_state.reshape(packed.shape[0], -1))  # fmt: skip
+        return y, jnp.concatenate(flat, axis=1)
+
+    def build(rng) -> Case:
+        read, write, num_slots = lanes(rng, batch, num_lanes)
+        conv_pool = _pool(rng, num_slots, (conv_dim, width - 1), dtype)
+        ssm_pool = _pool(rng, num_slots, (heads, head_dim, state), F32)
+        packed = np.concatenate([np.asarray(conv_pool, np.float32).reshape(num_slots, -1),
+                                 ssm_pool.reshape(num_slots, -1)], axis=1)  # fmt: skip
+        args = (
+            _normal(rng, (batch, num_lanes, d_inner + conv_dim + heads), dtype),
+            _normal(rng, (conv_dim, width), dtype, width**-0.5),
+            _normal(rng, (conv_dim,), dtype, 0.1),
+            packed,
+            -np.exp(_normal(rng, (heads,), F32, 0.5)),
+            read, write,
+            _normal(rng, (heads,)), _normal(rng, (heads,), F32, 0.5),
+        )  # fmt: skip
+        return Case(
+            functools.partial(call, m2d.mamba2_decode),
+            functools.partial(call, m2d.mamba2_decode_reference),
+            args, 3, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
+            f"B={batch} L={num_lanes}",
+        )  # fmt: skip
+
+    dims = f"H={heads} P={head_dim} G={groups} N={state} W={width} L={num_lanes}"
+    return Shape(f"mamba2_decode {dims} {jnp.dtype(dtype).name}", build)
+
+
 def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape:
     def build(rng) -> Case:
         rows = varlen(rng, _lengths(chunk), chunk)
@@ -398,6 +442,7 @@ def grid(quick: bool) -> list[Shape]:
             ssd_scan("sequential", 5, 12, 1, 24, F32, 16),
             ssd_scan("parallel", 6, 24, 3, 16, BF16, 16),
             ssd_update(5, 12, 1, 16, 2, F32),
+            mamba2_decode(6, 24, 3, 24, 3, 2, BF16),
             gdn_chunk(1, 2, 24, 12, F32, chunk=16),
             gdn_update(1, 2, 24, 12, 2, BF16),
             paged_decode(2, 6, 3, 24, 8, F32, (1, 9, 30)),
@@ -420,6 +465,11 @@ def grid(quick: bool) -> list[Shape]:
         conv_update(1000, 4, 3, BF16),
         *(ssd_scan(a, *d) for a in ssd_ref.ALGORITHMS for d in ssd_dims),
         *(ssd_update(*d) for d in ssu_dims),
+        mamba2_decode(5, 12, 1, 16, 4, 1, F32),
+        mamba2_decode(6, 24, 3, 24, 3, 2, BF16),
+        mamba2_decode(6, 80, 2, 16, 2, 3, F32),
+        mamba2_decode(10, 48, 2, 128, 4, 4, BF16),
+        mamba2_decode(64, 64, 8, 128, 4, 1, BF16),  # the bench model's layer
         *(gdn_chunk(*d) for d in gdn_dims),
         *(gdn_update(*d[:4], 1 + i % 3, d[4]) for i, d in enumerate(gdn_dims)),
         paged_decode(1, 16, 4, 128, 16, BF16, (1, 17, 1000, 8200)),

@@ -17,7 +17,6 @@ op for it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -81,27 +80,17 @@ class GatedDeltaNet(nnx.Module):
             v.reshape(*lead, cfg.num_v_heads, cfg.head_v_dim),
         )
 
-    def _decode(self, inputs: StepInputs, qkv, b, a, state: GDNState):
+    def _decode(self, inputs: StepInputs, mixed, state: GDNState):
+        """One fused op over in_proj's output [R_d, W, d_in_proj]: conv, split, gates, update."""
         rows = inputs.decode
-        qkv, conv = ops.causal_conv1d_update(
-            qkv,
+        o, conv, rec = ops.gdn_decode(
+            mixed,
             self.conv_weight[...],
             None,
             state.conv,
-            rows.read_slots,
-            rows.write_slots,
-            activation="silu",
-        )
-        q, k, v = self._split_qkv(qkv)
-        o, rec = ops.gdn_state_update(
-            q,
-            k,
-            v,
-            a,
-            b,
+            state.recurrent,
             self.A_log[...],
             self.dt_bias[...],
-            state.recurrent,
             rows.read_slots,
             rows.write_slots,
             use_qk_l2norm=True,
@@ -147,8 +136,9 @@ class GatedDeltaNet(nnx.Module):
         self, hidden: jax.Array, state: GDNState, inputs: StepInputs
     ) -> tuple[jax.Array, GDNState]:
         cfg = self.cfg
+        mixed = self.in_proj(hidden)
         qkv, z, b, a = jnp.split(
-            self.in_proj(hidden),
+            mixed,
             [
                 cfg.conv_dim,
                 cfg.conv_dim + cfg.value_dim,
@@ -156,10 +146,18 @@ class GatedDeltaNet(nnx.Module):
             ],
             axis=-1,
         )
+
+        # Decode reads in_proj's output by column offset, prefill its split columns (each
+        # section's unused streams are dead code).
+        def decode(mixed, _qkv, _b, _a, state):
+            return self._decode(inputs, mixed, state)
+
+        def prefill(_mixed, qkv, b, a, state):
+            return self._prefill(inputs, qkv, b, a, state)
+
         o, state = run_by_section(
-            inputs, state, (qkv, b, a), functools.partial(self._decode, inputs),
-            functools.partial(self._prefill, inputs), (cfg.num_v_heads, cfg.head_v_dim),
-            hidden.dtype,
+            inputs, state, (mixed, qkv, b, a), decode, prefill,
+            (cfg.num_v_heads, cfg.head_v_dim), hidden.dtype,
         )  # fmt: skip
         z = z.reshape(hidden.shape[0], cfg.num_v_heads, cfg.head_v_dim)
         y = self.norm(o, z).reshape(hidden.shape[0], cfg.value_dim)

@@ -18,7 +18,6 @@ in a bf16 model (`Fp32Param`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -126,20 +125,18 @@ class Mamba2(nnx.Module):
             c.reshape(*lead, cfg.n_groups, cfg.d_state),
         )
 
-    def _decode(self, inputs: StepInputs, xbc, dt, state: Mamba2State):
+    def _decode(self, inputs: StepInputs, zxbcdt, state: Mamba2State):
+        """One fused op over in_proj's output [R_d, W, d_in_proj]: conv, split and state update."""
         rows = inputs.decode
-        xbc, conv = ops.causal_conv1d_update(
-            xbc,
+        y, conv, ssm = ops.mamba2_decode(
+            zxbcdt,
             *self._conv_args(),
             state.conv,
+            state.ssm,
+            self.A[...],
             rows.read_slots,
             rows.write_slots,
-            activation="silu",
-        )
-        x, b, c = self._split_xbc(xbc)
-        a = self.A[...]
-        y, ssm = ops.ssd_state_update(
-            x, dt, a, b, c, state.ssm, rows.read_slots, rows.write_slots, **self._ssm_kwargs()
+            **self._ssm_kwargs(),
         )
         return y, Mamba2State(conv, ssm)
 
@@ -180,12 +177,20 @@ class Mamba2(nnx.Module):
         self, hidden: jax.Array, state: Mamba2State, inputs: StepInputs
     ) -> tuple[jax.Array, Mamba2State]:
         cfg = self.cfg
-        z, xbc, dt = jnp.split(
-            self.in_proj(hidden), [cfg.d_inner, cfg.d_inner + cfg.conv_dim], axis=-1
-        )
+        zxbcdt = self.in_proj(hidden)
+        z, xbc, dt = jnp.split(zxbcdt, [cfg.d_inner, cfg.d_inner + cfg.conv_dim], axis=-1)
+
+        # Decode reads in_proj's output by column offset, prefill its split columns (each
+        # section's unused streams are dead code).
+        def decode(zxbcdt, _xbc, _dt, state):
+            return self._decode(inputs, zxbcdt, state)
+
+        def prefill(_zxbcdt, xbc, dt, state):
+            return self._prefill(inputs, xbc, dt, state)
+
         y, state = run_by_section(
-            inputs, state, (xbc, dt), functools.partial(self._decode, inputs),
-            functools.partial(self._prefill, inputs), (cfg.num_heads, cfg.head_dim), hidden.dtype,
+            inputs, state, (zxbcdt, xbc, dt), decode, prefill, (cfg.num_heads, cfg.head_dim),
+            hidden.dtype,
         )  # fmt: skip
         y = y.reshape(hidden.shape[0], cfg.d_inner)
         return self.out_proj(self.norm(y, z)), state

@@ -21,7 +21,9 @@ from pallas_kernels import ops
 
 from . import test_causal_conv1d as conv
 from . import test_gdn_chunk as gdnc
+from . import test_gdn_decode as gdnd
 from . import test_gdn_state_update as gdnu
+from . import test_mamba2_decode as m2d
 from . import test_ssd_chunk_scan as scan
 from . import test_ssd_state_update as ssu
 
@@ -137,6 +139,51 @@ def _ssd_state_update() -> Case:
     run = _with_pool(d, "ssm_state", ssu.ARGS, ops.ssd_state_update, **opts)
     pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], d["x"].shape)
     return Case(run, d["ssm_state"], pad)
+
+
+def _fused_decode_case(module, pools: tuple[str, str], pool_name: str) -> Case:
+    """The fused decode ops hold two pools: each case poisons one, the other starts with slot 0
+    zero."""
+    d = module.make_inputs(6, 4, 2)
+    for name in pools:
+        d[name][0] = 0.0
+    index = 1 + pools.index(pool_name)
+
+    def run(pool, implementation):
+        out = module.run({**d, pool_name: pool}, implementation)
+        return out[0], out[index]
+
+    out_shape = jax.eval_shape(lambda: module.run(d, "reference")[0]).shape
+    pad = np.broadcast_to((d["write_slots"] <= 0)[:, :, None, None], out_shape)
+    return Case(run, d[pool_name], pad)
+
+
+def _mamba2_decode_case(pool_name: str) -> Case:
+    return _fused_decode_case(m2d, ("conv_state", "ssm_state"), pool_name)
+
+
+def _gdn_decode_case(pool_name: str) -> Case:
+    return _fused_decode_case(gdnd, ("conv_state", "state"), pool_name)
+
+
+@case("gdn_decode")
+def _gdn_decode() -> Case:
+    return _gdn_decode_case("state")
+
+
+@case("gdn_decode (conv pool)")
+def _gdn_decode_conv_pool() -> Case:
+    return _gdn_decode_case("conv_state")
+
+
+@case("mamba2_decode")
+def _mamba2_decode() -> Case:
+    return _mamba2_decode_case("ssm_state")
+
+
+@case("mamba2_decode (conv pool)")
+def _mamba2_decode_conv_pool() -> Case:
+    return _mamba2_decode_case("conv_state")
 
 
 @case("gdn_chunk")

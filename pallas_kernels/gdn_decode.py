@@ -1,0 +1,294 @@
+"""Gated DeltaNet decode, fused: causal conv update of qkv + l2norm + gating + the delta-rule state
+update, reading in_proj's output.
+
+Glossary: B decode rows, L = 1 + K lanes, HK key heads, HV value heads, K / V key / value head
+dims, W conv width, S slots; key_dim = HK K, value_dim = HV V, conv_dim = 2 key_dim + value_dim.
+
+    mixed       [B, L, conv_dim + value_dim + 2 HV]   in_proj's output: [qkv | z | b | a]
+    conv_weight [conv_dim, W], conv_bias [conv_dim] or None, conv_state [S, conv_dim, W - 1]
+    state       [S, HV, V, K] (fp32, V-first), A_log / dt_bias [HV]
+    -> o [B, L, HV, V] (mixed's dtype; before the gated norm, z is not read), conv_state, state
+
+The result is `causal_conv1d_update(qkv, activation="silu")` followed by `gdn_state_update` on the
+split q / k / v (l2norm, beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)): the conv output
+is rounded to mixed's dtype, as the unfused path materialises it. Slots as in the other decode ops
+(not live: <= 0 or >= S reads zeros, writes nothing, its lanes output 0).
+
+Two launches, reading `mixed` by column offset, for the reason given in `mamba2_decode`: the q / k
+columns are shared by the HV / HK value heads of a key head, and a one-token decode rewrites its
+read slot in place, so their windows are convolved (and written) once per row by launch 1
+(`_qk_conv_kernel`, grid (B, 2 key_dim / block_c)); launch 2 (`_delta_kernel`, grid
+(B, HV, V / block_v)) convolves the tile's v columns and runs the state update.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._common import (
+    check_shape,
+    conv_update_lanes,
+    live_slot,
+    pow2,
+    safe_slot,
+    sds_like,
+)
+from pallas_kernels.causal_conv1d_reference import causal_conv1d_update_reference
+from pallas_kernels.gdn_reference import L2_EPS, gdn_state_update_reference
+
+
+class Geometry(NamedTuple):
+    batch: int
+    lanes: int
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    width: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+def check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias, read_slots,
+               write_slots) -> Geometry:  # fmt: skip
+    """Validate shapes; the geometry comes from state (HV, V, K) and conv_weight (C, W)."""
+    check_shape("mixed", mixed, (None, None, None))
+    check_shape("state", state, (None, None, None, None))
+    check_shape("conv_weight", conv_weight, (None, None))
+    batch, lanes, _ = mixed.shape
+    num_slots, v_heads, v_dim, k_dim = state.shape
+    conv_dim, width = conv_weight.shape
+    key_dim2 = conv_dim - v_heads * v_dim
+    if key_dim2 <= 0 or key_dim2 % (2 * k_dim):
+        raise ValueError(
+            f"conv_weight has {conv_dim} channels; expected 2*HK*K + HV*V = 2*HK*{k_dim} + "
+            f"{v_heads * v_dim} (state has shape {tuple(state.shape)})"
+        )
+    k_heads = key_dim2 // (2 * k_dim)
+    if v_heads % k_heads:
+        raise ValueError(f"conv_weight implies {k_heads} key heads; must divide HV={v_heads}")
+    if width < 2:
+        raise ValueError(f"conv_weight has width {width}; the decode update needs d_conv >= 2")
+    geo = Geometry(batch, lanes, k_heads, v_heads, k_dim, v_dim, width)
+    check_shape("mixed", mixed, (batch, lanes, conv_dim + geo.value_dim + 2 * v_heads))
+    check_shape("conv_bias", conv_bias, (conv_dim,))
+    check_shape("conv_state", conv_state, (num_slots, conv_dim, width - 1))
+    check_shape("A_log", A_log, (v_heads,))
+    check_shape("dt_bias", dt_bias, (v_heads,))
+    check_shape("read_slots", read_slots, (batch,))
+    check_shape("write_slots", write_slots, (batch, lanes))
+    return geo
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "use_qk_l2norm"))
+def gdn_decode_reference(
+    mixed: jax.Array,
+    conv_weight: jax.Array,
+    conv_bias: jax.Array | None,
+    conv_state: jax.Array,
+    state: jax.Array,
+    A_log: jax.Array,
+    dt_bias: jax.Array,
+    read_slots: jax.Array,
+    write_slots: jax.Array,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The unfused composition: (o [B, L, HV, V], conv_state, state); see the module docstring.
+
+    1. Split mixed's columns into qkv, b and a (z is not used).
+    2. qkv = silu(causal conv of the window ++ qkv), windows written per lane.
+    3. Split qkv into q, k [B, L, HK, K] and v [B, L, HV, V].
+    4. The gated delta rule lane by lane (l2norm, gates), states written per lane.
+    """
+    geo = check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias,
+                     read_slots, write_slots)  # fmt: skip
+    lead = mixed.shape[:2]
+    gates = geo.conv_dim + geo.value_dim
+    qkv = mixed[..., : geo.conv_dim]
+    b, a = mixed[..., gates : gates + geo.v_heads], mixed[..., gates + geo.v_heads :]
+    qkv, conv_state = causal_conv1d_update_reference(
+        qkv, conv_weight, conv_bias, conv_state, read_slots, write_slots, activation="silu"
+    )
+    q, k, v = jnp.split(qkv, [geo.key_dim, 2 * geo.key_dim], axis=-1)
+    o, state = gdn_state_update_reference(
+        q.reshape(*lead, geo.k_heads, geo.k_dim),
+        k.reshape(*lead, geo.k_heads, geo.k_dim),
+        v.reshape(*lead, geo.v_heads, geo.v_dim),
+        a,
+        b,
+        A_log,
+        dt_bias,
+        state,
+        read_slots,
+        write_slots,
+        scale=scale,
+        use_qk_l2norm=use_qk_l2norm,
+    )
+    return o, conv_state, state
+
+
+# ----------------------------------------------------------------------------- Pallas kernels
+
+
+def _sds(shape: tuple[int, ...], like: jax.Array) -> jax.ShapeDtypeStruct:
+    """A new output of `like`'s dtype that keeps shard_map's varying axes, as `sds_like` does."""
+    manual = jax.typeof(like).manual_axis_type
+    return jax.ShapeDtypeStruct(shape, like.dtype, manual_axis_type=manual)
+
+
+def _qk_conv_kernel(read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_in_ref, qk_ref,
+                    conv_ref, *, geo: Geometry, block_c: int):  # fmt: skip
+    """One (row, block of q/k channels): their conv; windows and qk [B, L, 2 key_dim] out."""
+    del conv_in_ref  # aliased to conv_ref
+    b, start = pl.program_id(0), pl.program_id(1) * block_c
+    block = pl.ds(start, block_c)  # q and k are the first channels and the first columns
+    mask = start + jnp.arange(block_c) < 2 * geo.key_dim
+    outs = conv_update_lanes(
+        read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_ref, channel=block, column=block,
+        mask=mask, lanes=geo.lanes, width=geo.width, dtype=qk_ref.dtype,
+    )  # fmt: skip
+    for t, out in enumerate(outs):
+        plgpu.store(qk_ref.at[b, jnp.int32(t), block], out.astype(qk_ref.dtype), mask=mask)
+
+
+def _l2n(x: jax.Array) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.sum(x * x) + L2_EPS)
+
+
+def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_ref, dt_bias_ref,
+                  conv_in_ref, state_in_ref, o_ref, conv_ref, state_ref, *, geo: Geometry,
+                  block_v: int, scale: float, l2: bool):  # fmt: skip
+    """One (row, value head, V tile): conv of the tile's v columns, then the gated delta rule with
+    the [block_v, K] state tile in registers across the row's lanes."""
+    del conv_in_ref, state_in_ref  # aliased to conv_ref, state_ref
+    b, hv, vt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    hk = hv // (geo.v_heads // geo.k_heads)
+    block_k = pow2(geo.k_dim)
+    v0 = vt * block_v
+    v_mask = v0 + jnp.arange(block_v) < geo.v_dim
+    k_mask = jnp.arange(block_k) < geo.k_dim
+    vk_mask = v_mask[:, None] & k_mask[None, :]
+    c0 = 2 * geo.key_dim + hv * geo.v_dim + v0  # first v channel (and column) of the tile
+    vs = conv_update_lanes(
+        read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_ref,
+        channel=pl.ds(c0, block_v), column=pl.ds(c0, block_v), mask=v_mask,
+        lanes=geo.lanes, width=geo.width, dtype=o_ref.dtype,
+    )  # fmt: skip
+    read, num_slots = read_ref[b], state_ref.shape[0]
+    v_sl, k_sl = pl.ds(v0, block_v), pl.ds(0, block_k)
+    s = plgpu.load(
+        state_ref.at[safe_slot(read, num_slots), hv, v_sl, k_sl],
+        mask=vk_mask & live_slot(read, num_slots),
+        other=0.0,
+    ).astype(jnp.float32)
+    neg_a = -jnp.exp(alog_ref[hv].astype(jnp.float32))
+    dt_bias = dt_bias_ref[hv].astype(jnp.float32)
+    b_col = geo.conv_dim + geo.value_dim + hv
+    q_sl = pl.ds(hk * geo.k_dim, block_k)
+    k_sl_qk = pl.ds(geo.key_dim + hk * geo.k_dim, block_k)
+    for t, v in enumerate(vs):
+        tt = jnp.int32(t)
+        q = plgpu.load(qk_ref.at[b, tt, q_sl], mask=k_mask, other=0.0).astype(jnp.float32)
+        k = plgpu.load(qk_ref.at[b, tt, k_sl_qk], mask=k_mask, other=0.0).astype(jnp.float32)
+        if l2:
+            q, k = _l2n(q), _l2n(k)
+        q = q * scale
+        a = mixed_ref[b, tt, b_col + geo.v_heads].astype(jnp.float32)
+        g = neg_a * jax.nn.softplus(a + dt_bias)
+        beta = jax.nn.sigmoid(mixed_ref[b, tt, b_col].astype(jnp.float32))
+        s = s * jnp.exp(g)
+        delta = beta * (v - jnp.sum(s * k[None, :], axis=1))
+        s = s + delta[:, None] * k[None, :]
+        o = jnp.sum(s * q[None, :], axis=1)
+        write = write_ref[b, tt]
+        writes = live_slot(write, num_slots)
+        plgpu.store(o_ref.at[b, tt, hv, v_sl], jnp.where(writes, o, 0.0).astype(o_ref.dtype),
+                    mask=v_mask)  # fmt: skip
+        plgpu.store(
+            state_ref.at[safe_slot(write, num_slots), hv, v_sl, k_sl],
+            s.astype(state_ref.dtype),
+            mask=vk_mask & writes,
+        )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("scale", "use_qk_l2norm", "interpret", "block_v", "block_c", "num_warps",
+                     "num_stages"),
+)  # fmt: skip
+def gdn_decode(
+    mixed: jax.Array,
+    conv_weight: jax.Array,
+    conv_bias: jax.Array | None,
+    conv_state: jax.Array,
+    state: jax.Array,
+    A_log: jax.Array,
+    dt_bias: jax.Array,
+    read_slots: jax.Array,
+    write_slots: jax.Array,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    interpret: bool = False,
+    block_v: int = 32,
+    block_c: int = 256,
+    num_warps: int = 4,
+    num_stages: int = 1,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Pallas kernels for `gdn_decode_reference` (same arguments and results).
+
+    Both pools are aliased to the returned ones (donate them under jit to update in place).
+    `block_v` tiles V in the state-update launch, `block_c` the q/k channels in the conv launch
+    (both rounded to powers of two, masked at the edges).
+    """
+    geo = check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias,
+                     read_slots, write_slots)  # fmt: skip
+    read, write = read_slots.astype(jnp.int32), write_slots.astype(jnp.int32)
+    bias = jnp.zeros((geo.conv_dim,), jnp.float32) if conv_bias is None else conv_bias
+    params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    block_c = min(pow2(block_c), pow2(2 * geo.key_dim))
+    qk, conv_state = pl.pallas_call(
+        functools.partial(_qk_conv_kernel, geo=geo, block_c=block_c),
+        out_shape=(_sds((geo.batch, geo.lanes, 2 * geo.key_dim), mixed), sds_like(conv_state)),
+        grid=(geo.batch, pl.cdiv(2 * geo.key_dim, block_c)),
+        input_output_aliases={5: 1},
+        compiler_params=params,
+        interpret=interpret,
+        name="gdn_decode_qk_conv",
+    )(read, write, mixed, conv_weight, bias, conv_state)
+    block_v = min(pow2(block_v), pow2(geo.v_dim))
+    kernel = functools.partial(
+        _delta_kernel,
+        geo=geo,
+        block_v=block_v,
+        scale=float(geo.k_dim**-0.5 if scale is None else scale),
+        l2=use_qk_l2norm,
+    )
+    o_shape = (geo.batch, geo.lanes, geo.v_heads, geo.v_dim)
+    return pl.pallas_call(
+        kernel,
+        out_shape=(_sds(o_shape, mixed), sds_like(conv_state), sds_like(state)),
+        grid=(geo.batch, geo.v_heads, pl.cdiv(geo.v_dim, block_v)),
+        input_output_aliases={8: 1, 9: 2},
+        compiler_params=params,
+        interpret=interpret,
+        name="gdn_decode_delta",
+    )(read, write, mixed, qk, conv_weight, bias, A_log, dt_bias, conv_state, state)

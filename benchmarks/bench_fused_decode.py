@@ -1,24 +1,30 @@
-"""The fused Mamba2 decode op against the unfused path it replaces, on the GPU.
+"""The fused decode ops against the unfused paths they replace, on the GPU.
 
-Unfused (the mixer before `mamba2_decode`): slice xBC and dt out of in_proj's output,
-`causal_conv1d_update`, split x / B / C, `ssd_state_update`. Fused: `mamba2_decode` on in_proj's
-output. Bench model's Mamba2 layer: H 64, P 64, G 8, N 128, d_conv 4; bf16 in_proj output and conv
-pool, fp32 SSM state; one token per row (L = 1) at B = 1, 16, 64, 256, updated in place.
+mamba2: `mamba2_decode` vs slicing xBC and dt out of in_proj's output, `causal_conv1d_update`,
+splitting x / B / C, `ssd_state_update`. Bench model's Mamba2 layer: H 64, P 64, G 8, N 128, W 4.
+gdn: `gdn_decode` vs slicing qkv, b and a, `causal_conv1d_update`, splitting q / k / v,
+`gdn_state_update`. Qwen3-Next-shaped layer (bench_gdn_kernels): HK 16, HV 32, K = V = 128, W 4.
+Both: bf16 in_proj output and conv pool, fp32 recurrent state, one token per row (L = 1) updated in
+place, B = 1, 16, 64, 256.
 
 Each timing is one jitted, unrolled loop of many calls (`bench_mamba2_kernels.time_loop`), rotating
-state slots so the state comes from DRAM. Roofline: the pools' bytes read + written (SSM state and
-conv windows) at 2.9 TB/s (read + write, measured by bench_gdn_kernels on the H100; RESULTS.md).
-Also checked on every batch: fused vs the jnp reference and vs the unfused kernels, and the number
-of kernels each path launches (non-trivial instructions of the compiled entry computation).
+state slots so the state comes from DRAM. Roofline: the pools' bytes read + written (recurrent
+state and conv windows) at 2.9 TB/s (read + write, measured by bench_gdn_kernels on the H100;
+RESULTS.md). Also reported per batch: fused vs the jnp reference and vs the unfused kernels, and
+the kernels each path launches (non-trivial instructions of the compiled entry computation).
 
-    PYTHONPATH=. python benchmarks/bench_mamba2_decode.py    (writes $OUT/mamba2_decode.json)
+    PYTHONPATH=. python benchmarks/bench_fused_decode.py [mamba2,gdn]
+    (writes $OUT/fused_decode.json)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import sys
+from collections.abc import Callable
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -28,19 +34,28 @@ import numpy as np  # noqa: E402
 
 from benchmarks.bench_mamba2_kernels import log, rel_err, time_loop  # noqa: E402
 from pallas_kernels import causal_conv1d as conv  # noqa: E402
+from pallas_kernels import gdn_decode as gdnd  # noqa: E402
+from pallas_kernels import gdn_state_update as gdnu  # noqa: E402
 from pallas_kernels import mamba2_decode as m2d  # noqa: E402
 from pallas_kernels import ssd_state_update as ssu  # noqa: E402
 
-H, P, G, N, W = 64, 64, 8, 128, 4
-D_INNER, CONV_DIM = H * P, H * P + 2 * G * N
 BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 ROOF_TB_S = 2.9
-CONFIGS = [dict(block_p=bp, num_warps=w) for bp, w in ((16, 4), (32, 4), (64, 4), (64, 8))]
+W = 4
 OUT = os.environ.get("OUT", ".")
 
+# Mamba2 layer.
+H, P, G, N = 64, 64, 8, 128
+D_INNER, CONV_DIM = H * P, H * P + 2 * G * N
+# Gated DeltaNet layer.
+HK, HV, DK, DV = 16, 32, 128, 128
+KEY_DIM, VALUE_DIM = HK * DK, HV * DV
+QKV_DIM = 2 * KEY_DIM + VALUE_DIM
 
-def unfused(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, *, D, dt_bias, **tuning):
-    """The mixer's decode path before the fusion (same arguments and results as mamba2_decode)."""
+
+def unfused_mamba2(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write,
+                   **tuning):  # fmt: skip
+    """The Mamba2 mixer's decode path before the fusion."""
     lead = zxbcdt.shape[:2]
     xbc = zxbcdt[..., D_INNER : D_INNER + CONV_DIM]
     dt = zxbcdt[..., D_INNER + CONV_DIM :]
@@ -48,12 +63,73 @@ def unfused(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, *, D, d
     x, b, c = jnp.split(xbc, [D_INNER, D_INNER + G * N], axis=-1)
     y, ssm_state = ssu.ssd_state_update(
         x.reshape(*lead, H, P), dt, a, b.reshape(*lead, G, N), c.reshape(*lead, G, N), ssm_state,
-        read, write, D=D, dt_bias=dt_bias, **tuning,
+        read, write, D=d, dt_bias=dt_bias, **tuning,
     )  # fmt: skip
     return y, conv_state, ssm_state
 
 
-PATHS = (("fused", m2d.mamba2_decode), ("unfused", unfused))
+def fused_mamba2(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write,
+                 reference: bool = False, **tuning):  # fmt: skip
+    if reference:
+        return m2d.mamba2_decode_reference(zxbcdt, weight, bias, conv_state, ssm_state, a, read,
+                                           write, D=d, dt_bias=dt_bias)  # fmt: skip
+    return m2d.mamba2_decode(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d,
+                             dt_bias=dt_bias, **tuning)  # fmt: skip
+
+
+def unfused_gdn(mixed, weight, bias, conv_state, state, a_log, dt_bias, read, write, **tuning):
+    """The Gated DeltaNet mixer's decode path before the fusion."""
+    lead = mixed.shape[:2]
+    qkv = mixed[..., :QKV_DIM]
+    b = mixed[..., QKV_DIM + VALUE_DIM : QKV_DIM + VALUE_DIM + HV]
+    a = mixed[..., QKV_DIM + VALUE_DIM + HV :]
+    qkv, conv_state = conv.causal_conv1d_update(qkv, weight, bias, conv_state, read, write)
+    q, k, v = jnp.split(qkv, [KEY_DIM, 2 * KEY_DIM], axis=-1)
+    o, state = gdnu.gdn_state_update(
+        q.reshape(*lead, HK, DK), k.reshape(*lead, HK, DK), v.reshape(*lead, HV, DV), a, b, a_log,
+        dt_bias, state, read, write, block_v=tuning.get("block_p", 32),
+        num_warps=tuning.get("num_warps", 4),
+    )  # fmt: skip
+    return o, conv_state, state
+
+
+def fused_gdn(mixed, weight, bias, conv_state, state, a_log, dt_bias, read, write,
+              reference: bool = False, **tuning):  # fmt: skip
+    args = (mixed, weight, bias, conv_state, state, a_log, dt_bias, read, write)
+    if reference:
+        return gdnd.gdn_decode_reference(*args)
+    return gdnd.gdn_decode(*args, block_v=tuning.get("block_p", 32),
+                           num_warps=tuning.get("num_warps", 4))  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One op's bench: in_proj columns, conv channels, recurrent state per slot, per-head params."""
+
+    name: str
+    columns: int
+    channels: int
+    state_tail: tuple[int, ...]
+    params: Callable[[Callable], tuple]  # f(*shape) -> the per-head arrays after the pools
+    gate_columns: int  # the last in_proj columns (dt; a), shifted down so states decay slowly
+    fused: Callable
+    unfused: Callable
+    # Tuning sweep: block_p is the head-dim tile (block_v for Gated DeltaNet).
+    configs: tuple[dict, ...] = tuple(
+        dict(block_p=bp, num_warps=w) for bp, w in ((16, 4), (32, 4), (64, 4), (64, 8))
+    )
+
+
+LAYERS = {
+    "mamba2": Layer(
+        "mamba2_decode", D_INNER + CONV_DIM + H, CONV_DIM, (H, P, N),
+        lambda f: (-np.exp(f(H) * 0.5), f(H), f(H) * 0.5), H, fused_mamba2, unfused_mamba2,
+    ),
+    "gdn": Layer(
+        "gdn_decode", QKV_DIM + VALUE_DIM + 2 * HV, QKV_DIM, (HV, DV, DK),
+        lambda f: (f(HV) * 0.5, f(HV) * 0.5), HV, fused_gdn, unfused_gdn,
+    ),
+}  # fmt: skip
 
 
 def count_kernels(fn, *args) -> int:
@@ -66,42 +142,30 @@ def count_kernels(fn, *args) -> int:
     return sum(not any(t in line for t in trivial) for line in ops)
 
 
-def inputs(rng, batch: int):
+def bench_batch(layer: Layer, rng, batch: int) -> dict:
     f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
-    zx = f(batch, 1, D_INNER + CONV_DIM + H)
-    zx[..., -H:] -= 2.0
-    return dict(
-        zxbcdt=jnp.asarray(zx, BF),
-        weight=jnp.asarray(f(CONV_DIM, W) * 0.5, BF),
-        bias=jnp.asarray(f(CONV_DIM) * 0.1, BF),
-        a=jnp.asarray(-np.exp(f(H) * 0.5)),
-        D=jnp.asarray(f(H)),
-        dt_bias=jnp.asarray(f(H) * 0.5),
-    )
-
-
-def bench_batch(rng, batch: int) -> dict:
-    d = inputs(rng, batch)
-    slot_bytes = H * P * N * 4 + CONV_DIM * (W - 1) * 2
+    mixed = f(batch, 1, layer.columns)
+    mixed[..., -layer.gate_columns :] -= 2.0
+    head = (jnp.asarray(mixed, BF), jnp.asarray(f(layer.channels, W) * 0.5, BF),
+            jnp.asarray(f(layer.channels) * 0.1, BF))  # fmt: skip
+    params = tuple(jnp.asarray(p, F32) for p in layer.params(f))
+    slot_bytes = int(np.prod(layer.state_tail)) * 4 + layer.channels * (W - 1) * 2
     sets = max(2, -(-512 * 2**20 // (batch * slot_bytes)))  # >= 512 MiB of distinct slots
     slots = 1 + jnp.arange(sets * batch, dtype=I32).reshape(sets, batch)
     key = jax.random.key(batch)
 
     def pools():
         k1, k2 = jax.random.split(key)
-        return (jax.random.normal(k1, (sets * batch + 1, CONV_DIM, W - 1), BF),
-                jax.random.normal(k2, (sets * batch + 1, H, P, N), F32))  # fmt: skip
+        return (jax.random.normal(k1, (sets * batch + 1, layer.channels, W - 1), BF),
+                jax.random.normal(k2, (sets * batch + 1, *layer.state_tail), F32))  # fmt: skip
 
-    head = (d["zxbcdt"], d["weight"], d["bias"])
-    kw = dict(D=d["D"], dt_bias=d["dt_bias"])
-
-    def call(fn, pool, sl, **tuning):
-        return fn(*head, *pool, d["a"], sl, sl[:, None], **kw, **tuning)
+    def call(fn, pool, sl, **kw):
+        return fn(*head, *pool, *params, sl, sl[:, None], **kw)
 
     # Correctness on one call: fused vs the jnp reference and vs the unfused kernels.
-    ref = call(m2d.mamba2_decode_reference, pools(), slots[0])
-    got = call(m2d.mamba2_decode, pools(), slots[0])
-    old = call(unfused, pools(), slots[0])
+    ref = call(layer.fused, pools(), slots[0], reference=True)
+    got = call(layer.fused, pools(), slots[0])
+    old = call(layer.unfused, pools(), slots[0])
     live = slots[0]
     errors = dict(
         err_vs_ref_y=rel_err(got[0], ref[0]),
@@ -110,14 +174,14 @@ def bench_batch(rng, batch: int) -> dict:
         err_vs_unfused_y=rel_err(got[0], old[0]),
     )
     del ref, got, old
-    sample = (*head, *pools(), d["a"], slots[0], slots[0][:, None])
-    kernels = {name: count_kernels(lambda *a, fn=fn: fn(*a, **kw), *sample)
-               for name, fn in PATHS}  # fmt: skip
+    paths = (("fused", layer.fused), ("unfused", layer.unfused))
+    sample = (*head, *pools(), *params, slots[0], slots[0][:, None])
+    kernels = {name: count_kernels(fn, *sample) for name, fn in paths}
     del sample
     inner = 100 if batch <= 16 else 20
     times = {}
-    for name, fn in PATHS:
-        for cfg in CONFIGS:
+    for name, fn in paths:
+        for cfg in layer.configs:
 
             def step(i, pool, fn=fn, cfg=cfg):
                 sl = jax.lax.dynamic_index_in_dim(slots, i % sets, keepdims=False)
@@ -125,14 +189,14 @@ def bench_batch(rng, batch: int) -> dict:
                 return y, tuple(pool)
 
             us = time_loop(step, pools(), inner=inner)
-            log(f"B={batch} {name} {cfg}: {us:.1f} us")
+            log(f"{layer.name} B={batch} {name} {cfg}: {us:.1f} us")
             if name not in times or us < times[name][0]:
                 times[name] = (us, cfg)
     nbytes = 2 * batch * slot_bytes
     ours, old_us = times["fused"][0], times["unfused"][0]
     return dict(
-        op="mamba2_decode",
-        shape=f"B={batch} L=1 H{H} P{P} G{G} N{N} W{W}",
+        op=layer.name,
+        shape=f"B={batch} L=1 state {layer.state_tail} conv {layer.channels}x{W}",
         ours_us=ours,
         unfused_us=old_us,
         ratio=old_us / ours,
@@ -145,24 +209,26 @@ def bench_batch(rng, batch: int) -> dict:
     )
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    names = argv[0].split(",") if argv else list(LAYERS)
     log("devices", jax.devices())
     rng = np.random.default_rng(0)
     results = []
-    for batch in (1, 16, 64, 256):
-        row = bench_batch(rng, batch)
-        log("RESULT", json.dumps(row, default=str))
-        results.append(row)
-        with open(os.path.join(OUT, "mamba2_decode.json"), "w") as fh:
-            json.dump(results, fh, indent=1, default=str)
-    log("\nshape | fused us | unfused us | unfused / fused | % roofline (fused, unfused) | "
+    for name in names:
+        for batch in (1, 16, 64, 256):
+            row = bench_batch(LAYERS[name], rng, batch)
+            log("RESULT", json.dumps(row, default=str))
+            results.append(row)
+            with open(os.path.join(OUT, "fused_decode.json"), "w") as fh:
+                json.dump(results, fh, indent=1, default=str)
+    log("\nop | shape | fused us | unfused us | unfused / fused | % roofline (fused, unfused) | "
         "kernels (fused, unfused) | err vs ref y")  # fmt: skip
     for r in results:
         k = r["kernels"]
-        log(f"{r['shape']} | {r['ours_us']:.1f} | {r['unfused_us']:.1f} | {r['ratio']:.2f} | "
-            f"{r['pct_roofline']:.0f}%, {r['unfused_pct_roofline']:.0f}% | "
+        log(f"{r['op']} | {r['shape']} | {r['ours_us']:.1f} | {r['unfused_us']:.1f} | "
+            f"{r['ratio']:.2f} | {r['pct_roofline']:.0f}%, {r['unfused_pct_roofline']:.0f}% | "
             f"{k['fused']}, {k['unfused']} | {r['err_vs_ref_y']:.1e}")  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -33,6 +33,7 @@ from benchmarks.checks import Check, on_gpu
 from pallas_kernels import causal_conv1d as conv
 from pallas_kernels import causal_conv1d_reference as conv_ref
 from pallas_kernels import gdn_chunk as gdnc
+from pallas_kernels import gdn_decode as gdnd
 from pallas_kernels import gdn_state_update as gdnu
 from pallas_kernels import grouped_matmul as gmm
 from pallas_kernels import mamba2_decode as m2d
@@ -260,47 +261,78 @@ def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: in
     return Shape(f"ssd_state_update {dims} {jnp.dtype(dtype).name}", build)
 
 
+def _fused_decode_case(rng, fns: tuple[Callable, Callable], columns: int,
+                       conv_tail: tuple[int, int], state_tail: tuple[int, ...], after: tuple,
+                       num_lanes: int, dtype, batch: int) -> Case:  # fmt: skip
+    """A fused decode op `fn(mixed, weight, bias, conv_state, state, *after, read, write)`. Its two
+    pools travel packed into one fp32 [S, conv + state] array, so the judge checks both (a bf16
+    conv window round-trips through fp32 exactly)."""
+    read, write, num_slots = lanes(rng, batch, num_lanes)
+    split = conv_tail[0] * conv_tail[1]
+
+    def call(fn, mixed, weight, bias, packed, *rest, **kw):
+        conv_state = packed[:, :split].reshape(-1, *conv_tail).astype(dtype)
+        state = packed[:, split:].reshape(-1, *state_tail)
+        out, conv_state, state = fn(mixed, weight, bias, conv_state, state, *rest, **kw)
+        flat = (conv_state.astype(F32).reshape(packed.shape[0], -1),
+                state.reshape(packed.shape[0], -1))  # fmt: skip
+        return out, jnp.concatenate(flat, axis=1)
+
+    conv_pool = np.asarray(_pool(rng, num_slots, conv_tail, dtype), np.float32)
+    state_pool = _pool(rng, num_slots, state_tail, F32)
+    packed = np.concatenate([p.reshape(num_slots, -1) for p in (conv_pool, state_pool)], axis=1)
+    channels, width = conv_tail[0], conv_tail[1] + 1
+    args = (
+        _normal(rng, (batch, num_lanes, columns), dtype),
+        _normal(rng, (channels, width), dtype, width**-0.5),
+        _normal(rng, (channels,), dtype, 0.1),
+        packed, *after, read, write,
+    )  # fmt: skip
+    return Case(
+        functools.partial(call, fns[0]), functools.partial(call, fns[1]), args, 3,
+        _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"], f"B={batch} L={num_lanes}",
+    )  # fmt: skip
+
+
+def _with_d(fn: Callable) -> Callable:
+    """mamba2_decode with D and dt_bias positional after A (as `_fused_decode_case` calls it)."""
+
+    def call(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write, **kw):
+        return fn(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d,
+                  dt_bias=dt_bias, **kw)  # fmt: skip
+
+    return call
+
+
 def mamba2_decode(heads: int, head_dim: int, groups: int, state: int, width: int, num_lanes: int,
                   dtype, batch: int = 6) -> Shape:  # fmt: skip
-    """The fused decode op. Its two pools travel packed into one fp32 [S, conv + ssm] array, so the
-    judge checks both (a bf16 conv window round-trips through fp32 exactly)."""
     d_inner = heads * head_dim
     conv_dim = d_inner + 2 * groups * state
-    split = conv_dim * (width - 1)
-
-    def call(fn, zxbcdt, weight, bias, packed, a, read, write, d, dt_bias, **kw):
-        conv_state = packed[:, :split].reshape(-1, conv_dim, width - 1).astype(dtype)
-        ssm_state = packed[:, split:].reshape(-1, heads, head_dim, state)
-        y, conv_state, ssm_state = fn(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write,
-                                      D=d, dt_bias=dt_bias, **kw)  # fmt: skip
-        flat = (conv_state.astype(F32).reshape(packed.shape[0], -1),
-                ssm_state.reshape(packed.shape[0], -1))  # fmt: skip
-        return y, jnp.concatenate(flat, axis=1)
 
     def build(rng) -> Case:
-        read, write, num_slots = lanes(rng, batch, num_lanes)
-        conv_pool = _pool(rng, num_slots, (conv_dim, width - 1), dtype)
-        ssm_pool = _pool(rng, num_slots, (heads, head_dim, state), F32)
-        packed = np.concatenate([np.asarray(conv_pool, np.float32).reshape(num_slots, -1),
-                                 ssm_pool.reshape(num_slots, -1)], axis=1)  # fmt: skip
-        args = (
-            _normal(rng, (batch, num_lanes, d_inner + conv_dim + heads), dtype),
-            _normal(rng, (conv_dim, width), dtype, width**-0.5),
-            _normal(rng, (conv_dim,), dtype, 0.1),
-            packed,
-            -np.exp(_normal(rng, (heads,), F32, 0.5)),
-            read, write,
-            _normal(rng, (heads,)), _normal(rng, (heads,), F32, 0.5),
-        )  # fmt: skip
-        return Case(
-            functools.partial(call, m2d.mamba2_decode),
-            functools.partial(call, m2d.mamba2_decode_reference),
-            args, 3, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
-            f"B={batch} L={num_lanes}",
-        )  # fmt: skip
+        after = (-np.exp(_normal(rng, (heads,), F32, 0.5)), _normal(rng, (heads,)),
+                 _normal(rng, (heads,), F32, 0.5))  # fmt: skip
+        fns = (_with_d(m2d.mamba2_decode), _with_d(m2d.mamba2_decode_reference))
+        tails = (conv_dim, width - 1), (heads, head_dim, state)
+        return _fused_decode_case(rng, fns, d_inner + conv_dim + heads, *tails, after, num_lanes,
+                                  dtype, batch)  # fmt: skip
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} W={width} L={num_lanes}"
     return Shape(f"mamba2_decode {dims} {jnp.dtype(dtype).name}", build)
+
+
+def gdn_decode(hk: int, hv: int, k: int, v: int, width: int, num_lanes: int, dtype,
+               batch: int = 6) -> Shape:  # fmt: skip
+    conv_dim = 2 * hk * k + hv * v
+
+    def build(rng) -> Case:
+        after = (_normal(rng, (hv,), F32, 0.5), _normal(rng, (hv,), F32, 0.5))
+        fns = (gdnd.gdn_decode, gdnd.gdn_decode_reference)
+        return _fused_decode_case(rng, fns, conv_dim + hv * v + 2 * hv, (conv_dim, width - 1),
+                                  (hv, v, k), after, num_lanes, dtype, batch)  # fmt: skip
+
+    dims = f"HK={hk} HV={hv} K={k} V={v} W={width} L={num_lanes}"
+    return Shape(f"gdn_decode {dims} {jnp.dtype(dtype).name}", build)
 
 
 def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape:
@@ -445,6 +477,7 @@ def grid(quick: bool) -> list[Shape]:
             mamba2_decode(6, 24, 3, 24, 3, 2, BF16),
             gdn_chunk(1, 2, 24, 12, F32, chunk=16),
             gdn_update(1, 2, 24, 12, 2, BF16),
+            gdn_decode(1, 2, 24, 12, 4, 2, F32),
             paged_decode(2, 6, 3, 24, 8, F32, (1, 9, 30)),
             grouped_matmul(24, 12, 5, BF16),
         ]
@@ -472,6 +505,11 @@ def grid(quick: bool) -> list[Shape]:
         mamba2_decode(64, 64, 8, 128, 4, 1, BF16),  # the bench model's layer
         *(gdn_chunk(*d) for d in gdn_dims),
         *(gdn_update(*d[:4], 1 + i % 3, d[4]) for i, d in enumerate(gdn_dims)),
+        gdn_decode(1, 1, 24, 80, 4, 1, F32),
+        gdn_decode(5, 10, 12, 96, 3, 2, BF16),
+        gdn_decode(3, 6, 80, 24, 2, 3, F32),
+        gdn_decode(2, 6, 128, 48, 4, 4, BF16),
+        gdn_decode(16, 32, 128, 128, 4, 1, BF16),  # a Qwen3-Next-shaped layer
         paged_decode(1, 16, 4, 128, 16, BF16, (1, 17, 1000, 8200)),
         paged_decode(3, 6, 3, 24, 8, F32, (1, 9, 300, 4100)),
         paged_decode(2, 5, 1, 80, 32, BF16, (2, 63, 5000)),

@@ -141,15 +141,26 @@ def store_boundary_state(pool_ref, boundary_ref, row, end, pos0, block_size, ind
                 mask=mask & hit)  # fmt: skip
 
 
+def loads_before_stores(on_gpu: bool) -> None:
+    """A barrier of the program's threads between its loads of a pool entry and its stores into
+    the same entry (a decode row updated in place: read slot = write slot). Triton may hold one
+    element of a short vector in several warps; without the barrier a warp that stores early
+    changes what a slower warp still has to load (seen on the H100: the fused Mamba2 decode's
+    in-place row was off by 2e-2 in bf16). Interpret mode runs each program alone: no barrier."""
+    if on_gpu:
+        plgpu.debug_barrier()
+
+
 def conv_update_lanes(read_ref, write_ref, x_ref, w_ref, bias_ref, state_ref, *, channel, column,
-                      mask, lanes, width, dtype) -> list[jax.Array]:  # fmt: skip
+                      mask, lanes, width, dtype, on_gpu: bool) -> list[jax.Array]:  # fmt: skip
     """In a decode kernel: silu(causal conv) of one channel block of row `program_id(0)` for
     every lane, fp32 rounded to `dtype` as an unfused conv would store it (0 on dead lanes); stores
     the window after each lane to that lane's write slot in `state_ref` [S, channels, W - 1].
 
     `channel` is the block's pl.ds into the conv channels, `column` the same block in the input
     x_ref [B, L, columns] (a projection holding the channels among other columns). The whole
-    window is loaded before the first store: lane 0 may write its own read slot.
+    window is loaded, by every thread (`loads_before_stores`), before the first store: lane 0 may
+    write its own read slot.
     """
     b, num_slots = pl.program_id(0), state_ref.shape[0]
     read = read_ref[b]
@@ -161,6 +172,7 @@ def conv_update_lanes(read_ref, write_ref, x_ref, w_ref, bias_ref, state_ref, *,
         ).astype(jnp.float32)
         for k in range(width - 1)
     ]
+    loads_before_stores(on_gpu)
     taps = [
         plgpu.load(w_ref.at[channel, jnp.int32(j)], mask=mask, other=0.0).astype(jnp.float32)
         for j in range(width)

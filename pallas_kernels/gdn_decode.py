@@ -35,6 +35,7 @@ from pallas_kernels._common import (
     check_shape,
     conv_update_lanes,
     live_slot,
+    loads_before_stores,
     pow2,
     safe_slot,
     sds_like,
@@ -155,7 +156,7 @@ def _sds(shape: tuple[int, ...], like: jax.Array) -> jax.ShapeDtypeStruct:
 
 
 def _qk_conv_kernel(read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_in_ref, qk_ref,
-                    conv_ref, *, geo: Geometry, block_c: int):  # fmt: skip
+                    conv_ref, *, geo: Geometry, block_c: int, on_gpu: bool):  # fmt: skip
     """One (row, block of q/k channels): their conv; windows and qk [B, L, 2 key_dim] out."""
     del conv_in_ref  # aliased to conv_ref
     b, start = pl.program_id(0), pl.program_id(1) * block_c
@@ -163,7 +164,7 @@ def _qk_conv_kernel(read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_in_ref
     mask = start + jnp.arange(block_c) < 2 * geo.key_dim
     outs = conv_update_lanes(
         read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_ref, channel=block, column=block,
-        mask=mask, lanes=geo.lanes, width=geo.width, dtype=qk_ref.dtype,
+        mask=mask, lanes=geo.lanes, width=geo.width, on_gpu=on_gpu, dtype=qk_ref.dtype,
     )  # fmt: skip
     for t, out in enumerate(outs):
         plgpu.store(qk_ref.at[b, jnp.int32(t), block], out.astype(qk_ref.dtype), mask=mask)
@@ -175,7 +176,7 @@ def _l2n(x: jax.Array) -> jax.Array:
 
 def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_ref, dt_bias_ref,
                   conv_in_ref, state_in_ref, o_ref, conv_ref, state_ref, *, geo: Geometry,
-                  block_v: int, scale: float, l2: bool):  # fmt: skip
+                  block_v: int, scale: float, l2: bool, on_gpu: bool):  # fmt: skip
     """One (row, value head, V tile): conv of the tile's v columns, then the gated delta rule with
     the [block_v, K] state tile in registers across the row's lanes."""
     del conv_in_ref, state_in_ref  # aliased to conv_ref, state_ref
@@ -190,7 +191,7 @@ def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_
     vs = conv_update_lanes(
         read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_ref,
         channel=pl.ds(c0, block_v), column=pl.ds(c0, block_v), mask=v_mask,
-        lanes=geo.lanes, width=geo.width, dtype=o_ref.dtype,
+        lanes=geo.lanes, width=geo.width, dtype=o_ref.dtype, on_gpu=on_gpu,
     )  # fmt: skip
     read, num_slots = read_ref[b], state_ref.shape[0]
     v_sl, k_sl = pl.ds(v0, block_v), pl.ds(0, block_k)
@@ -199,6 +200,7 @@ def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_
         mask=vk_mask & live_slot(read, num_slots),
         other=0.0,
     ).astype(jnp.float32)
+    loads_before_stores(on_gpu)
     neg_a = -jnp.exp(alog_ref[hv].astype(jnp.float32))
     dt_bias = dt_bias_ref[hv].astype(jnp.float32)
     b_col = geo.conv_dim + geo.value_dim + hv
@@ -266,7 +268,7 @@ def gdn_decode(
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     block_c = min(pow2(block_c), pow2(2 * geo.key_dim))
     qk, conv_state = pl.pallas_call(
-        functools.partial(_qk_conv_kernel, geo=geo, block_c=block_c),
+        functools.partial(_qk_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
         out_shape=(_sds((geo.batch, geo.lanes, 2 * geo.key_dim), mixed), sds_like(conv_state)),
         grid=(geo.batch, pl.cdiv(2 * geo.key_dim, block_c)),
         input_output_aliases={5: 1},
@@ -281,6 +283,7 @@ def gdn_decode(
         block_v=block_v,
         scale=float(geo.k_dim**-0.5 if scale is None else scale),
         l2=use_qk_l2norm,
+        on_gpu=not interpret,
     )
     o_shape = (geo.batch, geo.lanes, geo.v_heads, geo.v_dim)
     return pl.pallas_call(

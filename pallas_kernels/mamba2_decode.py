@@ -38,6 +38,7 @@ from pallas_kernels._common import (
     conv_update_lanes,
     dt_activation,
     live_slot,
+    loads_before_stores,
     pow2,
     safe_slot,
     sds_like,
@@ -158,7 +159,7 @@ def _sds(shape: tuple[int, ...], like: jax.Array) -> jax.ShapeDtypeStruct:
 
 
 def _bc_conv_kernel(read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_in_ref, bc_ref, conv_ref,
-                    *, geo: Geometry, block_c: int):  # fmt: skip
+                    *, geo: Geometry, block_c: int, on_gpu: bool):  # fmt: skip
     """One (row, block of B/C channels): the conv of B and C; windows and bc [B, L, 2GN] out."""
     del conv_in_ref  # aliased to conv_ref
     b, start = pl.program_id(0), pl.program_id(1) * block_c
@@ -167,7 +168,7 @@ def _bc_conv_kernel(read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_in_ref, b
         read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_ref,
         channel=pl.ds(geo.d_inner + start, block_c),
         column=pl.ds(2 * geo.d_inner + start, block_c),
-        mask=mask, lanes=geo.lanes, width=geo.width, dtype=bc_ref.dtype,
+        mask=mask, lanes=geo.lanes, width=geo.width, on_gpu=on_gpu, dtype=bc_ref.dtype,
     )  # fmt: skip
     for t, out in enumerate(outs):
         plgpu.store(bc_ref.at[b, jnp.int32(t), pl.ds(start, block_c)], out.astype(bc_ref.dtype),
@@ -176,7 +177,7 @@ def _bc_conv_kernel(read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_in_ref, b
 
 def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_ref, dt_bias_ref,
                 conv_in_ref, ssm_in_ref, y_ref, conv_ref, ssm_ref, *, geo: Geometry, block_p: int,
-                dt_softplus: bool, dt_limit: tuple[float, float]):  # fmt: skip
+                dt_softplus: bool, dt_limit: tuple[float, float], on_gpu: bool):  # fmt: skip
     """One (row, head, P-block): conv of the head's x columns, then the state update with the
     state block in registers across the row's lanes."""
     del conv_in_ref, ssm_in_ref  # aliased to conv_ref, ssm_ref
@@ -191,7 +192,7 @@ def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_r
     xs = conv_update_lanes(
         read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_ref,
         channel=pl.ds(x0, block_p), column=pl.ds(geo.d_inner + x0, block_p),
-        mask=p_mask, lanes=geo.lanes, width=geo.width, dtype=y_ref.dtype,
+        mask=p_mask, lanes=geo.lanes, width=geo.width, dtype=y_ref.dtype, on_gpu=on_gpu,
     )  # fmt: skip
     read, num_slots = read_ref[b], ssm_ref.shape[0]
     p_sl, n_sl = pl.ds(p0, block_p), pl.ds(0, block_n)
@@ -200,6 +201,7 @@ def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_r
         mask=pn_mask & live_slot(read, num_slots),
         other=0.0,
     ).astype(jnp.float32)
+    loads_before_stores(on_gpu)
     a, d_skip = a_ref[h].astype(jnp.float32), d_ref[h].astype(jnp.float32)
     dt_bias = dt_bias_ref[h].astype(jnp.float32)
     dt_col = geo.d_inner + geo.conv_dim + h
@@ -264,7 +266,7 @@ def mamba2_decode(
     block_c = min(pow2(block_c), pow2(geo.bc_dim))
     bc_shape = (geo.batch, geo.lanes, geo.bc_dim)
     bc, conv_state = pl.pallas_call(
-        functools.partial(_bc_conv_kernel, geo=geo, block_c=block_c),
+        functools.partial(_bc_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
         out_shape=(_sds(bc_shape, zxbcdt), sds_like(conv_state)),
         grid=(geo.batch, pl.cdiv(geo.bc_dim, block_c)),
         input_output_aliases={5: 1},
@@ -275,7 +277,12 @@ def mamba2_decode(
     block_p = min(pow2(block_p), pow2(geo.head_dim))
     y_shape = (geo.batch, geo.lanes, geo.heads, geo.head_dim)
     kernel = functools.partial(
-        _ssm_kernel, geo=geo, block_p=block_p, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit)
+        _ssm_kernel,
+        geo=geo,
+        block_p=block_p,
+        dt_softplus=dt_softplus,
+        dt_limit=tuple(dt_limit),
+        on_gpu=not interpret,
     )
     return pl.pallas_call(
         kernel,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import itertools
 import time
 from collections.abc import Iterator, Sequence
@@ -141,6 +142,7 @@ class Engine:
         self.last_deltas: list[StreamDelta] = []  # filled while `stream()` drives the engine
         self._streaming = False
         self.outputs = OutputProcessor(tokenizer)
+        self._freeze_gc()
 
     @property
     def scheduler(self) -> Scheduler:
@@ -280,6 +282,14 @@ class Engine:
         self.runner.warmup(self.buckets.decode_buckets())
         if self.drafter is not None:
             self.drafter.warmup()
+        self._freeze_gc()
+
+    def _freeze_gc(self) -> None:
+        """Collect, then hide every object alive now from the collector (`EngineConfig.freeze_gc`):
+        the step loop's full collections then walk only what the engine made since."""
+        if self.config.freeze_gc:
+            gc.collect()
+            gc.freeze()
 
     @property
     def num_variants(self) -> int:

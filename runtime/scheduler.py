@@ -340,7 +340,8 @@ class Scheduler:
         num_outputs = len(request.output_token_ids)  # `token` included
         if token in request.stop_ids and num_outputs > params.min_tokens:
             return FinishReason.STOP
-        if num_outputs >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+        num_tokens = len(request.prompt_token_ids) + num_outputs  # request.num_tokens, inlined
+        if num_outputs >= params.max_tokens or num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 

@@ -132,6 +132,7 @@ def test_sampling_rows_masks_and_mode():
     row = {i.request.request_id: r for i, r in zip(schedule.items, batch.sample_rows, strict=True)}
     s = batch.sampling
     assert batch.mode == SamplingMode(sampled=True, filtered=True, mask_width=4)
+    assert SamplingMode.of_requests([i.request for i in schedule.items]) == batch.mode
     assert s.masked_ids[row["m"], :2].tolist() == [9, 7] and s.num_masked[row["m"]] == 2
     assert s.masked_ids[row["l"], 0] == 7 and s.num_masked[row["l"]] == 1
     assert s.num_masked.sum() == 3 and s.masked_ids.sum() == 9 + 7 + 7  # nothing else masked
@@ -142,6 +143,10 @@ def test_sampling_rows_masks_and_mode():
     batch = build_step(schedule, BucketPolicy(scheduler.config).bucket_for(schedule),
                        block_size=BS, max_blocks=MAX_BLOCKS)  # fmt: skip
     assert batch.mode == SamplingMode(sampled=True, filtered=True, mask_width=0)
+    assert SamplingMode.of_requests([i.request for i in schedule.items]) == batch.mode
+    asking = Request("k", [1], SamplingParams(logprobs=3), seed=0)
+    assert SamplingMode.of_requests([asking, masked]) == SamplingMode(logprobs=True,
+                                                                     top_logprobs=4)  # fmt: skip
 
 
 def _decode_request(i: int, num_outputs: int, drafts: list[int]) -> Request:

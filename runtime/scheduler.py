@@ -198,7 +198,9 @@ class Scheduler:
                     reason = self._append(request, tokens)
             if tokens is not None:
                 self.slots.keep_lane(item, len(tokens) - 1)
-            if cache is not None and (  # else nothing to publish or to hand over
+            # Exactly the cases `RowSlots.publish` acts on (states written, a cached slot read or
+            # written, a KV block filled since `num_cached_blocks`): most decode rows skip it.
+            if cache is not None and (
                 item.new_states or request.read_slot or item.write_slot != request.state_slot
                 or request.num_computed // block_size > request.num_cached_blocks
             ):  # fmt: skip

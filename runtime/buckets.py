@@ -89,7 +89,9 @@ class BucketPolicy:
     def bucket_for(self, schedule: Schedule) -> Bucket:
         num_prefill_rows = len(schedule.prefills)
         num_decode_rows = round_up(self.decode_rows, len(schedule.decodes))
-        lanes = max((item.num_tokens for item in schedule.decodes), default=1)
+        lanes = 1  # without speculation every decode row has one lane: no pass over them
+        if len(self.widths) > 1:
+            lanes = max((item.num_tokens for item in schedule.decodes), default=1)
         return Bucket(
             num_decode_rows=num_decode_rows,
             width=lane_width(num_decode_rows, round_up(self.widths, lanes)),

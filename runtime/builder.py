@@ -16,6 +16,7 @@ import numpy as np
 
 from jmamba.step_inputs import DecodeRows, PrefillRows, StepInputs
 from runtime.buckets import Bucket
+from runtime.request import Request
 from runtime.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.scheduler import Schedule, ScheduledRequest
 
@@ -172,22 +173,24 @@ def _fill_decode(
 ) -> tuple[list[int], Masks]:
     """Fill the decode section with whole-array writes (this is the per-step hot path).
 
-    One Python pass gathers every per-request scalar into one table; the rest is numpy.
+    One Python pass gathers what changes per step into one table, another each request's fixed
+    sampling values (`Request.sampling_row`); the rest is numpy.
     Returns each row's last live lane and the masks of the lanes still short of `min_tokens` (lane
     t of a row samples output number len(outputs) + t: its counter and its mask follow that).
     """
     n = len(decodes)
     if n == 0:
         return [], []
-    table = np.array([_decode_scalars(item) for item in decodes], np.float64)  # [n, 12]
-    query_lens, starts, reads, num_blocks, counters = table[:, :5].astype(np.int64).T
-    writes = table[:, 11].astype(np.int64)
+    requests = [item.request for item in decodes]
+    table = np.array([_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True)],
+                     np.int64)  # fmt: skip
+    query_lens, starts, reads, writes, num_blocks, counters, first_tokens = table.T
+    params = np.array([r.sampling_row for r in requests], np.float64)  # [n, 5]
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
     a.d_read[:n] = reads
     lane_live = np.arange(width)[None, :] < query_lens[:, None]
     a.d_write[:n] = np.where(lane_live, writes[:, None], 0)
-    requests = [item.request for item in decodes]
     reached = -(-(starts + query_lens) // block_size)
     if (num_blocks > reached).any():  # blocks held for rejected draft positions stay unlisted
         num_blocks = np.minimum(num_blocks, reached)
@@ -196,21 +199,25 @@ def _fill_decode(
         block_lists = [r.block_ids for r in requests]
     total_blocks = int(num_blocks.sum())
     if total_blocks:
-        rows, columns = _ragged(num_blocks)
+        block_rows, block_columns = _ragged(num_blocks)
         blocks = itertools.chain.from_iterable(block_lists)
-        a.d_table[rows, columns] = np.fromiter(blocks, np.int32, total_blocks)
+        a.d_table[block_rows, block_columns] = np.fromiter(blocks, np.int32, total_blocks)
     num_lanes = int(query_lens.sum())
-    rows, lanes = _ragged(query_lens)
-    if decodes[0].lane_slots:  # speculative rows: each lane writes its own fresh slot
+    if decodes[0].lane_slots:  # speculative rows (drafts or not): each lane writes a fresh slot
         lane_slots = itertools.chain.from_iterable(item.lane_slots for item in decodes)
-        a.d_write[rows, lanes] = np.fromiter(lane_slots, np.int32, num_lanes)
-    index = rows * width + lanes
-    positions = starts[rows] + lanes
-    if num_lanes == n:  # one token per row (no drafts): the table holds it
-        a.token_ids[index] = table[:, 9]
+        lane_rows, lane_columns = _ragged(query_lens)
+        a.d_write[lane_rows, lane_columns] = np.fromiter(lane_slots, np.int32, num_lanes)
+    if num_lanes == n:  # one token per row: whole columns of the tables, no gather
+        rows, lanes, index = np.arange(n), 0, np.arange(0, n * width, width)
+        columns = params.T  # temperature, top_k, top_p, seed, min_tokens of each lane
+        a.token_ids[index] = first_tokens
     else:
+        rows, lanes = _ragged(query_lens)
+        index = rows * width + lanes
+        columns = params[rows].T
         tokens = itertools.chain.from_iterable(item.token_ids for item in decodes)
         a.token_ids[index] = np.fromiter(tokens, np.int32, num_lanes)
+    positions = starts[rows] + lanes
     a.positions[index] = positions
     if total_blocks:
         blocks = a.d_table[rows, positions // block_size]
@@ -218,12 +225,9 @@ def _fill_decode(
     a.logits_indices[index] = index
     outputs = counters[rows] + lanes  # the output index each lane samples
     a.counters[index] = outputs
-    a.temperature[index] = table[rows, 5]
-    a.top_k[index] = table[rows, 6]
-    a.top_p[index] = table[rows, 7]
-    a.seeds[index] = table[rows, 8]
+    a.temperature[index], a.top_k[index], a.top_p[index], a.seeds[index] = columns[:4]
     sample_rows = np.arange(n) * width + query_lens - 1  # each row's last live lane
-    short = np.nonzero(outputs < table[rows, 10])[0]  # fewer outputs than min_tokens
+    short = np.nonzero(outputs < columns[4])[0]  # fewer outputs than min_tokens
     masks = [(int(index[i]), decodes[rows[i]].request.stop_ids) for i in short]
     return sample_rows.tolist(), [(row, ids) for row, ids in masks if ids]
 
@@ -234,15 +238,11 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
-def _decode_scalars(item: ScheduledRequest) -> tuple:
-    """query_len, start, read slot, #blocks, #outputs, temperature, top_k, top_p, seed, first
-    token, min_tokens, write slot (all exact in float64)."""
-    request = item.request
-    params = request.sampling_params
-    return (item.num_tokens, item.start, item.read_slot, len(request.block_ids),
-            len(request.output_token_ids), params.temperature, params.top_k, params.top_p,
-            request.seed, request.token_at(item.start), params.min_tokens,
-            item.write_slot)  # fmt: skip
+def _decode_scalars(item: ScheduledRequest, request: Request) -> tuple[int, ...]:
+    """query_len, start, read slot, write slot, #blocks, #outputs, first token (what changes
+    from step to step; `Request.sampling_row` holds the rest)."""
+    return (item.num_tokens, item.start, item.read_slot, item.write_slot, len(request.block_ids),
+            len(request.output_token_ids), request.token_at(item.start))  # fmt: skip
 
 
 def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:

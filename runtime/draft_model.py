@@ -34,7 +34,7 @@ from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.model_runner import ModelRunner
 from runtime.pools import NULL, Pool
-from runtime.request import Request, RequestStatus
+from runtime.request import Request, RequestStatus, sampling_row
 from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, ScheduledRequest
@@ -68,6 +68,7 @@ class DraftSequence:
         self.sampling_params = SamplingParams(max_tokens=params.max_tokens,
                                               min_tokens=params.min_tokens)  # fmt: skip
         self.stop_ids = request.stop_ids
+        self.sampling_row = sampling_row(self.sampling_params, self.seed)
         self.committed = self.state_slot = slot
         self.scratch = self.first_output = 0
         self.block_ids: list[int] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import itertools
 import time
 from collections.abc import Iterator, Sequence
@@ -26,53 +27,21 @@ from runtime.buckets import Bucket, BucketPolicy
 from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
+from runtime.introspection import EngineIntrospection
 from runtime.model_runner import ModelRunner
 from runtime.ngram import NgramDrafter
 from runtime.outputs import OutputProcessor, Sampled, sampled_items
-from runtime.prefix_cache import PrefixCacheStats
 from runtime.request import FinishReason, Request, RequestOutput, StreamDelta
 from runtime.router import LeastOutstandingWork, Router
 from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, Scheduler
-from runtime.speculative import Drafter, SpeculationStats, verified_tokens
+from runtime.speculative import Drafter, verified_tokens
 from runtime.step_record import ScheduleRecord, StepRecord
+from runtime.step_stats import RankStats, StepStats
 
 
-@dataclasses.dataclass
-class RankStats:
-    """Per data-parallel rank: steps with live rows, idle (all-padding) steps, tokens computed
-    (drafts fed included), the speculative acceptance counters, and the counters of its prefix
-    cache (lookups, hits, tokens skipped, evictions; None when prefix caching is off)."""
-
-    num_live_steps: int = 0
-    num_idle_steps: int = 0
-    num_tokens: int = 0
-    prefix_cache: PrefixCacheStats | None = None
-    speculation: SpeculationStats = dataclasses.field(default_factory=SpeculationStats)
-
-
-@dataclasses.dataclass
-class StepStats:
-    """Accumulated wall time: host (schedule + build + postprocess), device (the jitted step,
-    compiling excluded) and compile seconds (first use of each step variant)."""
-
-    num_steps: int = 0
-    host_seconds: float = 0.0
-    device_seconds: float = 0.0
-    compile_seconds: float = 0.0
-    ranks: list[RankStats] = dataclasses.field(default_factory=list)
-
-    @property
-    def speculation(self) -> SpeculationStats:
-        """Acceptance counters summed over ranks (`acceptance_rate`, `mean_acceptance_length`)."""
-        total = SpeculationStats()
-        for rank in self.ranks:
-            total = total.add(rank.speculation)
-        return total
-
-
-class Engine:
+class Engine(EngineIntrospection):
     """Serve requests on a data-parallel mesh of one or more devices: `add_request`, `step`,
     `abort`.
 
@@ -141,23 +110,7 @@ class Engine:
         self.last_deltas: list[StreamDelta] = []  # filled while `stream()` drives the engine
         self._streaming = False
         self.outputs = OutputProcessor(tokenizer)
-
-    @property
-    def scheduler(self) -> Scheduler:
-        """The scheduler of a single-rank engine (`schedulers[i]` serves rank `ranks[i]`)."""
-        return self._only_rank(self.schedulers)
-
-    @property
-    def last_schedule(self) -> Schedule | None:
-        """The last step's schedule of a single-rank engine (`last_schedules` per rank). It holds
-        the live `Request`s, which show their state now, not at the step: `records` holds
-        copies made at each step."""
-        return self._only_rank(self.last_schedules)
-
-    @property
-    def last_batch(self) -> StepBatch | None:
-        """The last step's inputs of a single-rank engine (`last_batches` per rank)."""
-        return self._only_rank(self.last_batches)
+        self._freeze_gc()
 
     def add_request(
         self,
@@ -268,18 +221,19 @@ class Engine:
         finally:
             self._streaming = False
 
-    @property
-    def prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """The prefix cache counters of this process's ranks, summed (a fresh copy; per rank:
-        `stats.ranks[i].prefix_cache`); None when prefix caching is off."""
-        parts = [rank.prefix_cache for rank in self.stats.ranks if rank.prefix_cache is not None]
-        return PrefixCacheStats.total(parts) if parts else None
-
     def warmup(self) -> None:
         """Compile every decode-only bucket now (the rest compile on first use)."""
         self.runner.warmup(self.buckets.decode_buckets())
         if self.drafter is not None:
             self.drafter.warmup()
+        self._freeze_gc()
+
+    def _freeze_gc(self) -> None:
+        """Collect, then hide every object alive now from the collector (`EngineConfig.freeze_gc`):
+        the step loop's full collections then walk only what the engine made since."""
+        if self.config.freeze_gc:
+            gc.collect()
+            gc.freeze()
 
     @property
     def num_variants(self) -> int:
@@ -414,51 +368,6 @@ class Engine:
             host_ms=self._host_seconds * 1e3, device_ms=self._device_seconds * 1e3,
             compile_seconds=self._compile_seconds,
         ))  # fmt: skip
-
-    def request(self, request_id: str | int) -> Request:
-        """The live (waiting or running) request with this id."""
-        request_id = checks.request_id(request_id)
-        if request_id not in self._requests:
-            raise ValueError(f"request_id={request_id!r} is not a live request of this engine")
-        return self._requests[request_id]
-
-    def block_owners(self, rank: int = 0) -> dict[int, list[str]]:
-        """KV block id -> ids of the running requests holding it, in rank `rank`'s own pool."""
-        owners: dict[int, list[str]] = {}
-        for request in self._scheduler_of(rank).running:
-            for block in request.block_ids:
-                owners.setdefault(block, []).append(request.request_id)
-        return owners
-
-    def slot_owners(self, rank: int = 0) -> dict[int, str]:
-        """State slot id -> id of the running request whose state it holds, in rank `rank`'s
-        own pool."""
-        running = self._scheduler_of(rank).running
-        return {r.state_slot: r.request_id for r in running if r.state_slot}
-
-    def _scheduler_of(self, rank: int) -> Scheduler:
-        if rank not in self.ranks:
-            raise ValueError(f"rank={rank!r} is not a rank of this process: {self.ranks}")
-        return self.schedulers[self.ranks.index(rank)]
-
-    def __repr__(self) -> str:
-        waiting = sum(len(s.waiting) for s in self.schedulers)
-        running = sum(len(s.running) for s in self.schedulers)
-        config = self.config
-        return (
-            f"Engine({self.model_config.architecture}, ranks={len(self.ranks)}, "
-            f"running={running}, waiting={waiting}, steps={self.stats.num_steps}, "
-            f"variants={self.num_variants}, max_num_seqs={config.max_num_seqs}, "
-            f"max_model_len={config.max_model_len}, "
-            f"tokenizer={'yes' if self.tokenizer is not None else 'none'})"
-        )
-
-    def _only_rank[T](self, per_rank: list[T]) -> T | None:
-        if len(self.schedulers) != 1:
-            raise ValueError(
-                f"this engine drives {len(self.schedulers)} ranks: index the per-rank list"
-            )
-        return per_rank[0] if per_rank else None
 
     def _release(self, request: Request) -> RequestOutput:
         del self._requests[request.request_id]

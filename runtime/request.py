@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import time
 
+from runtime.sampling_inputs import SamplingNeeds
 from runtime.sampling_params import SamplingParams
 
 
@@ -39,6 +40,10 @@ class Request:
     counts its leading KV blocks already in the cache. `block_digests` memoises the chained
     digests of its full blocks: a function of its token ids alone, so it survives preemption.
 
+    `sampling_row` holds the builder's fixed per-row sampling values (`sampling_row`) and
+    `sampling_needs` what the request asks of the sampler, both computed once instead of read
+    from the sampling params at every step.
+
     Speculative decoding: `draft_token_ids` are the drafts the drafter proposed for the tokens
     after the last sampled one (fed behind it in this step's decode row; output only once
     verified).
@@ -67,10 +72,14 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     logprobs: list[dict[int, float]] | None = None
+    sampling_row: tuple[float, ...] = dataclasses.field(init=False, repr=False, default=())
+    sampling_needs: SamplingNeeds = dataclasses.field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self.num_prefill_tokens = len(self.prompt_token_ids)
         params = self.sampling_params
+        self.sampling_row = sampling_row(params, self.seed)
+        self.sampling_needs = SamplingNeeds.of(params)
         eos = () if params.ignore_eos else self.eos_token_ids
         self.stop_ids = tuple(dict.fromkeys((*params.stop_token_ids, *eos)))
         if params.logprobs is not None and self.logprobs is None:
@@ -136,6 +145,12 @@ class Request:
         self.draft_token_ids = []
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
+
+
+def sampling_row(params: SamplingParams, seed: int) -> tuple[float, ...]:
+    """(temperature, top_k, top_p, seed, min_tokens): what the builder writes into a request's
+    sampling rows every step, fixed for its life (all exact in float64)."""
+    return (params.temperature, params.top_k, params.top_p, seed, params.min_tokens)
 
 
 @dataclasses.dataclass(frozen=True)

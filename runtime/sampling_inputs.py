@@ -93,14 +93,18 @@ class SamplingMode:
     @classmethod
     def of_requests(cls, requests) -> SamplingMode:
         """The mode a step serving `requests` needs (what `of` gives for the rows the builder
-        fills from them), before any array is built."""
-        params = [r.sampling_params for r in requests]
-        sampled = [p for p in params if p.temperature > 0.0]
-        filtered = any(p.top_k > 0 or p.top_p < 1.0 for p in sampled)
-        width = mask_width(max((len(r.masked_token_ids) for r in requests), default=0))
-        asked = [p.logprobs for p in params if p.logprobs is not None]
-        top = top_logprobs_width(max(asked, default=0))
-        return cls(bool(sampled), filtered, width, bool(asked), top)
+        fills from them), before any array is built. Reads each request's `sampling_needs`;
+        the requests' progress only where some request has a `min_tokens`."""
+        needs = {request.sampling_needs for request in requests}  # a few distinct ones
+        longest_mask = 0
+        if any(need.min_tokens for need in needs):
+            longest_mask = max((len(r.stop_ids) for r in requests
+                                if len(r.output_token_ids) < r.sampling_params.min_tokens),
+                               default=0)  # fmt: skip
+        asked = [need.logprobs for need in needs if need.logprobs is not None]
+        return cls(any(need.sampled for need in needs), any(need.filtered for need in needs),
+                   mask_width(longest_mask), bool(asked),
+                   top_logprobs_width(max(asked, default=0)))  # fmt: skip
 
     @classmethod
     def of(cls, inputs: SamplingInputs) -> SamplingMode:
@@ -109,6 +113,30 @@ class SamplingMode:
         sampled_rows = inputs.temperature > 0.0
         filtering_rows = sampled_rows & ((inputs.top_k > 0) | (inputs.top_p < 1.0))
         return cls(bool(sampled_rows.any()), bool(filtering_rows.any()), inputs.masked_ids.shape[1])
+
+
+class SamplingNeeds(NamedTuple):
+    """What one request asks of the sampler whatever its progress (fixed for its life, computed
+    once: `SamplingMode.of_requests` reads it for every row of every step).
+
+    Attributes:
+      sampled: temperature > 0.
+      filtered: sampled with top_k > 0 or top_p < 1.
+      logprobs: the `logprobs` it asks for (None: none).
+      min_tokens: while it has fewer outputs, its stop ids are masked.
+    """
+
+    sampled: bool
+    filtered: bool
+    logprobs: int | None
+    min_tokens: int
+
+    @classmethod
+    def of(cls, params) -> SamplingNeeds:
+        """The needs of a request with these `SamplingParams`."""
+        sampled = params.temperature > 0.0
+        filtered = sampled and (params.top_k > 0 or params.top_p < 1.0)
+        return cls(sampled, filtered, params.logprobs, params.min_tokens)
 
 
 def mask_width(num_masked: int) -> int:

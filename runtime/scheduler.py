@@ -48,76 +48,24 @@ starved either.
 
 Prefix caching (runtime/prefix_cache.py) is decided here too: which cached prefix an admitted
 request starts after, which state slots a step writes boundary states to (reserved now,
-published by `postprocess` after the step has run), and which slot each row reads and writes.
+published by `postprocess` after the step has run), and which slot each row reads and writes
+(runtime/row_slots.py keeps that slot bookkeeping; runtime/schedule.py holds the decision).
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from runtime.config import EngineConfig, min_token_budget
 from runtime.pools import NULL, Pool
-from runtime.prefix_cache import NO_HIT, Hit, PrefixCache
+from runtime.prefix_cache import PrefixCache
 from runtime.request import FinishReason, Request, RequestStatus
+from runtime.row_slots import RowSlots
+from runtime.schedule import Schedule, ScheduledRequest
 
-
-class ScheduledRequest(NamedTuple):
-    """One request's share of a step: tokens [start, start + num_tokens) of prompt + output.
-
-    A NamedTuple rather than a frozen dataclass: one is built per running request per step, and a
-    frozen dataclass's constructor costs several times more.
-
-    Attributes (state slots, NULL without recurrent layers):
-      read_slot: the slot holding the state before `start` (NULL for a first chunk).
-      write_slot: the slot receiving the state after the last token (the request's own slot, or
-        a fresh cache slot when a decode step ends on a state block boundary in "all" mode).
-      boundary_slots: (prefill) slot of the j-th state block boundary after `start`, NULL where
-        none is cached; the layout of the kernels' `boundary_slots` columns.
-      new_states: (key, slot) of every state this step writes for the cache, published by
-        `Scheduler.postprocess`.
-      lane_slots: (speculative decode) the fresh slot each of its num_tokens lanes writes (the
-        state after each token; empty without speculation: the row writes `write_slot`). Its
-        tokens past prompt + output are the request's drafts.
-    """
-
-    request: Request
-    start: int
-    num_tokens: int
-    read_slot: int = NULL
-    write_slot: int = NULL
-    boundary_slots: tuple[int, ...] = ()
-    new_states: tuple[tuple[bytes, int], ...] = ()
-    lane_slots: tuple[int, ...] = ()
-
-    @property
-    def token_ids(self) -> list[int]:
-        tokens = self.request.token_ids(self.start, self.start + self.num_tokens)
-        return tokens + self.request.draft_token_ids[: self.num_tokens - len(tokens)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """The scheduler's decision for one step, classified by meaning: decode rows, prefill rows."""
-
-    decodes: list[ScheduledRequest]
-    prefills: list[ScheduledRequest]
-    preempted: list[Request]
-
-    @property
-    def items(self) -> list[ScheduledRequest]:
-        return self.decodes + self.prefills
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.decodes and not self.prefills
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.prefills)
+__all__ = ["Schedule", "ScheduledRequest", "Scheduler"]  # the first two moved to runtime.schedule
 
 
 class Scheduler:
@@ -156,6 +104,8 @@ class Scheduler:
         self.num_preemptions = 0
         spec = config.speculative
         self.num_speculative_tokens = spec.num_speculative_tokens if spec is not None else 0
+        self.slots = RowSlots(config, self.block_pool, self.slot_pool, self.prefix_cache,
+                              uses_slots=uses_slots)  # fmt: skip
 
     @property
     def budget(self) -> int:
@@ -180,29 +130,37 @@ class Scheduler:
     def schedule(self, num_drafts: Callable[[Request], int] | None = None) -> Schedule:
         """Pick this step's requests and token counts (module docstring, steps 1-5);
         `num_drafts(request)` is how many drafts the drafter proposes for a decode row."""
-        decodes: list[ScheduledRequest] = []
+        decoding: list[Request] = []  # running decodes that got their token, oldest first
         prefills: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        prefill_budget = self.budget - sum(1 for r in self.running if r.is_decode)
-        for request in list(self.running):  # oldest first
+        running, block_size = self.running, self.config.block_size
+        num_decodes = sum([r.num_computed >= r.num_prefill_tokens for r in running])
+        prefill_budget = self.budget - num_decodes
+        for request in list(running):  # oldest first
             if request.status is not RequestStatus.RUNNING:
                 break  # preempted in this loop, and so is everything younger
-            num_tokens = 1 if request.is_decode else self._chunk_len(request, prefill_budget)
+            if request.num_computed >= request.num_prefill_tokens:  # a decode: one token
+                # Only a token that starts a new KV block needs one (every block_size steps).
+                needs_block = self.uses_blocks and request.num_computed >= (
+                    len(request.block_ids) * block_size)  # fmt: skip
+                if not needs_block or self._reserve_blocks(request, 1, preempted):
+                    decoding.append(request)  # its lane was set aside in prefill_budget
+                continue
+            num_tokens = self._chunk_len(request, prefill_budget)
             if num_tokens == 0 or not self._reserve_blocks(request, num_tokens, preempted):
                 continue
-            item = ScheduledRequest(request, request.num_computed, num_tokens)
-            if request.is_decode:
-                decodes.append(item)  # its lane was set aside in prefill_budget
-            else:
-                prefills.append(item)
-                prefill_budget -= num_tokens
+            prefills.append(ScheduledRequest(request, request.num_computed, num_tokens))
+            prefill_budget -= num_tokens
         if not preempted:
             self._admit(prefills, prefill_budget)
         if self.num_speculative_tokens:
-            left = self.budget - len(decodes) - sum(item.num_tokens for item in prefills)
-            decodes = self._speculate(decodes, left, num_drafts or (lambda _: 0))
-        decodes = [self._with_slots(item, decode=True) for item in decodes]
-        prefills = [self._with_slots(item, decode=False) for item in prefills]
+            items = [ScheduledRequest(r, r.num_computed, 1) for r in decoding]
+            left = self.budget - len(items) - sum(item.num_tokens for item in prefills)
+            items = self._speculate(items, left, num_drafts or (lambda _: 0))
+            decodes = [self.slots.assign(item, decode=True) for item in items]
+        else:
+            decodes = [self.slots.decode_row(request) for request in decoding]
+        prefills = [self.slots.assign(item, decode=False) for item in prefills]
         return Schedule(decodes, prefills, preempted)
 
     def postprocess(
@@ -217,31 +175,44 @@ class Scheduler:
         """
         finished = []
         now = time.perf_counter()
+        cache, block_size = self.prefix_cache, self.config.block_size
         for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
-            accepted = drafts[i] if drafts is not None else []
             if item.lane_slots:
+                accepted = drafts[i] if drafts is not None else []
                 request.num_computed += len(accepted) + 1
                 request.draft_token_ids = []
+                tokens = [*accepted, token]
             else:
                 request.num_computed += item.num_tokens
+                tokens = None
             reason = None
             if request.num_computed >= request.num_tokens:  # else a prefill chunk, not the last
-                reason = self._append(request, [*accepted, token], now)
-            if item.lane_slots:
-                self._keep_lane(item, len(accepted))
-            if self.prefix_cache is not None:
-                self._publish(item)
+                if request.first_token_time is None:
+                    request.first_token_time = now
+                if tokens is None:  # one token (the common case, without a list)
+                    token = int(token)
+                    request.output_token_ids.append(token)
+                    reason = self._stop_reason(request, token)
+                else:
+                    reason = self._append(request, tokens)
+            if tokens is not None:
+                self.slots.keep_lane(item, len(tokens) - 1)
+            # Exactly the cases `RowSlots.publish` acts on (states written, a cached slot read or
+            # written, a KV block filled since `num_cached_blocks`): most decode rows skip it.
+            if cache is not None and (
+                item.new_states or request.read_slot or item.write_slot != request.state_slot
+                or request.num_computed // block_size > request.num_cached_blocks
+            ):  # fmt: skip
+                self.slots.publish(item)
             if reason is not None:
                 self._finish(request, reason)
                 finished.append(request)
         return finished
 
-    def _append(self, request: Request, tokens: list[int], now: float) -> FinishReason | None:
+    def _append(self, request: Request, tokens: list[int]) -> FinishReason | None:
         """Append `tokens` to the request's output up to the first that stops it; returns why it
         stops (None: it goes on)."""
-        if request.first_token_time is None:
-            request.first_token_time = now
         for token in tokens:
             request.output_token_ids.append(int(token))
             reason = self._stop_reason(request, int(token))
@@ -261,7 +232,7 @@ class Scheduler:
                        self.config.max_model_len - request.num_tokens)  # fmt: skip
             k = min(num_drafts(request), self.num_speculative_tokens, room - 1, budget)
             if self.uses_slots:  # keep a lane-0 slot for each younger row
-                k = min(k, self._slots_for_lanes() - (len(decodes) - i))
+                k = min(k, self.slots.free_for_lanes() - (len(decodes) - i))
             while k > 0 and not self._can_allocate_blocks(self._blocks_needed(request, 1 + k)):
                 k -= 1
             if k > 0:
@@ -271,28 +242,6 @@ class Scheduler:
             budget -= k
         return rows
 
-    def _slots_for_lanes(self) -> int:
-        """Free state slots less what the prefix cache's state budget may still take."""
-        cache = self.prefix_cache
-        return self.slot_pool.num_free - (cache.unused_state_budget if cache is not None else 0)
-
-    def _keep_lane(self, item: ScheduledRequest, lane: int) -> None:
-        """After verification: the state after `lane` becomes the request's; its old slot and the
-        other lanes go back. In "all" mode the accepted lanes (0..lane) that end on a state block
-        boundary first give their slot to the prefix cache (module docstring, step 5)."""
-        if not self.uses_slots:
-            return
-        request, lanes = item.request, item.lane_slots
-        if self.config.prefix_caching == "all":
-            sbs = self.config.state_block_size
-            for t in range(lane + 1):
-                end = item.start + t + 1  # tokens summarised by lane t's state
-                if end % sbs == 0 and end <= request.num_tokens:
-                    key = self.prefix_cache.state_key(request, end)
-                    self.prefix_cache.adopt_state(key, lanes[t])
-        old, request.state_slot = request.state_slot, lanes[lane]
-        self.slot_pool.free([old, *lanes[:lane], *lanes[lane + 1 :]])
-
     def _admit(self, prefills: list[ScheduledRequest], budget: int) -> None:
         """Admit waiting requests oldest first (module docstring, step 3)."""
         free_rows = self.config.max_num_seqs - len(self.running)
@@ -300,11 +249,11 @@ class Scheduler:
             if free_rows == 0 or (self.uses_slots and not self.slot_pool.can_allocate(1)):
                 return
             free_rows -= 1  # admitted now, or kept for it while younger requests go ahead
-            hit = self._take_hit(request)
+            hit = self.slots.take_hit(request)
             num_tokens = self._chunk_len(request, budget)
             num_blocks = self._blocks_needed(request, num_tokens)
             if num_tokens == 0 or not self._can_allocate_blocks(num_blocks):
-                self._drop_hit(request, hit)
+                self.slots.drop_hit(request, hit)
                 if num_tokens == 0:
                     continue
                 return
@@ -370,79 +319,6 @@ class Scheduler:
         self.slot_pool.free(held)
         request.block_ids, request.state_slot, request.read_slot = [], NULL, NULL
 
-    # ----------------------------------------------------------------------------- prefix caching
-
-    def _take_hit(self, request: Request) -> Hit:
-        """Start a waiting request after its longest cached prefix, holding references on it."""
-        if self.prefix_cache is None:
-            return NO_HIT
-        hit = self.prefix_cache.lookup(request)
-        if hit.num_tokens:
-            self.prefix_cache.acquire(hit)
-            request.num_computed = hit.num_tokens
-            request.block_ids = list(hit.block_ids)
-            request.num_cached_blocks = len(hit.block_ids)
-            request.read_slot = hit.slot
-        return hit
-
-    def _drop_hit(self, request: Request, hit: Hit) -> None:
-        """Undo `_take_hit` for a request that is not admitted after all."""
-        if not hit.num_tokens:
-            return
-        self.block_pool.free(hit.block_ids)
-        self.slot_pool.free([hit.slot] if hit.slot else [])
-        request.num_computed = request.num_cached_blocks = 0
-        request.block_ids, request.read_slot = [], NULL
-
-    def _with_slots(self, item: ScheduledRequest, *, decode: bool) -> ScheduledRequest:
-        """The item with the state slots its row reads and writes, and the boundary states it
-        writes for the prefix cache (slots reserved now, published after the step)."""
-        request = item.request
-        if not self.uses_slots:
-            return item
-        read = (request.read_slot or request.state_slot) if item.start else NULL
-        if item.lane_slots:  # speculative: lanes write fresh slots, the cache adopts after
-            return item._replace(read_slot=read)
-        item = item._replace(read_slot=read, write_slot=request.state_slot)
-        if self.prefix_cache is None:
-            return item
-        sbs, end = self.config.state_block_size, item.start + item.num_tokens
-        if decode:  # "all": a decode step ending on a boundary writes its state to the cache
-            if self.config.prefix_caching != "all" or end % sbs:
-                return item
-            key = self.prefix_cache.state_key(request, end)
-            slot = self.prefix_cache.reserve_state(key)
-            return item._replace(write_slot=slot, new_states=((key, slot),)) if slot else item
-        first, last = item.start // sbs + 1, end // sbs  # boundaries crossed: first * sbs, ...
-        wanted = range(first, last + 1)
-        if self.config.prefix_caching == "align":  # only a chunk end on a boundary
-            wanted = range(last, last + 1) if end % sbs == 0 else range(0)
-        columns, new = [NULL] * max(last - first + 1, 0), []
-        for boundary in wanted:
-            key = self.prefix_cache.state_key(request, boundary * sbs)
-            slot = self.prefix_cache.reserve_state(key)
-            if slot:
-                columns[boundary - first] = slot
-                new.append((key, slot))
-        return item._replace(boundary_slots=tuple(columns), new_states=tuple(new))
-
-    def _publish(self, item: ScheduledRequest) -> None:
-        """After the step ran: publish the states it wrote and the KV blocks it filled; drop the
-        reference on the cached slot the row read; a decode that wrote its state to a cache slot
-        reads it next step (holding a reference), with no copy."""
-        cache, request = self.prefix_cache, item.request
-        for key, _ in item.new_states:
-            cache.publish_state(key)
-        if request.status is not RequestStatus.RUNNING:
-            return  # aborted since it was scheduled: it holds nothing any more
-        if request.read_slot and item.read_slot == request.read_slot:
-            self.slot_pool.free([request.read_slot])
-            request.read_slot = NULL
-        if item.write_slot and item.write_slot != request.state_slot:
-            self.slot_pool.share([item.write_slot])
-            request.read_slot = item.write_slot
-        cache.publish_blocks(request)
-
     def _preempt(self, request: Request) -> Request:
         self.running.remove(request)
         self._release(request)
@@ -466,7 +342,8 @@ class Scheduler:
         num_outputs = len(request.output_token_ids)  # `token` included
         if token in request.stop_ids and num_outputs > params.min_tokens:
             return FinishReason.STOP
-        if num_outputs >= params.max_tokens or request.num_tokens >= self.config.max_model_len:
+        num_tokens = len(request.prompt_token_ids) + num_outputs  # request.num_tokens, inlined
+        if num_outputs >= params.max_tokens or num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 

@@ -12,6 +12,7 @@ from runtime.builder import build_dummy, build_step
 from runtime.request import Request
 from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Schedule, ScheduledRequest
 from tests.runtime.test_scheduler import make_request, make_scheduler
 
 BS, MAX_BLOCKS = 4, 16  # block_size and table width of make_scheduler (max_model_len 64)
@@ -131,6 +132,7 @@ def test_sampling_rows_masks_and_mode():
     row = {i.request.request_id: r for i, r in zip(schedule.items, batch.sample_rows, strict=True)}
     s = batch.sampling
     assert batch.mode == SamplingMode(sampled=True, filtered=True, mask_width=4)
+    assert SamplingMode.of_requests([i.request for i in schedule.items]) == batch.mode
     assert s.masked_ids[row["m"], :2].tolist() == [9, 7] and s.num_masked[row["m"]] == 2
     assert s.masked_ids[row["l"], 0] == 7 and s.num_masked[row["l"]] == 1
     assert s.num_masked.sum() == 3 and s.masked_ids.sum() == 9 + 7 + 7  # nothing else masked
@@ -141,3 +143,73 @@ def test_sampling_rows_masks_and_mode():
     batch = build_step(schedule, BucketPolicy(scheduler.config).bucket_for(schedule),
                        block_size=BS, max_blocks=MAX_BLOCKS)  # fmt: skip
     assert batch.mode == SamplingMode(sampled=True, filtered=True, mask_width=0)
+    assert SamplingMode.of_requests([i.request for i in schedule.items]) == batch.mode
+    asking = Request("k", [1], SamplingParams(logprobs=3), seed=0)
+    assert SamplingMode.of_requests([asking, masked]) == SamplingMode(logprobs=True,
+                                                                     top_logprobs=4)  # fmt: skip
+
+
+def _decode_request(i: int, num_outputs: int, drafts: list[int]) -> Request:
+    """A running request of prompt [i + 1] * (3 + i) and `num_outputs` outputs, blocks for its
+    drafts, `drafts` to feed after its last token."""
+    params = SamplingParams(temperature=0.25 * i, top_k=i, top_p=1.0 - 0.125 * i, min_tokens=3,
+                            max_tokens=16)  # fmt: skip
+    request = Request(str(i), [i + 1] * (3 + i), params, seed=100 + i, eos_token_ids=(2,))
+    request.output_token_ids = [10 + i + t for t in range(num_outputs)]
+    request.num_computed = request.num_tokens - 1
+    request.block_ids = [20 + 8 * i + b for b in range(-(-(request.num_tokens + 3) // BS))]
+    request.draft_token_ids = list(drafts)
+    return request
+
+
+def _reference_decode(items, width: int) -> dict[str, np.ndarray]:
+    """The decode section lane by lane, in plain Python (independent of the builder's numpy)."""
+    n = len(items)
+    ref = {name: np.zeros(n * width, np.int64) for name in
+           ("tokens", "positions", "kv_slots", "counters", "seeds", "top_k", "write")}  # fmt: skip
+    ref.update(temperature=np.zeros(n * width), read=np.zeros(n, np.int64),
+               table=np.zeros((n, MAX_BLOCKS), np.int64))  # fmt: skip
+    for row, item in enumerate(items):
+        request = item.request
+        known = request.prompt_token_ids + request.output_token_ids + request.draft_token_ids
+        ref["read"][row] = item.read_slot
+        reached = -(-(item.start + item.num_tokens) // BS)
+        ref["table"][row, :reached] = request.block_ids[:reached]
+        for lane in range(item.num_tokens):
+            k, pos = row * width + lane, item.start + lane
+            ref["tokens"][k], ref["positions"][k] = known[pos], pos
+            ref["kv_slots"][k] = request.block_ids[pos // BS] * BS + pos % BS
+            ref["counters"][k] = len(request.output_token_ids) + lane
+            ref["seeds"][k], ref["top_k"][k] = request.seed, request.sampling_params.top_k
+            ref["temperature"][k] = request.sampling_params.temperature
+            ref["write"][k] = item.lane_slots[lane] if item.lane_slots else item.write_slot
+    return ref
+
+
+@pytest.mark.parametrize("drafts", [[[], [], []], [[5], [], [6, 7]], None])
+def test_decode_section_equals_a_lane_by_lane_reference(drafts):
+    """Decode rows (plain, speculative without drafts, speculative with some) against a plain
+    Python reference of every lane; a speculative row writes its lane slots even with no draft."""
+    width = 1 if drafts is None else 3
+    items = []
+    for i in range(3):
+        request = _decode_request(i, num_outputs=i, drafts=[] if drafts is None else drafts[i])
+        n = 1 + len(request.draft_token_ids)
+        lanes = () if drafts is None else tuple(range(40 + 3 * i, 40 + 3 * i + n))
+        write = 30 + i if drafts is None else 0
+        item = ScheduledRequest(request, request.num_computed, n, 4 + i, write, lane_slots=lanes)
+        items.append(item)
+    batch = build_step(Schedule(items, [], []), Bucket(4, width, 0, 0), block_size=BS,
+                       max_blocks=MAX_BLOCKS)  # fmt: skip
+    ref, inputs, s, n = _reference_decode(items, width), batch.inputs, batch.sampling, 3 * width
+    assert inputs.token_ids[:n].tolist() == ref["tokens"].tolist()
+    assert inputs.positions[:n].tolist() == ref["positions"].tolist()
+    assert inputs.kv_slots[:n].tolist() == ref["kv_slots"].tolist()
+    assert inputs.decode.write_slots[:3].reshape(-1).tolist() == ref["write"].tolist()
+    assert inputs.decode.read_slots[:3].tolist() == ref["read"].tolist()
+    assert inputs.decode.block_table[:3].tolist() == ref["table"].tolist()
+    assert s.counters[:n].tolist() == ref["counters"].tolist()
+    assert s.seeds[:n].tolist() == ref["seeds"].tolist()
+    assert s.top_k[:n].tolist() == ref["top_k"].tolist()
+    assert np.allclose(s.temperature[:n], ref["temperature"])
+    assert (inputs.token_ids[n:] == 0).all() and (inputs.decode.write_slots[3:] == 0).all()

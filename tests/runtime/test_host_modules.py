@@ -9,6 +9,10 @@ from pathlib import Path
 
 HOST_MODULES = (
     "runtime.scheduler",
+    "runtime.schedule",
+    "runtime.row_slots",
+    "runtime.step_stats",
+    "runtime.introspection",
     "runtime.pools",
     "runtime.prefix_cache",
     "runtime.request",

@@ -163,7 +163,8 @@ def make_engine(
     least = model.config.chunk_size + batch - 1
     budget = max(budget or batch * PROMPT_LEN, least)
     config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget,
-                          max_model_len=max_model_len, block_size=16, decode_row_buckets=(batch,),
+                          max_model_len=max_model_len, block_size=16,
+                          decode_row_buckets=(max(batch, 2),),  # the default's smallest is 2
                           prefill_token_buckets=(budget,),
                           prefill_row_buckets=(batch,))  # fmt: skip
     engine = Engine(model, config)

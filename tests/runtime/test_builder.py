@@ -109,8 +109,8 @@ def test_bucket_policy_counts_and_decode_only():
     """Decode-only steps get R_p = 0; the variant count covers every combination."""
     scheduler = make_scheduler(max_num_seqs=4, max_num_batched_tokens=16)
     policy = BucketPolicy(scheduler.config)
-    assert [b.num_decode_rows for b in policy.decode_buckets()] == [1, 2, 4]
-    assert policy.max_num_variants == 4 * (2 * 3 + 1) - 1
+    assert [b.num_decode_rows for b in policy.decode_buckets()] == [2, 4]  # no 1-row matmuls
+    assert policy.max_num_variants == 3 * (2 * 3 + 1) - 1
 
 
 def test_sampling_rows_masks_and_mode():

@@ -117,9 +117,10 @@ def test_a_speculative_row_writes_fresh_lane_slots_and_keeps_the_accepted_lane()
     assert item.num_tokens == 4 and item.token_ids == [5, 11, 12, 13]
     assert len(set(item.lane_slots)) == 4 and old_slot not in item.lane_slots
     bucket, batch = build(scheduler, schedule)
-    assert bucket == Bucket(1, 4, 0, 0)
+    assert bucket == Bucket(2, 4, 0, 0)  # the smallest decode-row bucket; row 1 is padding
     d = batch.inputs.decode
-    assert d.read_slots.tolist() == [old_slot] and d.write_slots.tolist() == [list(item.lane_slots)]
+    assert d.read_slots.tolist() == [old_slot, 0]
+    assert d.write_slots.tolist() == [list(item.lane_slots), [0, 0, 0, 0]]
     assert batch.inputs.positions[:4].tolist() == [6, 7, 8, 9]
     assert batch.sampling.counters[:4].tolist() == [1, 2, 3, 4]  # each lane's output index
     assert batch.sample_rows.tolist() == [3]

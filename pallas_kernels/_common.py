@@ -109,9 +109,41 @@ def pow2(n: int) -> int:
     return int(pl.next_power_of_2(max(int(n), 1)))
 
 
-def sds_like(a: jax.Array) -> jax.ShapeDtypeStruct:
-    """Output shape for pallas_call that keeps shard_map's varying axes (harmless outside it)."""
-    return jax.ShapeDtypeStruct(a.shape, a.dtype, manual_axis_type=jax.typeof(a).manual_axis_type)
+def sds_like(
+    a: jax.Array, shape: tuple[int, ...] | None = None, dtype=None
+) -> jax.ShapeDtypeStruct:
+    """Output shape for pallas_call (`a`'s shape and dtype unless given) that keeps shard_map's
+    varying axes of `a` (harmless outside it)."""
+    return jax.ShapeDtypeStruct(
+        a.shape if shape is None else shape,
+        a.dtype if dtype is None else dtype,
+        manual_axis_type=jax.typeof(a).manual_axis_type,
+    )
+
+
+def fused_decode_dims(mixed_name: str, mixed, state_name: str, state,
+                      conv_weight) -> tuple[int, int, int, int]:  # fmt: skip
+    """First checks of a fused decode op (conv + state update reading a projection's output):
+    mixed [B, L, columns], state [S, 4 dims], conv_weight [C, W] with W >= 2. Returns (B, L, C, W);
+    the op derives its head geometry from them, then calls `check_fused_decode_pools`."""
+    check_shape(mixed_name, mixed, (None, None, None))
+    check_shape(state_name, state, (None, None, None, None))
+    check_shape("conv_weight", conv_weight, (None, None))
+    conv_dim, width = conv_weight.shape
+    if width < 2:
+        raise ValueError(f"conv_weight has width {width}; the decode update needs d_conv >= 2")
+    return *mixed.shape[:2], conv_dim, width
+
+
+def check_fused_decode_pools(state, conv_bias, conv_state, read_slots, write_slots,
+                             dims: tuple[int, int, int, int]) -> None:  # fmt: skip
+    """The rest of a fused decode op's shared checks, `dims` = `fused_decode_dims(...)`: conv_bias
+    [C] or None, conv_state [S, C, W - 1], read_slots [B], write_slots [B, L]."""
+    batch, lanes, conv_dim, width = dims
+    check_shape("conv_bias", conv_bias, (conv_dim,))
+    check_shape("conv_state", conv_state, (state.shape[0], conv_dim, width - 1))
+    check_shape("read_slots", read_slots, (batch,))
+    check_shape("write_slots", write_slots, (batch, lanes))
 
 
 def lower_for_cuda(fn, *args, device_kind: str = "NVIDIA H100 80GB HBM3", num_cores: int = 132):

@@ -32,8 +32,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
+    check_fused_decode_pools,
     check_shape,
     conv_update_lanes,
+    fused_decode_dims,
     live_slot,
     loads_before_stores,
     pow2,
@@ -69,12 +71,9 @@ class Geometry(NamedTuple):
 def check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias, read_slots,
                write_slots) -> Geometry:  # fmt: skip
     """Validate shapes; the geometry comes from state (HV, V, K) and conv_weight (C, W)."""
-    check_shape("mixed", mixed, (None, None, None))
-    check_shape("state", state, (None, None, None, None))
-    check_shape("conv_weight", conv_weight, (None, None))
-    batch, lanes, _ = mixed.shape
-    num_slots, v_heads, v_dim, k_dim = state.shape
-    conv_dim, width = conv_weight.shape
+    dims = fused_decode_dims("mixed", mixed, "state", state, conv_weight)
+    batch, lanes, conv_dim, width = dims
+    _, v_heads, v_dim, k_dim = state.shape
     key_dim2 = conv_dim - v_heads * v_dim
     if key_dim2 <= 0 or key_dim2 % (2 * k_dim):
         raise ValueError(
@@ -84,16 +83,11 @@ def check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias,
     k_heads = key_dim2 // (2 * k_dim)
     if v_heads % k_heads:
         raise ValueError(f"conv_weight implies {k_heads} key heads; must divide HV={v_heads}")
-    if width < 2:
-        raise ValueError(f"conv_weight has width {width}; the decode update needs d_conv >= 2")
     geo = Geometry(batch, lanes, k_heads, v_heads, k_dim, v_dim, width)
     check_shape("mixed", mixed, (batch, lanes, conv_dim + geo.value_dim + 2 * v_heads))
-    check_shape("conv_bias", conv_bias, (conv_dim,))
-    check_shape("conv_state", conv_state, (num_slots, conv_dim, width - 1))
+    check_fused_decode_pools(state, conv_bias, conv_state, read_slots, write_slots, dims)
     check_shape("A_log", A_log, (v_heads,))
     check_shape("dt_bias", dt_bias, (v_heads,))
-    check_shape("read_slots", read_slots, (batch,))
-    check_shape("write_slots", write_slots, (batch, lanes))
     return geo
 
 
@@ -147,12 +141,6 @@ def gdn_decode_reference(
 
 
 # ----------------------------------------------------------------------------- Pallas kernels
-
-
-def _sds(shape: tuple[int, ...], like: jax.Array) -> jax.ShapeDtypeStruct:
-    """A new output of `like`'s dtype that keeps shard_map's varying axes, as `sds_like` does."""
-    manual = jax.typeof(like).manual_axis_type
-    return jax.ShapeDtypeStruct(shape, like.dtype, manual_axis_type=manual)
 
 
 def _qk_conv_kernel(read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_in_ref, qk_ref,
@@ -269,7 +257,7 @@ def gdn_decode(
     block_c = min(pow2(block_c), pow2(2 * geo.key_dim))
     qk, conv_state = pl.pallas_call(
         functools.partial(_qk_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
-        out_shape=(_sds((geo.batch, geo.lanes, 2 * geo.key_dim), mixed), sds_like(conv_state)),
+        out_shape=(sds_like(mixed, (geo.batch, geo.lanes, 2 * geo.key_dim)), sds_like(conv_state)),
         grid=(geo.batch, pl.cdiv(2 * geo.key_dim, block_c)),
         input_output_aliases={5: 1},
         compiler_params=params,
@@ -288,7 +276,7 @@ def gdn_decode(
     o_shape = (geo.batch, geo.lanes, geo.v_heads, geo.v_dim)
     return pl.pallas_call(
         kernel,
-        out_shape=(_sds(o_shape, mixed), sds_like(conv_state), sds_like(state)),
+        out_shape=(sds_like(mixed, o_shape), sds_like(conv_state), sds_like(state)),
         grid=(geo.batch, geo.v_heads, pl.cdiv(geo.v_dim, block_v)),
         input_output_aliases={8: 1, 9: 2},
         compiler_params=params,

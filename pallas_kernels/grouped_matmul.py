@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import check_shape, pow2
+from pallas_kernels._common import check_shape, pow2, sds_like
 
 __all__ = ["GroupedMatmulTuning", "grouped_matmul", "grouped_matmul_reference"]
 
@@ -184,7 +184,6 @@ def grouped_matmul(
     block_k = min(tuning.block_k, max(16, pow2(k_dim)))
     sizes = group_sizes.astype(jnp.int32)
     ends = jnp.cumsum(sizes, dtype=jnp.int32)
-    axes = jax.typeof(lhs).manual_axis_type  # keeps shard_map's varying axes (as `sds_like`)
     kernel = functools.partial(
         _grouped_matmul_kernel,
         num_rows=num_rows,
@@ -199,7 +198,7 @@ def grouped_matmul(
     )
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((num_rows, n_dim), out_dtype, manual_axis_type=axes),
+        out_shape=sds_like(lhs, (num_rows, n_dim), out_dtype),
         grid=(num_groups + 1, pl.cdiv(n_dim, block_n)),
         compiler_params=plgpu.CompilerParams(
             num_warps=tuning.num_warps, num_stages=tuning.num_stages

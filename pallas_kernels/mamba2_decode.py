@@ -34,9 +34,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
+    check_fused_decode_pools,
     check_shape,
     conv_update_lanes,
     dt_activation,
+    fused_decode_dims,
     live_slot,
     loads_before_stores,
     pow2,
@@ -72,12 +74,9 @@ class Geometry(NamedTuple):
 def check_args(zxbcdt, conv_weight, conv_bias, conv_state, ssm_state, A, read_slots, write_slots,
                D, dt_bias) -> Geometry:  # fmt: skip
     """Validate shapes; the geometry comes from ssm_state (H, P, N) and conv_weight (C, W)."""
-    check_shape("zxbcdt", zxbcdt, (None, None, None))
-    check_shape("ssm_state", ssm_state, (None, None, None, None))
-    check_shape("conv_weight", conv_weight, (None, None))
-    batch, lanes, _ = zxbcdt.shape
-    num_slots, heads, head_dim, state_size = ssm_state.shape
-    conv_dim, width = conv_weight.shape
+    dims = fused_decode_dims("zxbcdt", zxbcdt, "ssm_state", ssm_state, conv_weight)
+    batch, lanes, conv_dim, width = dims
+    _, heads, head_dim, state_size = ssm_state.shape
     bc_dim = conv_dim - heads * head_dim
     if bc_dim <= 0 or bc_dim % (2 * state_size):
         raise ValueError(
@@ -87,16 +86,11 @@ def check_args(zxbcdt, conv_weight, conv_bias, conv_state, ssm_state, A, read_sl
     groups = bc_dim // (2 * state_size)
     if heads % groups:
         raise ValueError(f"conv_weight implies {groups} groups; must divide the {heads} heads")
-    if width < 2:
-        raise ValueError(f"conv_weight has width {width}; the decode update needs d_conv >= 2")
     geo = Geometry(batch, lanes, heads, head_dim, groups, state_size, width)
     check_shape("zxbcdt", zxbcdt, (batch, lanes, geo.d_inner + conv_dim + heads))
-    check_shape("conv_bias", conv_bias, (conv_dim,))
-    check_shape("conv_state", conv_state, (num_slots, conv_dim, width - 1))
+    check_fused_decode_pools(ssm_state, conv_bias, conv_state, read_slots, write_slots, dims)
     for name, a in (("A", A), ("D", D), ("dt_bias", dt_bias)):
         check_shape(name, a, (heads,))
-    check_shape("read_slots", read_slots, (batch,))
-    check_shape("write_slots", write_slots, (batch, lanes))
     return geo
 
 
@@ -150,12 +144,6 @@ def mamba2_decode_reference(
 
 
 # ----------------------------------------------------------------------------- Pallas kernels
-
-
-def _sds(shape: tuple[int, ...], like: jax.Array) -> jax.ShapeDtypeStruct:
-    """A new output of `like`'s dtype that keeps shard_map's varying axes, as `sds_like` does."""
-    manual = jax.typeof(like).manual_axis_type
-    return jax.ShapeDtypeStruct(shape, like.dtype, manual_axis_type=manual)
 
 
 def _bc_conv_kernel(read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_in_ref, bc_ref, conv_ref,
@@ -267,7 +255,7 @@ def mamba2_decode(
     bc_shape = (geo.batch, geo.lanes, geo.bc_dim)
     bc, conv_state = pl.pallas_call(
         functools.partial(_bc_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
-        out_shape=(_sds(bc_shape, zxbcdt), sds_like(conv_state)),
+        out_shape=(sds_like(zxbcdt, bc_shape), sds_like(conv_state)),
         grid=(geo.batch, pl.cdiv(geo.bc_dim, block_c)),
         input_output_aliases={5: 1},
         compiler_params=params,
@@ -286,7 +274,7 @@ def mamba2_decode(
     )
     return pl.pallas_call(
         kernel,
-        out_shape=(_sds(y_shape, zxbcdt), sds_like(conv_state), sds_like(ssm_state)),
+        out_shape=(sds_like(zxbcdt, y_shape), sds_like(conv_state), sds_like(ssm_state)),
         grid=(geo.batch, geo.heads, pl.cdiv(geo.head_dim, block_p)),
         input_output_aliases={9: 1, 10: 2},
         compiler_params=params,

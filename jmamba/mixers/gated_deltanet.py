@@ -17,6 +17,7 @@ op for it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -146,18 +147,11 @@ class GatedDeltaNet(nnx.Module):
             ],
             axis=-1,
         )
-
-        # Decode reads in_proj's output by column offset, prefill its split columns (each
-        # section's unused streams are dead code).
-        def decode(mixed, _qkv, _b, _a, state):
-            return self._decode(inputs, mixed, state)
-
-        def prefill(_mixed, qkv, b, a, state):
-            return self._prefill(inputs, qkv, b, a, state)
-
+        # Decode reads in_proj's output by column offset, prefill its split columns.
         o, state = run_by_section(
-            inputs, state, (mixed, qkv, b, a), decode, prefill,
-            (cfg.num_v_heads, cfg.head_v_dim), hidden.dtype,
+            inputs, state, (mixed,), (qkv, b, a), functools.partial(self._decode, inputs),
+            functools.partial(self._prefill, inputs), (cfg.num_v_heads, cfg.head_v_dim),
+            hidden.dtype,
         )  # fmt: skip
         z = z.reshape(hidden.shape[0], cfg.num_v_heads, cfg.head_v_dim)
         y = self.norm(o, z).reshape(hidden.shape[0], cfg.value_dim)

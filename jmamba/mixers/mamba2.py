@@ -18,6 +18,7 @@ in a bf16 model (`Fp32Param`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -179,18 +180,10 @@ class Mamba2(nnx.Module):
         cfg = self.cfg
         zxbcdt = self.in_proj(hidden)
         z, xbc, dt = jnp.split(zxbcdt, [cfg.d_inner, cfg.d_inner + cfg.conv_dim], axis=-1)
-
-        # Decode reads in_proj's output by column offset, prefill its split columns (each
-        # section's unused streams are dead code).
-        def decode(zxbcdt, _xbc, _dt, state):
-            return self._decode(inputs, zxbcdt, state)
-
-        def prefill(_zxbcdt, xbc, dt, state):
-            return self._prefill(inputs, xbc, dt, state)
-
+        # Decode reads in_proj's output by column offset, prefill its split columns.
         y, state = run_by_section(
-            inputs, state, (zxbcdt, xbc, dt), decode, prefill, (cfg.num_heads, cfg.head_dim),
-            hidden.dtype,
+            inputs, state, (zxbcdt,), (xbc, dt), functools.partial(self._decode, inputs),
+            functools.partial(self._prefill, inputs), (cfg.num_heads, cfg.head_dim), hidden.dtype,
         )  # fmt: skip
         y = y.reshape(hidden.shape[0], cfg.d_inner)
         return self.out_proj(self.norm(y, z)), state

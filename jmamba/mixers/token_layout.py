@@ -42,24 +42,28 @@ def prefill_token_rows(inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
 def run_by_section(
     inputs: StepInputs,
     state: Any,
-    streams: tuple[jax.Array, ...],
+    decode_streams: tuple[jax.Array, ...],
+    prefill_streams: tuple[jax.Array, ...],
     decode: Callable[..., tuple[jax.Array, Any]],
     prefill: Callable[..., tuple[jax.Array, Any]],
     out_tail: tuple[int, ...],
     dtype: jnp.dtype,
 ) -> tuple[jax.Array, Any]:
-    """Run a recurrent mixer's decode path on the decode section and its prefill path on the
-    prefill section of `streams` ([T, ...] arrays), threading the state pools through both.
+    """Run a recurrent mixer's decode path on the decode section of `decode_streams` and its
+    prefill path on the prefill section of `prefill_streams` ([T, ...] arrays each: a path may
+    read the projection whole while the other reads its split columns), threading the state pools
+    through both.
 
-    `decode(*decode_streams, state)` returns (y [R_d, W, *out_tail], state) and
-    `prefill(*prefill_streams, state)` returns (y [T_p, *out_tail], state); an empty section (a
+    `decode(*decode_sections, state)` returns (y [R_d, W, *out_tail], state) and
+    `prefill(*prefill_sections, state)` returns (y [T_p, *out_tail], state); an empty section (a
     decode-only or prefill-only step variant) is skipped. Returns (y [T, *out_tail], state).
     """
-    sections = [split_sections(stream, inputs) for stream in streams]
     y_decode = jnp.zeros((inputs.decode.num_rows, inputs.decode.width, *out_tail), dtype)
     y_prefill = jnp.zeros((inputs.num_prefill_tokens, *out_tail), dtype)
     if inputs.decode.num_rows:
-        y_decode, state = decode(*(d for d, _ in sections), state)
+        sections = (split_sections(stream, inputs)[0] for stream in decode_streams)
+        y_decode, state = decode(*sections, state)
     if inputs.num_prefill_tokens:
-        y_prefill, state = prefill(*(p for _, p in sections), state)
+        sections = (split_sections(stream, inputs)[1] for stream in prefill_streams)
+        y_prefill, state = prefill(*sections, state)
     return join_sections(y_decode, y_prefill), state

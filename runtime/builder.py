@@ -32,12 +32,16 @@ class StepBatch:
       sampling: the padded `SamplingInputs`.
       mode: what the sampler computes this step (static: with the bucket, it picks the variant).
       sample_rows: [num scheduled] int, logits row of `schedule.items[i]`.
+      token_sources: [T] int32 per token lane, where its token comes from: NULL (0) takes
+        `inputs.token_ids`; r + 1 takes the token the previous step sampled in logits row r,
+        still on the device (asynchronous scheduling; `inputs.token_ids` holds 0 there).
     """
 
     inputs: StepInputs
     sampling: SamplingInputs
     mode: SamplingMode
     sample_rows: np.ndarray
+    token_sources: np.ndarray
 
 
 def boundary_columns(bucket: Bucket, state_block_size: int) -> int:
@@ -63,6 +67,7 @@ class _Arrays:
         t = bucket.num_tokens
         i32 = np.int32
         self.token_ids, self.positions, self.kv_slots = (np.zeros(t, i32) for _ in range(3))
+        self.token_sources = np.zeros(t, i32)
         self.d_query_lens, self.d_seq_lens, self.d_read = (np.zeros(rd, i32) for _ in range(3))
         self.d_write = np.zeros((rd, w), i32)
         self.d_table = np.zeros((rd, max_blocks), i32)
@@ -107,7 +112,7 @@ class _Arrays:
         self.top_k[row] = params.top_k
         self.top_p[row] = params.top_p
         self.seeds[row] = request.seed
-        self.counters[row] = len(request.output_token_ids)
+        self.counters[row] = request.num_sampled
 
     def set_tokens(self, first: int, item: ScheduledRequest, block_size: int) -> None:
         """Fill token lanes [first, first + n) with the item's token ids, positions, KV slots."""
@@ -165,7 +170,7 @@ def build_step(
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
     sampling = a.sampling(masks)
     rows = np.asarray(sample_rows, np.int64)
-    return StepBatch(a.step_inputs(), sampling, SamplingMode.of(sampling), rows)
+    return StepBatch(a.step_inputs(), sampling, SamplingMode.of(sampling), rows, a.token_sources)
 
 
 def _fill_decode(
@@ -184,7 +189,7 @@ def _fill_decode(
     requests = [item.request for item in decodes]
     table = np.array([_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True)],
                      np.int64)  # fmt: skip
-    query_lens, starts, reads, writes, num_blocks, counters, first_tokens = table.T
+    query_lens, starts, reads, writes, num_blocks, counters, first_tokens, sources = table.T
     params = np.array([r.sampling_row for r in requests], np.float64)  # [n, 5]
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
@@ -211,6 +216,7 @@ def _fill_decode(
         rows, lanes, index = np.arange(n), 0, np.arange(0, n * width, width)
         columns = params.T  # temperature, top_k, top_p, seed, min_tokens of each lane
         a.token_ids[index] = first_tokens
+        a.token_sources[index] = sources
     else:
         rows, lanes = _ragged(query_lens)
         index = rows * width + lanes
@@ -239,10 +245,16 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decode_scalars(item: ScheduledRequest, request: Request) -> tuple[int, ...]:
-    """query_len, start, read slot, write slot, #blocks, #outputs, first token (what changes
-    from step to step; `Request.sampling_row` holds the rest)."""
-    return (item.num_tokens, item.start, item.read_slot, item.write_slot, len(request.block_ids),
-            len(request.output_token_ids), request.token_at(item.start))  # fmt: skip
+    """query_len, start, read slot, write slot, #blocks, #outputs, first token, its source (what
+    changes from step to step; `Request.sampling_row` holds the rest). A first token still
+    pending on the device is 0, from source `pending_row + 1`."""
+    start = item.start
+    if start < request.num_tokens:
+        token, source = request.token_at(start), 0
+    else:
+        token, source = 0, request.pending_row + 1
+    return (item.num_tokens, start, item.read_slot, item.write_slot, len(request.block_ids),
+            request.num_sampled, token, source)  # fmt: skip
 
 
 def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
@@ -261,4 +273,5 @@ def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
 def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks, state_block_size)
-    return StepBatch(a.step_inputs(), a.sampling([]), SamplingMode(), np.zeros(0, np.int64))
+    return StepBatch(a.step_inputs(), a.sampling([]), SamplingMode(), np.zeros(0, np.int64),
+                     a.token_sources)  # fmt: skip

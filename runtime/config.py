@@ -108,6 +108,11 @@ class EngineConfig:
         cached state per running request, at least 16).
       speculative: speculative decoding (`runtime.speculative.SpeculativeConfig`, or a dict of its
         fields); None decodes one token per request per step.
+      async_scheduling: schedule and build step N + 1 while step N runs on the device, taking
+        the tokens N samples from its output on the device; the host learns them one step late
+        (docs/architecture.md, "Host cost"). `Engine.step()` then returns the requests that
+        finished in the step before. Same tokens as without it. Not with `speculative`; in
+        prefix caching "all" decode steps cache no boundary state (prefill chunks still do).
     """
 
     max_num_seqs: int = 8
@@ -128,6 +133,7 @@ class EngineConfig:
     state_block_size: int | None = None
     max_cached_states: int | None = None
     speculative: SpeculativeConfig | None = None
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -151,6 +157,12 @@ class EngineConfig:
             )
         speculative = SpeculativeConfig.of(self.speculative)
         object.__setattr__(self, "speculative", speculative)
+        checks.flag("async_scheduling", self.async_scheduling)
+        if self.async_scheduling and speculative is not None:
+            raise ValueError(
+                "async_scheduling=True does not combine with speculative decoding: how many "
+                "drafts a step accepts decides the next step's rows"
+            )
         if self.num_slots is not None:
             low = min_num_slots(self.max_num_seqs, speculative)
             checks.integer("num_slots", self.num_slots, low=low)

@@ -82,6 +82,15 @@ class DraftSequence:
         """Stands for the outputs before lane 0's (the builder reads only its length)."""
         return range(self.first_output)
 
+    @property
+    def num_sampled(self) -> int:
+        return self.first_output
+
+    @property
+    def num_tokens(self) -> int:
+        """The request's tokens and this step's drafts so far: every token a pass may feed."""
+        return self.request.num_tokens + len(self.drafts)
+
     def token_at(self, index: int) -> int:
         num_tokens = self.request.num_tokens
         if index < num_tokens:

@@ -16,8 +16,8 @@ import dataclasses
 import gc
 import itertools
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from flax import nnx
@@ -28,7 +28,7 @@ from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.introspection import EngineIntrospection
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import DispatchedStep, ModelRunner
 from runtime.ngram import NgramDrafter
 from runtime.outputs import OutputProcessor, Sampled, sampled_items
 from runtime.request import FinishReason, Request, RequestOutput, StreamDelta
@@ -39,6 +39,8 @@ from runtime.scheduler import Schedule, Scheduler
 from runtime.speculative import Drafter, verified_tokens
 from runtime.step_record import ScheduleRecord, StepRecord
 from runtime.step_stats import RankStats, StepStats
+
+T = TypeVar("T")
 
 
 class Engine(EngineIntrospection):
@@ -103,6 +105,8 @@ class Engine(EngineIntrospection):
         self._device_seconds = 0.0
         self._compile_seconds = 0.0
         self._host_seconds = 0.0
+        self._num_launched = 0
+        self._in_flight: _Launched | None = None  # asynchronous scheduling: dispatched, unretired
         self.tokenizer = tokenizer
         self.records: collections.deque[StepRecord] = collections.deque(
             maxlen=self.config.step_records
@@ -162,8 +166,9 @@ class Engine(EngineIntrospection):
 
     @property
     def has_unfinished(self) -> bool:
-        """Whether a rank of this process holds a waiting or running request."""
-        return any(s.has_unfinished for s in self.schedulers)
+        """Whether a rank of this process holds a waiting or running request, or a dispatched
+        step whose tokens have not been retired (asynchronous scheduling)."""
+        return self._in_flight is not None or any(s.has_unfinished for s in self.schedulers)
 
     def any_unfinished(self) -> bool:
         """Whether any process holds unfinished requests (a collective in a multi-host run: every
@@ -171,17 +176,41 @@ class Engine(EngineIntrospection):
         return bool(agree_max(np.array([self.has_unfinished], np.int32))[0])
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step on every rank; returns the requests that finished in it.
+        """Run one engine step on every rank; returns the requests that finished in it (with
+        `async_scheduling`: in the step before, whose tokens this step's retirement brought to
+        the host).
 
         In a multi-host run every process calls `step()` in lockstep (it agrees on the bucket and
         the sampler mode).
         """
         start = time.perf_counter()
+        self._device_seconds = self._compile_seconds = 0.0
+        launched = self._launch()
+        if self.config.async_scheduling:  # retire step N - 1 while N runs, then N moves rows on
+            retiring, self._in_flight = self._in_flight, launched
+            outputs = [] if retiring is None else self._retire(retiring)
+            if launched is not None:
+                self._advance(launched)
+        else:
+            retiring = launched
+            if launched is not None:
+                self._advance(launched)
+                outputs = self._retire(launched)
+        if retiring is None and launched is None:
+            return []
+        self._count(start, launched)
+        if self.records.maxlen and retiring is not None:
+            self._record(retiring, outputs)
+        return outputs
+
+    def _launch(self) -> _Launched | None:
+        """Schedule every rank, agree on a bucket, build and dispatch the step; None (nothing
+        dispatched) when no rank of any process has work."""
         num_drafts = None if self.drafter is None else self.drafter.num_wanted
         schedules = [s.schedule(num_drafts) for s in self.schedulers]
         agreed = self._agree(schedules)
         if agreed is None:
-            return []
+            return None
         bucket, mode = agreed
         snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
         if self.drafter is not None:
@@ -190,24 +219,35 @@ class Engine(EngineIntrospection):
             with_mode(self._build(scheduler, schedule, bucket), mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
-        results = self._run(bucket, batches)
+        dispatched = self._timed_device(self.runner.dispatch, bucket, batches)
+        self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
+        self._num_launched += 1
+        return _Launched(self._num_launched - 1, bucket, mode, schedules, batches, dispatched,
+                         snapshots)  # fmt: skip
+
+    def _advance(self, step: _Launched) -> None:
+        """The dispatched step's rows move on (`Scheduler.advance`): the next step can be
+        scheduled before its tokens are known."""
+        for scheduler, schedule, batch in zip(self.schedulers, step.schedules, step.batches,
+                                              strict=True):  # fmt: skip
+            scheduler.advance(schedule, batch.sample_rows)
+
+    def _retire(self, step: _Launched) -> list[RequestOutput]:
+        """Wait for the step's tokens and hand them to the schedulers (appending tokens, stops,
+        prefix publication); logprobs, text and stream deltas; release what finished."""
+        results = self._timed_device(self.runner.fetch, step.dispatched)
         # Per-token work beyond the token itself only when something asks for it: the plain
         # path stays as cheap as it was.
-        extras = mode.logprobs or self.outputs.has_text or self._streaming
-        sampled = [sampled_items(schedule) for schedule in schedules] if extras else []
+        extras = step.mode.logprobs or self.outputs.has_text or self._streaming
+        sampled = [sampled_items(schedule) for schedule in step.schedules] if extras else []
         finished = []
-        for i, (schedule, batch) in enumerate(zip(schedules, batches, strict=True)):
-            finished += self._postprocess(i, schedule, batch, results[i], bucket.width)
+        for i, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
+            finished += self._postprocess(i, schedule, batch, results[i], step.bucket.width)
         if extras:
             finished += self._process_outputs(sampled)
         if self.drafter is not None:
             self.drafter.release_done()
-        self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
-        outputs = self._finish(sampled, finished)
-        self._count(start, schedules)
-        if self.records.maxlen:
-            self._record(bucket, mode, snapshots, outputs)
-        return outputs
+        return self._finish(sampled, finished)
 
     def stream(self) -> Iterator[StreamDelta]:
         """Step until every request of this process is finished, yielding what each step added
@@ -283,11 +323,11 @@ class Engine(EngineIntrospection):
         """Hand rank `rank`'s sampled tokens ([2, N]: tokens, accept flags) to its scheduler."""
         tokens = result[0]
         if self.drafter is None:
-            return self.schedulers[rank].postprocess(schedule, tokens[batch.sample_rows].tolist())
+            return self.schedulers[rank].retire(schedule, tokens[batch.sample_rows].tolist())
         sampled, drafts, stats = verified_tokens(schedule, batch.sample_rows, width, tokens,
                                                  result[1])  # fmt: skip
         self.stats.ranks[rank].speculation = self.stats.ranks[rank].speculation.add(stats)
-        return self.schedulers[rank].postprocess(schedule, sampled, drafts)
+        return self.schedulers[rank].retire(schedule, sampled, drafts)
 
     def _make_drafter(
         self, model: nnx.Module, draft_model: nnx.Module | None, draft_runner: ModelRunner | None
@@ -310,22 +350,27 @@ class Engine(EngineIntrospection):
         return DraftModelDrafter(draft_model, self.config, self.model_config.chunk_size,
                                  len(self.ranks), runner=draft_runner)  # fmt: skip
 
-    def _run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
+    def _timed_device(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` (a runner's dispatch or fetch), its time counted as device time, less
+        what it spent compiling."""
         compiled_before = sum(self.runner.compile_seconds.values())
         start = time.perf_counter()
-        tokens = self.runner.run(bucket, batches)
-        self._compile_seconds = sum(self.runner.compile_seconds.values()) - compiled_before
-        self._device_seconds = time.perf_counter() - start - self._compile_seconds
+        result = call(*args)
+        compiled = sum(self.runner.compile_seconds.values()) - compiled_before
+        self._compile_seconds += compiled
+        self._device_seconds += time.perf_counter() - start - compiled
+        return result
+
+    def _count(self, start: float, launched: _Launched | None) -> None:
         self.stats.device_seconds += self._device_seconds
         self.stats.compile_seconds += self._compile_seconds
-        return tokens
-
-    def _count(self, start: float, schedules: list[Schedule]) -> None:
-        self.stats.num_steps += 1
         run_seconds = self._device_seconds + self._compile_seconds
         self._host_seconds = time.perf_counter() - start - run_seconds
         self.stats.host_seconds += self._host_seconds
-        for rank, schedule in zip(self.stats.ranks, schedules, strict=True):
+        if launched is None:
+            return
+        self.stats.num_steps += 1
+        for rank, schedule in zip(self.stats.ranks, launched.schedules, strict=True):
             if schedule.is_empty:
                 rank.num_idle_steps += 1
             else:
@@ -360,10 +405,9 @@ class Engine(EngineIntrospection):
                             for rid, ids, text, lps in parts]  # fmt: skip
         return outputs
 
-    def _record(self, bucket: Bucket, mode: SamplingMode, snapshots: list[ScheduleRecord],
-                outputs: list[RequestOutput]) -> None:  # fmt: skip
+    def _record(self, step: _Launched, outputs: list[RequestOutput]) -> None:
         self.records.append(StepRecord(
-            index=self.stats.num_steps - 1, bucket=bucket, mode=mode, schedules=tuple(snapshots),
+            index=step.index, bucket=step.bucket, mode=step.mode, schedules=tuple(step.snapshots),
             finished=tuple(output.request_id for output in outputs),
             host_ms=self._host_seconds * 1e3, device_ms=self._device_seconds * 1e3,
             compile_seconds=self._compile_seconds,
@@ -398,6 +442,20 @@ class Engine(EngineIntrospection):
                 f"to generate (prompt + output <= max_model_len, so at most {max_len - 1})"
             )
         return prompt, params
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launched:
+    """A dispatched step and what its retirement needs: its number, shape, sampler mode, each
+    rank's schedule and batch, the device handle, and (with step records) the schedules' records."""
+
+    index: int
+    bucket: Bucket
+    mode: SamplingMode
+    schedules: list[Schedule]
+    batches: list[StepBatch]
+    dispatched: DispatchedStep
+    snapshots: list[ScheduleRecord]
 
 
 def _check_same_shapes(runner_config: EngineConfig, config: EngineConfig) -> None:

@@ -15,6 +15,11 @@ top-k log-probabilities) come back to the host. The runner makes no
 policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket and with the
 sampler `SamplingMode` they carry. One variant is compiled per (bucket, sampling mode).
 
+`dispatch` hands a step to the device and returns at once; `fetch` waits for its tokens (`run`
+does both). Each step also hands its sampled tokens to the next one on the device, so a step can
+be dispatched before the host has seen the previous step's tokens (asynchronous scheduling: the
+builder's `token_sources` say which token lanes take one).
+
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
 (flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
 one packed int32 row (one host->device copy for the whole step; see `runtime.packing`).
@@ -22,6 +27,7 @@ one packed int32 row (one host->device copy for the whole step; see `runtime.pac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -32,6 +38,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jmamba.inputs import StepInputs
 from runtime.buckets import Bucket
 from runtime.builder import StepBatch, build_dummy
 from runtime.config import EngineConfig
@@ -44,10 +51,12 @@ VariantKey = tuple[Bucket, SamplingMode]
 
 
 def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
-               param_leaves, caches, packed):  # fmt: skip
-    """One rank's step on its own shard: packed [1, words] -> [1, 2, N] (tokens, accept flags),
-    log-probabilities (when `mode.logprobs`), logits (when `keep_logits`), caches."""
-    inputs, sampling = unpack(packed[0], layout)
+               param_leaves, caches, packed, previous):  # fmt: skip
+    """One rank's step on its own shard: packed [1, words] and the previous step's tokens
+    [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities (when `mode.logprobs`), logits
+    (when `keep_logits`), caches, this step's tokens [1, C] for the next step."""
+    inputs, sampling, sources = unpack(packed[0], layout)
+    inputs = _with_previous_tokens(inputs, sources, previous[0])
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
     with jax.named_scope("sampler"):
@@ -58,11 +67,23 @@ def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode:
             token_logprobs = jax.tree.map(lambda a: a[None], computed)
         accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
     tokens_and_flags = jnp.stack([tokens, accepted])[None]
-    return tokens_and_flags, token_logprobs, (logits[None] if keep_logits else None), caches
+    n = min(tokens.shape[0], previous.shape[1])  # a draft model's wider buckets feed nothing
+    carried = jnp.pad(tokens[:n], (0, previous.shape[1] - n))[None]
+    logits_out = logits[None] if keep_logits else None
+    return tokens_and_flags, token_logprobs, logits_out, caches, carried
+
+
+def _with_previous_tokens(
+    inputs: StepInputs, sources: jax.Array, previous: jax.Array
+) -> StepInputs:
+    """Token lanes with a source r + 1 take the previous step's token of logits row r (the
+    builder's `StepBatch.token_sources`); NULL sources keep their token id."""
+    taken = previous[jnp.maximum(sources - 1, 0)]
+    return dataclasses.replace(inputs, token_ids=jnp.where(sources > 0, taken, inputs.token_ids))
 
 
 def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
-               mode: SamplingMode, param_leaves, caches, packed):  # fmt: skip
+               mode: SamplingMode, param_leaves, caches, packed, previous):  # fmt: skip
     by_rank = P(AXIS)
     cache_specs = jax.tree.map(lambda _: by_rank, caches)
     step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
@@ -70,10 +91,21 @@ def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: boo
     return jax.shard_map(
         step,
         mesh=mesh.mesh,
-        in_specs=(P(), cache_specs, by_rank),
-        out_specs=(by_rank, logprob_specs, by_rank if keep_logits else None, cache_specs),
+        in_specs=(P(), cache_specs, by_rank, by_rank),
+        out_specs=(by_rank, logprob_specs, by_rank if keep_logits else None, cache_specs, by_rank),
         check_vma=False,  # Pallas calls declare plain output shapes
-    )(param_leaves, caches, packed)
+    )(param_leaves, caches, packed, previous)
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchedStep:
+    """A step handed to the device whose outputs may not be computed yet (`ModelRunner.dispatch`;
+    `ModelRunner.fetch` waits for them)."""
+
+    batches: list[StepBatch]
+    tokens: jax.Array
+    token_logprobs: TokenLogprobs | None
+    logits: jax.Array | None
 
 
 class ModelRunner:
@@ -96,6 +128,9 @@ class ModelRunner:
         leaves, self._param_treedef = jax.tree.flatten(self.params)
         self._param_leaves = jax.device_put(leaves, self.mesh.replicated)
         self.caches = self._init_caches(model)
+        # The last dispatched step's sampled tokens [ranks, C], on the device.
+        local = np.zeros((len(self.local_ranks), carried_tokens(config)), np.int32)
+        self._previous = self.mesh.global_array(local)
         self.keep_logits = keep_logits
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
@@ -132,18 +167,28 @@ class ModelRunner:
         """Run one step; `batches[i]` is local rank i's inputs, all built for `bucket` with one
         `SamplingMode`. Returns, per local rank, [2, N] int32: every logits row's sampled token,
         and 1 where it accepted the draft of the next lane (`sampler.accept_drafts`)."""
+        return self.fetch(self.dispatch(bucket, batches))
+
+    def dispatch(self, bucket: Bucket, batches: list[StepBatch]) -> DispatchedStep:
+        """Hand one step to the device (compiling its variant first if needed) without waiting
+        for it; its tokens feed the next dispatched step's `token_sources`."""
         if len(batches) != len(self.local_ranks):
             raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
         key = (bucket, batches[0].mode)
         if any(b.mode != key[1] for b in batches):
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
-        tokens, token_logprobs, logits, self.caches = compiled(
-            self._param_leaves, self.caches, self._packed(key, batches)
+        tokens, token_logprobs, logits, self.caches, self._previous = compiled(
+            self._param_leaves, self.caches, self._packed(key, batches), self._previous
         )
-        self.last_logits = None if logits is None else self.mesh.local_rows(logits)
-        self.last_logprobs = self._local_logprobs(token_logprobs, batches)
-        return list(self.mesh.local_rows(tokens))
+        return DispatchedStep(batches, tokens, token_logprobs, logits)
+
+    def fetch(self, step: DispatchedStep) -> list[np.ndarray]:
+        """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,
+        `last_logprobs` set from it)."""
+        self.last_logits = None if step.logits is None else self.mesh.local_rows(step.logits)
+        self.last_logprobs = self._local_logprobs(step.token_logprobs, step.batches)
+        return list(self.mesh.local_rows(step.tokens))
 
     def _local_logprobs(
         self, token_logprobs: TokenLogprobs | None, batches: list[StepBatch]
@@ -167,7 +212,7 @@ class ModelRunner:
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
         layout = self._layouts[key]
-        rows = np.stack([pack((b.inputs, b.sampling), layout) for b in batches])
+        rows = np.stack([pack(_packed_tree(b), layout) for b in batches])
         return self.mesh.global_array(rows)
 
     def _init_caches(self, model: nnx.Module) -> Any:
@@ -184,12 +229,25 @@ class ModelRunner:
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
         start = time.perf_counter()
-        self._layouts[key] = layout_of((batch.inputs, batch.sampling))
+        self._layouts[key] = layout_of(_packed_tree(batch))
         packed = self._packed(key, [batch] * len(self.local_ranks))
         compiled = self._jitted.lower(
             self.graphdef, self._param_treedef, self.keep_logits, self._layouts[key], key[1],
-            self._param_leaves, self.caches, packed,
+            self._param_leaves, self.caches, packed, self._previous,
         ).compile()  # fmt: skip
         self.compile_seconds[key] = time.perf_counter() - start
         self._compiled[key] = compiled
         return compiled
+
+
+def _packed_tree(batch: StepBatch) -> tuple:
+    return batch.inputs, batch.sampling, batch.token_sources
+
+
+def carried_tokens(config: EngineConfig) -> int:
+    """C, the tokens a step hands to the next on the device: the most logits rows of a bucket
+    of `config` (a draft model's runner runs wider buckets, whose rows past C are never fed:
+    only an asynchronous engine feeds tokens, and it drafts nothing)."""
+    spec = config.speculative
+    width = 1 if spec is None else spec.width
+    return max(config.decode_row_buckets) * width + max(config.prefill_row_buckets)

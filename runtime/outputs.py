@@ -19,10 +19,11 @@ Sampled = list[tuple[int, ScheduledRequest]]  # (logits row, item) of the items 
 
 def sampled_items(schedule: Schedule) -> Sampled:
     """The items of `schedule` that get a token this step, with their logits row. Call it before
-    `Scheduler.postprocess`: an item gets a token when its chunk reaches the end of the request's
-    known tokens."""
+    `Scheduler.retire`: an item gets a token when its chunk reaches the end of the request's
+    known tokens (and its request has not finished since the step was scheduled)."""
     return [(row, item) for row, item in enumerate(schedule.items)
-            if item.start + item.num_tokens >= item.request.num_tokens]  # fmt: skip
+            if item.start + item.num_tokens >= item.request.num_tokens
+            and not item.request.is_finished]  # fmt: skip
 
 
 class OutputProcessor:

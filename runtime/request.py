@@ -47,6 +47,12 @@ class Request:
     Speculative decoding: `draft_token_ids` are the drafts the drafter proposed for the tokens
     after the last sampled one (fed behind it in this step's decode row; output only once
     verified).
+
+    Asynchronous scheduling (`EngineConfig.async_scheduling`): `num_pending` counts tokens a
+    dispatched step samples that the host has not seen yet (0 or 1); `pending_row` is the logits
+    row of that step which holds it (the next step's decode row takes it from there on the
+    device). `num_computed <= num_tokens + num_pending` always; `num_sampled` counts outputs
+    known or pending (the index of the next output: its sampling counter).
     """
 
     request_id: str
@@ -67,6 +73,8 @@ class Request:
     num_cached_tokens: int = 0
     block_digests: list[bytes] = dataclasses.field(default_factory=list, repr=False)
     draft_token_ids: list[int] = dataclasses.field(default_factory=list)
+    num_pending: int = 0
+    pending_row: int = 0
     num_preemptions: int = 0
     arrival_time: float = dataclasses.field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -102,10 +110,15 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def num_sampled(self) -> int:
+        """Outputs generated, the pending one included."""
+        return len(self.output_token_ids) + self.num_pending
+
+    @property
     def num_tokens_left(self) -> int:
         """Tokens still to compute: prefill tokens not yet fed plus outputs not yet generated."""
         unfed = max(self.num_prefill_tokens - self.num_computed, 0)
-        return unfed + self.sampling_params.max_tokens - len(self.output_token_ids)
+        return unfed + self.sampling_params.max_tokens - self.num_sampled
 
     @property
     def is_decode(self) -> bool:
@@ -118,7 +131,7 @@ class Request:
     @property
     def masked_token_ids(self) -> tuple[int, ...]:
         """Tokens the next sample may not be: the stop ids until `min_tokens` are generated."""
-        if len(self.output_token_ids) < self.sampling_params.min_tokens:
+        if self.num_sampled < self.sampling_params.min_tokens:
             return self.stop_ids
         return ()
 
@@ -137,7 +150,10 @@ class Request:
         return self.output_token_ids[index - num_prompt]
 
     def reset_for_recompute(self) -> None:
-        """Forget all progress: the next prefill recomputes every token it has (prompt + output)."""
+        """Forget all progress: the next prefill recomputes every token it has (prompt + output).
+
+        A pending token is kept pending: it is appended when its step retires, after this
+        prefill's tokens, and fed as the first decode after the prefill."""
         self.num_computed = 0
         self.num_prefill_tokens = self.num_tokens
         self.block_ids = []

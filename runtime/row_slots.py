@@ -27,8 +27,12 @@ class RowSlots:
         self.slot_pool = slot_pool
         self.prefix_cache = prefix_cache
         self.uses_slots = uses_slots
-        # "all" mode: a decode step ending on a state block boundary writes its state to the cache.
-        self._caches_decode_states = prefix_cache is not None and config.prefix_caching == "all"
+        # "all" mode: a decode step ending on a state block boundary writes its state to the cache,
+        # keyed by the tokens it summarises. With asynchronous scheduling the token a decode
+        # feeds is still on the device when the step is scheduled, so it caches none (prefill
+        # boundaries still are: a lower hit rate on a chat's next turn, never a wrong one).
+        self._caches_decode_states = (prefix_cache is not None and config.prefix_caching == "all"
+                                      and not config.async_scheduling)  # fmt: skip
 
     def free_for_lanes(self) -> int:
         """Free state slots less what the prefix cache's state budget may still take."""
@@ -99,7 +103,7 @@ class RowSlots:
             return item
         sbs, end = self.config.state_block_size, item.start + item.num_tokens
         if decode:  # "all": a decode step ending on a boundary writes its state to the cache
-            if self.config.prefix_caching != "all" or end % sbs:
+            if not self._caches_decode_states or end % sbs:
                 return item
             key = self.prefix_cache.state_key(request, end)
             slot = self.prefix_cache.reserve_state(key)
@@ -117,19 +121,22 @@ class RowSlots:
                 new.append((key, slot))
         return item._replace(boundary_slots=tuple(columns), new_states=tuple(new))
 
-    def publish(self, item: ScheduledRequest) -> None:
-        """After the step ran: publish the states it wrote and the KV blocks it filled; drop the
-        reference on the cached slot the row read; a decode that wrote its state to a cache slot
-        reads it next step (holding a reference), with no copy."""
-        cache, request = self.prefix_cache, item.request
-        for key, _ in item.new_states:
-            cache.publish_state(key)
-        if request.status is not RequestStatus.RUNNING:
-            return  # aborted since it was scheduled: it holds nothing any more
+    def advance(self, item: ScheduledRequest) -> None:
+        """Once the row's step is dispatched: the request stops reading the cached slot the row
+        read (dropping its reference); a decode that wrote its state to a cache slot reads it
+        next step (holding a reference), with no copy. Device order keeps this safe before the
+        step has run: a slot given back now is reused only by a later step."""
+        request = item.request
         if request.read_slot and item.read_slot == request.read_slot:
             self.slot_pool.free([request.read_slot])
             request.read_slot = NULL
         if item.write_slot and item.write_slot != request.state_slot:
             self.slot_pool.share([item.write_slot])
             request.read_slot = item.write_slot
-        cache.publish_blocks(request)
+
+    def publish(self, item: ScheduledRequest) -> None:
+        """After the step ran: publish the states it wrote and the KV blocks it filled."""
+        for key, _ in item.new_states:
+            self.prefix_cache.publish_state(key)
+        if item.request.status is RequestStatus.RUNNING:  # else it holds no blocks any more
+            self.prefix_cache.publish_blocks(item.request)

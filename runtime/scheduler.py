@@ -140,6 +140,8 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 break  # preempted in this loop, and so is everything younger
             if request.num_computed >= request.num_prefill_tokens:  # a decode: one token
+                if request.num_pending and self._ends_with_pending(request):
+                    continue  # its pending token is its last: it finishes when that retires
                 # Only a token that starts a new KV block needs one (every block_size steps).
                 needs_block = self.uses_blocks and request.num_computed >= (
                     len(request.block_ids) * block_size)  # fmt: skip
@@ -166,31 +168,61 @@ class Scheduler:
     def postprocess(
         self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] | None = None
     ) -> list[Request]:
-        """Advance each scheduled request; append tokens where its last known token was fed.
+        """After a step ran: `advance`, then `retire` (a synchronous engine step)."""
+        self.advance(schedule)
+        return self.retire(schedule, sampled, drafts)
+
+    def advance(self, schedule: Schedule, sample_rows: Sequence[int] | None = None) -> None:
+        """Once the step is dispatched: count its tokens as computed and move each row's state
+        bookkeeping to what the step writes, so the next step can be scheduled before this one's
+        tokens are known. A row whose chunk reaches the last known token samples a token the
+        host does not know yet: it is pending, in logits row `sample_rows[i]`, until `retire`.
+        Speculative rows advance in `retire` (how many drafts are accepted decides by how much);
+        a request finished or preempted since it was scheduled does not advance."""
+        for i, item in enumerate(schedule.items):
+            request = item.request
+            if item.lane_slots or request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed += item.num_tokens
+            if request.num_computed >= request.num_tokens + request.num_pending:
+                request.num_pending += 1
+                request.pending_row = 0 if sample_rows is None else int(sample_rows[i])
+            if self.prefix_cache is not None:
+                self.slots.advance(item)
+
+    def retire(
+        self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] | None = None
+    ) -> list[Request]:
+        """Once the step's tokens are on the host: append them, stop requests, publish what the
+        step wrote to the prefix cache. Returns the requests that finished.
 
         `sampled[i]` is the token sampled from the logits of `schedule.items[i]`'s last token, or
         for a speculative decode row the target's token after the accepted drafts `drafts[i]`:
         the row appends drafts[i] + [sampled[i]], cut at the first stop, and keeps the state of
-        its lane len(drafts[i]). Returns the requests that finished in this step.
+        its lane len(drafts[i]). Rows of requests finished since the step was scheduled (a stop
+        learned one step late, an abort) are dropped.
         """
         finished = []
         now = time.perf_counter()
         cache, block_size = self.prefix_cache, self.config.block_size
         for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
+            if request.status is RequestStatus.FINISHED:  # the states it wrote are still valid
+                if item.new_states:
+                    self.slots.publish(item)
+                continue
+            tokens = None
             if item.lane_slots:
                 accepted = drafts[i] if drafts is not None else []
                 request.num_computed += len(accepted) + 1
                 request.draft_token_ids = []
                 tokens = [*accepted, token]
-            else:
-                request.num_computed += item.num_tokens
-                tokens = None
             reason = None
-            if request.num_computed >= request.num_tokens:  # else a prefill chunk, not the last
+            if tokens is not None or request.num_pending:  # else a prefill chunk, not the last
                 if request.first_token_time is None:
                     request.first_token_time = now
                 if tokens is None:  # one token (the common case, without a list)
+                    request.num_pending -= 1
                     token = int(token)
                     request.output_token_ids.append(token)
                     reason = self._stop_reason(request, token)
@@ -198,12 +230,13 @@ class Scheduler:
                     reason = self._append(request, tokens)
             if tokens is not None:
                 self.slots.keep_lane(item, len(tokens) - 1)
-            # Exactly the cases `RowSlots.publish` acts on (states written, a cached slot read or
-            # written, a KV block filled since `num_cached_blocks`): most decode rows skip it.
+                if cache is not None:
+                    self.slots.advance(item)
+            # Exactly the cases `RowSlots.publish` acts on (states written, a KV block filled
+            # since `num_cached_blocks`): most decode rows skip it.
             if cache is not None and (
-                item.new_states or request.read_slot or item.write_slot != request.state_slot
-                or request.num_computed // block_size > request.num_cached_blocks
-            ):  # fmt: skip
+                item.new_states or request.num_computed // block_size > request.num_cached_blocks
+            ):
                 self.slots.publish(item)
             if reason is not None:
                 self._finish(request, reason)
@@ -336,6 +369,15 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_time = time.perf_counter()
+
+    def _ends_with_pending(self, request: Request) -> bool:
+        """Whether the pending token reaches max_tokens or max_model_len (counts, known before
+        the token itself)."""
+        num_outputs = request.num_sampled
+        num_tokens = len(request.prompt_token_ids) + num_outputs
+        return num_outputs >= request.sampling_params.max_tokens or (
+            num_tokens >= self.config.max_model_len
+        )
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         params = request.sampling_params

@@ -185,6 +185,7 @@ class Engine(EngineIntrospection):
         """
         start = time.perf_counter()
         self._device_seconds = self._compile_seconds = 0.0
+        self.last_deltas = []  # a step that retires nothing streams nothing
         launched = self._launch()
         if self.config.async_scheduling:  # retire step N - 1 while N runs, then N moves rows on
             retiring, self._in_flight = self._in_flight, launched

@@ -33,10 +33,11 @@ def dp_runner(family: str, ranks: int) -> ModelRunner:
     return runner
 
 
-def dp_engine(family: str, ranks: int, router=None) -> Engine:
+def dp_engine(family: str, ranks: int, router=None, async_scheduling: bool = False) -> Engine:
     model, _ = model_and_runner(family)
     runner = dp_runner(family, ranks)
-    return Engine(model, runner.config, runner=runner, router=router)
+    config = dataclasses.replace(runner.config, async_scheduling=async_scheduling)
+    return Engine(model, config, runner=runner, router=router)
 
 
 def set_null_entries(runner: ModelRunner, value: float) -> None:
@@ -155,18 +156,20 @@ def alone_tokens(family: str, prompt: tuple[int, ...], max_tokens: int) -> list[
     requests=st.lists(request_strategy, min_size=1, max_size=7),
     busy_ranks=st.integers(1, 2),
     placement_seed=st.integers(0, 2**16),
+    async_scheduling=st.booleans(),
 )
 def test_random_schedules_over_ranks_keep_idle_shards_and_tokens(
-    ranks, requests, busy_ranks, placement_seed
+    ranks, requests, busy_ranks, placement_seed, async_scheduling
 ):
     """Arrivals on only `busy_ranks` ranks (the others idle for many steps), aborts and preemption
-    (small pools): validate() on every rank every step, idle shards bit-identical, NaN in every
-    NULL entry never reaches a logit, every completed request's tokens equal its run alone."""
+    (small pools), with and without asynchronous scheduling: validate() on every rank every step,
+    idle shards bit-identical, NaN in every NULL entry never reaches a logit, every completed
+    request's tokens equal its run alone."""
     family = "nemotron_h"
     rng = np.random.default_rng(placement_seed)
     busy = min(busy_ranks, ranks - 1)  # the last rank never gets a request: idle every step
     pins = {str(i): int(rng.integers(0, busy)) for i in range(len(requests))}
-    engine = dp_engine(family, ranks, PinnedRouter(pins))
+    engine = dp_engine(family, ranks, PinnedRouter(pins), async_scheduling)
     prompts = [
         tuple(np.random.default_rng(r["seed"]).integers(0, 256, r["prompt_len"]).tolist())
         for r in requests

@@ -243,14 +243,18 @@ request_strategy = st.fixed_dictionaries(
     requests=st.lists(request_strategy, min_size=1, max_size=6),
     mode=st.sampled_from(MODES),
     max_cached_states=st.integers(1, MAX_CACHED),
+    async_scheduling=st.booleans(),
 )
-def test_random_shared_prefix_schedules_are_lossless(family, requests, mode, max_cached_states):
-    """Shared prefixes of random lengths, arrivals, aborts, preemption (39 blocks): validate()
-    on every step, every request that was not aborted equals full recompute, and every pool holds
-    only the cache's entries at the end."""
+def test_random_shared_prefix_schedules_are_lossless(
+    family, requests, mode, max_cached_states, async_scheduling
+):
+    """Shared prefixes of random lengths, arrivals, aborts, preemption (39 blocks), with and
+    without asynchronous scheduling: validate() on every step, every request that was not
+    aborted equals full recompute, and every pool holds only the cache's entries at the end."""
     prefixes = [tokens(50 + k, 100) for k in range(3)]
     arrivals = shared_prefix_arrivals(requests, prefixes, seed=60)
-    engine = prefix_engine(family, mode, max_cached_states=max_cached_states)
+    engine = prefix_engine(family, mode, max_cached_states=max_cached_states,
+                           async_scheduling=async_scheduling)  # fmt: skip
     serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
     event("hit" if engine.stats.ranks[0].prefix_cache.hits else "no hit")
     event("preempted" if engine.scheduler.num_preemptions else "no preemption")

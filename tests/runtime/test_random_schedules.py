@@ -118,18 +118,19 @@ def drawn_workload(family: str, requests: list[dict], extra_budget: int, max_num
     extra_budget=st.integers(0, 16),
     max_num_seqs=st.integers(1, 4),
     eos_at=st.integers(0, 7),
+    async_scheduling=st.booleans(),
 )
 def test_random_schedule_is_valid_batch_invariant_and_stops(
-    family, requests, extra_budget, max_num_seqs, eos_at
+    family, requests, extra_budget, max_num_seqs, eos_at, async_scheduling
 ):
     """Arrivals, aborts, small pools (preemption), varied budgets, EOS and stop tokens,
-    min_tokens: every request == the request served alone, which obeys the stopping rules."""
+    min_tokens, with and without asynchronous scheduling: every request == the request served
+    alone (synchronously), which obeys the stopping rules."""
     budget, prompts, free, eos, params = drawn_workload(
         family, requests, extra_budget, max_num_seqs, eos_at
     )
-    engine = make_engine(
-        family, eos_token_ids=eos, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs
-    )
+    engine = make_engine(family, eos_token_ids=eos, max_num_batched_tokens=budget,
+                         max_num_seqs=max_num_seqs, async_scheduling=async_scheduling)  # fmt: skip
     outputs, aborted, step = {}, set(), 0
     while step <= 6 or engine.has_unfinished:
         for i, r in enumerate(requests):
@@ -142,6 +143,7 @@ def test_random_schedule_is_valid_batch_invariant_and_stops(
         assert step < 400
     assert engine.scheduler.block_pool.num_used == 0 and engine.scheduler.slot_pool.num_used == 0
     event("preempted" if engine.scheduler.num_preemptions else "no preemption")
+    event(f"async_scheduling={async_scheduling}")
     for i, r in enumerate(requests):
         if str(i) in aborted:
             continue

@@ -1,0 +1,143 @@
+"""Asynchronous scheduling: step N + 1 is dispatched before step N's tokens reach the host, and
+the outputs are those of the synchronous engine, token for token, for everything the tokens
+carry: seeded sampling (top-k, top-p), min_tokens masks, logprobs, stop strings, streaming.
+
+The hypothesis schedules of test_random_schedules.py, test_prefix_caching.py and
+test_data_parallel.py draw `async_scheduling` too (preemption, aborts, prefix hits, idle ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from jmamba.tokenizer import byte_tokenizer
+from runtime.config import EngineConfig
+from runtime.engine import Engine
+from runtime.sampling_params import SamplingParams
+from tests.runtime.conftest import base_config, make_engine, model_and_runner, naive_greedy
+
+PARAMS = (
+    SamplingParams(max_tokens=7),
+    SamplingParams(max_tokens=6, temperature=0.8, seed=11, logprobs=2),
+    SamplingParams(max_tokens=5, temperature=1.2, top_k=5, top_p=0.9, seed=3, min_tokens=3),
+    SamplingParams(max_tokens=8, temperature=0.7, stop=["e"], logprobs=0),
+    SamplingParams(max_tokens=1),
+)
+
+
+def text_engine(family: str, async_scheduling: bool) -> Engine:
+    model, runner = model_and_runner(family)
+    config = dataclasses.replace(base_config(family), async_scheduling=async_scheduling)
+    return Engine(model, config, runner=runner, tokenizer=byte_tokenizer())
+
+
+def serve(engine: Engine, prompts: list[list[int]]) -> dict:
+    """Every prompt with its PARAMS entry (by index), streamed: {id: (output, streamed tokens,
+    streamed text)}."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, PARAMS[i % len(PARAMS)], request_id=i)
+    streamed: dict[str, tuple[list[int], str]] = {str(i): ([], "") for i in range(len(prompts))}
+    outputs = {}
+    for delta in engine.stream():
+        ids, text = streamed[delta.request_id]
+        streamed[delta.request_id] = (ids + delta.token_ids, text + (delta.text or ""))
+        if delta.finished:
+            outputs[delta.request_id] = delta.output
+    return {rid: (outputs[rid], *streamed[rid]) for rid in outputs}
+
+
+def test_async_outputs_equal_the_synchronous_engine(family):
+    """Greedy, seeded sampling, min_tokens, logprobs, a stop string, max_tokens=1; prompts long
+    enough to preempt in the small pools: identical outputs, streams and finish reasons."""
+    rng = np.random.default_rng(21)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (5, 30, 12, 40, 3, 17, 26)]
+    sync = serve(text_engine(family, False), prompts)
+    asynchronous = serve(text_engine(family, True), prompts)
+    assert asynchronous.keys() == sync.keys() == {str(i) for i in range(len(prompts))}
+    for rid, (output, tokens, text) in asynchronous.items():
+        expected = sync[rid][0]
+        assert output.token_ids == expected.token_ids == tokens, rid
+        assert (output.finish_reason, output.text, text) == (
+            expected.finish_reason, expected.text, expected.text), rid  # fmt: skip
+        assert_logprobs_close(output.logprobs, expected.logprobs)
+    assert sync["0"][0].token_ids == naive_greedy(family, prompts[0], 7)
+
+
+def assert_logprobs_close(got, expected) -> None:
+    """Same tokens, log-probabilities within 1e-5: a row's logits may come from another bucket
+    (batch invariance promises equal tokens, and logits equal to float rounding)."""
+    if expected is None:
+        assert got is None
+        return
+    assert [list(d) for d in got] == [list(d) for d in expected]
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(list(g.values()), list(e.values()), atol=1e-5)
+
+
+class _CallLog:
+    """Wraps a runner's dispatch and fetch, logging ('dispatch', step) and ('fetch', step)."""
+
+    def __init__(self, runner) -> None:
+        self.events: list[tuple[str, int]] = []
+        self._dispatch, self._fetch, self._ids = runner.dispatch, runner.fetch, {}
+
+    def dispatch(self, bucket, batches):
+        handle = self._dispatch(bucket, batches)
+        self._ids[id(handle)] = len(self._ids)
+        self.events.append(("dispatch", self._ids[id(handle)]))
+        return handle
+
+    def fetch(self, handle):
+        self.events.append(("fetch", self._ids[id(handle)]))
+        return self._fetch(handle)
+
+
+def test_each_step_is_fetched_after_the_next_one_is_dispatched(monkeypatch):
+    """The host learns step N's tokens only after step N + 1 is on the device (except the last
+    step, fetched when nothing is left to schedule); the synchronous engine fetches each step
+    before dispatching the next."""
+    family = "nemotron_h"
+    prompt = np.random.default_rng(2).integers(0, 256, 9).tolist()
+    logs = {}
+    for async_scheduling in (False, True):
+        engine = make_engine(family, async_scheduling=async_scheduling)
+        log = logs[async_scheduling] = _CallLog(engine.runner)
+        monkeypatch.setattr(engine.runner, "dispatch", log.dispatch)
+        monkeypatch.setattr(engine.runner, "fetch", log.fetch)
+        engine.add_request(prompt, SamplingParams(max_tokens=4))
+        while engine.has_unfinished:
+            engine.step()
+        monkeypatch.undo()
+    n = 4  # one prefill step, three decode steps
+    assert logs[False].events == [(kind, i) for i in range(n) for kind in ("dispatch", "fetch")]
+    overlapped = [("dispatch", 0)] + [e for i in range(1, n) for e in (("dispatch", i),
+                                                                        ("fetch", i - 1))]
+    assert logs[True].events == overlapped + [("fetch", n - 1)]  # fmt: skip
+
+
+def test_a_stop_learned_one_step_late_frees_everything():
+    """A request stopped by its EOS token is still scheduled once more (the host has not seen
+    the token yet): that row is dropped, the output ends at the EOS, and every block and slot
+    returns to the pools."""
+    family = "mamba2"
+    prompt = [5, 6, 7, 8]
+    free = naive_greedy(family, prompt, 6, stop_ids=())
+    engine = make_engine(family, eos_token_ids=(free[2],), async_scheduling=True)
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=6))
+    outputs = {}
+    while engine.has_unfinished:
+        outputs |= {o.request_id: o for o in engine.step()}
+    assert outputs[rid].token_ids == free[: free.index(free[2]) + 1]
+    assert outputs[rid].finish_reason == "stop"
+    scheduler = engine.scheduler
+    assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
+
+
+def test_async_scheduling_refuses_speculative_decoding():
+    with pytest.raises(ValueError, match="async_scheduling=True does not combine"):
+        EngineConfig(async_scheduling=True, speculative={"num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="async_scheduling=1 must be True or False"):
+        EngineConfig(async_scheduling=1)

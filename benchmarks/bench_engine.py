@@ -44,6 +44,7 @@ from jmamba.weights import cast
 from runtime.builder import StepBatch
 from runtime.config import EngineConfig
 from runtime.engine import Engine
+from runtime.model_runner import ModelRunner
 from runtime.sampling_params import SamplingParams
 
 PROMPT_LEN = 16
@@ -156,18 +157,21 @@ def step_bytes(model: HybridLM, engine: Engine, batch: int, context: int) -> dic
 
 
 def make_engine(
-    model: HybridLM, batch: int, steps: int, max_model_len: int = 256, budget: int | None = None
-) -> Engine:
+    model: HybridLM, batch: int, steps: int, max_model_len: int = 256, budget: int | None = None,
+    async_scheduling: bool = False, runner: ModelRunner | None = None,
+) -> Engine:  # fmt: skip
     """A warmed-up engine holding `batch` requests of PROMPT_LEN random tokens (not yet stepped),
-    prefilled `budget` tokens a step (default: all prompts in one step)."""
+    prefilled `budget` tokens a step (default: all prompts in one step); `runner`: another such
+    engine's runner (its compiled steps)."""
     least = model.config.chunk_size + batch - 1
     budget = max(budget or batch * PROMPT_LEN, least)
     config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget,
                           max_model_len=max_model_len, block_size=16,
                           decode_row_buckets=(max(batch, 2),),  # the default's smallest is 2
                           prefill_token_buckets=(budget,),
-                          prefill_row_buckets=(batch,))  # fmt: skip
-    engine = Engine(model, config)
+                          prefill_row_buckets=(batch,),
+                          async_scheduling=async_scheduling)  # fmt: skip
+    engine = Engine(model, config, runner=runner)
     engine.warmup()
     rng = np.random.default_rng(0)
     for _ in range(batch):
@@ -176,23 +180,35 @@ def make_engine(
     return engine
 
 
-def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> dict:
-    engine = make_engine(model, batch, steps)
-    for _ in range(4):  # the prefill step, then warm decode steps
+def time_steps(engine: Engine, steps: int) -> tuple[float, float, float]:
+    """(wall, host, device) seconds per `Engine.step()` over `steps` decode steps, after the
+    prefill step and three warm decode steps."""
+    for _ in range(4):
         engine.step()
     host0, device0 = engine.stats.host_seconds, engine.stats.device_seconds
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
     step_s = (time.perf_counter() - start) / steps
-    host_s = (engine.stats.host_seconds - host0) / steps
-    device_s = (engine.stats.device_seconds - device0) / steps
+    return (step_s, (engine.stats.host_seconds - host0) / steps,
+            (engine.stats.device_seconds - device0) / steps)  # fmt: skip
+
+
+def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> dict:
+    """The synchronous engine's step (host, device, roofline), then the asynchronous engine's
+    step time on the same compiled steps (`async_step_ms`; its device time is only the wait for
+    the previous step's tokens, so its host/device split is not comparable)."""
+    engine = make_engine(model, batch, steps)
+    step_s, host_s, device_s = time_steps(engine, steps)
     moved = step_bytes(model, engine, batch, PROMPT_LEN + 4 + steps // 2)
     roofline_s = sum(moved.values()) / bandwidth
     compile_s = engine.runner.compile_seconds
+    overlapped = make_engine(model, batch, steps, async_scheduling=True, runner=engine.runner)
+    async_step_s, _, _ = time_steps(overlapped, steps)
     return dict(batch=batch, step_ms=1e3 * step_s, tokens_per_s=batch / step_s,
                 host_ms=1e3 * host_s, device_ms=1e3 * device_s, host_pct=100 * host_s / step_s,
                 roofline_ms=1e3 * roofline_s, x_roofline=device_s / roofline_s,
+                async_step_ms=1e3 * async_step_s, async_tokens_per_s=batch / async_step_s,
                 bytes=moved, variants=engine.num_variants,
                 compile_s={str(b): round(t, 1) for b, t in compile_s.items()})  # fmt: skip
 
@@ -238,15 +254,14 @@ def bench_context(model: HybridLM, batch: int, context: int, steps: int, bandwid
         engine.step()
     runner, bucket = engine.runner, engine.last_bucket
     moved = at_context(engine.last_batch, context, engine.config.block_size)
-    key = (bucket, moved.mode)
-    compiled, packed = runner._compiled[key], runner._packed(key, [moved])
+    packed = runner.device_inputs(bucket, [moved])
     for _ in range(3):
-        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, packed)
-    np.asarray(tokens)
+        step = runner.dispatch(bucket, [moved], packed)
+    np.asarray(step.tokens)
     start = time.perf_counter()
     for _ in range(steps):
-        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, packed)
-    np.asarray(tokens)
+        step = runner.dispatch(bucket, [moved], packed)
+    np.asarray(step.tokens)
     device_s = (time.perf_counter() - start) / steps
     moved_bytes = step_bytes(model, engine, batch, context)
     roofline_s = sum(moved_bytes.values()) / bandwidth
@@ -288,11 +303,12 @@ def main() -> None:
 
 
 def print_tables(rows: list[dict], long_rows: list[dict]) -> None:
-    print("batch  step_ms  tok/s     host_ms device_ms host%  roofline_ms  dev/roofline")
+    print("batch  step_ms  tok/s     host_ms device_ms host%  roofline_ms  dev/roofline  "
+          "async_step_ms")  # fmt: skip
     for r in rows:
         print(f"{r['batch']:5d} {r['step_ms']:8.3f} {r['tokens_per_s']:9.0f} {r['host_ms']:8.3f} "
               f"{r['device_ms']:8.3f} {r['host_pct']:6.1f} {r['roofline_ms']:10.3f} "
-              f"{r['x_roofline']:8.2f}")  # fmt: skip
+              f"{r['x_roofline']:8.2f} {r['async_step_ms']:13.3f}")  # fmt: skip
     if long_rows:
         print("batch  context  device_ms  roofline_ms  dev/roofline")
         for r in long_rows:

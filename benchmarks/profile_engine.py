@@ -156,13 +156,13 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         runner, batch_in = engine.runner, engine.last_batch
         bucket = engine.buckets.bucket_for(engine.last_schedule)
         compiled = runner._compiled[(bucket, batch_in.mode)]
-        row.update(time_runner(runner, compiled, bucket, batch_in, steps, np, jax))
+        row.update(time_runner(runner, bucket, batch_in, steps, np, jax))
         trace_dir = tempfile.mkdtemp()
         dev = device_inputs(runner, bucket, batch_in, jax)
         with jax.profiler.trace(trace_dir):
             for _ in range(10):
-                tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
-            np.asarray(tokens)
+                step = runner.dispatch(bucket, [batch_in], dev)
+            np.asarray(step.tokens)
         text = compiled.as_text()
         try:
             row["profile"] = summarize_profile(profile_events(trace_dir), 10,
@@ -181,10 +181,10 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
 
 def device_inputs(runner, bucket, batch_in, jax):
     """The step's packed inputs, already on the device."""
-    return runner._packed((bucket, batch_in.mode), [batch_in])
+    return runner.device_inputs(bucket, [batch_in])
 
 
-def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:
+def time_runner(runner, bucket, batch_in, steps, np, jax) -> dict:
     """ms per call: numpy inputs + fetch; device inputs + fetch; pipelined; dispatch only."""
     res = {}
     t0 = time.perf_counter()
@@ -194,20 +194,19 @@ def time_runner(runner, compiled, bucket, batch_in, steps, np, jax) -> dict:
     dev = device_inputs(runner, bucket, batch_in, jax)
     t0 = time.perf_counter()
     for _ in range(steps):
-        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
-        np.asarray(tokens)
+        np.asarray(runner.dispatch(bucket, [batch_in], dev).tokens)
     res["runner_device_in_ms"] = 1e3 * (time.perf_counter() - t0) / steps
     t0 = time.perf_counter()
     for _ in range(steps):
-        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
-    np.asarray(tokens)
+        step = runner.dispatch(bucket, [batch_in], dev)
+    np.asarray(step.tokens)
     res["pipelined_ms"] = 1e3 * (time.perf_counter() - t0) / steps
     dispatch = 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
-        tokens, _, _, runner.caches = compiled(runner._param_leaves, runner.caches, dev)
+        step = runner.dispatch(bucket, [batch_in], dev)
         dispatch += time.perf_counter() - t0
-        np.asarray(tokens)
+        np.asarray(step.tokens)
     res["dispatch_ms"] = 1e3 * dispatch / steps
     t0 = time.perf_counter()
     for _ in range(steps):

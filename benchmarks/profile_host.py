@@ -3,9 +3,10 @@
 The engine of `bench_engine.py` (B requests of 16-token prompts, warmed up, one prefill step, then
 pure decode) runs with its compiled step replaced by a stub that returns constant tokens, so
 only the host's work runs: schedule, agree (bucket and sampling mode), snapshot (the step
-record's copy of the schedule), build, postprocess, record. Times are CPU seconds of this thread
-(`time.thread_time`), which other processes on a loaded machine do not inflate the way they
-inflate wall time; each part is the sum of its calls, "other" the rest of `Engine.step`.
+record's copy of the schedule), build, postprocess (the scheduler's advance and retire),
+record. Times are CPU seconds of this thread (`time.thread_time`), which other processes on a
+loaded machine do not inflate the way they inflate wall time; each part is the sum of its
+calls, "other" the rest of `Engine.step`.
 
     python benchmarks/profile_host.py --batches 1,16,64,256 --steps 1000
 """
@@ -28,11 +29,20 @@ from runtime.engine import Engine
 WARM_STEPS = 8  # the prefill step, then decode steps before timing
 
 
-def _constant_tokens(bucket, batches) -> list[np.ndarray]:
-    """Stands for `ModelRunner.run`: token 7 for every logits row, nothing accepted."""
-    tokens = np.zeros((2, bucket.num_logits), np.int32)
-    tokens[0] = 7
-    return [tokens for _ in batches]
+class _StubRunner:
+    """Stands for `ModelRunner.dispatch` / `fetch`: token 7 for every logits row, nothing
+    accepted."""
+
+    @staticmethod
+    def dispatch(bucket, batches):
+        return bucket, len(batches)
+
+    @staticmethod
+    def fetch(dispatched) -> list[np.ndarray]:
+        bucket, num_batches = dispatched
+        tokens = np.zeros((2, bucket.num_logits), np.int32)
+        tokens[0] = 7
+        return [tokens] * num_batches
 
 
 def _timed(seconds: collections.Counter, name: str, fn: Callable) -> Callable:
@@ -49,11 +59,12 @@ def _instrument(engine: Engine, seconds: collections.Counter) -> None:
     """Wrap the parts of `engine.step` (instance attributes shadow the methods)."""
     scheduler = engine.scheduler
     scheduler.schedule = _timed(seconds, "schedule", scheduler.schedule)
-    scheduler.postprocess = _timed(seconds, "postprocess", scheduler.postprocess)
+    scheduler.advance = _timed(seconds, "postprocess", scheduler.advance)
+    scheduler.retire = _timed(seconds, "postprocess", scheduler.retire)
     engine._agree = _timed(seconds, "agree", engine._agree)
     engine._build = _timed(seconds, "build", engine._build)
     engine._record = _timed(seconds, "record", engine._record)
-    engine.runner.run = _constant_tokens
+    engine.runner.dispatch, engine.runner.fetch = _StubRunner.dispatch, _StubRunner.fetch
 
 
 def profile_batch(model, batch: int, steps: int) -> dict:

@@ -43,6 +43,20 @@ class StepBatch:
     sample_rows: np.ndarray
     token_sources: np.ndarray
 
+    def validate_token_sources(self, num_carried: int) -> None:
+        """ValueError unless every non-NULL source is a live decode lane's, within the
+        `num_carried` tokens a step hands to the next, with token id 0 (NULL) in `inputs`."""
+        sources, decode = self.token_sources, self.inputs.decode
+        live = np.zeros(sources.size, bool)
+        lanes = np.arange(decode.width)[None, :] < np.asarray(decode.query_lens)[:, None]
+        live[: lanes.size] = lanes.reshape(-1)
+        wrong = ~live | (sources > num_carried) | (np.asarray(self.inputs.token_ids) != 0)
+        bad = np.nonzero((sources != 0) & wrong)[0]
+        if bad.size:
+            raise ValueError(f"token lanes {bad.tolist()} take sources {sources[bad].tolist()}: a "
+                             f"source must be a live decode lane's, in 1..{num_carried}, with "
+                             "token id 0")  # fmt: skip
+
 
 def boundary_columns(bucket: Bucket, state_block_size: int) -> int:
     """NB, the boundary-slot columns of a prefill row: the most state block boundaries a row of at

@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="ranks of the data-parallel mesh (one device each)",
     )
+    gen.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="schedule each step while the previous one runs on the device (same tokens)",
+    )
     cache = gen.add_argument_group("prefix caching (per rank)")
     cache.add_argument(
         "--prefix-caching",
@@ -165,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                   data_parallel_size=args.data_parallel_size,
                   prefix_caching=args.prefix_caching, state_block_size=args.state_block_size,
                   max_cached_states=args.max_cached_states,
+                  async_scheduling=args.async_scheduling,
                   speculative=_speculative(args))  # fmt: skip
         if not prompts:
             prompts = [DEFAULT_TEXT_PROMPT] if llm.tokenizer is not None else [[1, 2, 3, 4]]

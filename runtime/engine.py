@@ -28,7 +28,7 @@ from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.introspection import EngineIntrospection
-from runtime.model_runner import DispatchedStep, ModelRunner
+from runtime.model_runner import DispatchedStep, ModelRunner, carried_tokens
 from runtime.ngram import NgramDrafter
 from runtime.outputs import OutputProcessor, Sampled, sampled_items
 from runtime.request import FinishReason, Request, RequestOutput, StreamDelta
@@ -316,6 +316,7 @@ class Engine(EngineIntrospection):
                 published_slots=None if cache is None else cache.published_slots,
                 published_blocks=None if cache is None else cache.published_blocks,
             )
+            batch.validate_token_sources(carried_tokens(self.config))
         return batch
 
     def _postprocess(

@@ -169,19 +169,36 @@ class ModelRunner:
         and 1 where it accepted the draft of the next lane (`sampler.accept_drafts`)."""
         return self.fetch(self.dispatch(bucket, batches))
 
-    def dispatch(self, bucket: Bucket, batches: list[StepBatch]) -> DispatchedStep:
+    def dispatch(
+        self, bucket: Bucket, batches: list[StepBatch], inputs: jax.Array | None = None
+    ) -> DispatchedStep:
         """Hand one step to the device (compiling its variant first if needed) without waiting
-        for it; its tokens feed the next dispatched step's `token_sources`."""
-        if len(batches) != len(self.local_ranks):
-            raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
-        key = (bucket, batches[0].mode)
-        if any(b.mode != key[1] for b in batches):
-            raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
+        for it; its tokens feed the next dispatched step's `token_sources`. `inputs`: the batches
+        already on the device (`device_inputs`), for benchmarks that replay one step."""
+        key = self._variant(bucket, batches)
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
+        if inputs is None:
+            inputs = self._packed(key, batches)
         tokens, token_logprobs, logits, self.caches, self._previous = compiled(
-            self._param_leaves, self.caches, self._packed(key, batches), self._previous
+            self._param_leaves, self.caches, inputs, self._previous
         )
         return DispatchedStep(batches, tokens, token_logprobs, logits)
+
+    def device_inputs(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:
+        """The batches packed into the one device array `dispatch` sends (compiling the variant
+        first if needed)."""
+        key = self._variant(bucket, batches)
+        if key not in self._compiled:
+            self._compile(key, batches[0])
+        return self._packed(key, batches)
+
+    def _variant(self, bucket: Bucket, batches: list[StepBatch]) -> VariantKey:
+        if len(batches) != len(self.local_ranks):
+            raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
+        mode = batches[0].mode
+        if any(b.mode != mode for b in batches):
+            raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
+        return bucket, mode
 
     def fetch(self, step: DispatchedStep) -> list[np.ndarray]:
         """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from jmamba.tokenizer import byte_tokenizer
+from runtime.buckets import Bucket
+from runtime.builder import build_dummy
 from runtime.config import EngineConfig
 from runtime.engine import Engine
 from runtime.sampling_params import SamplingParams
@@ -113,9 +115,10 @@ def test_each_step_is_fetched_after_the_next_one_is_dispatched(monkeypatch):
         monkeypatch.undo()
     n = 4  # one prefill step, three decode steps
     assert logs[False].events == [(kind, i) for i in range(n) for kind in ("dispatch", "fetch")]
-    overlapped = [("dispatch", 0)] + [e for i in range(1, n) for e in (("dispatch", i),
-                                                                        ("fetch", i - 1))]
-    assert logs[True].events == overlapped + [("fetch", n - 1)]  # fmt: skip
+    overlapped = [("dispatch", 0)] + [
+        e for i in range(1, n) for e in (("dispatch", i), ("fetch", i - 1))
+    ]
+    assert logs[True].events == overlapped + [("fetch", n - 1)]
 
 
 def test_a_stop_learned_one_step_late_frees_everything():
@@ -141,3 +144,25 @@ def test_async_scheduling_refuses_speculative_decoding():
         EngineConfig(async_scheduling=True, speculative={"num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="async_scheduling=1 must be True or False"):
         EngineConfig(async_scheduling=1)
+
+
+def decode_batch_with_one_live_row():
+    """A 2-row decode bucket whose row 0 is live (one lane); row 1 is padding."""
+    bucket = Bucket(num_decode_rows=2, width=1, num_prefill_tokens=0, num_prefill_rows=0)
+    batch = build_dummy(bucket, max_blocks=4)
+    batch.inputs.decode.query_lens[0] = 1
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("lane", "source", "token"),
+    [(1, 3, 0), (0, 9, 0), (0, 1, 5)],
+    ids=["padding row", "past the carried tokens", "token id not NULL"],
+)
+def test_validation_refuses_a_token_source_that_is_not_a_live_decode_lanes(lane, source, token):
+    batch = decode_batch_with_one_live_row()
+    batch.token_sources[0] = 3
+    batch.validate_token_sources(num_carried=8)  # the live lane takes row 2's token: valid
+    batch.token_sources[lane], batch.inputs.token_ids[lane] = source, token
+    with pytest.raises(ValueError, match="must be a live decode lane's, in 1..8"):
+        batch.validate_token_sources(num_carried=8)

@@ -41,13 +41,14 @@ def test_generate_text_prompts_from_checkpoint_dir(tmp_path, capsys):
 
 
 def test_generate_with_a_real_chunk_size_uses_a_derived_budget(tmp_path, capsys):
-    """Mamba2 checkpoints use chunk_size 256: the default budget (derived: 512) lets it start."""
+    """Mamba2 checkpoints use chunk_size 256: the default budget (derived: 512) lets it start
+    (with asynchronous scheduling on)."""
     for name in ("config.json", "model.safetensors"):
         shutil.copy(FIXTURE / name, tmp_path / name)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"chunk_size": 256}))
     code = main(["generate", "--model", str(tmp_path), "--prompt-ids", "1,2,3", "--max-tokens",
-                 "2", "--ignore-eos"])  # fmt: skip
+                 "2", "--ignore-eos", "--async-scheduling"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     assert "[0] output: [" in out and "finish reason: length" in out and "no tokenizer" in out

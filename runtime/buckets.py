@@ -103,6 +103,15 @@ class BucketPolicy:
         """The decode-only variants, compiled by warm-up."""
         return [Bucket(rows, w, 0, 0) for rows in self.decode_rows for w in self.widths]
 
+    def all_buckets(self) -> list[Bucket]:
+        """Every bucket `bucket_for` can return: the decode-only ones, then each prefill shape
+        with no decode row or with each decode shape."""
+        decode_shapes = [(0, 1)] + [(rows, w) for rows in self.decode_rows for w in self.widths]
+        mixed = [Bucket(rows, w, tokens, prefill_rows) for rows, w in decode_shapes
+                 for tokens in self.prefill_tokens
+                 for prefill_rows in self.prefill_rows]  # fmt: skip
+        return self.decode_buckets() + mixed
+
     @property
     def max_num_variants(self) -> int:
         """How many buckets `bucket_for` can return: (decode rows or none) x (prefill or none)."""

@@ -262,9 +262,15 @@ class Engine(EngineIntrospection):
         finally:
             self._streaming = False
 
-    def warmup(self) -> None:
-        """Compile every decode-only bucket now (the rest compile on first use)."""
-        self.runner.warmup(self.buckets.decode_buckets())
+    def warmup(self, *, prefill: bool = False, progress: bool = False) -> None:
+        """Compile every decode-only step variant now, with `prefill` every variant the config
+        can use (the rest compile on first use); `progress` shows a bar. The seconds spent are
+        in `runner.compile_seconds`, apart from the steps' run time."""
+        if self._in_flight is not None:  # its tokens would be overwritten on the device
+            raise RuntimeError("warmup() while a dispatched step is not retired: call it before "
+                               "the first step, or step until has_unfinished is False")  # fmt: skip
+        buckets = self.buckets.all_buckets() if prefill else self.buckets.decode_buckets()
+        self.runner.warmup(buckets, progress=progress)
         if self.drafter is not None:
             self.drafter.warmup()
         self._freeze_gc()

@@ -98,15 +98,19 @@ class LLM:
         model: str = DEFAULT_MODEL,
         *,
         dtype: str = "auto",
-        warmup: bool = False,
+        warmup: bool | str = False,
         **engine_options,
     ):
         """`model` is a preset name ("tiny-stdlib", see `preset_names()`) or a HF checkpoint
         directory; `dtype` is "auto" (the checkpoint's), "float32" or "bfloat16"; `warmup`
-        compiles every decode-only step variant now instead of on first use; `engine_options`
+        compiles step variants now instead of on first use, with a progress bar: True the
+        decode-only ones, "all" every one the config can use; `engine_options`
         are `EngineConfig` fields (max_num_seqs, max_model_len, prefix_caching,
         state_block_size, max_cached_states, ...). JAX's persistent
         compilation cache is turned on (`runtime.compile_cache`; JMAMBA_COMPILE_CACHE=off)."""
+        if warmup not in (False, True, "all"):
+            raise ValueError(f"warmup={warmup!r} must be False, True (decode variants) or "
+                             "'all' (every variant)")  # fmt: skip
         fields = set(EngineConfig.__dataclass_fields__)
         unknown = sorted(set(engine_options) - fields)
         if unknown:
@@ -119,7 +123,7 @@ class LLM:
         self.load_seconds = time.perf_counter() - start
         self.engine = Engine(self.model, config, tokenizer=self.tokenizer)
         if warmup:
-            self.engine.warmup()
+            self.engine.warmup(prefill=warmup == "all", progress=True)
 
     @property
     def stats(self) -> StepStats:

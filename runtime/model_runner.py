@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
 
 from jmamba.inputs import StepInputs
 from runtime.buckets import Bucket
@@ -216,16 +217,18 @@ class ModelRunner:
         return [TokenLogprobs(*(a[i][batch.sample_rows] for a in rows))
                 for i, batch in enumerate(batches)]  # fmt: skip
 
-    def warmup(self, buckets: list[Bucket]) -> None:
+    def warmup(self, buckets: list[Bucket], *, progress: bool = False) -> None:
         """Compile `buckets` (greedy sampling), running each once on all-padding steps (which
-        change no live slot)."""
-        for bucket in buckets:
-            dummy = build_dummy(
-                bucket,
-                max_blocks=self.config.max_blocks_per_seq,
-                state_block_size=self.config.boundary_block_size,
-            )
-            self.run(bucket, [dummy] * len(self.local_ranks))
+        change no live slot); `progress` shows a bar with the compile seconds so far."""
+        with tqdm(buckets, desc="compile", unit="variant", disable=not progress) as bar:
+            for bucket in bar:
+                dummy = build_dummy(
+                    bucket,
+                    max_blocks=self.config.max_blocks_per_seq,
+                    state_block_size=self.config.boundary_block_size,
+                )
+                self.run(bucket, [dummy] * len(self.local_ranks))
+                bar.set_postfix_str(f"{sum(self.compile_seconds.values()):.1f} s compiling")
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
         layout = self._layouts[key]

@@ -166,3 +166,15 @@ def test_validation_refuses_a_token_source_that_is_not_a_live_decode_lanes(lane,
     batch.token_sources[lane], batch.inputs.token_ids[lane] = source, token
     with pytest.raises(ValueError, match="must be a live decode lane's, in 1..8"):
         batch.validate_token_sources(num_carried=8)
+
+
+def test_warmup_is_refused_while_a_step_is_in_flight():
+    """Warm-up runs dummy steps, whose tokens would replace the in-flight step's on the device."""
+    engine = make_engine("mamba2", async_scheduling=True)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3))
+    engine.step()
+    with pytest.raises(RuntimeError, match="dispatched step is not retired"):
+        engine.warmup()
+    while engine.has_unfinished:
+        engine.step()
+    engine.warmup()

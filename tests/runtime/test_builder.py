@@ -111,6 +111,9 @@ def test_bucket_policy_counts_and_decode_only():
     policy = BucketPolicy(scheduler.config)
     assert [b.num_decode_rows for b in policy.decode_buckets()] == [2, 4]  # no 1-row matmuls
     assert policy.max_num_variants == 3 * (2 * 3 + 1) - 1
+    buckets = policy.all_buckets()  # what warmup(prefill=True) compiles
+    assert len(set(buckets)) == len(buckets) == policy.max_num_variants
+    assert all(b.is_decode_only == (b.num_prefill_tokens == 0) for b in buckets)
 
 
 def test_sampling_rows_masks_and_mode():

@@ -137,3 +137,8 @@ def test_llm_refuses_a_state_block_shorter_than_a_chunk():
                r"block_size=8 \(it is shorter than one chunk\): one of 16, 32, 48")  # fmt: skip
     with pytest.raises(ValueError, match=message):
         LLM("tiny-mamba2", warmup=False, block_size=8, state_block_size=8)
+
+
+def test_llm_names_a_bad_warmup_value():
+    with pytest.raises(ValueError, match="warmup='yes' must be False, True"):
+        LLM("tiny-mamba2", warmup="yes")

@@ -16,6 +16,7 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._common import (
     check_shape,
     live_slot,
+    loads_before_stores,
     pow2,
     safe_slot,
     sds_like,
@@ -251,6 +252,7 @@ def _update_kernel(
     width,
     block_d,
     activation,
+    on_gpu,
 ):
     """One (row, channel block): the window is W - 1 register vectors shifted lane by lane."""
     del state_in_ref  # aliased to state_ref
@@ -266,6 +268,7 @@ def _update_kernel(
         ).astype(jnp.float32)
         for k in range(width - 1)
     ]
+    loads_before_stores(on_gpu)  # lane 0 may write the slot it read (in place)
     taps, bias = _load_taps(w_ref, bias_ref, d_sl, d_mask, width)
     for t in range(lanes):
         tt = jnp.int32(t)
@@ -317,6 +320,7 @@ def causal_conv1d_update(
             width=width,
             block_d=block_d,
             activation=activation,
+            on_gpu=not interpret,
         ),
         out_shape=(sds_like(x), sds_like(conv_state)),
         grid=(batch, pl.cdiv(channels, block_d)),

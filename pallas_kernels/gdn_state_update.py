@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import live_slot, pow2, safe_slot, sds_like
+from pallas_kernels._common import live_slot, loads_before_stores, pow2, safe_slot, sds_like
 from pallas_kernels.gdn_reference import L2_EPS, gdn_state_update_reference
 
 __all__ = ["gdn_state_update", "gdn_state_update_reference"]
@@ -47,6 +47,7 @@ def _kernel(
     BV,
     scale,
     l2,
+    on_gpu,
 ):
     b, hv, vt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hk = hv // rep
@@ -61,6 +62,7 @@ def _kernel(
         mask=smask & live_slot(rs, num_slots),
         other=0.0,
     ).astype(jnp.float32)
+    loads_before_stores(on_gpu)  # lane 0 may write the slot it read (in place)
     neg_a = -jnp.exp(alog_ref[hv].astype(jnp.float32))
     dtb = dtb_ref[hv].astype(jnp.float32)
     for t in range(L):  # L is small and static: unrolled
@@ -140,6 +142,7 @@ def gdn_state_update(
         BV=BV,
         scale=float(K**-0.5 if scale is None else scale),
         l2=use_qk_l2norm,
+        on_gpu=not interpret,
     )
     o, state = pl.pallas_call(
         kern,

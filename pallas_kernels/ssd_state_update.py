@@ -18,6 +18,7 @@ from pallas_kernels._common import (
     dt_activation,
     gather_slots,
     live_slot,
+    loads_before_stores,
     pow2,
     process_dt,
     safe_slot,
@@ -118,6 +119,7 @@ def _ssu_kernel(
     dt_softplus,
     dt_limit,
     has_z,
+    on_gpu,
 ):
     """One (row, head, P-block): the state block stays in registers across the row's lanes."""
     del state_in_ref  # aliased to state_ref
@@ -133,6 +135,7 @@ def _ssu_kernel(
         mask=pn_mask & live_slot(read, num_slots),
         other=0.0,
     ).astype(jnp.float32)
+    loads_before_stores(on_gpu)  # lane 0 may write the slot it read (in place)
     a, d_skip, bias = a_ref[h].astype(jnp.float32), d_ref[h], bias_ref[h]
     for t in range(lanes):
         t = jnp.int32(t)  # a traced index (interpret mode rejects Python ints in .at[])
@@ -203,6 +206,7 @@ def ssd_state_update(
         dt_softplus=dt_softplus,
         dt_limit=tuple(dt_limit),
         has_z=z is not None,
+        on_gpu=not interpret,
     )
     return pl.pallas_call(
         kernel,

@@ -34,7 +34,7 @@ class _StubRunner:
     accepted."""
 
     @staticmethod
-    def dispatch(bucket, batches):
+    def dispatch(bucket, batches, **options):
         return bucket, len(batches)
 
     @staticmethod

@@ -220,7 +220,8 @@ class Engine(EngineIntrospection):
             with_mode(self._build(scheduler, schedule, bucket), mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
-        dispatched = self._timed_device(self.runner.dispatch, bucket, batches)
+        dispatched = self._timed_device(self.runner.dispatch, bucket, batches,
+                                        carry=self.config.async_scheduling)  # fmt: skip
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         self._num_launched += 1
         return _Launched(self._num_launched - 1, bucket, mode, schedules, batches, dispatched,
@@ -358,12 +359,12 @@ class Engine(EngineIntrospection):
         return DraftModelDrafter(draft_model, self.config, self.model_config.chunk_size,
                                  len(self.ranks), runner=draft_runner)  # fmt: skip
 
-    def _timed_device(self, call: Callable[..., T], *args: Any) -> T:
-        """`call(*args)` (a runner's dispatch or fetch), its time counted as device time, less
-        what it spent compiling."""
+    def _timed_device(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`call(*args, **kwargs)` (a runner's dispatch or fetch), its time counted as device
+        time, less what it spent compiling."""
         compiled_before = sum(self.runner.compile_seconds.values())
         start = time.perf_counter()
-        result = call(*args)
+        result = call(*args, **kwargs)
         compiled = sum(self.runner.compile_seconds.values()) - compiled_before
         self._compile_seconds += compiled
         self._device_seconds += time.perf_counter() - start - compiled

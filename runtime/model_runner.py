@@ -16,9 +16,9 @@ policy decision: it runs whatever per-rank `StepBatch`es it is given, in the buc
 sampler `SamplingMode` they carry. One variant is compiled per (bucket, sampling mode).
 
 `dispatch` hands a step to the device and returns at once; `fetch` waits for its tokens (`run`
-does both). Each step also hands its sampled tokens to the next one on the device, so a step can
-be dispatched before the host has seen the previous step's tokens (asynchronous scheduling: the
-builder's `token_sources` say which token lanes take one).
+does both). A carrying step (`dispatch(carry=True)`, asynchronous scheduling) also hands its
+sampled tokens to the next carrying step on the device, so that step can be dispatched before the
+host has seen them (the builder's `token_sources` say which token lanes take one).
 
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
 (flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
@@ -48,16 +48,18 @@ from runtime.packing import Layout, layout_of, pack, unpack
 from runtime.sampler import accept_drafts, logprobs, sample
 from runtime.sampling_inputs import SamplingMode, TokenLogprobs
 
-VariantKey = tuple[Bucket, SamplingMode]
+VariantKey = tuple[Bucket, SamplingMode, bool]  # bucket, sampler mode, carries tokens
 
 
 def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
                param_leaves, caches, packed, previous):  # fmt: skip
     """One rank's step on its own shard: packed [1, words] and the previous step's tokens
     [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities (when `mode.logprobs`), logits
-    (when `keep_logits`), caches, this step's tokens [1, C] for the next step."""
-    inputs, sampling, sources = unpack(packed[0], layout)
-    inputs = _with_previous_tokens(inputs, sources, previous[0])
+    (when `keep_logits`), caches, this step's tokens [1, C] for the next step. A step that carries
+    no tokens (`previous` None: a synchronous engine's) packs no token sources."""
+    inputs, sampling, *sources = unpack(packed[0], layout)
+    if previous is not None:
+        inputs = _with_previous_tokens(inputs, sources[0], previous[0])
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
     with jax.named_scope("sampler"):
@@ -68,8 +70,10 @@ def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode:
             token_logprobs = jax.tree.map(lambda a: a[None], computed)
         accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
     tokens_and_flags = jnp.stack([tokens, accepted])[None]
-    n = min(tokens.shape[0], previous.shape[1])  # a draft model's wider buckets feed nothing
-    carried = jnp.pad(tokens[:n], (0, previous.shape[1] - n))[None]
+    carried = None
+    if previous is not None:
+        n = min(tokens.shape[0], previous.shape[1])  # a draft model's wider buckets feed nothing
+        carried = jnp.pad(tokens[:n], (0, previous.shape[1] - n))[None]
     logits_out = logits[None] if keep_logits else None
     return tokens_and_flags, token_logprobs, logits_out, caches, carried
 
@@ -92,8 +96,14 @@ def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: boo
     return jax.shard_map(
         step,
         mesh=mesh.mesh,
-        in_specs=(P(), cache_specs, by_rank, by_rank),
-        out_specs=(by_rank, logprob_specs, by_rank if keep_logits else None, cache_specs, by_rank),
+        in_specs=(P(), cache_specs, by_rank, None if previous is None else by_rank),
+        out_specs=(
+            by_rank,
+            logprob_specs,
+            by_rank if keep_logits else None,
+            cache_specs,
+            None if previous is None else by_rank,
+        ),  # fmt: skip
         check_vma=False,  # Pallas calls declare plain output shapes
     )(param_leaves, caches, packed, previous)
 
@@ -171,35 +181,41 @@ class ModelRunner:
         return self.fetch(self.dispatch(bucket, batches))
 
     def dispatch(
-        self, bucket: Bucket, batches: list[StepBatch], inputs: jax.Array | None = None
-    ) -> DispatchedStep:
+        self, bucket: Bucket, batches: list[StepBatch], inputs: jax.Array | None = None, *,
+        carry: bool = False,
+    ) -> DispatchedStep:  # fmt: skip
         """Hand one step to the device (compiling its variant first if needed) without waiting
-        for it; its tokens feed the next dispatched step's `token_sources`. `inputs`: the batches
-        already on the device (`device_inputs`), for benchmarks that replay one step."""
-        key = self._variant(bucket, batches)
+        for it. With `carry` (an asynchronous engine) the step takes the tokens of the previous
+        carrying step through its `token_sources` and hands its own to the next; without, it is
+        the plain step (a variant of its own). `inputs`: the batches already on the device
+        (`device_inputs`), for benchmarks that replay one step."""
+        key = self._variant(bucket, batches, carry)
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
         if inputs is None:
             inputs = self._packed(key, batches)
-        tokens, token_logprobs, logits, self.caches, self._previous = compiled(
-            self._param_leaves, self.caches, inputs, self._previous
+        previous = self._previous if carry else None
+        tokens, token_logprobs, logits, self.caches, carried = compiled(
+            self._param_leaves, self.caches, inputs, previous
         )
+        if carry:
+            self._previous = carried
         return DispatchedStep(batches, tokens, token_logprobs, logits)
 
     def device_inputs(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:
         """The batches packed into the one device array `dispatch` sends (compiling the variant
         first if needed)."""
-        key = self._variant(bucket, batches)
+        key = self._variant(bucket, batches, carry=False)
         if key not in self._compiled:
             self._compile(key, batches[0])
         return self._packed(key, batches)
 
-    def _variant(self, bucket: Bucket, batches: list[StepBatch]) -> VariantKey:
+    def _variant(self, bucket: Bucket, batches: list[StepBatch], carry: bool) -> VariantKey:
         if len(batches) != len(self.local_ranks):
             raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
         mode = batches[0].mode
         if any(b.mode != mode for b in batches):
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
-        return bucket, mode
+        return bucket, mode, carry
 
     def fetch(self, step: DispatchedStep) -> list[np.ndarray]:
         """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,
@@ -232,7 +248,7 @@ class ModelRunner:
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
         layout = self._layouts[key]
-        rows = np.stack([pack(_packed_tree(b), layout) for b in batches])
+        rows = np.stack([pack(_packed_tree(b, key[2]), layout) for b in batches])
         return self.mesh.global_array(rows)
 
     def _init_caches(self, model: nnx.Module) -> Any:
@@ -249,19 +265,21 @@ class ModelRunner:
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
         start = time.perf_counter()
-        self._layouts[key] = layout_of(_packed_tree(batch))
+        self._layouts[key] = layout_of(_packed_tree(batch, key[2]))
         packed = self._packed(key, [batch] * len(self.local_ranks))
         compiled = self._jitted.lower(
             self.graphdef, self._param_treedef, self.keep_logits, self._layouts[key], key[1],
-            self._param_leaves, self.caches, packed, self._previous,
+            self._param_leaves, self.caches, packed, self._previous if key[2] else None,
         ).compile()  # fmt: skip
         self.compile_seconds[key] = time.perf_counter() - start
         self._compiled[key] = compiled
         return compiled
 
 
-def _packed_tree(batch: StepBatch) -> tuple:
-    return batch.inputs, batch.sampling, batch.token_sources
+def _packed_tree(batch: StepBatch, carry: bool) -> tuple:
+    if carry:
+        return batch.inputs, batch.sampling, batch.token_sources
+    return batch.inputs, batch.sampling
 
 
 def carried_tokens(config: EngineConfig) -> int:

@@ -86,8 +86,8 @@ class _CallLog:
         self.events: list[tuple[str, int]] = []
         self._dispatch, self._fetch, self._ids = runner.dispatch, runner.fetch, {}
 
-    def dispatch(self, bucket, batches):
-        handle = self._dispatch(bucket, batches)
+    def dispatch(self, bucket, batches, **options):
+        handle = self._dispatch(bucket, batches, **options)
         self._ids[id(handle)] = len(self._ids)
         self.events.append(("dispatch", self._ids[id(handle)]))
         return handle

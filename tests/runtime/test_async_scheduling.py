@@ -84,10 +84,12 @@ class _CallLog:
 
     def __init__(self, runner) -> None:
         self.events: list[tuple[str, int]] = []
-        self._dispatch, self._fetch, self._ids = runner.dispatch, runner.fetch, {}
+        self._dispatch, self._fetch = runner.dispatch, runner.fetch
+        self._ids, self._handles = {}, []
 
     def dispatch(self, bucket, batches, **options):
         handle = self._dispatch(bucket, batches, **options)
+        self._handles.append(handle)  # alive: a freed handle's id() could be reused
         self._ids[id(handle)] = len(self._ids)
         self.events.append(("dispatch", self._ids[id(handle)]))
         return handle

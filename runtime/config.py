@@ -209,6 +209,16 @@ class EngineConfig:
                                    max_cached_states=cached, num_slots=slots,
                                    max_num_batched_tokens=budget)  # fmt: skip
 
+    def check_same_shapes(self, other: EngineConfig, whose: str) -> None:
+        """ValueError unless `other` (`whose` config) has this config's pool sizes and bucket
+        tables: the shapes of compiled steps and caches that engines may share."""
+        for name in ("num_blocks", "num_slots", "block_size", "max_model_len",
+                     "decode_row_buckets", "prefill_token_buckets", "prefill_row_buckets",
+                     "data_parallel_size", "boundary_block_size"):  # fmt: skip
+            theirs, ours = getattr(other, name), getattr(self, name)
+            if theirs != ours:
+                raise ValueError(f"{name}={ours} differs from {whose}'s {theirs}")
+
     @property
     def caches_prefixes(self) -> bool:
         """Whether prefix caching is on (a resolved config's mode is not "off")."""

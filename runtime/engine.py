@@ -28,15 +28,14 @@ from runtime.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.config import EngineConfig
 from runtime.distributed import agree_max
 from runtime.introspection import EngineIntrospection
-from runtime.model_runner import DispatchedStep, ModelRunner, carried_tokens
-from runtime.ngram import NgramDrafter
+from runtime.model_runner import DispatchedStep, ModelRunner
 from runtime.outputs import OutputProcessor, Sampled, sampled_items
-from runtime.request import FinishReason, Request, RequestOutput, StreamDelta
+from runtime.request import FinishReason, Request, RequestOutput, StreamDelta, checked_request
 from runtime.router import LeastOutstandingWork, Router
 from runtime.sampling_inputs import SamplingMode
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, Scheduler
-from runtime.speculative import Drafter, verified_tokens
+from runtime.speculative import make_drafter, verified_tokens
 from runtime.step_record import ScheduleRecord, StepRecord
 from runtime.step_stats import RankStats, StepStats
 
@@ -77,7 +76,7 @@ class Engine(EngineIntrospection):
         self.model_config = model.config
         self.config = (config or EngineConfig()).resolved(self.model_config.chunk_size)
         self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)
-        _check_same_shapes(self.runner.config, self.config)
+        self.config.check_same_shapes(self.runner.config, "the shared runner")
         self.ranks = self.runner.local_ranks
         self.schedulers = [
             Scheduler(
@@ -91,7 +90,7 @@ class Engine(EngineIntrospection):
         self.router = router or LeastOutstandingWork()
         spec = self.config.speculative
         self.buckets = BucketPolicy(self.config, width=1 if spec is None else spec.width)
-        self.drafter = self._make_drafter(model, draft_model, draft_runner)
+        self.drafter = make_drafter(self.config, model, len(self.ranks), draft_model, draft_runner)
         self.stats = StepStats(ranks=[
             RankStats(prefix_cache=s.prefix_cache.stats if s.prefix_cache else None)
             for s in self.schedulers
@@ -189,16 +188,14 @@ class Engine(EngineIntrospection):
         launched = self._launch()
         if self.config.async_scheduling:  # retire step N - 1 while N runs, then N moves rows on
             retiring, self._in_flight = self._in_flight, launched
-            outputs = [] if retiring is None else self._retire(retiring)
-            if launched is not None:
-                self._advance(launched)
-        else:
+        else:  # N moves rows on, then retires
             retiring = launched
-            if launched is not None:
-                self._advance(launched)
-                outputs = self._retire(launched)
+            self._advance(launched)
         if retiring is None and launched is None:
             return []
+        outputs = [] if retiring is None else self._retire(retiring)
+        if self.config.async_scheduling:
+            self._advance(launched)
         self._count(start, launched)
         if self.records.maxlen and retiring is not None:
             self._record(retiring, outputs)
@@ -227,9 +224,11 @@ class Engine(EngineIntrospection):
         return _Launched(self._num_launched - 1, bucket, mode, schedules, batches, dispatched,
                          snapshots)  # fmt: skip
 
-    def _advance(self, step: _Launched) -> None:
+    def _advance(self, step: _Launched | None) -> None:
         """The dispatched step's rows move on (`Scheduler.advance`): the next step can be
-        scheduled before its tokens are known."""
+        scheduled before its tokens are known. Nothing to do when no step was dispatched."""
+        if step is None:
+            return
         for scheduler, schedule, batch in zip(self.schedulers, step.schedules, step.batches,
                                               strict=True):  # fmt: skip
             scheduler.advance(schedule, batch.sample_rows)
@@ -323,7 +322,7 @@ class Engine(EngineIntrospection):
                 published_slots=None if cache is None else cache.published_slots,
                 published_blocks=None if cache is None else cache.published_blocks,
             )
-            batch.validate_token_sources(carried_tokens(self.config))
+            batch.validate_token_sources(self.runner.num_carried)
         return batch
 
     def _postprocess(
@@ -337,27 +336,6 @@ class Engine(EngineIntrospection):
                                                  result[1])  # fmt: skip
         self.stats.ranks[rank].speculation = self.stats.ranks[rank].speculation.add(stats)
         return self.schedulers[rank].retire(schedule, sampled, drafts)
-
-    def _make_drafter(
-        self, model: nnx.Module, draft_model: nnx.Module | None, draft_runner: ModelRunner | None
-    ) -> Drafter | None:
-        spec = self.config.speculative
-        if spec is None or spec.method == "ngram":
-            if draft_model is not None or draft_runner is not None:
-                raise ValueError("draft_model / draft_runner need speculative method 'draft_model'")
-            return None if spec is None else NgramDrafter(spec)
-        from runtime.draft_model import DraftModelDrafter, check_draft_model
-
-        if draft_model is None:
-            if spec.draft_model is None:
-                raise ValueError("speculative method 'draft_model' needs draft_model: a checkpoint "
-                                 "directory or preset name, or the model object")  # fmt: skip
-            from runtime.llm import load_model
-
-            draft_model, _ = load_model(spec.draft_model, seed=self.config.seed)
-        check_draft_model(draft_model, model)
-        return DraftModelDrafter(draft_model, self.config, self.model_config.chunk_size,
-                                 len(self.ranks), runner=draft_runner)  # fmt: skip
 
     def _timed_device(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`call(*args, **kwargs)` (a runner's dispatch or fetch), its time counted as device
@@ -432,25 +410,11 @@ class Engine(EngineIntrospection):
     def check_request(
         self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None = None
     ) -> tuple[list[int], SamplingParams]:
-        """(prompt as a list of ints, sampling params); ValueError naming what is wrong.
-
-        The prompt needs 1 to max_model_len - 1 int ids inside the vocabulary (prompt + output
-        never exceeds max_model_len); stop ids must be inside the vocabulary too.
-        """
-        params = SamplingParams() if sampling_params is None else sampling_params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params={params!r} must be a SamplingParams")
-        vocab, max_len = self.model_config.vocab_size, self.config.max_model_len
-        prompt = checks.token_ids("prompt_token_ids", prompt_token_ids, vocab)
-        checks.token_ids("stop_token_ids", params.stop_token_ids, vocab)
-        if not prompt:
-            raise ValueError("prompt_token_ids is empty: a prompt needs at least one token")
-        if len(prompt) >= max_len:
-            raise ValueError(
-                f"prompt has {len(prompt)} tokens: with max_model_len={max_len} it leaves no room "
-                f"to generate (prompt + output <= max_model_len, so at most {max_len - 1})"
-            )
-        return prompt, params
+        """(prompt as a list of ints, sampling params) for this engine's model; ValueError
+        naming what is wrong (`runtime.request.checked_request`)."""
+        return checked_request(prompt_token_ids, sampling_params,
+                               vocab_size=self.model_config.vocab_size,
+                               max_model_len=self.config.max_model_len)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,12 +429,3 @@ class _Launched:
     batches: list[StepBatch]
     dispatched: DispatchedStep
     snapshots: list[ScheduleRecord]
-
-
-def _check_same_shapes(runner_config: EngineConfig, config: EngineConfig) -> None:
-    for name in ("num_blocks", "num_slots", "block_size", "max_model_len", "decode_row_buckets",
-                 "prefill_token_buckets", "prefill_row_buckets", "data_parallel_size",
-                 "boundary_block_size"):  # fmt: skip
-        theirs, ours = getattr(runner_config, name), getattr(config, name)
-        if theirs != ours:
-            raise ValueError(f"{name}={ours} differs from the shared runner's {theirs}")

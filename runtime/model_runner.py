@@ -160,6 +160,11 @@ class ModelRunner:
         return len(self._compiled)
 
     @property
+    def num_carried(self) -> int:
+        """C, the tokens a carrying step hands to the next (`carried_tokens`)."""
+        return self._previous.shape[1]
+
+    @property
     def num_params(self) -> int:
         """Parameters of the model (one replica)."""
         return sum(int(leaf.size) for leaf in self._param_leaves)

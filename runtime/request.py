@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
+from collections.abc import Sequence
 
+from runtime import checks
 from runtime.sampling_inputs import SamplingNeeds
 from runtime.sampling_params import SamplingParams
 
@@ -161,6 +163,30 @@ class Request:
         self.draft_token_ids = []
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
+
+
+def checked_request(
+    prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None, *, vocab_size: int,
+    max_model_len: int,
+) -> tuple[list[int], SamplingParams]:  # fmt: skip
+    """(prompt as a list of ints, sampling params); ValueError naming what is wrong.
+
+    The prompt needs 1 to max_model_len - 1 int ids inside the vocabulary (prompt + output
+    never exceeds max_model_len); stop ids must be inside the vocabulary too.
+    """
+    params = SamplingParams() if sampling_params is None else sampling_params
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling_params={params!r} must be a SamplingParams")
+    prompt = checks.token_ids("prompt_token_ids", prompt_token_ids, vocab_size)
+    checks.token_ids("stop_token_ids", params.stop_token_ids, vocab_size)
+    if not prompt:
+        raise ValueError("prompt_token_ids is empty: a prompt needs at least one token")
+    if len(prompt) >= max_model_len:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens: with max_model_len={max_model_len} it leaves no "
+            f"room to generate (prompt + output <= max_model_len, so at most {max_model_len - 1})"
+        )
+    return prompt, params
 
 
 def sampling_row(params: SamplingParams, seed: int) -> tuple[float, ...]:

@@ -23,6 +23,8 @@ from runtime import checks
 
 if TYPE_CHECKING:
     from runtime.buckets import Bucket
+    from runtime.config import EngineConfig
+    from runtime.model_runner import ModelRunner
     from runtime.request import Request
     from runtime.scheduler import Schedule
 
@@ -125,6 +127,34 @@ class SpeculationStats:
     def mean_acceptance_length(self) -> float:
         """Tokens a decode row gains per step: 1 + accepted drafts per row (1 without rows)."""
         return 1.0 + (self.num_accepted / self.num_rows if self.num_rows else 0.0)
+
+
+def make_drafter(
+    config: EngineConfig, model: object, num_ranks: int, draft_model: object = None,
+    draft_runner: ModelRunner | None = None,
+) -> Drafter | None:  # fmt: skip
+    """The drafter `config.speculative` asks for (None without speculation). For "draft_model",
+    `draft_model` is the draft model (default: loaded from `config.speculative.draft_model`) and
+    `draft_runner` may share another engine's compiled draft steps and caches."""
+    spec = config.speculative
+    if spec is None or spec.method == "ngram":
+        if draft_model is not None or draft_runner is not None:
+            raise ValueError("draft_model / draft_runner need speculative method 'draft_model'")
+        from runtime.ngram import NgramDrafter
+
+        return None if spec is None else NgramDrafter(spec)
+    from runtime.draft_model import DraftModelDrafter, check_draft_model
+
+    if draft_model is None:
+        if spec.draft_model is None:
+            raise ValueError("speculative method 'draft_model' needs draft_model: a checkpoint "
+                             "directory or preset name, or the model object")  # fmt: skip
+        from runtime.llm import load_model
+
+        draft_model, _ = load_model(spec.draft_model, seed=config.seed)
+    check_draft_model(draft_model, model)
+    return DraftModelDrafter(draft_model, config, model.config.chunk_size, num_ranks,
+                             runner=draft_runner)  # fmt: skip
 
 
 def verified_tokens(

@@ -1,4 +1,5 @@
-"""Test-wide setup: fake CPU devices, hypothesis profiles, optional persistent compilation cache."""
+"""Test-wide setup: fake CPU devices, hypothesis profiles, optional persistent compilation cache,
+compiled programs freed after each module."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ if os.environ.get("JAX_CACHE_DIR"):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+from tests.compiled import check_map_headroom, release  # noqa: E402
 
 # Hypothesis profiles, picked by HYPOTHESIS_PROFILE: "ci" (the default, sized for CI time) and
 # "long" (>= 1000 examples per property; run it before landing runtime changes). JAX compiles on
@@ -28,3 +32,11 @@ _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=50, **_COMMON)
 settings.register_profile("long", max_examples=1000, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs(request):
+    """Each module's compiled programs are freed after it: see tests/compiled.py."""
+    yield
+    check_map_headroom(request.module.__name__)
+    release()

@@ -15,6 +15,7 @@ from pallas_kernels import _gdn_intra
 from pallas_kernels import gdn_chunk as gdn_chunk_module
 from pallas_kernels import gdn_reference as ref
 from pallas_kernels.gdn_chunk import gdn_chunk
+from tests.compiled import per_module
 
 from . import gdn_oracle
 from .gdn_oracle import lower_for_cuda
@@ -78,7 +79,7 @@ CASES = {
 }
 
 
-@functools.cache
+@per_module
 def _jitted(fn, chunk_size, nb):
     def run(*a, **kw):
         return fn(*a, chunk_size=chunk_size, **kw)

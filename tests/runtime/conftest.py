@@ -20,6 +20,7 @@ from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
 from runtime.config import EngineConfig, min_token_budget
 from runtime.engine import Engine
 from runtime.model_runner import ModelRunner
+from tests.compiled import per_module
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
 MAX_MODEL_LEN = 64
@@ -45,13 +46,13 @@ def base_config(family: str) -> EngineConfig:
     )
 
 
-@functools.cache
+@per_module
 def model_and_runner(family: str) -> tuple[nnx.Module, ModelRunner]:
     model = jmamba.HybridLM(jmamba.presets.tiny(family), rngs=nnx.Rngs(0))
     return model, ModelRunner(model, base_config(family), keep_logits=True)
 
 
-@functools.cache
+@per_module
 def model_with_eos(family: str, eos_token_ids: tuple[int, ...]) -> nnx.Module:
     """The family's model with other EOS ids, as shapes only: an engine on the shared runner
     reads nothing but its config."""
@@ -77,7 +78,7 @@ def run_to_completion(engine: Engine, max_steps: int = 500) -> dict[str, list[in
     raise AssertionError(f"engine did not finish in {max_steps} steps")
 
 
-@functools.cache
+@per_module
 def _naive_forward(family: str, max_len: int):
     model, _ = model_and_runner(family)
     graphdef, params = nnx.split(model)

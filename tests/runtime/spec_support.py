@@ -5,7 +5,6 @@ drafter that proposes a known continuation with planned mistakes."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from runtime.model_runner import ModelRunner
 from runtime.request import Request
 from runtime.scheduler import Schedule
 from runtime.speculative import SpeculativeConfig
+from tests.compiled import per_module
 from tests.runtime.conftest import MAX_NUM_SEQS, base_config, model_and_runner, model_with_eos
 
 MAX_K = 4
@@ -33,7 +33,7 @@ def spec_config(family: str, speculative: SpeculativeConfig, **options) -> Engin
                                **options)  # fmt: skip
 
 
-@functools.cache
+@per_module
 def spec_runner(family: str, ranks: int = 1) -> ModelRunner:
     model, _ = model_and_runner(family)
     config = spec_config(family, SpeculativeConfig("ngram", MAX_K), data_parallel_size=ranks)
@@ -43,7 +43,7 @@ def spec_runner(family: str, ranks: int = 1) -> ModelRunner:
 NOISE = 0.05  # relative weight noise of a 'noisy:' draft: about half of its drafts are accepted
 
 
-@functools.cache
+@per_module
 def draft_model(name: str) -> nnx.Module:
     """'target:<family>' is the family's target model itself; 'noisy:<family>' the target with
     every weight scaled by 1 + NOISE * N(0, 1) (it agrees with the target often but not always,
@@ -69,7 +69,7 @@ def perturbed(model: nnx.Module, scale: float, seed: int) -> nnx.Module:
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
-@functools.cache
+@per_module
 def draft_runner(name: str, family: str, ranks: int = 1) -> ModelRunner:
     config = spec_config(family, SpeculativeConfig("draft_model", MAX_K), data_parallel_size=ranks)
     return ModelRunner(draft_model(name), draft_engine_config(config))
@@ -131,7 +131,7 @@ class Oracle:
         pass
 
 
-@functools.cache
+@per_module
 def trained_runner() -> tuple[nnx.Module, ModelRunner]:
     """The trained stdlib preset (vocabulary 257, chunk size 64) with an ngram engine's pools."""
     model = jmamba.load_pretrained(jmamba.presets.path("stdlib"))

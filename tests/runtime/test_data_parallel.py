@@ -9,7 +9,6 @@ block and slot of its shard must be bit-identical to before, read back from the 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import numpy as np
@@ -19,10 +18,11 @@ from hypothesis import strategies as st
 from runtime.engine import Engine
 from runtime.model_runner import ModelRunner
 from runtime.sampling_params import SamplingParams
+from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, model_and_runner, run_to_completion
 
 
-@functools.cache
+@per_module
 def dp_runner(family: str, ranks: int) -> ModelRunner:
     """One compiled runner per (family, ranks), its pools poisoned: NaN in every rank's NULL
     block and slot 0 (they must never reach an output)."""
@@ -144,7 +144,7 @@ request_strategy = st.fixed_dictionaries(
 )
 
 
-@functools.cache
+@per_module
 def alone_tokens(family: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
     engine = make_engine(family)
     request_id = engine.add_request(list(prompt), SamplingParams(max_tokens=max_tokens))

@@ -14,7 +14,6 @@ the published slots and blocks on every step. CI time: about 4 minutes on 2 shar
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import jax
@@ -28,6 +27,7 @@ from runtime.engine import Engine
 from runtime.model_runner import ModelRunner
 from runtime.request import RequestOutput
 from runtime.sampling_params import SamplingParams
+from tests.compiled import per_module
 from tests.runtime.conftest import BLOCK_SIZE, FAMILIES, model_and_runner, naive_greedy
 
 MAX_LEN, MAX_NUM_SEQS, NUM_BLOCKS, MAX_CACHED = 192, 4, 40, 8
@@ -55,7 +55,7 @@ def prefix_config(family: str, mode: str = "all", **options) -> EngineConfig:
     return dataclasses.replace(config, **options)
 
 
-@functools.cache
+@per_module
 def prefix_runner(family: str) -> ModelRunner:
     model, _ = model_and_runner(family)
     return ModelRunner(model, prefix_config(family))
@@ -81,7 +81,7 @@ def serve(engine: Engine, arrivals: list[tuple[int, list[int], int]]) -> dict[st
     return outputs
 
 
-@functools.cache
+@per_module
 def reference(family: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
     return naive_greedy(family, list(prompt), max_tokens, max_len=MAX_LEN)
 

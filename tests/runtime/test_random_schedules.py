@@ -9,8 +9,6 @@ served-alone output obeys the stopping rules against the unconstrained greedy ou
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from hypothesis import event, given
@@ -20,6 +18,7 @@ import jmamba
 from runtime.config import min_token_budget
 from runtime.request import RequestOutput
 from runtime.sampling_params import SamplingParams
+from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, naive_greedy
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
@@ -40,7 +39,7 @@ request_strategy = st.fixed_dictionaries(
 )
 
 
-@functools.cache
+@per_module
 def served_alone(
     family: str, prompt: tuple[int, ...], params: SamplingParams, eos: tuple[int, ...]
 ) -> RequestOutput:
@@ -53,7 +52,7 @@ def served_alone(
     return outputs[request_id]
 
 
-@functools.cache
+@per_module
 def unconstrained(family: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
     """Greedy tokens with no stop token at all, by full recompute (independent of the engine)."""
     return naive_greedy(family, list(prompt), max_tokens, stop_ids=())

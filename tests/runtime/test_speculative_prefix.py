@@ -10,8 +10,6 @@ on 2 shared cores.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from hypothesis import strategies as st
 from runtime.engine import Engine
 from runtime.model_runner import ModelRunner
 from runtime.speculative import SpeculativeConfig
+from tests.compiled import per_module
 from tests.runtime.conftest import FAMILIES, model_and_runner
 from tests.runtime.spec_support import Oracle
 from tests.runtime.test_prefix_caching import (
@@ -46,7 +45,7 @@ def spec_prefix_config(family: str, **options):
                          **options)  # fmt: skip
 
 
-@functools.cache
+@per_module
 def spec_prefix_runner(family: str) -> ModelRunner:
     model, _ = model_and_runner(family)
     return ModelRunner(model, spec_prefix_config(family))

@@ -62,6 +62,12 @@ class DataParallelMesh:
         shards = sorted(array.addressable_shards, key=lambda s: s.index[0].start or 0)
         return np.concatenate([np.asarray(s.data) for s in shards])
 
+    def start_copy_to_host(self, array: jax.Array) -> None:
+        """Enqueue the device-to-host copy of this process's rows of `array` now, so that a later
+        `local_rows` waits for this step alone, not for steps dispatched after it."""
+        for shard in array.addressable_shards:
+            shard.data.copy_to_host_async()
+
 
 def initialize(coordinator_address: str, num_processes: int, process_id: int) -> None:
     """Join a multi-host run: call once per process, before any JAX computation or engine.

@@ -204,6 +204,9 @@ class ModelRunner:
         )
         if carry:
             self._previous = carried
+        for fetched in (tokens, *(token_logprobs or ()), logits):
+            if fetched is not None:
+                self.mesh.start_copy_to_host(fetched)
         return DispatchedStep(batches, tokens, token_logprobs, logits)
 
     def device_inputs(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:

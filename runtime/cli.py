@@ -76,8 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--async-scheduling",
-        action="store_true",
-        help="schedule each step while the previous one runs on the device (same tokens)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule each step while the previous one runs on the device (same tokens; "
+        "default: on unless speculative decoding is)",
     )
     cache = gen.add_argument_group("prefix caching (per rank)")
     cache.add_argument(

@@ -111,8 +111,9 @@ class EngineConfig:
       async_scheduling: schedule and build step N + 1 while step N runs on the device, taking
         the tokens N samples from its output on the device; the host learns them one step late
         (docs/architecture.md, "Host cost"). `Engine.step()` then returns the requests that
-        finished in the step before. Same tokens as without it. Not with `speculative`; in
-        prefix caching "all" decode steps cache no boundary state (prefill chunks still do).
+        finished in the step before. Same tokens as without it. Not with `speculative`. Off by
+        default here (stepping an engine by hand shows each step's own finishes); `LLM` turns
+        it on wherever it can run.
     """
 
     max_num_seqs: int = 8

@@ -270,7 +270,7 @@ class Engine(EngineIntrospection):
             raise RuntimeError("warmup() while a dispatched step is not retired: call it before "
                                "the first step, or step until has_unfinished is False")  # fmt: skip
         buckets = self.buckets.all_buckets() if prefill else self.buckets.decode_buckets()
-        self.runner.warmup(buckets, progress=progress)
+        self.runner.warmup(buckets, carry=self.config.async_scheduling, progress=progress)
         if self.drafter is not None:
             self.drafter.warmup()
         self._freeze_gc()

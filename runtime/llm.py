@@ -99,15 +99,18 @@ class LLM:
         *,
         dtype: str = "auto",
         warmup: bool | str = False,
+        async_scheduling: bool | None = None,
         **engine_options,
     ):
         """`model` is a preset name ("tiny-stdlib", see `preset_names()`) or a HF checkpoint
         directory; `dtype` is "auto" (the checkpoint's), "float32" or "bfloat16"; `warmup`
         compiles step variants now instead of on first use, with a progress bar: True the
-        decode-only ones, "all" every one the config can use; `engine_options`
-        are `EngineConfig` fields (max_num_seqs, max_model_len, prefix_caching,
-        state_block_size, max_cached_states, ...). JAX's persistent
-        compilation cache is turned on (`runtime.compile_cache`; JMAMBA_COMPILE_CACHE=off)."""
+        decode-only ones, "all" every one the config can use; `async_scheduling` (the
+        `EngineConfig` field) None: on unless speculative decoding is (step N + 1 is scheduled
+        while N runs, same outputs); `engine_options` are the other `EngineConfig` fields
+        (max_num_seqs, max_model_len, prefix_caching, state_block_size, max_cached_states, ...).
+        JAX's persistent compilation cache is turned on (`runtime.compile_cache`;
+        JMAMBA_COMPILE_CACHE=off)."""
         if warmup not in (False, True, "all"):
             raise ValueError(f"warmup={warmup!r} must be False, True (decode variants) or "
                              "'all' (every variant)")  # fmt: skip
@@ -115,7 +118,9 @@ class LLM:
         unknown = sorted(set(engine_options) - fields)
         if unknown:
             raise ValueError(f"unknown engine options {unknown}; known: {sorted(fields)}")
-        config = EngineConfig(**engine_options)
+        if async_scheduling is None:
+            async_scheduling = engine_options.get("speculative") is None
+        config = EngineConfig(**engine_options, async_scheduling=async_scheduling)
         compile_cache.enable()
         start = time.perf_counter()
         self.name = model

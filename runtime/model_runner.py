@@ -241,9 +241,10 @@ class ModelRunner:
         return [TokenLogprobs(*(a[i][batch.sample_rows] for a in rows))
                 for i, batch in enumerate(batches)]  # fmt: skip
 
-    def warmup(self, buckets: list[Bucket], *, progress: bool = False) -> None:
-        """Compile `buckets` (greedy sampling), running each once on all-padding steps (which
-        change no live slot); `progress` shows a bar with the compile seconds so far."""
+    def warmup(self, buckets: list[Bucket], *, carry: bool = False, progress: bool = False) -> None:
+        """Compile `buckets` (greedy sampling; `carry`: the variants an asynchronous engine
+        dispatches), running each once on all-padding steps (which change no live slot and feed
+        no token); `progress` shows a bar with the compile seconds so far."""
         with tqdm(buckets, desc="compile", unit="variant", disable=not progress) as bar:
             for bucket in bar:
                 dummy = build_dummy(
@@ -251,7 +252,7 @@ class ModelRunner:
                     max_blocks=self.config.max_blocks_per_seq,
                     state_block_size=self.config.boundary_block_size,
                 )
-                self.run(bucket, [dummy] * len(self.local_ranks))
+                self.fetch(self.dispatch(bucket, [dummy] * len(self.local_ranks), carry=carry))
                 bar.set_postfix_str(f"{sum(self.compile_seconds.values()):.1f} s compiling")
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:

@@ -122,6 +122,9 @@ class PrefixCache:
         self._blocks: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self._states: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self._reserved: dict[bytes, int] = {}
+        # Slots a step writes a state to whose key is known only when the step retires (an
+        # asynchronous decode feeding a token still on the device): `key_state` settles them.
+        self._unkeyed: set[int] = set()
 
     # ----------------------------------------------------------------------------- keys
 
@@ -239,6 +242,27 @@ class PrefixCache:
         self._reserved[key] = slot
         return slot
 
+    def reserve_unkeyed_state(self) -> int:
+        """A fresh slot for a state the next step writes whose key is not known yet (its last
+        token is still on the device), or NULL when every cached state is in use and the budget
+        is spent. `key_state` publishes or drops it once the step has run."""
+        if not self._make_state_room():
+            return NULL
+        slot = self.slot_pool.allocate(1)[0]
+        self._unkeyed.add(slot)
+        return slot
+
+    def key_state(self, slot: int, key: bytes | None) -> None:
+        """Publish the unkeyed `slot` under `key` (its step has run and its tokens are known);
+        drop the cache's reference instead when `key` is None (the tokens never became known: an
+        abort) or is cached already."""
+        self._unkeyed.remove(slot)
+        if key is None or self.has_state(key):
+            self.slot_pool.free([slot])
+            return
+        self._states[key] = slot
+        self.stats.states_published += 1
+
     def adopt_state(self, key: bytes, slot: int) -> bool:
         """Publish `slot`, which a step that has run wrote the state of `key` to (an accepted
         speculative lane), taking a reference on it; False (nothing taken) when the key is cached
@@ -253,11 +277,11 @@ class PrefixCache:
     @property
     def unused_state_budget(self) -> int:
         """State slots the cache may still take without evicting."""
-        return max(self.max_cached_states - len(self._states) - len(self._reserved), 0)
+        return max(self.max_cached_states - self.num_states, 0)
 
     def _make_state_room(self) -> bool:
         """Evict unused states, least recently used first, until one more fits the budget."""
-        while len(self._states) + len(self._reserved) >= self.max_cached_states:
+        while self.num_states >= self.max_cached_states:
             if not self._evict(self._states, self.slot_pool):
                 return False
             self.stats.state_evictions += 1
@@ -287,11 +311,13 @@ class PrefixCache:
 
     @property
     def num_states(self) -> int:
-        """State slots the cache holds (published and reserved): at most max_cached_states."""
-        return len(self._states) + len(self._reserved)
+        """State slots the cache holds (published, reserved and unkeyed): at most
+        max_cached_states."""
+        return len(self._states) + len(self._reserved) + len(self._unkeyed)
 
     def reset(self) -> None:
-        """Evict every entry no request uses (reserved slots stay: a step is writing them)."""
+        """Evict every entry no request uses (reserved and unkeyed slots stay: a step is
+        writing them)."""
         while self._evict(self._blocks, self.block_pool):
             self.stats.block_evictions += 1
         while self._evict(self._states, self.slot_pool):

@@ -28,11 +28,8 @@ class RowSlots:
         self.prefix_cache = prefix_cache
         self.uses_slots = uses_slots
         # "all" mode: a decode step ending on a state block boundary writes its state to the cache,
-        # keyed by the tokens it summarises. With asynchronous scheduling the token a decode
-        # feeds is still on the device when the step is scheduled, so it caches none (prefill
-        # boundaries still are: a lower hit rate on a chat's next turn, never a wrong one).
-        self._caches_decode_states = (prefix_cache is not None and config.prefix_caching == "all"
-                                      and not config.async_scheduling)  # fmt: skip
+        # keyed by the tokens it summarises.
+        self._caches_decode_states = prefix_cache is not None and config.prefix_caching == "all"
 
     def free_for_lanes(self) -> int:
         """Free state slots less what the prefix cache's state budget may still take."""
@@ -105,8 +102,11 @@ class RowSlots:
         if decode:  # "all": a decode step ending on a boundary writes its state to the cache
             if not self._caches_decode_states or end % sbs:
                 return item
-            key = self.prefix_cache.state_key(request, end)
-            slot = self.prefix_cache.reserve_state(key)
+            if request.num_pending:  # asynchronous: the token it feeds is still on the device
+                key, slot = None, self.prefix_cache.reserve_unkeyed_state()
+            else:
+                key = self.prefix_cache.state_key(request, end)
+                slot = self.prefix_cache.reserve_state(key)
             return item._replace(write_slot=slot, new_states=((key, slot),)) if slot else item
         first, last = item.start // sbs + 1, end // sbs  # boundaries crossed: first * sbs, ...
         wanted = range(first, last + 1)
@@ -135,8 +135,17 @@ class RowSlots:
             request.read_slot = item.write_slot
 
     def publish(self, item: ScheduledRequest) -> None:
-        """After the step ran: publish the states it wrote and the KV blocks it filled."""
-        for key, _ in item.new_states:
-            self.prefix_cache.publish_state(key)
+        """After the step ran: publish the states it wrote and the KV blocks it filled. An
+        unkeyed state (key None) is keyed now by the tokens it summarises, known once the step
+        before has retired (unknown only for a request aborted with its token pending)."""
+        request, end = item.request, item.start + item.num_tokens
+        for key, slot in item.new_states:
+            if key is not None:
+                self.prefix_cache.publish_state(key)
+            else:
+                known = request.num_tokens >= end
+                self.prefix_cache.key_state(
+                    slot, self.prefix_cache.state_key(request, end) if known else None
+                )
         if item.request.status is RequestStatus.RUNNING:  # else it holds no blocks any more
             self.prefix_cache.publish_blocks(item.request)

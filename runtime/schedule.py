@@ -25,8 +25,9 @@ class ScheduledRequest(NamedTuple):
         a fresh cache slot when a decode step ends on a state block boundary in "all" mode).
       boundary_slots: (prefill) slot of the j-th state block boundary after `start`, NULL where
         none is cached; the layout of the kernels' `boundary_slots` columns.
-      new_states: (key, slot) of every state this step writes for the cache, published by
-        `Scheduler.postprocess`.
+      new_states: (key, slot) of every state this step writes for the cache, published when the
+        step retires (`Scheduler.retire`); key None: an asynchronous decode step whose token was
+        still on the device when it was scheduled, keyed when it retires.
       lane_slots: (speculative decode) the fresh slot each of its num_tokens lanes writes (the
         state after each token; empty without speculation: the row writes `write_slot`). Its
         tokens past prompt + output are the request's drafts.
@@ -38,7 +39,7 @@ class ScheduledRequest(NamedTuple):
     read_slot: int = NULL
     write_slot: int = NULL
     boundary_slots: tuple[int, ...] = ()
-    new_states: tuple[tuple[bytes, int], ...] = ()
+    new_states: tuple[tuple[bytes | None, int], ...] = ()
     lane_slots: tuple[int, ...] = ()
 
     @property

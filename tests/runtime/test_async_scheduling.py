@@ -18,6 +18,7 @@ from runtime.buckets import Bucket
 from runtime.builder import build_dummy
 from runtime.config import EngineConfig
 from runtime.engine import Engine
+from runtime.model_runner import ModelRunner
 from runtime.sampling_params import SamplingParams
 from tests.runtime.conftest import base_config, make_engine, model_and_runner, naive_greedy
 
@@ -180,3 +181,20 @@ def test_warmup_is_refused_while_a_step_is_in_flight():
     while engine.has_unfinished:
         engine.step()
     engine.warmup()
+
+
+def test_warmup_compiles_the_variants_an_asynchronous_engine_dispatches():
+    """An asynchronous engine dispatches carrying steps: warm-up compiles those, so its first
+    steps compile nothing."""
+    model, _ = model_and_runner("mamba2")
+    config = dataclasses.replace(base_config("mamba2"), async_scheduling=True)
+    engine = Engine(model, config, runner=ModelRunner(model, config))
+    engine.warmup()
+    warmed = set(engine.runner.variants)
+    assert warmed and all(carry for _, _, carry in warmed)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3))
+    engine.warmup(prefill=True)
+    warmed = set(engine.runner.variants)
+    while engine.has_unfinished:
+        engine.step()
+    assert set(engine.runner.variants) == warmed

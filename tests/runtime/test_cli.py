@@ -132,6 +132,17 @@ def test_llm_passes_prefix_caching_options_and_shows_the_counters():
     assert LLM("tiny-mamba2", warmup=False, prefix_caching="off").prefix_cache_stats is None
 
 
+def test_llm_schedules_asynchronously_unless_speculating():
+    """LLM's default: asynchronous scheduling wherever it can run (not with speculative decoding,
+    which it does not combine with); an explicit value is kept, or refused with the reason."""
+    assert LLM("tiny-mamba2").engine.config.async_scheduling
+    assert not LLM("tiny-mamba2", async_scheduling=False).engine.config.async_scheduling
+    speculative = {"num_speculative_tokens": 2}
+    assert not LLM("tiny-mamba2", speculative=speculative).engine.config.async_scheduling
+    with pytest.raises(ValueError, match="does not combine with speculative decoding"):
+        LLM("tiny-mamba2", speculative=speculative, async_scheduling=True)
+
+
 def test_llm_refuses_a_state_block_shorter_than_a_chunk():
     message = (r"state_block_size=8 must be a multiple of the model's chunk_size=16 and of "
                r"block_size=8 \(it is shorter than one chunk\): one of 16, 32, 48")  # fmt: skip

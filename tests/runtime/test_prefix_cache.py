@@ -184,6 +184,38 @@ def test_decode_crossing_a_boundary_writes_a_cache_slot_then_reads_it():
     check_ref_counts(scheduler)
 
 
+def test_an_asynchronous_decode_crossing_a_boundary_is_keyed_when_it_retires():
+    """Asynchronous order (schedule N + 1, retire N, advance N + 1): the decode feeding token 15
+    is scheduled while token 15 is still pending, so it writes a fresh cache slot c with no key;
+    retiring it publishes c under the key of tokens [0, 16), and the next step reads c."""
+    scheduler = caching_scheduler(async_scheduling=True)
+    r = request(list(range(60, 74)), max_tokens=6)  # 14 prompt tokens: decodes feed 14, 15, ...
+    scheduler.add(r)
+    in_flight = scheduler.schedule()  # prefill [0, 14)
+    scheduler.advance(in_flight)
+    crossing = None
+    while crossing is None or in_flight.decodes[0] is not crossing:
+        launched = scheduler.schedule()
+        if launched.decodes and launched.decodes[0].start == 15:
+            crossing = launched.decodes[0]
+            assert r.num_pending == 1 and crossing.new_states == ((None, crossing.write_slot),)
+            assert crossing.write_slot not in (0, r.state_slot)
+        scheduler.retire(in_flight, [5] * len(in_flight.items))
+        scheduler.advance(launched)
+        in_flight = launched
+    c = crossing.write_slot
+    turn2 = request(r.token_ids(0, 16) + [1])
+    assert scheduler.prefix_cache.lookup(turn2).num_tokens == 8  # not published before it ran
+    after = scheduler.schedule().decodes[0]
+    scheduler.retire(in_flight, [5])
+    assert (after.read_slot, after.write_slot) == (c, r.state_slot)
+    key = scheduler.prefix_cache.state_key(r, 16)
+    assert scheduler.prefix_cache.published_states[key] == c
+    hit = scheduler.prefix_cache.lookup(turn2)
+    assert (hit.num_tokens, hit.slot) == (16, c)
+    check_ref_counts(scheduler)
+
+
 def test_state_budget_evicts_least_recently_used_unused_states():
     """max_cached_states=2: a third state evicts the least recently used one no request reads;
     with every cached state in use, nothing is cached (NULL boundary slot) instead."""

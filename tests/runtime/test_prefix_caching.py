@@ -164,15 +164,18 @@ def test_hits_after_preemption_and_under_eviction_pressure_are_lossless(family, 
         assert any(o.num_preemptions and o.num_cached_tokens for o in outputs.values())
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("mode", "async_scheduling"), [*((m, False) for m in MODES), ("all", True)]
+)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_chat_hits_its_previous_answer_in_all_mode(family, mode):
+def test_a_chat_hits_its_previous_answer_in_all_mode(family, mode, async_scheduling):
     """Turn 1's prompt ends 3 tokens before a state block boundary and its 8-token answer is
     decoded across it; turn 2's prompt is turn 1's prompt + answer + a question. "all" caches the
-    state the crossing decode step wrote, so turn 2 starts past turn 1's prompt; "align" starts
-    at most at turn 1's last chunk end."""
+    state the crossing decode step wrote, so turn 2 starts past turn 1's prompt, also when that
+    step was scheduled before the token it fed was on the host (asynchronous: the state is keyed
+    when the step retires); "align" starts at most at turn 1's last chunk end."""
     sbs, _ = SETUPS[family]
-    engine = prefix_engine(family, mode)
+    engine = prefix_engine(family, mode, async_scheduling=async_scheduling)
     first = tokens(30, 2 * sbs - 3)
     turn1 = serve(engine, [(0, first, 8)])["0"]
     second = first + turn1.token_ids + tokens(31, 5)

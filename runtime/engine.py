@@ -15,9 +15,8 @@ import collections
 import dataclasses
 import gc
 import itertools
-import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from flax import nnx
@@ -37,9 +36,7 @@ from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Schedule, Scheduler
 from runtime.speculative import make_drafter, verified_tokens
 from runtime.step_record import ScheduleRecord, StepRecord
-from runtime.step_stats import RankStats, StepStats
-
-T = TypeVar("T")
+from runtime.step_stats import RankStats, StepStats, StepTimer
 
 
 class Engine(EngineIntrospection):
@@ -101,9 +98,7 @@ class Engine(EngineIntrospection):
         self._requests: dict[str, Request] = {}
         self._rank_of: dict[str, int] = {}
         self._counter = itertools.count()
-        self._device_seconds = 0.0
-        self._compile_seconds = 0.0
-        self._host_seconds = 0.0
+        self._timer = StepTimer(self.runner)
         self._num_launched = 0
         self._in_flight: _Launched | None = None  # asynchronous scheduling: dispatched, unretired
         self.tokenizer = tokenizer
@@ -182,21 +177,21 @@ class Engine(EngineIntrospection):
         In a multi-host run every process calls `step()` in lockstep (it agrees on the bucket and
         the sampler mode).
         """
-        start = time.perf_counter()
-        self._device_seconds = self._compile_seconds = 0.0
+        self._timer.start()
         self.last_deltas = []  # a step that retires nothing streams nothing
         launched = self._launch()
         if self.config.async_scheduling:  # retire step N - 1 while N runs, then N moves rows on
             retiring, self._in_flight = self._in_flight, launched
+            outputs = [] if retiring is None else self._retire(retiring)
+            self._advance(launched)
         else:  # N moves rows on, then retires
             retiring = launched
             self._advance(launched)
+            outputs = [] if launched is None else self._retire(launched)
         if retiring is None and launched is None:
             return []
-        outputs = [] if retiring is None else self._retire(retiring)
-        if self.config.async_scheduling:
-            self._advance(launched)
-        self._count(start, launched)
+        self._timer.stop()
+        self.stats.count(self._timer, None if launched is None else launched.schedules)
         if self.records.maxlen and retiring is not None:
             self._record(retiring, outputs)
         return outputs
@@ -217,8 +212,8 @@ class Engine(EngineIntrospection):
             with_mode(self._build(scheduler, schedule, bucket), mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
-        dispatched = self._timed_device(self.runner.dispatch, bucket, batches,
-                                        carry=self.config.async_scheduling)  # fmt: skip
+        dispatched = self._timer.device(self.runner.dispatch, bucket, batches,
+                                       carry=self.config.async_scheduling)  # fmt: skip
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         self._num_launched += 1
         return _Launched(self._num_launched - 1, bucket, mode, schedules, batches, dispatched,
@@ -236,7 +231,7 @@ class Engine(EngineIntrospection):
     def _retire(self, step: _Launched) -> list[RequestOutput]:
         """Wait for the step's tokens and hand them to the schedulers (appending tokens, stops,
         prefix publication); logprobs, text and stream deltas; release what finished."""
-        results = self._timed_device(self.runner.fetch, step.dispatched)
+        results = self._timer.device(self.runner.fetch, step.dispatched)
         # Per-token work beyond the token itself only when something asks for it: the plain
         # path stays as cheap as it was.
         extras = step.mode.logprobs or self.outputs.has_text or self._streaming
@@ -337,33 +332,6 @@ class Engine(EngineIntrospection):
         self.stats.ranks[rank].speculation = self.stats.ranks[rank].speculation.add(stats)
         return self.schedulers[rank].retire(schedule, sampled, drafts)
 
-    def _timed_device(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`call(*args, **kwargs)` (a runner's dispatch or fetch), its time counted as device
-        time, less what it spent compiling."""
-        compiled_before = sum(self.runner.compile_seconds.values())
-        start = time.perf_counter()
-        result = call(*args, **kwargs)
-        compiled = sum(self.runner.compile_seconds.values()) - compiled_before
-        self._compile_seconds += compiled
-        self._device_seconds += time.perf_counter() - start - compiled
-        return result
-
-    def _count(self, start: float, launched: _Launched | None) -> None:
-        self.stats.device_seconds += self._device_seconds
-        self.stats.compile_seconds += self._compile_seconds
-        run_seconds = self._device_seconds + self._compile_seconds
-        self._host_seconds = time.perf_counter() - start - run_seconds
-        self.stats.host_seconds += self._host_seconds
-        if launched is None:
-            return
-        self.stats.num_steps += 1
-        for rank, schedule in zip(self.stats.ranks, launched.schedules, strict=True):
-            if schedule.is_empty:
-                rank.num_idle_steps += 1
-            else:
-                rank.num_live_steps += 1
-                rank.num_tokens += sum(item.num_tokens for item in schedule.items)
-
     def _process_outputs(self, sampled: list[Sampled]) -> list[Request]:
         """Logprobs and text of this step's tokens; finish the requests whose text now holds a
         stop string. Returns those that were still running."""
@@ -396,8 +364,8 @@ class Engine(EngineIntrospection):
         self.records.append(StepRecord(
             index=step.index, bucket=step.bucket, mode=step.mode, schedules=tuple(step.snapshots),
             finished=tuple(output.request_id for output in outputs),
-            host_ms=self._host_seconds * 1e3, device_ms=self._device_seconds * 1e3,
-            compile_seconds=self._compile_seconds,
+            host_ms=self._timer.host_seconds * 1e3, device_ms=self._timer.device_seconds * 1e3,
+            compile_seconds=self._timer.compile_seconds,
         ))  # fmt: skip
 
     def _release(self, request: Request) -> RequestOutput:

@@ -13,7 +13,8 @@ Sampling runs inside the step, so only int32 token ids (and, per speculative dec
 it accepted the next lane's draft; in a variant whose sampling mode asks for them, the sampled and
 top-k log-probabilities) come back to the host. The runner makes no
 policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket and with the
-sampler `SamplingMode` they carry. One variant is compiled per (bucket, sampling mode).
+sampler `SamplingMode` they carry. One variant is compiled per `VariantKey` (bucket, sampling
+mode, whether it carries tokens).
 
 `dispatch` hands a step to the device and returns at once; `fetch` waits for its tokens (`run`
 does both). A carrying step (`dispatch(carry=True)`, asynchronous scheduling) also hands its
@@ -30,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +49,14 @@ from runtime.packing import Layout, layout_of, pack, unpack
 from runtime.sampler import accept_drafts, logprobs, sample
 from runtime.sampling_inputs import SamplingMode, TokenLogprobs
 
-VariantKey = tuple[Bucket, SamplingMode, bool]  # bucket, sampler mode, carries tokens
+
+class VariantKey(NamedTuple):
+    """What a compiled step is specialised on: its bucket (shapes), the sampler's mode, and
+    whether it carries tokens to the next step (an asynchronous engine's steps)."""
+
+    bucket: Bucket
+    mode: SamplingMode
+    carry: bool
 
 
 def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
@@ -129,7 +137,8 @@ class ModelRunner:
       last_logits: [local ranks, N, vocab] fp32 logits of the last step when `keep_logits`.
       last_logprobs: per local rank, the last step's `TokenLogprobs` (host arrays) of each
         scheduled request's sampled row, when its sampling mode asked for them; else None.
-      compile_seconds: time spent compiling, per (bucket, sampling mode).
+      compile_seconds: time spent compiling, per `VariantKey`.
+      total_compile_seconds: their sum.
     """
 
     def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
@@ -146,6 +155,7 @@ class ModelRunner:
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
+        self.total_compile_seconds = 0.0
         self._jitted = jax.jit(
             functools.partial(_spmd_step, self.mesh),
             static_argnums=(0, 1, 2, 3, 4),
@@ -171,7 +181,7 @@ class ModelRunner:
 
     @property
     def variants(self) -> list[VariantKey]:
-        """The (bucket, sampling mode) of every compiled step variant."""
+        """The `VariantKey` of every compiled step variant."""
         return list(self._compiled)
 
     @property
@@ -223,7 +233,7 @@ class ModelRunner:
         mode = batches[0].mode
         if any(b.mode != mode for b in batches):
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
-        return bucket, mode, carry
+        return VariantKey(bucket, mode, carry)
 
     def fetch(self, step: DispatchedStep) -> list[np.ndarray]:
         """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,
@@ -253,11 +263,11 @@ class ModelRunner:
                     state_block_size=self.config.boundary_block_size,
                 )
                 self.fetch(self.dispatch(bucket, [dummy] * len(self.local_ranks), carry=carry))
-                bar.set_postfix_str(f"{sum(self.compile_seconds.values()):.1f} s compiling")
+                bar.set_postfix_str(f"{self.total_compile_seconds:.1f} s compiling")
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
         layout = self._layouts[key]
-        rows = np.stack([pack(_packed_tree(b, key[2]), layout) for b in batches])
+        rows = np.stack([pack(_packed_tree(b, key.carry), layout) for b in batches])
         return self.mesh.global_array(rows)
 
     def _init_caches(self, model: nnx.Module) -> Any:
@@ -274,13 +284,14 @@ class ModelRunner:
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
         start = time.perf_counter()
-        self._layouts[key] = layout_of(_packed_tree(batch, key[2]))
+        self._layouts[key] = layout_of(_packed_tree(batch, key.carry))
         packed = self._packed(key, [batch] * len(self.local_ranks))
         compiled = self._jitted.lower(
-            self.graphdef, self._param_treedef, self.keep_logits, self._layouts[key], key[1],
-            self._param_leaves, self.caches, packed, self._previous if key[2] else None,
+            self.graphdef, self._param_treedef, self.keep_logits, self._layouts[key], key.mode,
+            self._param_leaves, self.caches, packed, self._previous if key.carry else None,
         ).compile()  # fmt: skip
-        self.compile_seconds[key] = time.perf_counter() - start
+        self.compile_seconds[key] = seconds = time.perf_counter() - start
+        self.total_compile_seconds += seconds
         self._compiled[key] = compiled
         return compiled
 

@@ -1,11 +1,21 @@
-"""`StepStats` and `RankStats`: what an engine's steps cost and did, accumulated (no jax)."""
+"""`StepStats` and `RankStats`: what an engine's steps cost and did, accumulated; `StepTimer`:
+where one step's wall time goes (no jax)."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runtime.prefix_cache import PrefixCacheStats
 from runtime.speculative import SpeculationStats
+
+if TYPE_CHECKING:
+    from runtime.model_runner import ModelRunner
+    from runtime.schedule import Schedule
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -39,3 +49,47 @@ class StepStats:
         for rank in self.ranks:
             total = total.add(rank.speculation)
         return total
+
+    def count(self, timer: StepTimer, schedules: list[Schedule] | None) -> None:
+        """Add one engine step: its `timer`'s seconds and, when it dispatched a step (`schedules`,
+        one per rank), each rank's live or idle step and the tokens it computed."""
+        self.host_seconds += timer.host_seconds
+        self.device_seconds += timer.device_seconds
+        self.compile_seconds += timer.compile_seconds
+        if schedules is None:
+            return
+        self.num_steps += 1
+        for rank, schedule in zip(self.ranks, schedules, strict=True):
+            if schedule.is_empty:
+                rank.num_idle_steps += 1
+            else:
+                rank.num_live_steps += 1
+                rank.num_tokens += sum(item.num_tokens for item in schedule.items)
+
+
+class StepTimer:
+    """One engine step's wall time split three ways: device (the runner calls made through
+    `device`, less what they spent compiling), compile, and host (the rest, at `stop`)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self._runner = runner
+        self._start = 0.0
+        self.host_seconds = self.device_seconds = self.compile_seconds = 0.0
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+        self.device_seconds = self.compile_seconds = 0.0
+
+    def device(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`call(*args, **kwargs)` (a runner's dispatch or fetch), timed as device time."""
+        compiled_before = self._runner.total_compile_seconds
+        start = time.perf_counter()
+        result = call(*args, **kwargs)
+        compiled = self._runner.total_compile_seconds - compiled_before
+        self.compile_seconds += compiled
+        self.device_seconds += time.perf_counter() - start - compiled
+        return result
+
+    def stop(self) -> None:
+        elapsed = time.perf_counter() - self._start
+        self.host_seconds = elapsed - self.device_seconds - self.compile_seconds

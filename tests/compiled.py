@@ -23,20 +23,20 @@ import jax
 MAP_LIMIT_FILE = "/proc/sys/vm/max_map_count"
 HEADROOM = 0.75  # a module may use at most this share of the limit
 
-_caches: list[functools._lru_cache_wrapper] = []
+_cache_clears: list[Callable[[], None]] = []
 
 
 def per_module[F: Callable](fn: F) -> F:
     """`functools.cache` whose entries `release()` drops after the test module."""
     cached = functools.cache(fn)
-    _caches.append(cached)
+    _cache_clears.append(cached.cache_clear)
     return cached
 
 
 def release() -> None:
     """Drop every `per_module` entry and JAX's caches, so their executables are unmapped."""
-    for cached in _caches:
-        cached.cache_clear()
+    for cache_clear in _cache_clears:
+        cache_clear()
     jax.clear_caches()
     gc.collect()
 

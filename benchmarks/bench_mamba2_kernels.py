@@ -493,14 +493,12 @@ def main() -> None:
                     num_stages=st,
                     state_chunk=c,
                     pass_block_n=pn,
-                    heads_per_program=hp,
                 )
-                for q, w, st, c, pn, hp in (
-                    (64, 4, 2, 256, 64, 1),
-                    (64, 4, 1, 256, 64, 1),
-                    (64, 4, 2, 256, 128, 1),
-                    (64, 4, 2, 256, 64, 2),
-                    (64, 4, 2, 256, 32, 1),
+                for q, w, st, c, pn in (
+                    (64, 4, 2, 256, 64),
+                    (64, 4, 1, 256, 64),
+                    (64, 4, 2, 256, 128),
+                    (64, 4, 2, 256, 32),
                 )
             ]
             + [dict(algorithm="sequential", seq_block_q=q) for q in (32, 64)],

@@ -1,4 +1,4 @@
-"""The three Pallas kernels behind `ssd_chunk_scan`, in the SSD paper's order (arXiv 2405.21060).
+"""The four Pallas kernels behind `ssd_chunk_scan`, in the SSD paper's order (arXiv 2405.21060).
 
 Chunks of Q tokens end at absolute multiples of Q inside each row; the wrapper lists them flat
 (`chunk_t0` [NC]: first flat token, `chunk_n` [NC]: live tokens, 0 for unused entries).
@@ -7,11 +7,14 @@ Chunks of Q tokens end at absolute multiples of Q inside each row; the wrapper l
    cumulative log decay `cum` (to [H, T] buffers), and the chunk's own state
    sum_t exp(cum_last - cum_t) dt'_t x_t B_t^T, built block by block of bq tokens.
 2. `pass_kernel`, grid (R + 1, H, N/bn), one short sequential walk per row over chunk states
-   only: s_in(c) = exp(cum_last(c - 1)) s_in(c - 1) + state(c - 1), starting from the row's slot;
-   it overwrites each chunk state with the state entering that chunk and writes the final and
-   block-boundary states to their slots. The extra program row zeroes the padding tokens of y.
-3. `output_kernel`, grid (H, NC * Q/bq, P/bp), all token blocks in parallel:
-   y_i = exp(cum_i) C_i s_in^T + sum_{k <= i} ((C_i B_k^T) * exp(cum_i - cum_k) * dt'_k) x_k
+   only: s_in(c) = exp(cum_last(c - 1)) s_in(c - 1) + state(c - 1), starting from the row's slot,
+   in fp32; it writes the state entering each chunk in x's dtype (the output kernel's dot operand
+   dtype, so nothing is rounded twice) and the final and block-boundary states to their slots. The
+   extra program row zeroes the padding tokens of y.
+3. `cb_kernel`, grid (NC, G, (Q/bq)^2), the group's C_i B_k^T for token blocks k <= i of a chunk,
+   once per group (H/G heads share it), fp32.
+4. `output_kernel`, grid (H, NC * Q/bq, P/bp), all token blocks in parallel:
+   y_i = exp(cum_i) C_i s_in^T + sum_{k <= i} (CB_ik * exp(cum_i - cum_k) * dt'_k) x_k
    + D x_i, gated by silu(z_i).
 """
 
@@ -118,9 +121,9 @@ def pass_kernel(
     t0_ref,
     n_ref,
     cum_ref,
-    st_in_ref,
-    pool_in_ref,
     st_ref,
+    pool_in_ref,
+    ent_ref,
     pool_ref,
     y_ref,
     *,
@@ -134,7 +137,7 @@ def pass_kernel(
     block_size,
 ):
     """Program (row, head, N-block): the row's chunk states in order; row R zeroes padding y."""
-    del st_in_ref, pool_in_ref  # aliased to st_ref, pool_ref
+    del pool_in_ref  # aliased to pool_ref
     r, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     p_mask = jnp.arange(block_p) < head_dim
     n_mask = nb * block_n + jnp.arange(block_n) < state_size
@@ -170,7 +173,7 @@ def pass_kernel(
             c = cstart_ref[r] + k
             t0, n = t0_ref[c], n_ref[c]
             own = plgpu.load(st_ref.at[c, h, p_sl, n_sl], mask=pn_mask, other=0.0)
-            plgpu.store(st_ref.at[c, h, p_sl, n_sl], s, mask=pn_mask)
+            plgpu.store(ent_ref.at[c, h, p_sl, n_sl], s.astype(ent_ref.dtype), mask=pn_mask)
             s = jnp.exp(cum_ref[h, t0 + n - 1]) * s + own
             if block_size is not None:  # prefix caching: the state at each block boundary
                 end = pos0 + t0 - start + n
@@ -187,22 +190,61 @@ def pass_kernel(
         )
 
 
+def cb_kernel(
+    t0_ref,
+    n_ref,
+    b_ref,
+    c_ref,
+    cb_ref,
+    *,
+    state_size,
+    blocks_per_chunk,
+    block_q,
+    block_n,
+    dot_dtype,
+):
+    """Program (chunk, group, token-block pair i, k): CB[i, k] = C_i B_k^T for k <= i, fp32.
+
+    Blocks the output kernel never reads (k > i, or i past the chunk's tokens) are not written."""
+    c, g, ik = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    i, k = ik // blocks_per_chunk, ik % blocks_per_chunk
+    t0, n = t0_ref[c], n_ref[c]
+
+    @pl.when((k <= i) & (i * block_q < n))
+    def _():
+        rows = jnp.arange(block_q)
+        n_mask = jnp.arange(block_n) < state_size
+        n_sl = pl.ds(0, block_n)
+        valid_q, valid_k = i * block_q + rows < n, k * block_q + rows < n
+        cm = plgpu.load(
+            c_ref.at[pl.ds(t0 + i * block_q, block_q), g, n_sl],
+            mask=valid_q[:, None] & n_mask[None, :],
+            other=0.0,
+        )
+        bm = plgpu.load(
+            b_ref.at[pl.ds(t0 + k * block_q, block_q), g, n_sl],
+            mask=valid_k[:, None] & n_mask[None, :],
+            other=0.0,
+        )
+        cb = mixed_dot(cm, bm.T, dot_dtype)
+        plgpu.store(cb_ref.at[c, g, pl.ds(i * block_q, block_q), pl.ds(k * block_q, block_q)], cb)
+
+
 def output_kernel(
     t0_ref,
     n_ref,
     x_ref,
     cum_ref,
     dtp_ref,
-    b_ref,
+    cb_ref,
     c_ref,
     d_ref,
     z_ref,
-    st_ref,
+    ent_ref,
     y_in_ref,
     y_ref,
     *,
     heads_per_group,
-    heads_per_program,
     head_dim,
     state_size,
     blocks_per_chunk,
@@ -211,14 +253,12 @@ def output_kernel(
     block_n,
     has_z,
 ):
-    """Program (head group of `heads_per_program`, chunk x token block, P-block): y for block_q
-    tokens of one chunk; the heads of a program share one group, so C_i B_k^T is computed once."""
+    """Program (head, chunk x token block, P-block): y for block_q tokens of one chunk."""
     del y_in_ref  # aliased to y_ref (its padding tokens were zeroed by pass_kernel)
-    hp, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    heads = [hp * heads_per_program + jnp.int32(e) for e in range(heads_per_program)]
+    h, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     c, i = ci // blocks_per_chunk, ci % blocks_per_chunk
     t0, n = t0_ref[c], n_ref[c]
-    g = heads[0] // heads_per_group
+    g = h // heads_per_group
     p_mask = pb * block_p + jnp.arange(block_p) < head_dim
     n_mask = jnp.arange(block_n) < state_size
     p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
@@ -229,40 +269,38 @@ def output_kernel(
     def _():
         tq = pl.ds(t0 + i * block_q, block_q)
         valid_q = i * block_q + rows < n
-        qn = valid_q[:, None] & n_mask[None, :]
-        pn = p_mask[:, None] & n_mask[None, :]
-        cm = plgpu.load(c_ref.at[tq, g, n_sl], mask=qn, other=0.0)
-        cum_q = [plgpu.load(cum_ref.at[h, tq], mask=valid_q, other=0.0) for h in heads]
-        ys = []
-        for h, cq in zip(heads, cum_q, strict=True):
-            s_in = plgpu.load(st_ref.at[c, h, p_sl, n_sl], mask=pn, other=0.0)
-            ys.append(jnp.exp(cq)[:, None] * mixed_dot(cm, s_in.T, dtype))
+        cm = plgpu.load(c_ref.at[tq, g, n_sl], mask=valid_q[:, None] & n_mask[None, :], other=0.0)
+        cum_q = plgpu.load(cum_ref.at[h, tq], mask=valid_q, other=0.0)
+        s_in = plgpu.load(
+            ent_ref.at[c, h, p_sl, n_sl], mask=p_mask[:, None] & n_mask[None, :], other=0.0
+        )
+        y = jnp.exp(cum_q)[:, None] * mixed_dot(cm, s_in.T, dtype)
 
-        def body(k, ys):
+        def body(k, y):
             tk = pl.ds(t0 + k * block_q, block_q)
             valid_k = k * block_q + rows < n
-            kp = valid_k[:, None] & p_mask[None, :]
-            bm = plgpu.load(b_ref.at[tk, g, n_sl], mask=valid_k[:, None] & n_mask[None, :], other=0)
-            cb = mixed_dot(cm, bm.T, dtype)
+            cb = plgpu.load(
+                cb_ref.at[c, g, pl.ds(i * block_q, block_q), pl.ds(k * block_q, block_q)],
+                mask=valid_q[:, None] & valid_k[None, :],
+                other=0.0,
+            )
+            xk = plgpu.load(
+                x_ref.at[tk, h, p_sl], mask=valid_k[:, None] & p_mask[None, :], other=0
+            )
+            cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
+            dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
             causal = (k * block_q + rows[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]
-            out = []
-            for h, cq, y in zip(heads, cum_q, ys, strict=True):
-                xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=kp, other=0)
-                cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
-                dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
-                decay = jnp.where(causal, jnp.exp(cq[:, None] - cum_k[None, :]), 0.0)
-                out.append(y + mixed_dot(cb * decay * dt_k[None, :], xk, dtype))
-            return tuple(out)
+            decay = jnp.where(causal, jnp.exp(cum_q[:, None] - cum_k[None, :]), 0.0)
+            return y + mixed_dot(cb * decay * dt_k[None, :], xk, dtype)
 
-        ys = jax.lax.fori_loop(0, i + 1, body, tuple(ys))
+        y = jax.lax.fori_loop(0, i + 1, body, y)
         qp = valid_q[:, None] & p_mask[None, :]
-        for h, y in zip(heads, ys, strict=True):
-            xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
-            y = y + d_ref[h].astype(jnp.float32) * xq
-            if has_z:
-                zq = plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0)
-                y = y * silu(zq.astype(jnp.float32))
-            plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)
+        xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
+        y = y + d_ref[h].astype(jnp.float32) * xq
+        if has_z:
+            zq = plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0)
+            y = y * silu(zq.astype(jnp.float32))
+        plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)
 
 
 def chunk_table(

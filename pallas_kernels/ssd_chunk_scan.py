@@ -30,9 +30,9 @@ class ScanTuning:
 
     Sequential kernel: `seq_block_q` tokens per inner chunk (divides chunk_size), `block_p` head-dim
     rows per program, `num_warps`. Parallel kernels: `state_chunk` (divides chunk_size; default
-    chunk_size), outputs in blocks of `block_q` tokens, `heads_per_program` heads of one group per
-    output program (sharing C B^T), `block_p`, `pass_block_n` state columns per pass program,
-    `num_warps` / `num_stages` of the output kernel, `state_warps` of the chunk-state kernel.
+    chunk_size), outputs and C B^T in blocks of `block_q` tokens, `block_p`, `pass_block_n` state
+    columns per pass program, `num_warps` / `num_stages` of the output kernel, `state_warps` of the
+    chunk-state kernel.
     """
 
     seq_block_q: int = 32
@@ -40,7 +40,6 @@ class ScanTuning:
     num_warps: int = 4
     state_chunk: int | None = None
     block_q: int = 64
-    heads_per_program: int = 1
     pass_block_n: int = 64
     num_stages: int = 2
     state_warps: int = 4
@@ -88,8 +87,9 @@ def ssd_chunk_scan(
     `algorithm`: "sequential" (`_ssd_sequential`: one program per row, head and P-block walks the
     row's chunks) or "parallel" (`_ssd_chunk_kernels`: chunk states in parallel over (head,
     chunk), a sequential pass over the chunk states of each row, then the outputs in parallel over
-    (head, token block); extra memory fp32 [NC, H, P, N] chunk states and fp32 [H, T] dt' and
-    cumulative decay, NC = T // Q + 2R). The two round differently, so the choice must never
+    (head, token block), with C B^T computed once per group; extra memory fp32 [NC, H, P, N] chunk
+    states and the same in x's dtype for the states entering each chunk, fp32 [NC, G, Q, Q] C B^T,
+    fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the choice must never
     depend on the batch (DESIGN 5.8: a request's output may not depend on how many prefills share
     its step); it comes from the model's config (`Mamba2Config.scan_algorithm`). Sequential is the
     default: on the H100 (RESULTS.md, 2026-11-22) it took 1070 us against 1713 us at 8 rows x 2048
@@ -128,7 +128,7 @@ def ssd_chunk_scan(
 def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: int,
                    tuning: ScanTuning, *, dt_softplus: bool, dt_limit: tuple[float, float],
                    block_size: int | None, interpret: bool):  # fmt: skip
-    """The three launches of `_ssd_chunk_kernels`; meta = (qsl, nc, has_init, read, write,
+    """The four launches of `_ssd_chunk_kernels`; meta = (qsl, nc, has_init, read, write,
     boundary), int32."""
     num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[1], B.shape[2]
@@ -140,9 +140,6 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
     block_q = max(16, min(pow2(tuning.block_q), pow2(chunk)))
     if chunk % block_q:
         raise ValueError(f"state_chunk={chunk} must be a multiple of block_q={block_q}")
-    hpp = tuning.heads_per_program
-    if (heads // groups) % hpp:
-        raise ValueError(f"heads_per_program={hpp} must divide {heads // groups} (heads per group)")
     block_p = max(16, min(pow2(tuning.block_p), pow2(head_dim)))
     block_n = max(16, pow2(state_size))
     pass_block_n = max(16, min(pow2(tuning.pass_block_n), block_n))
@@ -176,7 +173,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
         name="ssd_chunk_state",
     )(t0, n, x, dt, A, B, dt_bias)
 
-    states, pool, y = pl.pallas_call(
+    entering, pool, y = pl.pallas_call(
         functools.partial(
             _k.pass_kernel,
             num_rows=num_rows,
@@ -187,20 +184,39 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
             block_size=block_size,
             **shape,
         ),  # fmt: skip
-        out_shape=(sds_like(states), sds_like(ssm_state), sds_like(x)),
+        out_shape=(
+            jax.ShapeDtypeStruct(states.shape, x.dtype),
+            sds_like(ssm_state),
+            sds_like(x),
+        ),
         grid=(num_rows + 1, heads, pl.cdiv(state_size, pass_block_n)),
-        input_output_aliases={11: 0, 12: 1},
+        input_output_aliases={12: 1},
         compiler_params=params(4),
         interpret=interpret,
         name="ssd_state_pass",
     )(*meta, cstart, nch, t0, n, cum, states, ssm_state)
 
     blocks_per_chunk = chunk // block_q
+    cb = pl.pallas_call(
+        functools.partial(
+            _k.cb_kernel,
+            state_size=state_size,
+            blocks_per_chunk=blocks_per_chunk,
+            block_q=block_q,
+            block_n=block_n,
+            dot_dtype=x.dtype,
+        ),
+        out_shape=jax.ShapeDtypeStruct((num_chunks, groups, chunk, chunk), f32),
+        grid=(num_chunks, groups, blocks_per_chunk * blocks_per_chunk),
+        compiler_params=params(4),
+        interpret=interpret,
+        name="ssd_chunk_cb",
+    )(t0, n, B, C)
+
     return pl.pallas_call(
         functools.partial(
             _k.output_kernel,
             heads_per_group=heads // groups,
-            heads_per_program=hpp,
             blocks_per_chunk=blocks_per_chunk,
             block_q=block_q,
             block_p=block_p,
@@ -209,9 +225,9 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
             **shape,
         ),  # fmt: skip
         out_shape=sds_like(x),
-        grid=(heads // hpp, num_chunks * blocks_per_chunk, p_blocks),
+        grid=(heads, num_chunks * blocks_per_chunk, p_blocks),
         input_output_aliases={10: 0},
         compiler_params=params(tuning.num_warps, tuning.num_stages),
         interpret=interpret,
         name="ssd_chunk_output",
-    )(t0, n, x, cum, dtp, B, C, D, x if z is None else z, states, y), pool
+    )(t0, n, x, cum, dtp, cb, C, D, x if z is None else z, entering, y), pool

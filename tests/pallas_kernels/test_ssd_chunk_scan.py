@@ -175,12 +175,11 @@ def test_kernel_short_rows_straddling_chunks(algorithm):
     check(d, "interpret", chunk_size=16, algorithm=algorithm)
 
 
-def test_kernel_heads_per_program():
-    """Two heads per output program of the parallel kernel (sharing C B^T)."""
-    d = make_inputs(7, (9, 20), 4, 6, 2, 5, num_computed=[3, 0, 0])
-    check(
-        d, "interpret", chunk_size=16, tuning=ScanTuning(heads_per_program=2), algorithm="parallel"
-    )
+def test_kernel_cb_blocks_shared_by_a_group():
+    """Three heads per group read one C B^T per chunk, split into 2 x 2 token blocks (k < i blocks
+    included), rows starting mid-chunk and running past it."""
+    d = make_inputs(7, (9, 40), 6, 6, 2, 5, num_computed=[3, 21, 0])
+    check(d, "interpret", chunk_size=32, tuning=ScanTuning(block_q=16), algorithm="parallel")
 
 
 def test_kernel_state_chunk_divides_chunk_size():
@@ -222,11 +221,11 @@ def test_kernel_lowers_for_triton(algorithm):
     def fn(*a):
         d, z, bias, bnd = a[11:]
         kw = dict(D=d, z=z, dt_bias=bias, boundary_slots=bnd, block_size=512)
-        kw |= dict(tuning=ScanTuning(heads_per_program=2), algorithm=algorithm)
+        kw |= dict(algorithm=algorithm)
         return ssd_chunk_scan(*a[:11], **kw, interpret=False)
 
     text = lower_for_cuda(fn, *args, *opts)
-    names = ("ssd_chunk_state", "ssd_state_pass", "ssd_chunk_output")
+    names = ("ssd_chunk_state", "ssd_state_pass", "ssd_chunk_cb", "ssd_chunk_output")
     for name in names if algorithm == "parallel" else ("ssd_chunk_scan_sequential",):
         assert name in text
 

@@ -142,6 +142,24 @@ def test_kernel_interpret(name):
     check(o, st, args, kw)
 
 
+@pytest.mark.parametrize("l2", [True, False])
+def test_kernel_interpret_qk_options(l2):
+    """Varlen rows starting mid-chunk, initial state mixed, use_qk_l2norm on and off with a given
+    scale: the chain rebuilds KD and QE from q, k itself, so both flags must reach it."""
+    lengths, nc, hi = [20, 1, 17, 9], [11, 63, 0, 30], [True, True, False, False]
+    args, kw = make_case(lengths, nc, hi, T=56, seed=11)
+    if not l2:  # keep |k| near 1 so the unnormalised delta rule stays contracting
+        args[0], args[1] = args[0] * 0.3, args[1] * 0.3
+    o, st = _kernel(16, use_qk_l2norm=l2, scale=0.7)(*map(jnp.asarray, args))
+    o_ref, st_ref = gdn_oracle.prefill(*args, scale=0.7, l2=l2)
+    live = sum(lengths)
+    np.testing.assert_allclose(np.asarray(o)[:live], o_ref[:live], rtol=2e-4, atol=2e-4)
+    assert np.all(np.asarray(o)[live:] == 0)
+    st = np.asarray(st)
+    assert np.isnan(st[0]).all()
+    np.testing.assert_allclose(st[1:], st_ref[1:], rtol=2e-4, atol=2e-4)
+
+
 def test_kernel_interpret_boundaries_chunk64():
     """Default chunk 64 with its 16-blocked inverse, boundary states, a padding boundary slot."""
     args, kw = make_case([70, 3, 90], [10, 64, 0], [True, True, False], T=176, nb=2, bs=64)

@@ -124,7 +124,7 @@ def ssd_inputs(rng, batch: int, seqlen: int, heads=H, head_dim=P, groups=G, stat
                 init=f(batch, heads, head_dim, state) * 0.1)  # fmt: skip
 
 
-def bench_ssd(name, batch, seqlen, bw, anchors, quick):
+def bench_ssd(name, batch, seqlen, bw, anchors, quick, configs):
     rng = np.random.default_rng(1)
     d = ssd_inputs(rng, batch, seqlen, *((4, 16, 2, 16) if quick else ()))
     x, dt, bm, cm = (jnp.asarray(d[k], BF) for k in ("x", "dt", "B", "C"))
@@ -151,13 +151,12 @@ def bench_ssd(name, batch, seqlen, bw, anchors, quick):
     T = batch * seqlen
     nbytes = T * (2 * x.shape[1] * x.shape[2] * 2 + 2 * bm.shape[1] * bm.shape[2] * 2 + 2 * H)
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
-    configs = [SSD_CONFIGS[0], SSD_CONFIGS[-1]] if quick else SSD_CONFIGS
     best = sweep("ssd_chunk_scan", name, configs, make_step, pool, 3, nbytes, bw, check)
     if quick or best is None:
-        return
+        return best and best[1]
     record(op="ssd_chunk_scan", shape=name, breakdown_us=kernel_breakdown(best[2], pool))
     if anchors is None:
-        return
+        return best[1]
     torch, triton, _, chunk_combined = anchors
     t = {k: torch.from_numpy(v).cuda() for k, v in d.items()}
     bf = {k: t[k].to(torch.bfloat16).view(batch, seqlen, *v.shape[1:])
@@ -172,17 +171,12 @@ def bench_ssd(name, batch, seqlen, bw, anchors, quick):
            anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
            anchor_err_y=rel_err(y_a.float().cpu().numpy().reshape(y_ref.shape), y_ref),
            anchor_err_state=rel_err(s_a.float().cpu().numpy(), p_ref[batch + 1 :]))  # fmt: skip
+    return best[1]
 
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
 HK, HV, DK = 16, 32, 128
-GDN_CONFIGS = [
-    dict(),
-    dict(block_v=32),
-    dict(num_stages=2),
-    dict(num_warps=8),
-    dict(intra_num_warps=8),
-]
+GDN_CONFIGS = [dict(), dict(block_v=32), dict(num_warps=8)]
 
 
 def gdn_inputs(rng, batch: int, seqlen: int, hk=HK, hv=HV, dk=DK) -> dict:
@@ -193,7 +187,7 @@ def gdn_inputs(rng, batch: int, seqlen: int, hk=HK, hv=HV, dk=DK) -> dict:
                 init=f(batch, hv, dk, dk) * 0.1)  # fmt: skip
 
 
-def bench_gdn(name, batch, seqlen, bw, anchors, quick):
+def bench_gdn(name, batch, seqlen, bw, anchors, quick, configs):
     rng = np.random.default_rng(2)
     d = gdn_inputs(rng, batch, seqlen, *((2, 4, 16) if quick else ()))
     q, k, v = (jnp.asarray(d[n], BF) for n in ("q", "k", "v"))
@@ -213,13 +207,12 @@ def bench_gdn(name, batch, seqlen, bw, anchors, quick):
     T = batch * seqlen
     nbytes = T * ((2 * q.shape[1] + 2 * v.shape[1]) * q.shape[2] * 2 + 2 * v.shape[1] * 4)
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
-    configs = GDN_CONFIGS[:1] if quick else GDN_CONFIGS
     best = sweep("gdn_chunk", name, configs, make_step, pool, 3, nbytes, bw, check)
     if quick or best is None:
-        return
+        return best and best[1]
     record(op="gdn_chunk", shape=name, breakdown_us=kernel_breakdown(best[2], pool))
     if anchors is None:
-        return
+        return best[1]
     torch, triton = anchors[:2]
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -240,6 +233,7 @@ def bench_gdn(name, batch, seqlen, bw, anchors, quick):
            anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
            anchor_err_y=rel_err(o_a.float().cpu().numpy().reshape(o_ref.shape), o_ref),
            anchor_err_state=rel_err(s_a.float().cpu().numpy(), p_ref[batch + 1 :]))  # fmt: skip
+    return best[1]
 
 
 # ----------------------------------------------------------------------------- causal conv1d
@@ -256,7 +250,7 @@ CONV_CONFIGS = [
 ]  # fmt: skip
 
 
-def bench_conv(name, batch, seqlen, bw, anchors, quick):
+def bench_conv(name, batch, seqlen, bw, anchors, quick, configs):
     rng = np.random.default_rng(3)
     channels = 40 if quick else D_CONV
     T = batch * seqlen
@@ -279,13 +273,12 @@ def bench_conv(name, batch, seqlen, bw, anchors, quick):
         return dict(err_y=rel_err(y, y_ref), err_state=rel_err(s, s_ref))
 
     nbytes = 2 * T * channels * 2
-    configs = CONV_CONFIGS[:1] if quick else CONV_CONFIGS
     best = sweep("causal_conv1d_prefill", name, configs, make_step, state, 10, nbytes, bw, check)
     if quick or best is None:
-        return
+        return best and best[1]
     record(op="causal_conv1d_prefill", shape=name, breakdown_us=kernel_breakdown(best[2], state))
     if anchors is None:
-        return
+        return best[1]
     torch, triton = anchors[:2]
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
 
@@ -305,9 +298,17 @@ def bench_conv(name, batch, seqlen, bw, anchors, quick):
            anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
            anchor_err_y_no_init=rel_err(y0.float().cpu().numpy().reshape(T, channels),
                                         y0_ref))  # fmt: skip
+    return best[1]
 
 
-BENCHES = {"ssd": bench_ssd, "gdn": bench_gdn, "conv": bench_conv}
+BENCHES = {"ssd": (bench_ssd, SSD_CONFIGS), "gdn": (bench_gdn, GDN_CONFIGS),
+           "conv": (bench_conv, CONV_CONFIGS)}  # fmt: skip
+
+
+def later_configs(configs: list[dict], best: dict | None) -> list[dict]:
+    """After the first shape: its best config, plus the sequential SSD scan (the model default)."""
+    keep = [c for c in configs if c.get("algorithm") == "sequential" and c != best]
+    return ([best] if best is not None else configs[:1]) + keep
 
 
 def main() -> None:
@@ -323,11 +324,15 @@ def main() -> None:
     record(device=jax.devices()[0].device_kind, copy_tb_s=bw)
     anchors = None if args.quick or args.no_anchors else import_anchors()
     for op in args.ops.split(","):
+        bench, configs = BENCHES[op]
+        configs = configs[:1] if args.quick else configs  # the full sweep on the first shape
         for name, (batch, seqlen) in shapes.items():
             try:
-                BENCHES[op](name, batch, seqlen, bw, anchors, args.quick)
+                best = bench(name, batch, seqlen, bw, anchors, args.quick, configs)
             except Exception:  # noqa: BLE001  (one op failing must not lose the others)
                 log(f"{op} {name} FAILED\n{traceback.format_exc()}"[-3000:])
+                best = None
+            configs = later_configs(configs, best)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_prefill.json"), "w") as fh:
             json.dump(RESULTS, fh, indent=1, default=str)

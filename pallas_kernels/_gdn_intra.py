@@ -1,13 +1,10 @@
-"""Kernel 1 of the Gated DeltaNet prefill (`gdn_chunk`): the per-chunk tiles that need the
-chunk's whole triangle, all chunks in parallel (grid: chunk tiles x value heads).
+"""Kernel 1 of the Gated DeltaNet prefill (`gdn_chunk`): every per-chunk tile that does not depend
+on the state, all chunks in parallel (grid: chunk tiles x value heads).
 
 l2norm(q, k), the in-chunk cumulative log decay G, A = strict-lower(beta_i (k_i . k_j)
-exp(G_i - G_j)), T = (I + A)^-1 (blocked doubling products, all dots), and three tiles written
-to HBM: the WY factors W = T (beta exp(G) k), U = T (beta v), and AQK = scale (q k^T) o causal
-decay. The row-scaled tiles KD = exp(G_last - G) k and QE = scale exp(G) q are not written: the
-chain rebuilds them from q, k and g (`load_qk`, `cumsum`) with a few element-wise ops. That drops
-two [C, BK] tile writes per (chunk, value head) here; the chain reads q, k rows in their place,
-the same bytes per chunk but from tensors the value heads of one key head share.
+exp(G_i - G_j)), T = (I + A)^-1 (blocked doubling products, all dots), the WY factors
+W = T (beta exp(G) k), U = T (beta v), and the tiles the chain needs as it uses them:
+KD = exp(G_last - G) k, QE = scale exp(G) q, AQK = scale (q k^T) o causal decay.
 """
 
 from __future__ import annotations
@@ -38,14 +35,6 @@ def mm(a, b, dt, prec, dims=NN):
 
 def _l2n_rows(x: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=1) + L2_EPS)[:, None]
-
-
-def load_qk(ref, at, mask: jax.Array, l2: bool) -> jax.Array:
-    """q or k rows `ref.at[at]` in fp32, zero outside `mask`, l2-normalised per row if `l2`.
-
-    Both kernels load q and k through this, so the chain's rebuilt KD, QE match kernel 1's AQK."""
-    x = plgpu.load(ref.at[at], mask=mask, other=0.0).astype(jnp.float32)
-    return _l2n_rows(x) if l2 else x
 
 
 def _unit_lower_inverse(A: jax.Array, blk: int, dt, prec, refine: bool) -> jax.Array:
@@ -111,8 +100,8 @@ def _intra_kernel(
     cstart_ref, clen_ref, q_ref, k_ref, v_ref, g_ref, b_ref, *out_refs, spec: _IntraSpec,
     wy: bool, qk: bool,
 ):  # fmt: skip
-    """Kernel 1 body: `wy` writes W, U (in that order); `qk` writes AQK. Tiles are computed and
-    stored one after another so few stay live in registers.
+    """Kernel 1 body: `wy` writes W, U; `qk` writes KD, QE, AQK (in that order). Tiles are computed
+    and stored one after another so few stay live in registers.
 
     Every tile is stored whole, its padding columns (K..BK, V..BV: zeros, from masked loads)
     included, so no later reader can meet memory that nothing wrote.
@@ -131,16 +120,21 @@ def _intra_kernel(
         ref = outs.pop(0)
         plgpu.store(ref.at[c, hv, pl.ds(0, C), pl.ds(0, x.shape[1])], x.astype(ref.dtype))
 
-    k = load_qk(k_ref, qk_at, qk_mask, spec.l2)
+    def load_qk(ref):
+        x = plgpu.load(ref.at[qk_at], mask=qk_mask, other=0.0).astype(jnp.float32)
+        return _l2n_rows(x) if spec.l2 else x
+
+    k = load_qk(k_ref)
     g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
     G = jnp.cumsum(g)
+    eG = jnp.exp(G)
     ii, jj = rows[:, None], rows[None, :]
     dec = jnp.where(ii >= jj, jnp.exp(jnp.where(ii >= jj, G[:, None] - G[None, :], 0.0)), 0.0)
     if wy:
         beta = plgpu.load(b_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
         A = jnp.where(ii > jj, beta[:, None] * mm(k, k, dt, prec, NT) * dec, 0.0)
         Tinv = _unit_lower_inverse(A, spec.blk, spec.sdt, prec, spec.refine)
-        put(mm(Tinv, (beta * jnp.exp(G))[:, None] * k, dt, prec))  # W
+        put(mm(Tinv, (beta * eG)[:, None] * k, dt, prec))  # W
         v = plgpu.load(
             v_ref.at[pl.ds(st, C), hv, pl.ds(0, BV)],
             mask=rmask[:, None] & vmask[None, :],
@@ -148,7 +142,9 @@ def _intra_kernel(
         )
         put(mm(Tinv, beta[:, None] * v.astype(jnp.float32), dt, prec))  # U
     if qk:
-        q = load_qk(q_ref, qk_at, qk_mask, spec.l2)
+        put(jnp.exp(jnp.sum(g) - G)[:, None] * k)  # KD
+        q = load_qk(q_ref)
+        put((spec.scale * eG)[:, None] * q)  # QE
         put((spec.scale * mm(q, k, dt, prec, NT)) * dec)  # AQK
 
 
@@ -156,7 +152,7 @@ def intra_tiles(
     q, k, v, g, beta, cstart, clen, *, HV: int, C: int, inter, warps: int, split: bool,
     interpret: bool, blk: int, l2: bool, scale: float, prec, sdt, refine: bool,
 ):  # fmt: skip
-    """Per chunk tile (kernel 1, or two kernels when `split`: W, U, then AQK): W [NC, HV, C, BK],
+    """Per chunk tile (kernel 1, or two kernels when `split`): W, KD, QE [NC, HV, C, BK],
     U [NC, HV, C, BV], AQK [NC, HV, C, C], all in `inter` dtype."""
     HK, K = k.shape[1], k.shape[2]
     V = v.shape[2]
@@ -168,7 +164,7 @@ def intra_tiles(
     kt, ut, at = mat((NCH, HV, C, BK)), mat((NCH, HV, C, BVf)), mat((NCH, HV, C, C))
 
     def call(wy: bool, qk: bool):
-        shapes = ((kt, ut) if wy else ()) + ((at,) if qk else ())
+        shapes = ((kt, ut) if wy else ()) + ((kt, kt, at) if qk else ())
         return pl.pallas_call(
             functools.partial(_intra_kernel, spec=spec, wy=wy, qk=qk),
             out_shape=shapes,

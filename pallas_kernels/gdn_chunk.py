@@ -1,14 +1,12 @@
 """Gated DeltaNet chunked prefill (varlen, slots in-kernel), Pallas/Triton, two kernels.
 
-1. `_gdn_intra.intra_tiles`, grid (chunk tiles, HV), all chunks in parallel. The tiles that need
-   the chunk's triangular inverse or its q k^T triangle, written to HBM: W, U and AQK.
+1. `_gdn_intra.intra_tiles`, grid (chunk tiles, HV), all chunks in parallel. Everything that does
+   not depend on the state: the WY factors W, U and the tiles KD, QE, AQK the chain uses.
 2. `_chain_kernel`, grid (R + 1, HV, V tiles): sequential over the chunks of one row with the
-   transposed state slice S^T [K, BV] in fp32 registers. Per chunk it loads W, U, AQK and the
-   chunk's own q, k, g, rebuilds the row-scaled tiles KD = exp(G_last - G) l2norm(k) and
-   QE = scale exp(G) l2norm(q) (element-wise, in place of a write and read back through HBM), then
-   four small dots: v_new = U - W S^T, o = QE S^T + AQK v_new, S^T = exp(G_last) S^T + KD^T v_new.
-   Reads the initial state from its slot, writes block-boundary states and the final state to
-   theirs. Program R zeroes the padding tokens.
+   transposed state slice S^T [K, BV] in fp32 registers. Per chunk only four small dots:
+   v_new = U - W S^T, o = QE S^T + AQK v_new, S^T = exp(G_last) S^T + KD^T v_new. Reads the
+   initial state from its slot, writes block-boundary states and the final state to theirs.
+   Program R zeroes the padding tokens.
 Dot operands are in `inter_dtype` (bf16 for bf16 inputs: tensor cores, fp32 accumulation); the
 triangular inverse uses `solve_dtype` (default the same; fp32 = TF32 on GPU). Chunks are aligned to
 absolute positions (num_computed), so results do not depend on chunking.
@@ -24,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import live_slot, pow2, safe_slot
-from pallas_kernels._gdn_intra import TN, intra_tiles, load_qk, mm
+from pallas_kernels._gdn_intra import TN, intra_tiles, mm
 from pallas_kernels.gdn_reference import (
     check_prefill_args,
     chunk_table,
@@ -46,11 +44,11 @@ def _chain_kernel(
     c0_ref,
     cnt_ref,
     bsl_ref,
-    q_ref,
-    k_ref,
     g_ref,
     w_ref,
     u_ref,
+    kd_ref,
+    qe_ref,
     aqk_ref,
     _s_in,
     o_ref,
@@ -67,9 +65,6 @@ def _chain_kernel(
     NB,
     prec,
     dt,
-    rep,
-    scale,
-    l2,
 ):
     r, hv, vt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     rows = jnp.arange(C)
@@ -115,17 +110,14 @@ def _chain_kernel(
             n = jnp.minimum(tok0 + C, q1) - st
             rmask = rows < n
             # Tiles are loaded under the masks of the rows and columns they hold (kernel 1 writes
-            # them whole, padding included; masking here too keeps any unwritten byte out). q, k
-            # rows past the chunk's live length load as zeros, so they add nothing to o or S.
+            # them whole, padding included; masking here too keeps any unwritten byte out).
             rk, rv = rmask[:, None] & kmask[None, :], rmask[:, None] & vmask[None, :]
             tile = (c0 + j, hv, pl.ds(0, C))
             g = plgpu.load(g_ref.at[pl.ds(st, C), hv], mask=rmask, other=0.0).astype(jnp.float32)
-            G = jnp.cumsum(g)
-            qk_at = (pl.ds(st, C), hv // rep, pl.ds(0, BK))
-            kd = jnp.exp(jnp.sum(g) - G)[:, None] * load_qk(k_ref, qk_at, rk, l2)
-            qe = (scale * jnp.exp(G))[:, None] * load_qk(q_ref, qk_at, rk, l2)
             w = plgpu.load(w_ref.at[tile + (pl.ds(0, BK),)], mask=rk, other=0.0)
             u = plgpu.load(u_ref.at[tile + (srow,)], mask=rv, other=0.0).astype(jnp.float32)
+            kd = plgpu.load(kd_ref.at[tile + (pl.ds(0, BK),)], mask=rk, other=0.0)
+            qe = plgpu.load(qe_ref.at[tile + (pl.ds(0, BK),)], mask=rk, other=0.0)
             cc = rmask[:, None] & rmask[None, :]
             aqk = plgpu.load(aqk_ref.at[tile + (pl.ds(0, C),)], mask=cc, other=0.0)
             v_new = u - mm(w, sT, dt, prec)  # [C, BV]
@@ -173,13 +165,12 @@ def chunk_tiles(query_start_loc, num_computed, T: int, C: int):
 _PIPELINE_SMEM_BYTES = 180 * 1024
 
 
-def chain_stages(C: int, BK: int, BV: int, itemsize: int, qk_itemsize: int, most: int = 3) -> int:
+def chain_stages(C: int, BK: int, BV: int, itemsize: int, most: int = 3) -> int:
     """Pipeline stages of the chain kernel: `most` (3 measured fastest at the Qwen3-Next shape in
-    bf16), fewer when what one chunk loads (the tiles W [C, BK], U [C, BV], AQK [C, C] of
-    `itemsize` bytes, q and k [C, BK] of `qk_itemsize`) would overflow shared memory: fp32 tiles
-    with K = 128 asked 288 KiB at 3 stages on the H100. A function of the static shapes only,
-    never of the batch."""
-    per_stage = (C * BK + C * BV + C * C) * itemsize + 2 * C * BK * qk_itemsize
+    bf16), fewer when the tiles one chunk loads (W, KD, QE [C, BK], U [C, BV], AQK [C, C]) would
+    overflow shared memory: fp32 tiles with K = 128 asked 288 KiB at 3 stages on the H100. A
+    function of the static shapes only, never of the batch."""
+    per_stage = (3 * C * BK + C * BV + C * C) * itemsize
     return max(1, min(most, 1 + _PIPELINE_SMEM_BYTES // per_stage))
 
 
@@ -221,7 +212,7 @@ def gdn_chunk(
     inverse), inter_dtype (storage and dot operands of the per-chunk tiles and the chain; default
     v.dtype), solve_dtype / solve_refine (operands of the inverse's dots, default inter_dtype: bf16
     measured as accurate as TF32 and faster on the H100; a Newton step in fp32),
-    split_intra (kernel 1 as two launches: WY factors W, U, then AQK),
+    split_intra (kernel 1 as two launches: WY factors, then the q/k tiles),
     warps/stages (stages None = `chain_stages`: up to 3, fewer where the per-chunk tiles would
     overflow shared memory), precision of fp32 dots on GPU (None = HIGHEST for fp32 tiles;
     interpret mode uses HIGHEST).
@@ -239,7 +230,6 @@ def gdn_chunk(
     # An fp32 model asks for fp32 results: its fp32 dots default to HIGHEST, not TF32.
     fp32_default = jax.lax.Precision.HIGHEST if inter == jnp.float32 else None
     prec = jax.lax.Precision.HIGHEST if interpret else (precision or fp32_default)
-    scale = float(K**-0.5 if scale is None else scale)
     tiles = intra_tiles(
         q,
         k,
@@ -256,7 +246,7 @@ def gdn_chunk(
         interpret=interpret,
         blk=min(solve_block, C),
         l2=use_qk_l2norm,
-        scale=scale,
+        scale=float(K**-0.5 if scale is None else scale),
         prec=prec,
         sdt=inter if solve_dtype is None else jnp.dtype(solve_dtype),
         refine=solve_refine,
@@ -277,9 +267,6 @@ def gdn_chunk(
         NB=NB,
         prec=prec,
         dt=inter,
-        rep=HV // HK,
-        scale=scale,
-        l2=use_qk_l2norm,
     )
     meta = (qsl, nc, has_initial_state.astype(i32), read_slots.astype(i32))
     meta += (write_slots.astype(i32), c0, count, bsl)
@@ -290,12 +277,11 @@ def gdn_chunk(
             jax.ShapeDtypeStruct(state.shape, state.dtype),
         ),
         grid=(R + 1, HV, pl.cdiv(V, BV)),
-        input_output_aliases={len(meta) + 3 + len(tiles): 1},
+        input_output_aliases={len(meta) + 1 + len(tiles): 1},
         compiler_params=plgpu.CompilerParams(
             num_warps=num_warps,
-            num_stages=num_stages
-            or chain_stages(C, BK, BV, inter.itemsize, jnp.dtype(q.dtype).itemsize),
+            num_stages=num_stages or chain_stages(C, BK, BV, inter.itemsize),
         ),
         interpret=interpret,
         name="gdn_chunk_chain",
-    )(*meta, q, k, g, *tiles, state)
+    )(*meta, g, *tiles, state)

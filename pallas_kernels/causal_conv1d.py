@@ -23,142 +23,38 @@ from pallas_kernels._common import (
     silu,
     token_rows,
 )
+from pallas_kernels._conv_prefill import final_window_kernel, load_taps, tiled_kernel, walk_kernel
 from pallas_kernels.causal_conv1d_reference import (
     check_activation,
     check_common,
 )
 
-# ----------------------------------------------------------------------------- Pallas kernels
+MAX_UNROLL = 16
 
 
-def _load_taps(w_ref, bias_ref, d_sl, d_mask, width):
-    """Weight columns [BD] per tap (fp32) and the bias [BD]."""
-    taps = [
-        plgpu.load(w_ref.at[d_sl, jnp.int32(j)], mask=d_mask, other=0.0).astype(jnp.float32)
-        for j in range(width)
-    ]
-    return taps, plgpu.load(bias_ref.at[d_sl], mask=d_mask, other=0.0).astype(jnp.float32)
-
-
-def _prefill_kernel(
-    start_ref,
-    slot_ref,
-    x_ref,
-    w_ref,
-    bias_ref,
-    state_ref,
-    y_ref,
-    *,
-    num_tokens,
-    channels,
-    width,
-    block_t,
-    block_d,
-    activation,
-    split_paths,
-):
-    """One (token block, channel block): every tap reads x or, near a row start, the slot window.
-
-    With `split_paths`, blocks starting at token W - 1 or later read x as contiguous shifted tiles
-    (pl.ds rows) and gather the slot windows only when a row's first W - 1 tokens fall in the
-    block; earlier blocks (whose shifted tiles would start before token 0) keep the general gather
-    path.
-    """
-    tb0 = pl.program_id(0) * block_t
-    t = tb0 + jnp.arange(block_t)
-    d = pl.program_id(1) * block_d + jnp.arange(block_d)
-    t_mask, d_mask = t < num_tokens, d < channels
-    d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
-    start = plgpu.load(start_ref.at[pl.ds(tb0, block_t)], mask=t_mask, other=num_tokens + 1)
-    slot = plgpu.load(slot_ref.at[pl.ds(tb0, block_t)], mask=t_mask, other=0)
-    local = t - start  # < 0 for padding tokens
-    taps, bias = _load_taps(w_ref, bias_ref, d_sl, d_mask, width)
-    td_mask = t_mask[:, None] & d_mask[None, :]
-
-    def block(contiguous: bool, with_init: bool) -> None:
-        acc = jnp.broadcast_to(bias[None, :], (block_t, block_d))
-        for j in range(width):
-            back = width - 1 - j  # tap j reads the token `back` steps earlier
-            in_row = local >= back
-            rows = pl.ds(tb0 - back, block_t) if contiguous else jnp.maximum(t - back, 0)[:, None]
-            xv = plgpu.load(
-                x_ref.at[rows, d_sl if contiguous else d[None, :]],
-                mask=td_mask & in_row[:, None],
-                other=0.0,
-            )
-            acc = acc + taps[j][None, :] * xv.astype(jnp.float32)
-            if back and with_init:  # a row's first `back` tokens read its window at local + j
-                from_init = (~in_row) & (local >= 0) & (slot > 0)
-                col = jnp.clip(local + j, 0, width - 2)
-                iv = plgpu.load(
-                    state_ref.at[slot[:, None], d[None, :], col[:, None]],
-                    mask=td_mask & from_init[:, None],
-                    other=0.0,
-                )
-                acc = acc + taps[j][None, :] * iv.astype(jnp.float32)
-        y = silu(acc) if activation == "silu" else acc
-        y = jnp.where((local >= 0)[:, None], y, 0.0)
-        plgpu.store(y_ref.at[pl.ds(tb0, block_t), d_sl], y.astype(y_ref.dtype), mask=td_mask)
-
-    if not split_paths:
-        block(False, True)
-        return
-    starts = (local >= 0) & (local < width - 1) & (slot > 0) & t_mask
-    need_init = jnp.sum(starts.astype(jnp.int32)) > 0  # (no reduce_or in the Triton lowering)
-    shifted = tb0 >= width - 1  # every shifted tile starts at or after token 0
-    pl.when(~shifted)(lambda: block(False, True))
-    pl.when(shifted & need_init)(lambda: block(True, True))
-    pl.when(shifted & ~need_init)(lambda: block(True, False))
-
-
-def _final_window_kernel(
-    qsl_ref,
-    has_init_ref,
-    read_ref,
-    write_ref,
-    x_ref,
-    state_in_ref,
-    state_ref,
-    *,
-    channels,
-    width,
-    block_d,
-):
-    """One (row, channel block): the last W - 1 entries of (initial window ++ row tokens)."""
-    del state_in_ref  # aliased to state_ref
-    r = pl.program_id(0)
-    d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
-    d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
-    start, length = qsl_ref[r], qsl_ref[r + 1] - qsl_ref[r]
-    num_slots = state_ref.shape[0]
-    read = jnp.where(has_init_ref[r] != 0, read_ref[r], 0)
-    reads, write = live_slot(read, num_slots), write_ref[r]
-    window = []
-    for k in range(width - 1):  # load everything before storing: the slots may coincide
-        i = length + k  # index into init ++ tokens
-        from_x = plgpu.load(
-            x_ref.at[jnp.maximum(start + i - (width - 1), 0), d_sl],
-            mask=d_mask & (i >= width - 1),
-            other=0.0,
-        )
-        col = jnp.clip(i, 0, width - 2)
-        from_init = plgpu.load(
-            state_ref.at[safe_slot(read, num_slots), d_sl, col],
-            mask=d_mask & (i < width - 1) & reads,
-            other=0.0,
-        )
-        window.append(from_x.astype(jnp.float32) + from_init.astype(jnp.float32))
-    for k in range(width - 1):
-        plgpu.store(
-            state_ref.at[safe_slot(write, num_slots), d_sl, jnp.int32(k)],
-            window[k].astype(state_ref.dtype),
-            mask=d_mask & live_slot(write, num_slots),
+def check_walk(walk_tokens: int | None, unroll: int) -> None:
+    """Raise ValueError unless `unroll` is a power of two in [1, MAX_UNROLL] and `walk_tokens` is
+    None or a power of two >= unroll (a segment is a whole number of loop steps)."""
+    if not (1 <= unroll <= MAX_UNROLL and pow2(unroll) == unroll):
+        raise ValueError(f"unroll={unroll} must be a power of two in [1, {MAX_UNROLL}]")
+    if walk_tokens is not None and not (walk_tokens >= unroll and pow2(walk_tokens) == walk_tokens):
+        raise ValueError(
+            f"walk_tokens={walk_tokens} must be None or a power of two in [unroll={unroll}, inf]"
         )
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("activation", "interpret", "block_t", "block_d", "num_warps", "split_paths"),
+    static_argnames=(
+        "activation",
+        "interpret",
+        "block_t",
+        "block_d",
+        "num_warps",
+        "split_paths",
+        "walk_tokens",
+        "unroll",
+    ),
 )
 def causal_conv1d_prefill(
     x: jax.Array,
@@ -176,13 +72,18 @@ def causal_conv1d_prefill(
     block_d: int = 512,
     num_warps: int = 4,
     split_paths: bool = True,
+    walk_tokens: int | None = None,
+    unroll: int = 4,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernel for `causal_conv1d_prefill_reference` (same arguments and results).
 
     Two launches: the conv over (token blocks, channel blocks), then the final windows over
-    (rows, channel blocks), written into `conv_state` in place (aliased).
+    (rows, channel blocks), written into `conv_state` in place (aliased). The conv is the tiled
+    kernel (block_t x block_d tiles, `split_paths`) unless `walk_tokens` is given: then each
+    program walks `walk_tokens` consecutive tokens of one channel block, `unroll` per loop step.
     """
     check_activation(activation)
+    check_walk(walk_tokens, unroll)
     num_tokens, channels = x.shape
     width = check_common(channels, weight, bias, conv_state)
     num_rows = query_start_loc.shape[0] - 1
@@ -197,19 +98,21 @@ def causal_conv1d_prefill(
     bias = jnp.zeros((channels,), jnp.float32) if bias is None else bias
     # Blocks may shrink with T: a token's taps are summed in the same order in any block, so this
     # does not make a row's result depend on the padded shape.
-    block_t, block_d = min(pow2(block_t), pow2(num_tokens)), min(pow2(block_d), pow2(channels))
+    block_d = min(pow2(block_d), pow2(channels))
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
+    dims = dict(num_tokens=num_tokens, channels=channels, width=width, block_d=block_d)
+    if walk_tokens is None:
+        block_t = min(pow2(block_t), pow2(num_tokens))
+        kernel = functools.partial(
+            tiled_kernel, **dims, block_t=block_t, activation=activation, split_paths=split_paths
+        )
+    else:  # a segment never needs to be longer than T (rounded up to a whole loop step)
+        block_t = min(walk_tokens, max(unroll, pow2(num_tokens)))
+        kernel = functools.partial(
+            walk_kernel, **dims, walk_tokens=block_t, unroll=unroll, activation=activation
+        )
     y = pl.pallas_call(
-        functools.partial(
-            _prefill_kernel,
-            num_tokens=num_tokens,
-            channels=channels,
-            width=width,
-            block_t=block_t,
-            block_d=block_d,
-            activation=activation,
-            split_paths=split_paths,
-        ),
+        kernel,
         out_shape=sds_like(x),
         grid=(pl.cdiv(num_tokens, block_t), pl.cdiv(channels, block_d)),
         compiler_params=params,
@@ -219,7 +122,7 @@ def causal_conv1d_prefill(
     if width == 1:
         return y, conv_state
     conv_state = pl.pallas_call(
-        functools.partial(_final_window_kernel, channels=channels, width=width, block_d=block_d),
+        functools.partial(final_window_kernel, channels=channels, width=width, block_d=block_d),
         out_shape=sds_like(conv_state),
         grid=(num_rows, pl.cdiv(channels, block_d)),
         input_output_aliases={5: 0},
@@ -269,7 +172,7 @@ def _update_kernel(
         for k in range(width - 1)
     ]
     loads_before_stores(on_gpu)  # lane 0 may write the slot it read (in place)
-    taps, bias = _load_taps(w_ref, bias_ref, d_sl, d_mask, width)
+    taps, bias = load_taps(w_ref, bias_ref, d_sl, d_mask, width)
     for t in range(lanes):
         tt = jnp.int32(t)
         seq.append(plgpu.load(x_ref.at[b, tt, d_sl], mask=d_mask, other=0.0).astype(jnp.float32))

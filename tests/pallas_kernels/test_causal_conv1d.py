@@ -143,25 +143,61 @@ def test_prefill_rejects_bad_weight():
         ops.causal_conv1d_prefill(*_args({**d, "weight": d["weight"][:4]}, PREFILL))
 
 
-@pytest.mark.parametrize(
-    ("lengths", "channels", "width", "block_t"),
-    [
-        ((5, 1, 2, 9), 12, 4, 4),
-        ((1,), 6, 2, 8),
-        ((3, 0, 12), 20, 3, 4),
-        ((2, 1, 7), 12, 4, 16),
-        ((5, 1, 2, 9), 37, 4, 2),
-    ],  # block_t < W - 1: no shifted tile may start before token 0
+# (lengths, channels, width): short rows, empty rows, rows shorter than W - 1, several rows in one
+# program, channel counts not multiples of block_d (8 in these tests). Each comes with a tiled
+# kernel's block_t and a walk kernel's (walk_tokens, unroll).
+PREFILL_SHAPES = (
+    ((5, 1, 2, 9), 12, 4),
+    ((1,), 6, 2),
+    ((3, 0, 12), 20, 3),
+    ((2, 1, 7), 12, 4),
+    ((5, 1, 2, 9), 37, 4),
 )
-def test_prefill_kernel(lengths, channels, width, block_t):
-    """Short rows, empty rows, several rows in one token block, channel counts not powers of two."""
-    d = prefill_inputs(5, lengths, channels, width)
-    want_y, want_pool = oracle_prefill(*_args(d, PREFILL), "silu")
+TILED_BLOCK_T = (4, 8, 4, 16, 2)  # block_t < W - 1: no shifted tile may start before token 0
+# Segments cut rows (at token 2 of a row with an initial window: the first window mixes it with x);
+# tails shorter than `unroll` (T = 4 with unroll 8; T = 18 in 16-token segments, unroll 4).
+WALK = ((4, 2), (8, 8), (16, 4), (4, 1), (2, 2))
+
+
+def check_prefill_kernel(d: dict, activation="silu", **config) -> None:
+    want_y, want_pool = oracle_prefill(*_args(d, PREFILL), activation)
     y, pool = conv_mod.causal_conv1d_prefill(
-        *_args(d, PREFILL), interpret=True, block_t=block_t, block_d=8
+        *_args(d, PREFILL), activation=activation, interpret=True, block_d=8, **config
     )
     np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("shape", "block_t"), list(zip(PREFILL_SHAPES, TILED_BLOCK_T, strict=True))
+)
+def test_prefill_kernel(shape, block_t):
+    lengths, channels, width = shape
+    check_prefill_kernel(prefill_inputs(5, lengths, channels, width), block_t=block_t)
+
+
+@pytest.mark.parametrize(("shape", "walk"), list(zip(PREFILL_SHAPES, WALK, strict=True)))
+def test_prefill_walk_kernel(shape, walk):
+    """The walk kernel on the tiled kernel's shapes; the second without bias and activation."""
+    lengths, channels, width = shape
+    d = prefill_inputs(5, lengths, channels, width)
+    plain = shape == PREFILL_SHAPES[1]
+    if plain:
+        d["bias"] = None
+    walk_tokens, unroll = walk
+    check_prefill_kernel(d, None if plain else "silu", walk_tokens=walk_tokens, unroll=unroll)
+
+
+@pytest.mark.parametrize(
+    ("walk_tokens", "unroll", "bad"),
+    [(8, 3, "unroll"), (8, 32, "unroll"), (2, 4, "walk_tokens"), (12, 4, "walk_tokens")],
+)
+def test_prefill_rejects_bad_walk(walk_tokens, unroll, bad):
+    d = prefill_inputs(0, (3,), 8, 4)
+    with pytest.raises(ValueError, match=bad):
+        conv_mod.causal_conv1d_prefill(
+            *_args(d, PREFILL), interpret=True, walk_tokens=walk_tokens, unroll=unroll
+        )
 
 
 def test_prefill_kernel_no_bias_no_activation():
@@ -174,8 +210,12 @@ def test_update_kernel(lanes, width):
     check_update(update_inputs(7, 3, lanes, 10, width), "interpret")
 
 
-@pytest.mark.parametrize("split_paths", [True, False])
-def test_prefill_kernel_lowers_for_triton(split_paths):
+@pytest.mark.parametrize(
+    "config",
+    [dict(split_paths=True), dict(split_paths=False), dict(walk_tokens=64, unroll=4)],
+    ids=["tiled-split", "tiled", "walk"],
+)
+def test_prefill_kernel_lowers_for_triton(config):
     """The Pallas -> Triton lowering (no PTX compile) at the benchmark's channel count."""
     import functools
 
@@ -195,7 +235,7 @@ def test_prefill_kernel_lowers_for_triton(split_paths):
         sds((2,), i32),
         sds((2,), i32),
     )
-    fn = functools.partial(conv_mod.causal_conv1d_prefill, split_paths=split_paths)
+    fn = functools.partial(conv_mod.causal_conv1d_prefill, **config)
     assert "causal_conv1d_prefill" in lower_for_cuda(fn, *args)
 
 

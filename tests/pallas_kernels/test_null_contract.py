@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from pallas_kernels import causal_conv1d as conv_kernels
 from pallas_kernels import ops
 
 from . import test_causal_conv1d as conv
@@ -74,13 +75,31 @@ def _varlen_padding(qsl: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return pad
 
 
-@case("causal_conv1d_prefill")
-def _conv_prefill() -> Case:
+def _conv_prefill_case(op) -> Case:
     d = conv.prefill_inputs(3, (5, 1, 4), 6, 4)
     d["has_initial_state"][:] = True
     d["read_slots"][1] = 0  # has_initial_state with a NULL read slot: must read zeros
-    run = _with_pool(d, "conv_state", conv.PREFILL, ops.causal_conv1d_prefill)
+    run = _with_pool(d, "conv_state", conv.PREFILL, op)
     return Case(run, d["conv_state"], _varlen_padding(d["query_start_loc"], d["x"].shape))
+
+
+@case("causal_conv1d_prefill")
+def _conv_prefill() -> Case:
+    return _conv_prefill_case(ops.causal_conv1d_prefill)
+
+
+@case("causal_conv1d_prefill (walk kernel)")
+def _conv_prefill_walk() -> Case:
+    """The walk kernel (not the dispatched default): segments of 4 tokens cut the 5-token row."""
+
+    def op(*args, implementation):
+        if implementation == "reference":
+            return ops.causal_conv1d_prefill(*args, implementation=implementation)
+        return conv_kernels.causal_conv1d_prefill(
+            *args, interpret=True, walk_tokens=4, unroll=2, block_d=4
+        )
+
+    return _conv_prefill_case(op)
 
 
 @case("causal_conv1d_update")

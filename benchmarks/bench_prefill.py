@@ -51,6 +51,7 @@ BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 SHAPES = {"1x8192": (1, 8192), "8x2048": (8, 2048), "1x32768": (1, 32768)}
 QUICK_SHAPES = {"2x40": (2, 40)}
 RESULTS: list[dict] = []
+PROFILE = {"on": False}
 
 
 def log(*a) -> None:
@@ -87,7 +88,10 @@ def kernel_breakdown(step, pool, inner: int = 3) -> dict[str, float]:
 
 def sweep(op: str, shape: str, configs: list[dict], make_step, pool, inner: int, nbytes: float,
           bw: float, check) -> tuple[dict, object]:  # fmt: skip
-    """Time every config, record each; returns the best config and its step."""
+    """Time every config, record each; returns the best config and its step. With PROFILE set
+    (`--profile`), only builds the first config's step (its breakdown is the run's output)."""
+    if PROFILE["on"]:
+        return (float("nan"), configs[0], make_step(configs[0]))
     best = None
     for cfg in configs:
         step = make_step(cfg)
@@ -107,13 +111,15 @@ def sweep(op: str, shape: str, configs: list[dict], make_step, pool, inner: int,
 # ----------------------------------------------------------------------------- SSD chunk scan
 H, P, N, G = 128, 64, 128, 8
 SSD_CONFIGS = [
-    dict(algorithm="parallel", block_q=64, num_warps=4, num_stages=2),
-    dict(algorithm="parallel", block_q=64, num_warps=4, num_stages=3),
-    dict(algorithm="parallel", block_q=64, num_warps=8, num_stages=2),
-    dict(algorithm="parallel", block_q=128, num_warps=8, num_stages=2),
     dict(algorithm="parallel", block_q=32, num_warps=4, num_stages=2),
+    *(dict(algorithm="parallel", block_q=q, block_k=k, num_warps=w, num_stages=st)
+      for q, k, w, st in ((64, 32, 4, 2), (64, 32, 4, 3), (64, 16, 4, 3), (128, 32, 8, 2),
+                          (128, 64, 8, 3), (128, 32, 4, 3))),
+    dict(algorithm="parallel", block_q=64, block_k=32, num_warps=4, num_stages=3, pass_stages=3),
+    dict(algorithm="parallel", block_q=64, block_k=32, num_warps=4, num_stages=3, pass_stages=3,
+         pass_block_n=32),
     dict(algorithm="sequential", seq_block_q=32),
-]
+]  # fmt: skip
 
 
 def ssd_inputs(rng, batch: int, seqlen: int, heads=H, head_dim=P, groups=G, state=N) -> dict:
@@ -135,7 +141,7 @@ def bench_ssd(name, batch, seqlen, bw, anchors, quick, configs):
     ref_kw = dict(D=Dk, dt_bias=bias, chunk_size=32 if quick else 256)
     kw = ref_kw | dict(interpret=quick)
     reference = functools.partial(scan_ref.ssd_chunk_scan_reference, x, dt, A, bm, cm)
-    y_ref, p_ref = jax.jit(lambda p: reference(p, *meta, **ref_kw))(pool)
+    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, *meta, **ref_kw))(pool))
 
     def make_step(cfg):
         knobs = dict(cfg)
@@ -145,7 +151,7 @@ def bench_ssd(name, batch, seqlen, bw, anchors, quick, configs):
                                                 algorithm=algorithm, tuning=tuning)  # fmt: skip
 
     def check(step):
-        y, p = step(0, jnp.copy(pool))
+        (y, p), (y_ref, p_ref) = step(0, jnp.copy(pool)), ref()
         return dict(err_y=rel_err(y, y_ref), err_state=rel_err(p[batch + 1 :], p_ref[batch + 1 :]))
 
     T = batch * seqlen
@@ -154,8 +160,13 @@ def bench_ssd(name, batch, seqlen, bw, anchors, quick, configs):
     best = sweep("ssd_chunk_scan", name, configs, make_step, pool, 3, nbytes, bw, check)
     if quick or best is None:
         return best and best[1]
-    record(op="ssd_chunk_scan", shape=name, breakdown_us=kernel_breakdown(best[2], pool))
-    if anchors is None:
+    record(
+        op="ssd_chunk_scan",
+        shape=name,
+        config=best[1],
+        breakdown_us=kernel_breakdown(best[2], pool),
+    )
+    if anchors is None or PROFILE["on"]:
         return best[1]
     torch, triton, _, chunk_combined = anchors
     t = {k: torch.from_numpy(v).cuda() for k, v in d.items()}
@@ -167,6 +178,7 @@ def bench_ssd(name, batch, seqlen, bw, anchors, quick, configs):
     )  # fmt: skip
     y_a, s_a = call()
     us = bench_graph(torch, triton, call)
+    y_ref, p_ref = ref()
     record(op="ssd_chunk_scan", shape=name, anchor="mamba_ssm mamba_chunk_scan_combined (graph)",
            anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
            anchor_err_y=rel_err(y_a.float().cpu().numpy().reshape(y_ref.shape), y_ref),
@@ -176,7 +188,7 @@ def bench_ssd(name, batch, seqlen, bw, anchors, quick, configs):
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
 HK, HV, DK = 16, 32, 128
-GDN_CONFIGS = [dict(), dict(block_v=32), dict(num_warps=8)]
+GDN_CONFIGS = [dict()]
 
 
 def gdn_inputs(rng, batch: int, seqlen: int, hk=HK, hv=HV, dk=DK) -> dict:
@@ -195,13 +207,14 @@ def bench_gdn(name, batch, seqlen, bw, anchors, quick, configs):
     pool = jnp.zeros((2 * batch + 1,) + d["init"].shape[1:], F32).at[1 : batch + 1].set(d["init"])
     qsl, hi, rd, wr = rows_meta(batch, seqlen)
     meta = (qsl, jnp.zeros((batch,), I32), hi, rd, wr)
-    o_ref, p_ref = jax.jit(lambda p: gdn.gdn_chunk_reference(q, k, v, g, beta, p, *meta))(pool)
+    reference = functools.partial(gdn.gdn_chunk_reference, q, k, v, g, beta)
+    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, *meta))(pool))
 
     def make_step(cfg):
         return lambda i, p: gdn.gdn_chunk(q, k, v, g, beta, p, *meta, interpret=quick, **cfg)
 
     def check(step):
-        o, p = step(0, jnp.copy(pool))
+        (o, p), (o_ref, p_ref) = step(0, jnp.copy(pool)), ref()
         return dict(err_y=rel_err(o, o_ref), err_state=rel_err(p[batch + 1 :], p_ref[batch + 1 :]))
 
     T = batch * seqlen
@@ -210,8 +223,8 @@ def bench_gdn(name, batch, seqlen, bw, anchors, quick, configs):
     best = sweep("gdn_chunk", name, configs, make_step, pool, 3, nbytes, bw, check)
     if quick or best is None:
         return best and best[1]
-    record(op="gdn_chunk", shape=name, breakdown_us=kernel_breakdown(best[2], pool))
-    if anchors is None:
+    record(op="gdn_chunk", shape=name, config=best[1], breakdown_us=kernel_breakdown(best[2], pool))
+    if anchors is None or PROFILE["on"]:
         return best[1]
     torch, triton = anchors[:2]
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -229,6 +242,7 @@ def bench_gdn(name, batch, seqlen, bw, anchors, quick, configs):
     torch.cuda.synchronize()
     log(f"FLA chunk_gated_delta_rule first call {time.time() - t0:.1f} s")
     us = bench_graph(torch, triton, call)
+    o_ref, p_ref = ref()
     record(op="gdn_chunk", shape=name, anchor="FLA 0.6.0 chunk_gated_delta_rule (graph)",
            anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
            anchor_err_y=rel_err(o_a.float().cpu().numpy().reshape(o_ref.shape), o_ref),
@@ -261,23 +275,27 @@ def bench_conv(name, batch, seqlen, bw, anchors, quick, configs):
     init = rng.standard_normal((2 * batch + 1, channels, W - 1), np.float32)
     state = jnp.asarray(init, BF)
     meta = rows_meta(batch, seqlen)
-    y_ref, s_ref = jax.jit(lambda s: conv_ref.causal_conv1d_prefill_reference(x, w, b, s, *meta))(
-        state
-    )
+    reference = functools.partial(conv_ref.causal_conv1d_prefill_reference, x, w, b)
+    ref = functools.cache(lambda: jax.jit(lambda s: reference(s, *meta))(state))
 
     def make_step(cfg):
         return lambda i, s: conv.causal_conv1d_prefill(x, w, b, s, *meta, interpret=quick, **cfg)
 
     def check(step):
-        y, s = step(0, jnp.copy(state))
+        (y, s), (y_ref, s_ref) = step(0, jnp.copy(state)), ref()
         return dict(err_y=rel_err(y, y_ref), err_state=rel_err(s, s_ref))
 
     nbytes = 2 * T * channels * 2
     best = sweep("causal_conv1d_prefill", name, configs, make_step, state, 10, nbytes, bw, check)
     if quick or best is None:
         return best and best[1]
-    record(op="causal_conv1d_prefill", shape=name, breakdown_us=kernel_breakdown(best[2], state))
-    if anchors is None:
+    record(
+        op="causal_conv1d_prefill",
+        shape=name,
+        config=best[1],
+        breakdown_us=kernel_breakdown(best[2], state),
+    )
+    if anchors is None or PROFILE["on"]:
         return best[1]
     torch, triton = anchors[:2]
     from fla.modules.causal_conv1d import causal_conv1d as fla_conv
@@ -305,6 +323,20 @@ BENCHES = {"ssd": (bench_ssd, SSD_CONFIGS), "gdn": (bench_gdn, GDN_CONFIGS),
            "conv": (bench_conv, CONV_CONFIGS)}  # fmt: skip
 
 
+def fastest_configs(path: str) -> dict[tuple[str, str], list[dict]]:
+    """(BENCHES key, shape) -> [the config with the lowest ours_us] in a results file."""
+    keys = {"ssd_chunk_scan": "ssd", "gdn_chunk": "gdn", "causal_conv1d_prefill": "conv"}
+    best: dict[tuple[str, str], tuple[float, dict]] = {}
+    with open(path) as fh:
+        for row in json.load(fh):
+            if "ours_us" not in row:
+                continue
+            key = (keys[row["op"]], row["shape"])
+            if key not in best or row["ours_us"] < best[key][0]:
+                best[key] = (row["ours_us"], row["config"])
+    return {key: [cfg] for key, (_, cfg) in best.items()}
+
+
 def later_configs(configs: list[dict], best: dict | None) -> list[dict]:
     """After the first shape: its best config, plus the sequential SSD scan (the model default)."""
     keep = [c for c in configs if c.get("algorithm") == "sequential" and c != best]
@@ -317,22 +349,33 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", metavar="RESULTS_JSON",
+                    help="only the per-kernel breakdown of each op's fastest config in that file "
+                         "(run with XLA_FLAGS=--xla_gpu_enable_command_buffer= so XLA's CUDA "
+                         "graphs do not hide kernels from the profiler)")  # fmt: skip
     args = ap.parse_args()
+    PROFILE["on"] = bool(args.profile)
+    fastest = fastest_configs(args.profile) if args.profile else {}
     shapes = QUICK_SHAPES if args.quick else {s: SHAPES[s] for s in args.shapes.split(",")}
     bw = 1.0 if args.quick else copy_bandwidth()
     log(f"device {jax.devices()[0].device_kind}, copy bandwidth {bw:.2f} TB/s")
     record(device=jax.devices()[0].device_kind, copy_tb_s=bw)
-    anchors = None if args.quick or args.no_anchors else import_anchors()
+    anchors = None if args.quick or args.no_anchors or args.profile else import_anchors()
     for op in args.ops.split(","):
         bench, configs = BENCHES[op]
         configs = configs[:1] if args.quick else configs  # the full sweep on the first shape
-        for name, (batch, seqlen) in shapes.items():
+        for i, (name, (batch, seqlen)) in enumerate(shapes.items()):
+            if args.profile:
+                configs = fastest.get((op, name), [])[:1]
+                if not configs:
+                    continue
             try:
                 best = bench(name, batch, seqlen, bw, anchors, args.quick, configs)
             except Exception:  # noqa: BLE001  (one op failing must not lose the others)
                 log(f"{op} {name} FAILED\n{traceback.format_exc()}"[-3000:])
                 best = None
-            configs = later_configs(configs, best)
+            if i == 0 and not args.profile:
+                configs = later_configs(configs, best)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_prefill.json"), "w") as fh:
             json.dump(RESULTS, fh, indent=1, default=str)

@@ -249,11 +249,13 @@ def output_kernel(
     state_size,
     blocks_per_chunk,
     block_q,
+    block_k,
     block_p,
     block_n,
     has_z,
 ):
-    """Program (head, chunk x token block, P-block): y for block_q tokens of one chunk."""
+    """Program (head, chunk x token block, P-block): y for block_q tokens of one chunk, summing
+    over the chunk's earlier tokens in tiles of block_k (a divisor of block_q)."""
     del y_in_ref  # aliased to y_ref (its padding tokens were zeroed by pass_kernel)
     h, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     c, i = ci // blocks_per_chunk, ci % blocks_per_chunk
@@ -276,11 +278,13 @@ def output_kernel(
         )
         y = jnp.exp(cum_q)[:, None] * mixed_dot(cm, s_in.T, dtype)
 
-        def body(k, y):
-            tk = pl.ds(t0 + k * block_q, block_q)
-            valid_k = k * block_q + rows < n
+        cols = jnp.arange(block_k)
+
+        def body(k, y):  # token tile k of block_k tokens, at or before the block's last row
+            tk = pl.ds(t0 + k * block_k, block_k)
+            valid_k = k * block_k + cols < n
             cb = plgpu.load(
-                cb_ref.at[c, g, pl.ds(i * block_q, block_q), pl.ds(k * block_q, block_q)],
+                cb_ref.at[c, g, pl.ds(i * block_q, block_q), pl.ds(k * block_k, block_k)],
                 mask=valid_q[:, None] & valid_k[None, :],
                 other=0.0,
             )
@@ -289,11 +293,11 @@ def output_kernel(
             )
             cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
             dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
-            causal = (k * block_q + rows[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]
+            causal = (k * block_k + cols[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]
             decay = jnp.where(causal, jnp.exp(cum_q[:, None] - cum_k[None, :]), 0.0)
             return y + mixed_dot(cb * decay * dt_k[None, :], xk, dtype)
 
-        y = jax.lax.fori_loop(0, i + 1, body, y)
+        y = jax.lax.fori_loop(0, (i + 1) * (block_q // block_k), body, y)
         qp = valid_q[:, None] & p_mask[None, :]
         xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
         y = y + d_ref[h].astype(jnp.float32) * xq

@@ -30,9 +30,10 @@ class ScanTuning:
 
     Sequential kernel: `seq_block_q` tokens per inner chunk (divides chunk_size), `block_p` head-dim
     rows per program, `num_warps`. Parallel kernels: `state_chunk` (divides chunk_size; default
-    chunk_size), outputs and C B^T in blocks of `block_q` tokens, `block_p`, `pass_block_n` state
-    columns per pass program, `num_warps` / `num_stages` of the output kernel, `state_warps` of the
-    chunk-state kernel.
+    chunk_size), outputs and C B^T in blocks of `block_q` tokens, the output's sum over earlier
+    tokens in tiles of `block_k` (divides block_q; default block_q), `block_p`, `pass_block_n` state
+    columns per pass program and its `pass_stages` (loads of the next chunk state in flight),
+    `num_warps` / `num_stages` of the output kernel, `state_warps` of the chunk-state kernel.
     """
 
     seq_block_q: int = 32
@@ -40,7 +41,9 @@ class ScanTuning:
     num_warps: int = 4
     state_chunk: int | None = None
     block_q: int = 64
+    block_k: int | None = None
     pass_block_n: int = 64
+    pass_stages: int = 1
     num_stages: int = 2
     state_warps: int = 4
 
@@ -140,6 +143,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
     block_q = max(16, min(pow2(tuning.block_q), pow2(chunk)))
     if chunk % block_q:
         raise ValueError(f"state_chunk={chunk} must be a multiple of block_q={block_q}")
+    block_k = block_q if tuning.block_k is None else max(16, min(pow2(tuning.block_k), block_q))
     block_p = max(16, min(pow2(tuning.block_p), pow2(head_dim)))
     block_n = max(16, pow2(state_size))
     pass_block_n = max(16, min(pow2(tuning.pass_block_n), block_n))
@@ -191,7 +195,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
         ),
         grid=(num_rows + 1, heads, pl.cdiv(state_size, pass_block_n)),
         input_output_aliases={12: 1},
-        compiler_params=params(4),
+        compiler_params=params(4, tuning.pass_stages),
         interpret=interpret,
         name="ssd_state_pass",
     )(*meta, cstart, nch, t0, n, cum, states, ssm_state)
@@ -219,6 +223,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
             heads_per_group=heads // groups,
             blocks_per_chunk=blocks_per_chunk,
             block_q=block_q,
+            block_k=block_k,
             block_p=block_p,
             block_n=block_n,
             has_z=z is not None,

@@ -175,11 +175,13 @@ def test_kernel_short_rows_straddling_chunks(algorithm):
     check(d, "interpret", chunk_size=16, algorithm=algorithm)
 
 
-def test_kernel_cb_blocks_shared_by_a_group():
-    """Three heads per group read one C B^T per chunk, split into 2 x 2 token blocks (k < i blocks
-    included), rows starting mid-chunk and running past it."""
-    d = make_inputs(7, (9, 40), 6, 6, 2, 5, num_computed=[3, 21, 0])
-    check(d, "interpret", chunk_size=32, tuning=ScanTuning(block_q=16), algorithm="parallel")
+@pytest.mark.parametrize("block_k", [None, 16])
+def test_kernel_cb_blocks_shared_by_a_group(block_k):
+    """Three heads per group read one C B^T per chunk, computed in 2 x 2 blocks of 32 tokens and
+    read in k-tiles of 32 or 16 tokens; rows start mid-chunk and run past it."""
+    d = make_inputs(7, (9, 70), 6, 6, 2, 5, num_computed=[3, 21, 0])
+    tuning = ScanTuning(block_q=32, block_k=block_k, pass_stages=2)
+    check(d, "interpret", chunk_size=64, tuning=tuning, algorithm="parallel")
 
 
 def test_kernel_state_chunk_divides_chunk_size():

@@ -349,13 +349,19 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--no-anchors", action="store_true")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--profile", metavar="RESULTS_JSON",
-                    help="only the per-kernel breakdown of each op's fastest config in that file "
-                         "(run with XLA_FLAGS=--xla_gpu_enable_command_buffer= so XLA's CUDA "
-                         "graphs do not hide kernels from the profiler)")  # fmt: skip
+    ap.add_argument(
+        "--configs",
+        metavar="RESULTS_JSON",
+        help="instead of the sweep lists: the fastest config of each op and shape in "
+        "that file (a results file or a hand-written list of rows)",
+    )
+    ap.add_argument("--profile", action="store_true",
+                    help="only the per-kernel breakdown of the first config (run with XLA_FLAGS="
+                         "--xla_gpu_enable_command_buffer= so XLA's CUDA graphs do not hide "
+                         "kernels from the profiler)")  # fmt: skip
     args = ap.parse_args()
-    PROFILE["on"] = bool(args.profile)
-    fastest = fastest_configs(args.profile) if args.profile else {}
+    PROFILE["on"] = args.profile
+    fastest = fastest_configs(args.configs) if args.configs else {}
     shapes = QUICK_SHAPES if args.quick else {s: SHAPES[s] for s in args.shapes.split(",")}
     bw = 1.0 if args.quick else copy_bandwidth()
     log(f"device {jax.devices()[0].device_kind}, copy bandwidth {bw:.2f} TB/s")
@@ -365,8 +371,8 @@ def main() -> None:
         bench, configs = BENCHES[op]
         configs = configs[:1] if args.quick else configs  # the full sweep on the first shape
         for i, (name, (batch, seqlen)) in enumerate(shapes.items()):
-            if args.profile:
-                configs = fastest.get((op, name), [])[:1]
+            if args.configs:
+                configs = fastest.get((op, name), [])
                 if not configs:
                     continue
             try:
@@ -374,7 +380,7 @@ def main() -> None:
             except Exception:  # noqa: BLE001  (one op failing must not lose the others)
                 log(f"{op} {name} FAILED\n{traceback.format_exc()}"[-3000:])
                 best = None
-            if i == 0 and not args.profile:
+            if i == 0 and not args.configs:
                 configs = later_configs(configs, best)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_prefill.json"), "w") as fh:

@@ -288,9 +288,7 @@ def output_kernel(
                 mask=valid_q[:, None] & valid_k[None, :],
                 other=0.0,
             )
-            xk = plgpu.load(
-                x_ref.at[tk, h, p_sl], mask=valid_k[:, None] & p_mask[None, :], other=0
-            )
+            xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=valid_k[:, None] & p_mask[None, :], other=0)
             cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
             dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
             causal = (k * block_k + cols[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]

@@ -69,18 +69,20 @@ def causal_conv1d_prefill(
     activation: str | None = "silu",
     interpret: bool = False,
     block_t: int = 16,
-    block_d: int = 512,
+    block_d: int = 1024,
     num_warps: int = 4,
     split_paths: bool = True,
-    walk_tokens: int | None = None,
+    walk_tokens: int | None = 128,
     unroll: int = 4,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernel for `causal_conv1d_prefill_reference` (same arguments and results).
 
-    Two launches: the conv over (token blocks, channel blocks), then the final windows over
-    (rows, channel blocks), written into `conv_state` in place (aliased). The conv is the tiled
-    kernel (block_t x block_d tiles, `split_paths`) unless `walk_tokens` is given: then each
-    program walks `walk_tokens` consecutive tokens of one channel block, `unroll` per loop step.
+    Two launches: the conv over (token segments, channel blocks), then the final windows over
+    (rows, channel blocks), written into `conv_state` in place (aliased). The conv is the walk
+    kernel: each program walks `walk_tokens` consecutive tokens of one channel block, `unroll`
+    per loop step. `walk_tokens=None` selects the tiled kernel (block_t x block_d tiles,
+    `split_paths`), kept for comparison: on the H100 (RESULTS.md, issue 14) the walk kernel took
+    190 us against the tiled kernel's best 237 us at 1 x 8192 tokens, D 8192.
     """
     check_activation(activation)
     check_walk(walk_tokens, unroll)

@@ -31,7 +31,7 @@ class ScanTuning:
     Sequential kernel: `seq_block_q` tokens per inner chunk (divides chunk_size), `block_p` head-dim
     rows per program, `num_warps`. Parallel kernels: `state_chunk` (divides chunk_size; default
     chunk_size), outputs and C B^T in blocks of `block_q` tokens, the output's sum over earlier
-    tokens in tiles of `block_k` (divides block_q; default block_q), `block_p`, `pass_block_n` state
+    tokens in tiles of `block_k` (divides block_q; None = block_q), `block_p`, `pass_block_n` state
     columns per pass program and its `pass_stages` (loads of the next chunk state in flight),
     `num_warps` / `num_stages` of the output kernel, `state_warps` of the chunk-state kernel.
     """
@@ -41,7 +41,7 @@ class ScanTuning:
     num_warps: int = 4
     state_chunk: int | None = None
     block_q: int = 64
-    block_k: int | None = None
+    block_k: int | None = 32
     pass_block_n: int = 64
     pass_stages: int = 1
     num_stages: int = 2
@@ -89,15 +89,16 @@ def ssd_chunk_scan(
 
     `algorithm`: "sequential" (`_ssd_sequential`: one program per row, head and P-block walks the
     row's chunks) or "parallel" (`_ssd_chunk_kernels`: chunk states in parallel over (head,
-    chunk), a sequential pass over the chunk states of each row, then the outputs in parallel over
-    (head, token block), with C B^T computed once per group; extra memory fp32 [NC, H, P, N] chunk
+    chunk), a sequential pass over the chunk states of each row, C B^T once per group and chunk,
+    then the outputs in parallel over (head, token block); extra memory fp32 [NC, H, P, N] chunk
     states and the same in x's dtype for the states entering each chunk, fp32 [NC, G, Q, Q] C B^T,
-    fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the choice must never
-    depend on the batch (DESIGN 5.8: a request's output may not depend on how many prefills share
-    its step); it comes from the model's config (`Mamba2Config.scan_algorithm`). Sequential is the
-    default: on the H100 (RESULTS.md, 2026-11-22) it took 1070 us against 1713 us at 8 rows x 2048
-    tokens and 999 us against 894 us at 1 x 8192, so it wins big where serving spends its prefill
-    steps (several rows; chunked prefill caps a row's length) and loses ~10% on one long row.
+    fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the
+    choice must never depend on the batch (DESIGN 5.8: a request's output may not depend on how
+    many prefills share its step); it comes from the model's config
+    (`Mamba2Config.scan_algorithm`). Sequential is the default: on the H100 (RESULTS.md, issue 14)
+    it took 1071 us against the parallel kernels' 1440 us at 8 rows x 2048 tokens and 1094 us
+    against 788 us at 1 x 8192, so it wins where serving spends its prefill steps (several rows;
+    chunked prefill caps a row's length) and loses on one long row.
     Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
     """
     heads, num_rows = x.shape[1], query_start_loc.shape[0] - 1

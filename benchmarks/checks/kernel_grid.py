@@ -158,9 +158,12 @@ def _normal(rng, shape, dtype=F32, scale: float = 1.0, shift: float = 0.0) -> np
 # ----------------------------------------------------------------------------- grid points
 
 
-def conv_prefill(channels: int, width: int, dtype, block_t: int = 16) -> Shape:
+def conv_prefill(channels: int, width: int, dtype, walk_tokens: int | None = 16) -> Shape:
+    """The walk kernel in segments of `walk_tokens` (None: the tiled kernel, block_t 16)."""
+    block = walk_tokens or 16
+
     def build(rng) -> Case:
-        rows = varlen(rng, _lengths(block_t), block_t)
+        rows = varlen(rng, _lengths(block), block)
         args = (
             _normal(rng, (rows.num_tokens, channels), dtype),
             _normal(rng, (channels, width), dtype, width**-0.5),
@@ -169,12 +172,13 @@ def conv_prefill(channels: int, width: int, dtype, block_t: int = 16) -> Shape:
             rows.qsl, rows.has_init, rows.read, rows.write,
         )  # fmt: skip
         return Case(
-            functools.partial(conv.causal_conv1d_prefill, block_t=block_t),
+            functools.partial(conv.causal_conv1d_prefill, block_t=16, walk_tokens=walk_tokens),
             conv_ref.causal_conv1d_prefill_reference,
             args, 3, rows.live[:, None], rows.write, TOLERANCE[dtype, "conv"], rows.describe(),
         )  # fmt: skip
 
-    return Shape(f"conv_prefill D={channels} W={width} {jnp.dtype(dtype).name}", build)
+    kernel = "tiled" if walk_tokens is None else f"walk {walk_tokens}"
+    return Shape(f"conv_prefill {kernel} D={channels} W={width} {jnp.dtype(dtype).name}", build)
 
 
 def conv_update(channels: int, width: int, num_lanes: int, dtype, batch: int = 6) -> Shape:
@@ -469,7 +473,7 @@ def grid(quick: bool) -> list[Shape]:
     """The grid: each odd dimension at least once per kernel (quick: 1-2 small shapes each)."""
     if quick:
         return [
-            conv_prefill(37, 4, F32, block_t=8),
+            conv_prefill(37, 4, F32, walk_tokens=8),
             conv_update(37, 4, 3, BF16),
             ssd_scan("sequential", 5, 12, 1, 24, F32, 16),
             ssd_scan("parallel", 6, 24, 3, 16, BF16, 16),
@@ -492,8 +496,8 @@ def grid(quick: bool) -> list[Shape]:
                 (2, 10, 64, 48, F32)]  # fmt: skip
     return [
         conv_prefill(37, 4, F32),
-        conv_prefill(1000, 4, BF16),
-        conv_prefill(200, 3, F32),
+        conv_prefill(1000, 4, BF16, walk_tokens=128),
+        conv_prefill(200, 3, F32, walk_tokens=None),
         conv_update(37, 4, 1, F32),
         conv_update(1000, 4, 3, BF16),
         *(ssd_scan(a, *d) for a in ssd_ref.ALGORITHMS for d in ssd_dims),

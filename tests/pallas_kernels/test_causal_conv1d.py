@@ -173,7 +173,8 @@ def check_prefill_kernel(d: dict, activation="silu", **config) -> None:
 )
 def test_prefill_kernel(shape, block_t):
     lengths, channels, width = shape
-    check_prefill_kernel(prefill_inputs(5, lengths, channels, width), block_t=block_t)
+    d = prefill_inputs(5, lengths, channels, width)
+    check_prefill_kernel(d, block_t=block_t, walk_tokens=None)
 
 
 @pytest.mark.parametrize(("shape", "walk"), list(zip(PREFILL_SHAPES, WALK, strict=True)))
@@ -212,7 +213,7 @@ def test_update_kernel(lanes, width):
 
 @pytest.mark.parametrize(
     "config",
-    [dict(split_paths=True), dict(split_paths=False), dict(walk_tokens=64, unroll=4)],
+    [dict(walk_tokens=None), dict(walk_tokens=None, split_paths=False), {}],
     ids=["tiled-split", "tiled", "walk"],
 )
 def test_prefill_kernel_lowers_for_triton(config):

@@ -1,10 +1,12 @@
-"""Mamba2 kernels on the GPU: check each against its reference, time it beside its anchor.
+"""Mamba2 decode kernels on the GPU: check each against its reference, time it beside its anchor.
+(The prefill kernels, SSD chunk scan and conv prefill, are in `bench_prefill.py`, which imports
+this file's timing helpers.)
 
 Run on the device machine (see benchmarks/RESULTS.md for the command). Anchors, in the same
-process: mamba_ssm 2.3.2.post1 Triton `selective_state_update` and `mamba_chunk_scan_combined`
-(imported from its source tree without the package __init__, which needs the CUDA extension) and
-FLA (fla-core 0.6.0) `causal_conv1d` / `causal_conv1d_update`. Shapes: 128 heads, head dim 64,
-state 128, 8 groups; decode B = 1, 16, 64, 256; prefill 1x8192 and 8x2048; conv D = 8192, W = 4.
+process: mamba_ssm 2.3.2.post1 Triton `selective_state_update` (imported from its source tree
+without the package __init__, which needs the CUDA extension) and FLA (fla-core 0.6.0)
+`causal_conv1d_update`. Shapes: 128 heads, head dim 64, state 128, 8 groups; decode B = 1, 16, 64,
+256; conv D = 8192, W = 4.
 
 JAX side: jitted calls after a warm-up, median of many; each timed call runs `inner` kernel calls in
 one lax.fori_loop (so JAX's ~40 us dispatch is amortised) and rotates state slots so the state
@@ -31,9 +33,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pallas_kernels import causal_conv1d as conv  # noqa: E402
-from pallas_kernels import causal_conv1d_reference as conv_ref  # noqa: E402
-from pallas_kernels import ssd_chunk_scan as scan  # noqa: E402
-from pallas_kernels import ssd_chunk_scan_reference as scan_ref  # noqa: E402
 from pallas_kernels import ssd_state_update as ssu  # noqa: E402
 
 H, P, N, G, W, D_CONV = 128, 64, 128, 8, 4, 8192
@@ -41,13 +40,6 @@ BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 OUT = os.environ.get("OUT", ".")
 RESULTS: list[dict] = []
 BW = {"tb_s": None}
-
-
-def _scan_knobs(cfg: dict) -> dict:
-    """A sweep entry (algorithm + tuning knobs) as `ssd_chunk_scan`'s keywords."""
-    knobs = dict(cfg)
-    algorithm = knobs.pop("algorithm", "sequential")
-    return dict(algorithm=algorithm, tuning=scan.ScanTuning(**knobs))
 
 
 def log(*a) -> None:
@@ -251,113 +243,11 @@ def bench_ssu(anchors, configs):
         del pool, state
 
 
-# ----------------------------------------------------------------------------- prefill: SSD scan
+# ----------------------------------------------------------------------------- conv1d update
 
 
-def bench_scan(anchors, configs):
-    torch, triton, _, chunk_combined = anchors
-    rng = np.random.default_rng(1)
-    for batch, seqlen in ((1, 8192), (8, 2048)):
-        T = batch * seqlen
-        f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
-        d = dict(
-            x=f(T, H, P),
-            dt=f(T, H) - 2.0,
-            A=-np.exp(f(H) * 0.5),
-            B=f(T, G, N),
-            C=f(T, G, N),
-            D=f(H),
-            dt_bias=f(H) * 0.5,
-            init=f(batch, H, P, N) * 0.1,
-        )
-        x, dt, bm, cm = (jnp.asarray(d[k], BF) for k in ("x", "dt", "B", "C"))
-        A, Dk, bias = (jnp.asarray(d[k]) for k in ("A", "D", "dt_bias"))
-        pool = jnp.zeros((2 * batch + 1, H, P, N), F32).at[1 : batch + 1].set(d["init"])
-        qsl = jnp.arange(batch + 1, dtype=I32) * seqlen
-        nc = jnp.zeros((batch,), I32)
-        hi = jnp.ones((batch,), bool)
-        rd = jnp.arange(1, batch + 1, dtype=I32)
-        wr = rd + batch
-        args = (x, dt, A, bm, cm)
-        kw = dict(D=Dk, dt_bias=bias, chunk_size=256)
-        meta = (qsl, nc, hi, rd, wr)
-        best = None
-        for cfg in configs:
-            try:
-                y, p = scan.ssd_chunk_scan(*args, jnp.copy(pool), *meta, **kw, **_scan_knobs(cfg))
-
-                def step(i, pool, cfg=cfg):
-                    return scan.ssd_chunk_scan(*args, pool, *meta, **kw, **_scan_knobs(cfg))
-
-                us = time_loop(step, jnp.copy(pool), inner=5, reps=10)
-                log(f"scan {batch}x{seqlen} {cfg}: {us:.1f} us")
-                if best is None or us < best[0]:
-                    best = (us, cfg, y, p)
-            except Exception as e:  # noqa: BLE001
-                log(f"scan {batch}x{seqlen} {cfg} FAILED: {e!r}"[:400])
-        _, _, y, p = best
-        err_y = err_s = None
-        if batch == 8:  # the token-recurrence reference on the GPU (a lax.scan over T tokens)
-            y_ref, p_ref = scan_ref.ssd_chunk_scan_reference(*args, pool, *meta, **kw)
-            err_y, err_s = rel_err(y, y_ref), rel_err(p[batch + 1 :], p_ref[batch + 1 :])
-        # Anchor.
-        tt = lambda k, dt=torch.bfloat16: torch.from_numpy(d[k]).cuda().to(dt)  # noqa: E731
-        ax = tt("x").view(batch, seqlen, H, P)
-        adt = tt("dt").view(batch, seqlen, H)
-        ab, ac = tt("B").view(batch, seqlen, G, N), tt("C").view(batch, seqlen, G, N)
-        aA, aD, abias = (tt(k, torch.float32) for k in ("A", "D", "dt_bias"))
-        init = tt("init", torch.float32)
-        call = functools.partial(
-            chunk_combined,
-            ax,
-            adt,
-            aA,
-            ab,
-            ac,
-            256,
-            D=aD,
-            dt_bias=abias,
-            initial_states=init,
-            dt_softplus=True,
-            return_final_states=True,
-        )
-        t0 = time.time()
-        y_a, s_a = call()
-        torch.cuda.synchronize()
-        log(f"mamba_chunk_scan_combined first call (autotune) {time.time() - t0:.1f} s")
-        anchor_us = bench_graph(torch, triton, call)
-        anchor_eager_us = bench_eager(triton, call)
-        log(
-            f"mamba_chunk_scan_combined {batch}x{seqlen}: graph {anchor_us:.1f} us, eager "
-            f"{anchor_eager_us:.1f} us"
-        )
-        cross_y = rel_err(np.asarray(y, np.float32), y_a.float().cpu().numpy().reshape(T, H, P))
-        cross_s = rel_err(np.asarray(p[batch + 1 :]), s_a.float().cpu().numpy())
-        nbytes = T * (2 * H * P * 2 + 2 * G * N * 2 + H * 2) + 2 * batch * H * P * N * 4
-        record(
-            op="ssd_chunk_scan",
-            shape=f"{batch}x{seqlen} H{H} P{P} N{N} G{G} chunk256",
-            ours_us=best[0],
-            anchor="mamba_ssm mamba_chunk_scan_combined (CUDA graph)",
-            anchor_us=anchor_us,
-            anchor_eager_us=anchor_eager_us,
-            ratio=anchor_us / best[0],
-            pct_roofline=pct_roofline(nbytes, best[0]),
-            config=best[1],
-            err_vs_ref_y=err_y,
-            err_vs_ref_state=err_s,
-            err_vs_anchor_y=cross_y,
-            err_vs_anchor_state=cross_s,
-        )
-        del best, y, p
-
-
-# ----------------------------------------------------------------------------- conv1d
-
-
-def bench_conv(anchors, configs):
+def bench_conv_update(anchors, configs):
     torch, triton = anchors[0], anchors[1]
-    from fla.modules.causal_conv1d import causal_conv1d as fla_conv
     from fla.modules.causal_conv1d import causal_conv1d_update as fla_update
 
     rng = np.random.default_rng(2)
@@ -365,67 +255,6 @@ def bench_conv(anchors, configs):
     bs = rng.standard_normal(D_CONV, np.float32)
     w_j, b_j = jnp.asarray(wt, BF), jnp.asarray(bs, BF)
     w_t, b_t = torch.from_numpy(wt).cuda().bfloat16(), torch.from_numpy(bs).cuda().bfloat16()
-    for batch, seqlen in ((1, 8192), (8, 1024)):
-        T = batch * seqlen
-        xn = rng.standard_normal((T, D_CONV), np.float32)
-        x = jnp.asarray(xn, BF)
-        state = jnp.asarray(rng.standard_normal((2 * batch + 1, D_CONV, W - 1), np.float32), BF)
-        qsl = jnp.arange(batch + 1, dtype=I32) * seqlen
-        hi = jnp.ones((batch,), bool)
-        rd = jnp.arange(1, batch + 1, dtype=I32)
-        meta = (qsl, hi, rd, rd + batch)
-        y_ref, s_ref = conv_ref.causal_conv1d_prefill_reference(x, w_j, b_j, state, *meta)
-        best = None
-        for cfg in configs:
-            try:
-                y, s = conv.causal_conv1d_prefill(x, w_j, b_j, jnp.copy(state), *meta, **cfg)
-
-                def step(i, st, cfg=cfg):
-                    return conv.causal_conv1d_prefill(x, w_j, b_j, st, *meta, **cfg)
-
-                us = time_loop(step, jnp.copy(state), inner=10, reps=10)
-                log(f"conv prefill {batch}x{seqlen} {cfg}: {us:.1f} us")
-                if best is None or us < best[0]:
-                    best = (us, cfg, rel_err(y, y_ref), rel_err(s, s_ref))
-            except Exception as e:  # noqa: BLE001
-                log(f"conv prefill {cfg} FAILED: {e!r}"[:400])
-        xt = torch.from_numpy(xn).cuda().bfloat16().view(1, T, D_CONV)
-        cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
-        h0 = torch.randn(batch, D_CONV, W, device="cuda", dtype=torch.bfloat16)
-        call = functools.partial(
-            fla_conv,
-            xt,
-            w_t,
-            b_t,
-            initial_state=h0,
-            output_final_state=True,
-            activation="silu",
-            backend="triton",
-            cu_seqlens=cu,
-        )
-        anchor_us = cross = float("nan")
-        try:
-            call()
-            anchor_us = bench_eager(triton, call)
-            y0 = fla_conv(xt, w_t, b_t, activation="silu", backend="triton", cu_seqlens=cu)[0]
-            y1, _ = conv.causal_conv1d_prefill(x, w_j, b_j, state, qsl, jnp.zeros_like(hi), rd, rd)
-            cross = rel_err(np.asarray(y1, np.float32), y0.float().cpu().numpy().reshape(T, D_CONV))
-        except Exception:  # noqa: BLE001
-            log(f"FLA causal_conv1d FAILED\n{traceback.format_exc()}"[-1500:])
-        nbytes = 2 * T * D_CONV * 2
-        record(
-            op="causal_conv1d_prefill",
-            shape=f"{batch}x{seqlen} D{D_CONV} W{W}",
-            ours_us=best[0],
-            anchor="FLA causal_conv1d (triton)",
-            anchor_us=anchor_us,
-            ratio=anchor_us / best[0],
-            pct_roofline=pct_roofline(nbytes, best[0]),
-            config=best[1],
-            err_vs_ref_y=best[2],
-            err_vs_ref_state=best[3],
-            err_vs_anchor_y=cross,
-        )
     for batch in (1, 64, 256):
         xn = rng.standard_normal((batch, 1, D_CONV), np.float32)
         x = jnp.asarray(xn, BF)
@@ -469,42 +298,9 @@ def main() -> None:
             bench_ssu,
             [dict(block_p=bp, num_warps=w) for bp, w in ((16, 4), (32, 4), (32, 8), (64, 8))],
         ),
-        (
-            bench_conv,
-            [
-                dict(block_t=bt, block_d=bd, num_warps=w, split_paths=sp)
-                for bt, bd, w, sp in (
-                    (16, 512, 4, False),
-                    (16, 512, 4, True),
-                    (32, 256, 4, True),
-                    (64, 128, 4, True),
-                    (32, 512, 8, True),
-                    (64, 256, 8, True),
-                )
-            ],
-        ),
-        (
-            bench_scan,
-            [
-                dict(
-                    algorithm="parallel",
-                    block_q=q,
-                    num_warps=w,
-                    num_stages=st,
-                    state_chunk=c,
-                    pass_block_n=pn,
-                )
-                for q, w, st, c, pn in (
-                    (64, 4, 2, 256, 64),
-                    (64, 4, 1, 256, 64),
-                    (64, 4, 2, 256, 128),
-                    (64, 4, 2, 256, 32),
-                )
-            ]
-            + [dict(algorithm="sequential", seq_block_q=q) for q in (32, 64)],
-        ),
+        (bench_conv_update, [{}]),
     ]
-    only = os.environ.get("BENCH_ONLY")  # e.g. "scan,conv": those sections, in that order
+    only = os.environ.get("BENCH_ONLY")  # e.g. "conv": those sections, in that order
     if only:
         sections = [sec for o in only.split(",") for sec in sections if o in sec[0].__name__]
     for fn, configs in sections:

@@ -14,6 +14,9 @@ conv D 8192, W 4. Results as JSON lines (RESULT ...) and, with $OUT set, $OUT/be
 
     PYTHONPATH=. python benchmarks/bench_prefill.py --ops ssd,gdn,conv [--shapes 1x8192,8x2048]
         [--no-anchors] [--quick]        # --quick: tiny shapes, interpret mode on a CPU, no anchors
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= PYTHONPATH=. python benchmarks/bench_prefill.py \
+        --profile --configs benchmarks/configs/prefill_defaults.json --shapes 1x8192 --no-anchors
+        # the per-kernel breakdown of each op's default config (the file lists them per shape)
 """
 
 from __future__ import annotations

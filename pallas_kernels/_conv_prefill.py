@@ -95,10 +95,10 @@ def tiled_kernel(
     pl.when(shifted & ~need_init)(lambda: block(True, False))
 
 
-def _first_window(x_ref, state_ref, t, local, slot, d_sl, d_mask, width):
-    """The W - 1 inputs before token t (oldest first, fp32 [BD]): x where they lie in t's row,
-    else the row's initial window (zero when `slot` is NULL), zero for padding tokens (local < 0).
-    """
+def window_before(x_ref, state_ref, t, local, slot, d_sl, d_mask, width):
+    """The W - 1 inputs before token t, `local` tokens into its row (oldest first, fp32 [BD]): x
+    where they lie in the row, else the row's initial window in `slot` (zero when NULL), zero for
+    padding tokens (local < 0). t may be one past the row's last token (its final window)."""
     window = []
     for k in range(width - 1):
         back = width - 1 - k
@@ -163,7 +163,7 @@ def walk_kernel(
         return t - start_ref[index], slot_ref[index]
 
     local0, slot0 = token_meta(t0)
-    first = _first_window(x_ref, state_ref, t0, local0, slot0, d_sl, d_mask, width)
+    first = window_before(x_ref, state_ref, t0, local0, slot0, d_sl, d_mask, width)
 
     def step(g, window):
         ts = [t0 + g * unroll + i for i in range(unroll)]
@@ -208,23 +208,10 @@ def final_window_kernel(
     d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
     start, length = qsl_ref[r], qsl_ref[r + 1] - qsl_ref[r]
     num_slots = state_ref.shape[0]
-    read = jnp.where(has_init_ref[r] != 0, read_ref[r], 0)
-    reads, write = live_slot(read, num_slots), write_ref[r]
-    window = []
-    for k in range(width - 1):  # load everything before storing: the slots may coincide
-        i = length + k  # index into init ++ tokens
-        from_x = plgpu.load(
-            x_ref.at[jnp.maximum(start + i - (width - 1), 0), d_sl],
-            mask=d_mask & (i >= width - 1),
-            other=0.0,
-        )
-        col = jnp.clip(i, 0, width - 2)
-        from_init = plgpu.load(
-            state_ref.at[safe_slot(read, num_slots), d_sl, col],
-            mask=d_mask & (i < width - 1) & reads,
-            other=0.0,
-        )
-        window.append(from_x.astype(jnp.float32) + from_init.astype(jnp.float32))
+    read = safe_slot(jnp.where(has_init_ref[r] != 0, read_ref[r], 0), num_slots)
+    # Everything is loaded before anything is stored: the read and write slots may coincide.
+    window = window_before(x_ref, state_ref, start + length, length, read, d_sl, d_mask, width)
+    write = write_ref[r]
     for k in range(width - 1):
         plgpu.store(
             state_ref.at[safe_slot(write, num_slots), d_sl, jnp.int32(k)],

@@ -138,7 +138,6 @@ class ModelRunner:
       last_logprobs: per local rank, the last step's `TokenLogprobs` (host arrays) of each
         scheduled request's sampled row, when its sampling mode asked for them; else None.
       compile_seconds: time spent compiling, per `VariantKey`.
-      total_compile_seconds: their sum.
     """
 
     def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
@@ -155,7 +154,6 @@ class ModelRunner:
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
-        self.total_compile_seconds = 0.0
         self._jitted = jax.jit(
             functools.partial(_spmd_step, self.mesh),
             static_argnums=(0, 1, 2, 3, 4),
@@ -178,6 +176,11 @@ class ModelRunner:
     def num_params(self) -> int:
         """Parameters of the model (one replica)."""
         return sum(int(leaf.size) for leaf in self._param_leaves)
+
+    @property
+    def total_compile_seconds(self) -> float:
+        """Seconds spent compiling, all variants together."""
+        return sum(self.compile_seconds.values())
 
     @property
     def variants(self) -> list[VariantKey]:
@@ -290,8 +293,7 @@ class ModelRunner:
             self.graphdef, self._param_treedef, self.keep_logits, self._layouts[key], key.mode,
             self._param_leaves, self.caches, packed, self._previous if key.carry else None,
         ).compile()  # fmt: skip
-        self.compile_seconds[key] = seconds = time.perf_counter() - start
-        self.total_compile_seconds += seconds
+        self.compile_seconds[key] = time.perf_counter() - start
         self._compiled[key] = compiled
         return compiled
 

@@ -236,20 +236,20 @@ class PrefixCache:
     def reserve_state(self, key: bytes) -> int:
         """A fresh slot for the state of `key` that the next step writes, or NULL when the key is
         cached or reserved already, or every cached state is in use and the budget is spent."""
-        if self.has_state(key) or not self._make_state_room():
+        if self.has_state(key):
             return NULL
-        slot = self.slot_pool.allocate(1)[0]
-        self._reserved[key] = slot
+        slot = self._take_state_slot()
+        if slot:
+            self._reserved[key] = slot
         return slot
 
     def reserve_unkeyed_state(self) -> int:
         """A fresh slot for a state the next step writes whose key is not known yet (its last
         token is still on the device), or NULL when every cached state is in use and the budget
         is spent. `key_state` publishes or drops it once the step has run."""
-        if not self._make_state_room():
-            return NULL
-        slot = self.slot_pool.allocate(1)[0]
-        self._unkeyed.add(slot)
+        slot = self._take_state_slot()
+        if slot:
+            self._unkeyed.add(slot)
         return slot
 
     def key_state(self, slot: int, key: bytes | None) -> None:
@@ -278,6 +278,10 @@ class PrefixCache:
     def unused_state_budget(self) -> int:
         """State slots the cache may still take without evicting."""
         return max(self.max_cached_states - self.num_states, 0)
+
+    def _take_state_slot(self) -> int:
+        """A fresh slot within the state budget (evicting if needed), or NULL when none fits."""
+        return self.slot_pool.allocate(1)[0] if self._make_state_room() else NULL
 
     def _make_state_room(self) -> bool:
         """Evict unused states, least recently used first, until one more fits the budget."""

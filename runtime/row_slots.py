@@ -147,5 +147,5 @@ class RowSlots:
                 self.prefix_cache.key_state(
                     slot, self.prefix_cache.state_key(request, end) if known else None
                 )
-        if item.request.status is RequestStatus.RUNNING:  # else it holds no blocks any more
-            self.prefix_cache.publish_blocks(item.request)
+        if request.status is RequestStatus.RUNNING:  # else it holds no blocks any more
+            self.prefix_cache.publish_blocks(request)

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import functools
 import json
 import os
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -37,9 +40,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.bench_mamba2_kernels import (  # noqa: E402
+    RESULTS,
     bench_graph,
     copy_bandwidth,
     import_anchors,
+    log,
+    record,
     rel_err,
     time_loop,
 )
@@ -53,17 +59,23 @@ from pallas_kernels import ssd_chunk_scan_reference as scan_ref  # noqa: E402
 BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 SHAPES = {"1x8192": (1, 8192), "8x2048": (8, 2048), "1x32768": (1, 32768)}
 QUICK_SHAPES = {"2x40": (2, 40)}
-RESULTS: list[dict] = []
-PROFILE = {"on": False}
+
+Step = Callable[[int, jax.Array], tuple[jax.Array, jax.Array]]  # (i, state) -> (y, state)
 
 
-def log(*a) -> None:
-    print(*a, flush=True)
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One op at one shape, ready to run: `make_step(config)` builds a step over `state`;
+    `check(step)` is its error against the reference; `nbytes` must move per call; `inner` calls
+    per timed loop; `anchor(anchors)` times the anchor and returns its record fields."""
 
-
-def record(**row) -> None:
-    RESULTS.append(row)
-    log("RESULT", json.dumps(row, default=str))
+    op: str
+    make_step: Callable[[dict], Step]
+    state: jax.Array
+    check: Callable[[Step], dict]
+    nbytes: float
+    inner: int
+    anchor: Callable[[Any], dict]
 
 
 def rows_meta(batch: int, seqlen: int, hi: bool = True):
@@ -73,7 +85,29 @@ def rows_meta(batch: int, seqlen: int, hi: bool = True):
     return qsl, jnp.full((batch,), hi), rd, rd + batch
 
 
-def kernel_breakdown(step, pool, inner: int = 3) -> dict[str, float]:
+def slot_pool(init: np.ndarray) -> jax.Array:
+    """fp32 state pool [2R + 1, ...]: the initial states in slots 1..R, zeros elsewhere."""
+    batch = init.shape[0]
+    return jnp.zeros((2 * batch + 1,) + init.shape[1:], F32).at[1 : batch + 1].set(init)
+
+
+def written_states(pool: np.ndarray | jax.Array) -> np.ndarray | jax.Array:
+    """The final states in slots R+1..2R of a `slot_pool` (R = pool rows // 2)."""
+    return pool[pool.shape[0] // 2 + 1 :]
+
+
+def pool_check(pool: jax.Array, ref: Callable[[], tuple]) -> Callable[[Step], dict]:
+    """`Case.check` for an op writing final states into a `slot_pool`: errors of y and of them."""
+
+    def check(step: Step) -> dict:
+        (y, p), (y_ref, p_ref) = step(0, jnp.copy(pool)), ref()
+        return dict(err_y=rel_err(y, y_ref), err_state=rel_err(written_states(p),
+                                                               written_states(p_ref)))  # fmt: skip
+
+    return check
+
+
+def kernel_breakdown(step: Step, state: jax.Array, inner: int = 3) -> dict[str, float]:
     """Microseconds per call of each GPU kernel of `step`, from one profiled jitted loop.
 
     A scalar of every output is carried, as in `time_loop`: a loop that kept only the state let
@@ -82,12 +116,12 @@ def kernel_breakdown(step, pool, inner: int = 3) -> dict[str, float]:
     """
 
     def body(i, carry):
-        pool, acc = carry
-        y, pool = step(i, pool)
-        return pool, acc + y.reshape(-1)[0].astype(F32)
+        state, acc = carry
+        y, state = step(i, state)
+        return state, acc + y.reshape(-1)[0].astype(F32)
 
     loop = jax.jit(lambda c: jax.lax.fori_loop(0, inner, body, c, unroll=True))
-    carry = jax.block_until_ready(loop((pool, jnp.zeros((), F32))))
+    carry = jax.block_until_ready(loop((state, jnp.zeros((), F32))))
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             jax.block_until_ready(loop(carry))
@@ -99,26 +133,41 @@ def kernel_breakdown(step, pool, inner: int = 3) -> dict[str, float]:
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
-def sweep(op: str, shape: str, configs: list[dict], make_step, pool, inner: int, nbytes: float,
-          bw: float, check) -> tuple[dict, object]:  # fmt: skip
-    """Time every config, record each; returns the best config and its step. With PROFILE set
-    (`--profile`), only builds the first config's step (its breakdown is the run's output)."""
-    if PROFILE["on"]:
-        return (float("nan"), configs[0], make_step(configs[0]))
+def sweep(case: Case, shape: str, configs: list[dict], bw: float) -> tuple[float, dict, Step]:
+    """Time every config, record each; returns (us, config, step) of the fastest, or None."""
     best = None
     for cfg in configs:
-        step = make_step(cfg)
+        step = case.make_step(cfg)
         try:
-            err = check(step)
-            us = time_loop(step, jnp.copy(pool), inner=inner, reps=10)
+            err = case.check(step)
+            us = time_loop(step, jnp.copy(case.state), inner=case.inner, reps=10)
         except Exception as e:  # noqa: BLE001  (a config that does not compile is reported)
-            log(f"{op} {shape} {cfg} FAILED: {e!r}"[:600])
+            log(f"{case.op} {shape} {cfg} FAILED: {e!r}"[:600])
             continue
-        pct = 100 * nbytes / (us * 1e-6) / (bw * 1e12)
-        record(op=op, shape=shape, config=cfg, ours_us=us, pct_roofline=pct, **err)
+        pct = 100 * case.nbytes / (us * 1e-6) / (bw * 1e12)
+        record(op=case.op, shape=shape, config=cfg, ours_us=us, pct_roofline=pct, **err)
         if best is None or us < best[0]:
             best = (us, cfg, step)
     return best
+
+
+def run_case(case: Case, shape: str, configs: list[dict], bw: float, anchors, *, quick: bool,
+             profile: bool) -> dict | None:  # fmt: skip
+    """Sweep (or, with `profile`, only build the first config), then on the GPU the fastest
+    config's kernel breakdown and the anchor beside it. Returns the fastest config."""
+    if profile:
+        best = (float("nan"), configs[0], case.make_step(configs[0]))
+    else:
+        best = sweep(case, shape, configs, bw)
+    if best is None or quick:
+        return best and best[1]
+    breakdown = kernel_breakdown(best[2], case.state)
+    record(op=case.op, shape=shape, config=best[1], breakdown_us=breakdown)
+    if anchors is not None and not profile:
+        fields = case.anchor(anchors)
+        record(op=case.op, shape=shape, ours_best_us=best[0],
+               ratio=fields["anchor_us"] / best[0], **fields)  # fmt: skip
+    return best[1]
 
 
 # ----------------------------------------------------------------------------- SSD chunk scan
@@ -143,60 +192,47 @@ def ssd_inputs(rng, batch: int, seqlen: int, heads=H, head_dim=P, groups=G, stat
                 init=f(batch, heads, head_dim, state) * 0.1)  # fmt: skip
 
 
-def bench_ssd(name, batch, seqlen, bw, anchors, quick, configs):
+def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
     rng = np.random.default_rng(1)
     d = ssd_inputs(rng, batch, seqlen, *((4, 16, 2, 16) if quick else ()))
     x, dt, bm, cm = (jnp.asarray(d[k], BF) for k in ("x", "dt", "B", "C"))
     A, Dk, bias = (jnp.asarray(d[k]) for k in ("A", "D", "dt_bias"))
-    pool = jnp.zeros((2 * batch + 1,) + d["init"].shape[1:], F32).at[1 : batch + 1].set(d["init"])
+    pool = slot_pool(d["init"])
     qsl, hi, rd, wr = rows_meta(batch, seqlen)
     meta = (qsl, jnp.zeros((batch,), I32), hi, rd, wr)
-    ref_kw = dict(D=Dk, dt_bias=bias, chunk_size=32 if quick else 256)
-    kw = ref_kw | dict(interpret=quick)
+    kw = dict(D=Dk, dt_bias=bias, chunk_size=32 if quick else 256)
     reference = functools.partial(scan_ref.ssd_chunk_scan_reference, x, dt, A, bm, cm)
-    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, *meta, **ref_kw))(pool))
+    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, *meta, **kw))(pool))
 
     def make_step(cfg):
         knobs = dict(cfg)
         algorithm = knobs.pop("algorithm")
         tuning = scan.ScanTuning(**knobs)
-        return lambda i, p: scan.ssd_chunk_scan(x, dt, A, bm, cm, p, *meta, **kw,
+        return lambda i, p: scan.ssd_chunk_scan(x, dt, A, bm, cm, p, *meta, **kw, interpret=quick,
                                                 algorithm=algorithm, tuning=tuning)  # fmt: skip
 
-    def check(step):
-        (y, p), (y_ref, p_ref) = step(0, jnp.copy(pool)), ref()
-        return dict(err_y=rel_err(y, y_ref), err_state=rel_err(p[batch + 1 :], p_ref[batch + 1 :]))
+    def anchor(anchors):
+        torch, triton, _, chunk_combined = anchors
+        t = {k: torch.from_numpy(v).cuda() for k, v in d.items()}
+        bf = {k: t[k].to(torch.bfloat16).view(batch, seqlen, *v.shape[1:])
+              for k, v in d.items() if k in ("x", "dt", "B", "C")}  # fmt: skip
+        call = functools.partial(
+            chunk_combined, bf["x"], bf["dt"], t["A"], bf["B"], bf["C"], 256, D=t["D"],
+            dt_bias=t["dt_bias"], initial_states=t["init"], dt_softplus=True,
+            return_final_states=True,
+        )  # fmt: skip
+        y_a, s_a = call()
+        us = bench_graph(torch, triton, call)
+        y_ref, p_ref = ref()
+        return dict(anchor="mamba_ssm mamba_chunk_scan_combined (graph)", anchor_us=us,
+                    anchor_err_y=rel_err(y_a.float().cpu().numpy().reshape(y_ref.shape), y_ref),
+                    anchor_err_state=rel_err(s_a.float().cpu().numpy(),
+                                             written_states(p_ref)))  # fmt: skip
 
-    T = batch * seqlen
-    nbytes = T * (2 * x.shape[1] * x.shape[2] * 2 + 2 * bm.shape[1] * bm.shape[2] * 2 + 2 * H)
+    nbytes = batch * seqlen * (2 * x.shape[1] * x.shape[2] * 2 + 2 * bm.shape[1] * bm.shape[2] * 2
+                               + 2 * x.shape[1])  # fmt: skip
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
-    best = sweep("ssd_chunk_scan", name, configs, make_step, pool, 8, nbytes, bw, check)
-    if quick or best is None:
-        return best and best[1]
-    record(
-        op="ssd_chunk_scan",
-        shape=name,
-        config=best[1],
-        breakdown_us=kernel_breakdown(best[2], pool),
-    )
-    if anchors is None or PROFILE["on"]:
-        return best[1]
-    torch, triton, _, chunk_combined = anchors
-    t = {k: torch.from_numpy(v).cuda() for k, v in d.items()}
-    bf = {k: t[k].to(torch.bfloat16).view(batch, seqlen, *v.shape[1:])
-          for k, v in d.items() if k in ("x", "dt", "B", "C")}  # fmt: skip
-    call = functools.partial(
-        chunk_combined, bf["x"], bf["dt"], t["A"], bf["B"], bf["C"], 256, D=t["D"],
-        dt_bias=t["dt_bias"], initial_states=t["init"], dt_softplus=True, return_final_states=True,
-    )  # fmt: skip
-    y_a, s_a = call()
-    us = bench_graph(torch, triton, call)
-    y_ref, p_ref = ref()
-    record(op="ssd_chunk_scan", shape=name, anchor="mamba_ssm mamba_chunk_scan_combined (graph)",
-           anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
-           anchor_err_y=rel_err(y_a.float().cpu().numpy().reshape(y_ref.shape), y_ref),
-           anchor_err_state=rel_err(s_a.float().cpu().numpy(), p_ref[batch + 1 :]))  # fmt: skip
-    return best[1]
+    return Case("ssd_chunk_scan", make_step, pool, pool_check(pool, ref), nbytes, 8, anchor)
 
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
@@ -212,12 +248,12 @@ def gdn_inputs(rng, batch: int, seqlen: int, hk=HK, hv=HV, dk=DK) -> dict:
                 init=f(batch, hv, dk, dk) * 0.1)  # fmt: skip
 
 
-def bench_gdn(name, batch, seqlen, bw, anchors, quick, configs):
+def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
     rng = np.random.default_rng(2)
     d = gdn_inputs(rng, batch, seqlen, *((2, 4, 16) if quick else ()))
     q, k, v = (jnp.asarray(d[n], BF) for n in ("q", "k", "v"))
     g, beta = jnp.asarray(d["g"]), jnp.asarray(d["beta"])
-    pool = jnp.zeros((2 * batch + 1,) + d["init"].shape[1:], F32).at[1 : batch + 1].set(d["init"])
+    pool = slot_pool(d["init"])
     qsl, hi, rd, wr = rows_meta(batch, seqlen)
     meta = (qsl, jnp.zeros((batch,), I32), hi, rd, wr)
     reference = functools.partial(gdn.gdn_chunk_reference, q, k, v, g, beta)
@@ -226,58 +262,50 @@ def bench_gdn(name, batch, seqlen, bw, anchors, quick, configs):
     def make_step(cfg):
         return lambda i, p: gdn.gdn_chunk(q, k, v, g, beta, p, *meta, interpret=quick, **cfg)
 
-    def check(step):
-        (o, p), (o_ref, p_ref) = step(0, jnp.copy(pool)), ref()
-        return dict(err_y=rel_err(o, o_ref), err_state=rel_err(p[batch + 1 :], p_ref[batch + 1 :]))
+    def anchor(anchors):
+        torch, triton = anchors[:2]
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    T = batch * seqlen
-    nbytes = T * ((2 * q.shape[1] + 2 * v.shape[1]) * q.shape[2] * 2 + 2 * v.shape[1] * 4)
+        t = {n: torch.from_numpy(a).cuda() for n, a in d.items()}
+        bf = {n: t[n].to(torch.bfloat16)[None] for n in ("q", "k", "v")}
+        cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
+        call = functools.partial(
+            chunk_gated_delta_rule, bf["q"], bf["k"], bf["v"], t["g"][None], t["beta"][None],
+            initial_state=t["init"], output_final_state=True, use_qk_l2norm_in_kernel=True,
+            state_v_first=True, cu_seqlens=cu if batch > 1 else None,
+        )  # fmt: skip
+        t0 = time.time()
+        o_a, s_a = call()
+        torch.cuda.synchronize()
+        log(f"FLA chunk_gated_delta_rule first call {time.time() - t0:.1f} s")
+        us = bench_graph(torch, triton, call)
+        o_ref, p_ref = ref()
+        return dict(anchor="FLA 0.6.0 chunk_gated_delta_rule (graph)", anchor_us=us,
+                    anchor_err_y=rel_err(o_a.float().cpu().numpy().reshape(o_ref.shape), o_ref),
+                    anchor_err_state=rel_err(s_a.float().cpu().numpy(),
+                                             written_states(p_ref)))  # fmt: skip
+
+    nbytes = batch * seqlen * ((2 * q.shape[1] + 2 * v.shape[1]) * q.shape[2] * 2
+                               + 2 * v.shape[1] * 4)  # fmt: skip
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
-    best = sweep("gdn_chunk", name, configs, make_step, pool, 8, nbytes, bw, check)
-    if quick or best is None:
-        return best and best[1]
-    record(op="gdn_chunk", shape=name, config=best[1], breakdown_us=kernel_breakdown(best[2], pool))
-    if anchors is None or PROFILE["on"]:
-        return best[1]
-    torch, triton = anchors[:2]
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    t = {n: torch.from_numpy(a).cuda() for n, a in d.items()}
-    bf = {n: t[n].to(torch.bfloat16)[None] for n in ("q", "k", "v")}
-    cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
-    call = functools.partial(
-        chunk_gated_delta_rule, bf["q"], bf["k"], bf["v"], t["g"][None], t["beta"][None],
-        initial_state=t["init"], output_final_state=True, use_qk_l2norm_in_kernel=True,
-        state_v_first=True, cu_seqlens=cu if batch > 1 else None,
-    )  # fmt: skip
-    t0 = time.time()
-    o_a, s_a = call()
-    torch.cuda.synchronize()
-    log(f"FLA chunk_gated_delta_rule first call {time.time() - t0:.1f} s")
-    us = bench_graph(torch, triton, call)
-    o_ref, p_ref = ref()
-    record(op="gdn_chunk", shape=name, anchor="FLA 0.6.0 chunk_gated_delta_rule (graph)",
-           anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
-           anchor_err_y=rel_err(o_a.float().cpu().numpy().reshape(o_ref.shape), o_ref),
-           anchor_err_state=rel_err(s_a.float().cpu().numpy(), p_ref[batch + 1 :]))  # fmt: skip
-    return best[1]
+    return Case("gdn_chunk", make_step, pool, pool_check(pool, ref), nbytes, 8, anchor)
 
 
 # ----------------------------------------------------------------------------- causal conv1d
 D_CONV, W = 8192, 4
 CONV_CONFIGS = [
-    dict(block_t=64, block_d=128),
-    dict(block_t=16, block_d=512),
-    dict(block_t=32, block_d=256),
-    dict(block_t=128, block_d=64, num_warps=4),
-    dict(block_t=64, block_d=256, num_warps=8),
+    dict(block_t=64, block_d=128, walk_tokens=None),
+    dict(block_t=16, block_d=512, walk_tokens=None),
+    dict(block_t=32, block_d=256, walk_tokens=None),
+    dict(block_t=128, block_d=64, num_warps=4, walk_tokens=None),
+    dict(block_t=64, block_d=256, num_warps=8, walk_tokens=None),
     *(dict(walk_tokens=wt, block_d=bd, unroll=u, num_warps=nw)
       for wt, bd, u, nw in ((128, 1024, 4, 4), (256, 1024, 8, 4), (128, 512, 4, 2),
                             (256, 2048, 4, 8), (512, 1024, 8, 4), (64, 1024, 4, 4))),
 ]  # fmt: skip
 
 
-def bench_conv(name, batch, seqlen, bw, anchors, quick, configs):
+def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
     rng = np.random.default_rng(3)
     channels = 40 if quick else D_CONV
     T = batch * seqlen
@@ -285,8 +313,7 @@ def bench_conv(name, batch, seqlen, bw, anchors, quick, configs):
     wt = rng.standard_normal((channels, W), np.float32) * 0.5
     bs = rng.standard_normal(channels, np.float32)
     x, w, b = jnp.asarray(xn, BF), jnp.asarray(wt, BF), jnp.asarray(bs, BF)
-    init = rng.standard_normal((2 * batch + 1, channels, W - 1), np.float32)
-    state = jnp.asarray(init, BF)
+    state = jnp.asarray(rng.standard_normal((2 * batch + 1, channels, W - 1), np.float32), BF)
     meta = rows_meta(batch, seqlen)
     reference = functools.partial(conv_ref.causal_conv1d_prefill_reference, x, w, b)
     ref = functools.cache(lambda: jax.jit(lambda s: reference(s, *meta))(state))
@@ -298,46 +325,36 @@ def bench_conv(name, batch, seqlen, bw, anchors, quick, configs):
         (y, s), (y_ref, s_ref) = step(0, jnp.copy(state)), ref()
         return dict(err_y=rel_err(y, y_ref), err_state=rel_err(s, s_ref))
 
-    nbytes = 2 * T * channels * 2
-    best = sweep("causal_conv1d_prefill", name, configs, make_step, state, 10, nbytes, bw, check)
-    if quick or best is None:
-        return best and best[1]
-    record(
-        op="causal_conv1d_prefill",
-        shape=name,
-        config=best[1],
-        breakdown_us=kernel_breakdown(best[2], state),
-    )
-    if anchors is None or PROFILE["on"]:
-        return best[1]
-    torch, triton = anchors[:2]
-    from fla.modules.causal_conv1d import causal_conv1d as fla_conv
+    def anchor(anchors):
+        torch, triton = anchors[:2]
+        from fla.modules.causal_conv1d import causal_conv1d as fla_conv
 
-    xt = torch.from_numpy(xn).cuda().bfloat16().view(1, T, channels)
-    w_t, b_t = torch.from_numpy(wt).cuda().bfloat16(), torch.from_numpy(bs).cuda().bfloat16()
-    cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
-    h0 = torch.randn(batch, channels, W, device="cuda", dtype=torch.bfloat16)
-    call = functools.partial(fla_conv, xt, w_t, b_t, initial_state=h0, output_final_state=True,
-                             activation="silu", backend="triton", cu_seqlens=cu)  # fmt: skip
-    call()
-    us = bench_graph(torch, triton, call)
-    # Accuracy of the anchor: without initial states (its window layout differs from ours).
-    y0 = fla_conv(xt, w_t, b_t, activation="silu", backend="triton", cu_seqlens=cu)[0]
-    qsl, hi, rd, wr = meta
-    y0_ref, _ = conv_ref.causal_conv1d_prefill_reference(x, w, b, state, qsl, ~hi, rd, wr)
-    record(op="causal_conv1d_prefill", shape=name, anchor="FLA 0.6.0 causal_conv1d (graph)",
-           anchor_us=us, ours_best_us=best[0], ratio=us / best[0],
-           anchor_err_y_no_init=rel_err(y0.float().cpu().numpy().reshape(T, channels),
-                                        y0_ref))  # fmt: skip
-    return best[1]
+        xt = torch.from_numpy(xn).cuda().bfloat16().view(1, T, channels)
+        w_t, b_t = torch.from_numpy(wt).cuda().bfloat16(), torch.from_numpy(bs).cuda().bfloat16()
+        cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
+        h0 = torch.randn(batch, channels, W, device="cuda", dtype=torch.bfloat16)
+        call = functools.partial(fla_conv, xt, w_t, b_t, initial_state=h0,
+                                 output_final_state=True, activation="silu", backend="triton",
+                                 cu_seqlens=cu)  # fmt: skip
+        call()
+        us = bench_graph(torch, triton, call)
+        # Accuracy of the anchor: without initial states (its window layout differs from ours).
+        y0 = fla_conv(xt, w_t, b_t, activation="silu", backend="triton", cu_seqlens=cu)[0]
+        qsl, hi, rd, wr = meta
+        y0_ref, _ = reference(state, qsl, ~hi, rd, wr)
+        y0 = y0.float().cpu().numpy().reshape(T, channels)
+        return dict(anchor="FLA 0.6.0 causal_conv1d (graph)", anchor_us=us,
+                    anchor_err_y_no_init=rel_err(y0, y0_ref))  # fmt: skip
+
+    return Case("causal_conv1d_prefill", make_step, state, check, 2 * T * channels * 2, 10, anchor)
 
 
-BENCHES = {"ssd": (bench_ssd, SSD_CONFIGS), "gdn": (bench_gdn, GDN_CONFIGS),
-           "conv": (bench_conv, CONV_CONFIGS)}  # fmt: skip
+CASES = {"ssd": (ssd_case, SSD_CONFIGS), "gdn": (gdn_case, GDN_CONFIGS),
+         "conv": (conv_case, CONV_CONFIGS)}  # fmt: skip
 
 
 def fastest_configs(path: str) -> dict[tuple[str, str], list[dict]]:
-    """(BENCHES key, shape) -> [the config with the lowest ours_us] in a results file."""
+    """(CASES key, shape) -> [the config with the lowest ours_us] in a results file."""
     keys = {"ssd_chunk_scan": "ssd", "gdn_chunk": "gdn", "causal_conv1d_prefill": "conv"}
     best: dict[tuple[str, str], tuple[float, dict]] = {}
     with open(path) as fh:
@@ -373,7 +390,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "--xla_gpu_enable_command_buffer= so XLA's CUDA graphs do not hide "
                          "kernels from the profiler)")  # fmt: skip
     args = ap.parse_args(argv)
-    PROFILE["on"] = args.profile
+    RESULTS.clear()  # one call's rows (the list is bench_mamba2_kernels')
     fastest = fastest_configs(args.configs) if args.configs else {}
     shapes = QUICK_SHAPES if args.quick else {s: SHAPES[s] for s in args.shapes.split(",")}
     bw = 1.0 if args.quick else copy_bandwidth()
@@ -381,7 +398,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     record(device=jax.devices()[0].device_kind, copy_tb_s=bw)
     anchors = None if args.quick or args.no_anchors or args.profile else import_anchors()
     for op in args.ops.split(","):
-        bench, configs = BENCHES[op]
+        make_case, configs = CASES[op]
         configs = configs[:1] if args.quick else configs  # the full sweep on the first shape
         for i, (name, (batch, seqlen)) in enumerate(shapes.items()):
             if args.configs:
@@ -389,7 +406,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 if not configs:
                     continue
             try:
-                best = bench(name, batch, seqlen, bw, anchors, args.quick, configs)
+                case = make_case(batch, seqlen, args.quick)
+                best = run_case(case, name, configs, bw, anchors, quick=args.quick,
+                                profile=args.profile)  # fmt: skip
             except Exception:  # noqa: BLE001  (one op failing must not lose the others)
                 log(f"{op} {name} FAILED\n{traceback.format_exc()}"[-3000:])
                 best = None

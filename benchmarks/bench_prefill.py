@@ -237,7 +237,16 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
 HK, HV, DK = 16, 32, 128
-GDN_CONFIGS = [dict()]
+GDN_CONFIGS = [
+    dict(),
+    dict(block_v=32),
+    dict(block_v=32, num_stages=2),
+    # 64-token chunk steps in the chain instead of 128; the tiles of a 128-token chunk leave
+    # shared memory for one pipeline stage only (two asked 240-256 KiB on the H100).
+    dict(chunk_size=128, num_stages=1, intra_num_warps=8),
+    dict(chunk_size=128, block_v=32, num_stages=1, intra_num_warps=8),
+    dict(chunk_size=128, block_v=32, num_warps=8, num_stages=1, intra_num_warps=8),
+]
 
 
 def gdn_inputs(rng, batch: int, seqlen: int, hk=HK, hv=HV, dk=DK) -> dict:
@@ -294,14 +303,11 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
 # ----------------------------------------------------------------------------- causal conv1d
 D_CONV, W = 8192, 4
 CONV_CONFIGS = [
-    dict(block_t=64, block_d=128, walk_tokens=None),
-    dict(block_t=16, block_d=512, walk_tokens=None),
-    dict(block_t=32, block_d=256, walk_tokens=None),
-    dict(block_t=128, block_d=64, num_warps=4, walk_tokens=None),
-    dict(block_t=64, block_d=256, num_warps=8, walk_tokens=None),
     *(dict(walk_tokens=wt, block_d=bd, unroll=u, num_warps=nw)
-      for wt, bd, u, nw in ((128, 1024, 4, 4), (256, 1024, 8, 4), (128, 512, 4, 2),
-                            (256, 2048, 4, 8), (512, 1024, 8, 4), (64, 1024, 4, 4))),
+      for wt, bd, u, nw in ((128, 1024, 4, 4), (64, 1024, 4, 4), (128, 1024, 8, 4),
+                            (256, 1024, 8, 4), (128, 2048, 4, 8), (128, 512, 4, 4),
+                            (64, 512, 4, 2), (256, 2048, 8, 8))),
+    dict(block_t=64, block_d=128, walk_tokens=None),
 ]  # fmt: skip
 
 

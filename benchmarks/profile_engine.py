@@ -36,6 +36,12 @@ VARIANTS = {
     "no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     "cmdbuf_all": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
     "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1",
+    # XLA turns its command buffers off while a profile is taken unless told otherwise: with this
+    # flag the profile shows the step as it runs (fewer launches, shorter gaps) when graphs apply.
+    "cmdbuf_prof": "--xla_enable_command_buffers_during_profiling=true",
+    # benchmarks/probe_launch.py: XLA's default minimum graph size left chains of fusions between
+    # other kernels launched one by one (7.6 us a kernel); a minimum of 1 took 1.0 us.
+    "min_graph1": "--xla_gpu_graph_min_graph_size=1",
     # At batch 1 XLA rewrites each [1, K] x [K, N] matmul into a multiply + reduce fusion (35-45%
     # of bandwidth on the H100); a threshold of 0 may keep them GEMMs.
     "gemm_threshold0": "--xla_gpu_gemm_rewrite_size_threshold=0",
@@ -246,10 +252,17 @@ def main() -> None:
     print_table(out, args.variants.split(","))
 
 
+def top_level(hlo: dict) -> str:
+    """Command buffers, custom calls and fusions left in the ENTRY computation: a kernel outside
+    every command buffer is launched by the host one by one."""
+    ops = hlo["entry_ops"]
+    return f"{ops.get('call', 0)} / {ops.get('custom-call', 0)} / {ops.get('fusion', 0)}"
+
+
 def print_table(out: str, names: list[str]) -> None:
     print(
         "variant     batch eng_step eng_host eng_dev run_np run_dev pipe  disp  put   "
-        "kern/step gpu_busy entry_ops"
+        "kern/step gpu_busy entry_ops (calls = command buffers, custom-calls, fusions at top level)"
     )
     for name in names:
         path = os.path.join(out, f"profile_{name}.json")
@@ -266,7 +279,8 @@ def print_table(out: str, names: list[str]) -> None:
                   f"{r['runner_numpy_ms']:6.3f} {r['runner_device_in_ms']:7.3f} "
                   f"{r['pipelined_ms']:5.3f} {r['dispatch_ms']:5.3f} "
                   f"{r['device_put_packed_ms']:5.3f} "
-                  f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']}")  # fmt: skip
+                  f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']} "
+                  f"({top_level(r['hlo'])})")  # fmt: skip
     print("GPU busy ms per step by part (kernels per step)")
     for name in names:
         path = os.path.join(out, f"profile_{name}.json")

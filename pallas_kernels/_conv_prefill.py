@@ -148,8 +148,10 @@ def walk_kernel(
     one y row out per token, the window kept as W - 1 fp32 register vectors.
 
     `unroll` tokens per loop step: their row loads are issued together so that several are in
-    flight. The window is gathered once at the segment's first token and reset from the slot
-    window at every row start (a select on the registers fed by loads masked off elsewhere).
+    flight. The window is gathered once at the segment's first token. A segment inside one row
+    (the common case: rows are long, segments short) then only shifts rows through the window;
+    a segment that meets a row start or padding reads each token's row metadata and resets the
+    window from the slot at every row start (a select fed by loads masked off elsewhere).
     """
     t0 = pl.program_id(0) * walk_tokens
     d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
@@ -162,30 +164,45 @@ def walk_kernel(
         index = jnp.minimum(t, num_tokens - 1)
         return t - start_ref[index], slot_ref[index]
 
-    local0, slot0 = token_meta(t0)
-    first = window_before(x_ref, state_ref, t0, local0, slot0, d_sl, d_mask, width)
+    def conv_row(window, row, local):
+        """y of one token from its window and row (zero for padding: local < 0), and the window
+        the next token sees."""
+        full = [*window, row.astype(jnp.float32)]
+        acc = bias
+        for j in range(width):
+            acc = acc + taps[j] * full[j]
+        y = silu(acc) if activation == "silu" else acc
+        return (y if local is None else jnp.where(local >= 0, y, 0.0)), full[1:]
 
-    def step(g, window):
-        ts = [t0 + g * unroll + i for i in range(unroll)]
-        rows = [
-            plgpu.load(x_ref.at[t, d_sl], mask=d_mask & (t < num_tokens), other=0.0) for t in ts
-        ]
-        for t, row in zip(ts, rows, strict=True):
-            local, slot = token_meta(t)
-            is_start = local == 0
-            init = _row_start_window(state_ref, slot, is_start, d_sl, d_mask, width)
-            window = [jnp.where(is_start, v, w) for v, w in zip(init, window, strict=True)]
-            full = [*window, row.astype(jnp.float32)]
-            acc = bias
-            for j in range(width):
-                acc = acc + taps[j] * full[j]
-            y = silu(acc) if activation == "silu" else acc
-            y = jnp.where(local >= 0, y, 0.0)
-            plgpu.store(y_ref.at[t, d_sl], y.astype(y_ref.dtype), mask=d_mask & (t < num_tokens))
-            window = full[1:]
-        return window
+    def walk(one_row: bool):
+        def step(g, window):
+            ts = [t0 + g * unroll + i for i in range(unroll)]
+            rows = [
+                plgpu.load(x_ref.at[t, d_sl], mask=d_mask & (t < num_tokens), other=0.0) for t in ts
+            ]
+            for t, row in zip(ts, rows, strict=True):
+                local = None
+                if not one_row:
+                    local, slot = token_meta(t)
+                    is_start = local == 0
+                    init = _row_start_window(state_ref, slot, is_start, d_sl, d_mask, width)
+                    window = [jnp.where(is_start, v, w) for v, w in zip(init, window, strict=True)]
+                y, window = conv_row(window, row, local)
+                plgpu.store(
+                    y_ref.at[t, d_sl], y.astype(y_ref.dtype), mask=d_mask & (t < num_tokens)
+                )
+            return window
 
-    jax.lax.fori_loop(0, walk_tokens // unroll, step, first)
+        local0, slot0 = token_meta(t0)
+        first = window_before(x_ref, state_ref, t0, local0, slot0, d_sl, d_mask, width)
+        jax.lax.fori_loop(0, walk_tokens // unroll, step, first)
+
+    # One row: the first and last live tokens of the segment share a row start, and the first is
+    # not padding (a row's tokens are contiguous, so every token between is in that row too).
+    t_last = jnp.minimum(t0 + walk_tokens, num_tokens) - 1
+    one_row = (start_ref[t0] == start_ref[t_last]) & (t0 >= start_ref[t0])
+    pl.when(one_row)(lambda: walk(True))
+    pl.when(~one_row)(lambda: walk(False))
 
 
 def final_window_kernel(

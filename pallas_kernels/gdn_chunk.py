@@ -160,18 +160,21 @@ def chunk_tiles(query_start_loc, num_computed, T: int, C: int):
     return cstart.astype(i32), clen, count, c0
 
 
-# Shared memory Triton may use for the chain's software pipeline: the H100 has 227 KiB per block;
-# keep room for the state tile and the compiler's own buffers.
-_PIPELINE_SMEM_BYTES = 180 * 1024
+# Shared memory per block on the H100 (what Triton reports as available).
+_SMEM_BYTES = 227 * 1024
 
 
 def chain_stages(C: int, BK: int, BV: int, itemsize: int, most: int = 3) -> int:
     """Pipeline stages of the chain kernel: `most` (3 measured fastest at the Qwen3-Next shape in
-    bf16), fewer when the tiles one chunk loads (W, KD, QE [C, BK], U [C, BV], AQK [C, C]) would
-    overflow shared memory: fp32 tiles with K = 128 asked 288 KiB at 3 stages on the H100. A
-    function of the static shapes only, never of the batch."""
-    per_stage = (3 * C * BK + C * BV + C * C) * itemsize
-    return max(1, min(most, 1 + _PIPELINE_SMEM_BYTES // per_stage))
+    bf16), fewer where the tiles one chunk loads would overflow shared memory. Fitted to what
+    Triton asked on the H100: a buffer per stage for W, KD, QE [C, BK] and U [C, BV], one fewer
+    for AQK [C, C] (bf16, C 128, K 128: 256 KiB at BV 64 and 240 KiB at BV 32 for 2 stages).
+    A function of the static shapes only, never of the batch."""
+
+    def need(stages: int) -> int:
+        return (stages * (3 * C * BK + C * BV) + (stages - 1) * C * C) * itemsize
+
+    return max([1] + [s for s in range(2, most + 1) if need(s) <= _SMEM_BYTES])
 
 
 def gdn_chunk(
@@ -193,7 +196,7 @@ def gdn_chunk(
     block_size: int | None = None,
     boundary_slots=None,
     interpret: bool = False,
-    block_v: int = 64,
+    block_v: int = 32,
     solve_block: int = 16,
     inter_dtype=None,
     solve_dtype=None,

@@ -508,6 +508,10 @@ def grid(quick: bool) -> list[Shape]:
         mamba2_decode(10, 48, 2, 128, 4, 4, BF16),
         mamba2_decode(64, 64, 8, 128, 4, 1, BF16),  # the bench model's layer
         *(gdn_chunk(*d) for d in gdn_dims),
+        # The chain's pipeline stages at K = 128 (shared memory bound): fp32 tiles at chunk 64,
+        # bf16 at chunk 128.
+        gdn_chunk(1, 2, 128, 128, F32),
+        gdn_chunk(2, 4, 128, 128, BF16, chunk=128),
         *(gdn_update(*d[:4], 1 + i % 3, d[4]) for i, d in enumerate(gdn_dims)),
         gdn_decode(1, 1, 24, 80, 4, 1, F32),
         gdn_decode(5, 10, 12, 96, 3, 2, BF16),

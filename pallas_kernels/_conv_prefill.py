@@ -12,16 +12,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import live_slot, safe_slot, silu
-
-
-def load_taps(w_ref, bias_ref, d_sl, d_mask, width):
-    """Weight columns [BD] per tap (fp32) and the bias [BD]."""
-    taps = [
-        plgpu.load(w_ref.at[d_sl, jnp.int32(j)], mask=d_mask, other=0.0).astype(jnp.float32)
-        for j in range(width)
-    ]
-    return taps, plgpu.load(bias_ref.at[d_sl], mask=d_mask, other=0.0).astype(jnp.float32)
+from pallas_kernels._common import safe_slot, silu
+from pallas_kernels._conv_window import load_taps, load_window, store_window, tap_sum
 
 
 def tiled_kernel(
@@ -115,18 +107,6 @@ def window_before(x_ref, state_ref, t, local, slot, d_sl, d_mask, width):
     return window
 
 
-def _row_start_window(state_ref, slot, is_start, d_sl, d_mask, width):
-    """The initial window of a row starting here, loaded only where `is_start` (a scalar)."""
-    return [
-        plgpu.load(
-            state_ref.at[slot, d_sl, jnp.int32(k)],
-            mask=d_mask & is_start & (slot > 0),
-            other=0.0,
-        ).astype(jnp.float32)
-        for k in range(width - 1)
-    ]
-
-
 def walk_kernel(
     start_ref,
     slot_ref,
@@ -168,10 +148,7 @@ def walk_kernel(
         """y of one token from its window and row (zero for padding: local < 0), and the window
         the next token sees."""
         full = [*window, row.astype(jnp.float32)]
-        acc = bias
-        for j in range(width):
-            acc = acc + taps[j] * full[j]
-        y = silu(acc) if activation == "silu" else acc
+        y = tap_sum(taps, bias, full, activation)
         return (y if local is None else jnp.where(local >= 0, y, 0.0)), full[1:]
 
     def walk(one_row: bool):
@@ -185,7 +162,7 @@ def walk_kernel(
                 if not one_row:
                     local, slot = token_meta(t)
                     is_start = local == 0
-                    init = _row_start_window(state_ref, slot, is_start, d_sl, d_mask, width)
+                    init = load_window(state_ref, slot, d_sl, d_mask, width, where=is_start)
                     window = [jnp.where(is_start, v, w) for v, w in zip(init, window, strict=True)]
                 y, window = conv_row(window, row, local)
                 plgpu.store(
@@ -228,10 +205,4 @@ def final_window_kernel(
     read = safe_slot(jnp.where(has_init_ref[r] != 0, read_ref[r], 0), num_slots)
     # Everything is loaded before anything is stored: the read and write slots may coincide.
     window = window_before(x_ref, state_ref, start + length, length, read, d_sl, d_mask, width)
-    write = write_ref[r]
-    for k in range(width - 1):
-        plgpu.store(
-            state_ref.at[safe_slot(write, num_slots), d_sl, jnp.int32(k)],
-            window[k].astype(state_ref.dtype),
-            mask=d_mask & live_slot(write, num_slots),
-        )
+    store_window(state_ref, write_ref[r], window, d_sl, d_mask)

@@ -20,10 +20,10 @@ from pallas_kernels._common import (
     pow2,
     safe_slot,
     sds_like,
-    silu,
     token_rows,
 )
-from pallas_kernels._conv_prefill import final_window_kernel, load_taps, tiled_kernel, walk_kernel
+from pallas_kernels._conv_prefill import final_window_kernel, tiled_kernel, walk_kernel
+from pallas_kernels._conv_window import load_taps, load_window, store_window, tap_sum
 from pallas_kernels.causal_conv1d_reference import (
     check_activation,
     check_common,
@@ -165,35 +165,20 @@ def _update_kernel(
     b = pl.program_id(0)
     d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
     d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
-    read, num_slots = read_ref[b], state_ref.shape[0]
-    seq = [
-        plgpu.load(
-            state_ref.at[safe_slot(read, num_slots), d_sl, jnp.int32(k)],
-            mask=d_mask & live_slot(read, num_slots),
-            other=0.0,
-        ).astype(jnp.float32)
-        for k in range(width - 1)
-    ]
+    num_slots = state_ref.shape[0]
+    seq = load_window(state_ref, read_ref[b], d_sl, d_mask, width)
     loads_before_stores(on_gpu)  # lane 0 may write the slot it read (in place)
     taps, bias = load_taps(w_ref, bias_ref, d_sl, d_mask, width)
     for t in range(lanes):
         tt = jnp.int32(t)
         seq.append(plgpu.load(x_ref.at[b, tt, d_sl], mask=d_mask, other=0.0).astype(jnp.float32))
-        acc = bias
-        for j in range(width):
-            acc = acc + taps[j] * seq[t + j]
-        y = silu(acc) if activation == "silu" else acc
+        y = tap_sum(taps, bias, seq[t : t + width], activation)
         write = write_ref[b, tt]
         writes = live_slot(write, num_slots)
         plgpu.store(
             y_ref.at[b, tt, d_sl], jnp.where(writes, y, 0.0).astype(y_ref.dtype), mask=d_mask
         )
-        for k in range(width - 1):
-            plgpu.store(
-                state_ref.at[safe_slot(write, num_slots), d_sl, jnp.int32(k)],
-                seq[t + 1 + k].astype(state_ref.dtype),
-                mask=d_mask & writes,
-            )
+        store_window(state_ref, write, seq[t + 1 : t + width], d_sl, d_mask)
 
 
 @functools.partial(jax.jit, static_argnames=("activation", "interpret", "block_d", "num_warps"))

@@ -145,7 +145,7 @@ def test_kernel_interpret(name):
 @pytest.mark.parametrize("l2", [True, False])
 def test_kernel_interpret_qk_options(l2):
     """Varlen rows starting mid-chunk, initial state mixed, use_qk_l2norm on and off with a given
-    scale: the chain rebuilds KD and QE from q, k itself, so both flags must reach it."""
+    scale: kernel 1 builds KD, QE and AQK from q, k, so both flags must reach it."""
     lengths, nc, hi = [20, 1, 17, 9], [11, 63, 0, 30], [True, True, False, False]
     args, kw = make_case(lengths, nc, hi, T=56, seed=11)
     if not l2:  # keep |k| near 1 so the unnormalised delta rule stays contracting

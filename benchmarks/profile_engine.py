@@ -1,6 +1,7 @@
 """Where the decode step's time goes: kernels per step, GPU busy time, transfers, XLA flags.
 
-For each XLA_FLAGS variant (one subprocess each, since the flags are read when the backend starts)
+For each variant (XLA_FLAGS and allocator settings: one subprocess each, since they are read when
+the backend starts)
 and each batch size, on a random bench model of `bench_engine.py` (`--size`: 1b NemotronH-shaped,
 qwen3next, or their tiny twins):
 
@@ -8,10 +9,10 @@ qwen3next, or their tiny twins):
 * runner, numpy inputs: the compiled step called with the step's numpy inputs, tokens fetched;
 * runner, device inputs: the same with inputs already on the device (the difference is transfers);
 * pipelined: N calls with no sync between them (GPU-bound when dispatch is shorter than the GPU);
-* profile: kernels per step, GPU busy time per step, the top kernels, and busy time by part of the
-  step (attention, each mixer, MLP / MoE, lm_head, sampler: the named scopes the model sets, read
-  from the HLO metadata of each kernel's instruction); jax.profiler trace parsed with
-  `jax.profiler.ProfileData`;
+* profile: kernels per step, GPU busy time per step, the top kernels, the host events of the
+  step's call (where its launch time goes), and busy time by part of the step (attention, each
+  mixer, MLP / MoE, lm_head, sampler: the named scopes the model sets, read from the HLO metadata
+  of each kernel's instruction); jax.profiler trace parsed with `jax.profiler.ProfileData`;
 * HLO: instructions of the compiled decode step by opcode, custom-call targets, command buffers.
 
     python benchmarks/profile_engine.py --size tiny --batches 4 --variants default   # CPU smoke
@@ -31,21 +32,43 @@ import sys
 import tempfile
 import time
 
-VARIANTS = {
-    "default": "",
-    "no_cmdbuf": "--xla_gpu_enable_command_buffer=",
-    "cmdbuf_all": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
-    "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1",
+_REMAP = (
+    "--xla_gpu_enable_command_buffer_va_remapping=true "
+    "--xla_gpu_command_buffer_update_mode=SKIP_TEMP"
+)
+# name -> environment of the child process (XLA_FLAGS are appended to the caller's).
+VARIANTS: dict[str, dict[str, str]] = {
+    "default": {},
+    "no_cmdbuf": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
+    "cmdbuf_all": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,"
+                   "CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1"},
     # XLA turns its command buffers off while a profile is taken unless told otherwise: with this
     # flag the profile shows the step as it runs (fewer launches, shorter gaps) when graphs apply.
-    "cmdbuf_prof": "--xla_enable_command_buffers_during_profiling=true",
+    "cmdbuf_prof": {"XLA_FLAGS": "--xla_enable_command_buffers_during_profiling=true"},
     # benchmarks/probe_launch.py: XLA's default minimum graph size left chains of fusions between
     # other kernels launched one by one (7.6 us a kernel); a minimum of 1 took 1.0 us.
-    "min_graph1": "--xla_gpu_graph_min_graph_size=1",
+    "min_graph1": {"XLA_FLAGS": "--xla_gpu_graph_min_graph_size=1"},
     # At batch 1 XLA rewrites each [1, K] x [K, N] matmul into a multiply + reduce fusion (35-45%
     # of bandwidth on the H100); a threshold of 0 may keep them GEMMs.
-    "gemm_threshold0": "--xla_gpu_gemm_rewrite_size_threshold=0",
-}
+    "gemm_threshold0": {"XLA_FLAGS": "--xla_gpu_gemm_rewrite_size_threshold=0"},
+    # The whole step is one command buffer, but the host trace shows it re-recorded
+    # (`command_buffer::update`) on every call: some buffer's address moved. These try to keep
+    # the addresses the graph sees still: a virtual-memory allocator, with XLA remapping the temp
+    # buffer into a fixed address range, or copying moved buffers into cached ones.
+    "vmm": {"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm"},
+    "va_remap": {"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm", "XLA_FLAGS": _REMAP},
+    "cached_allocs": {"XLA_COMMAND_BUFFERS_USE_CACHED_ALLOCS": "1"},
+    # The command buffer's own log: which allocations changed before each update.
+    "cmdbuf_vlog": {"TF_CPP_MIN_LOG_LEVEL": "0",
+                    "TF_CPP_VMODULE": "command_buffer_thunk=3,gpu_executable=3"},
+}  # fmt: skip
+
+
+def child_env(name: str, out: str) -> dict[str, str]:
+    """The environment of variant `name`'s child process."""
+    variant = VARIANTS[name]
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {variant.get('XLA_FLAGS', '')}".strip()
+    return {**os.environ, **variant, "OUT": out, "XLA_FLAGS": flags}
 
 
 def hlo_stats(text: str) -> dict:
@@ -79,6 +102,34 @@ def profile_events(trace_dir: str) -> list[tuple[str, str, int, int, str]]:
                 events.append((line.name, event.name, event.start_ns, event.duration_ns,
                                str(stats.get("hlo_op", ""))))  # fmt: skip
     return events
+
+
+def host_events(trace_dir: str) -> list[tuple[str, str, int]]:
+    """(thread, event name with numbers and #metadata# masked, duration ns) of every host-plane
+    event: where the host spends a step's call (argument handling, thunks, graph launches)."""
+    import jax
+
+    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    events = []
+    for plane in jax.profiler.ProfileData.from_file(path).planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                name = re.sub(r"\d+", "N", re.sub(r"#.*", "", event.name))[:80]
+                events.append((line.name, name, event.duration_ns))
+    return events
+
+
+def summarize_host(events: list, steps: int, top: int = 40) -> list[tuple[str, str, float, float]]:
+    """The `top` (thread, event) pairs by total time: (thread, event, calls per step, us per
+    step). Events nest, so totals overlap: read them as a tree of where the call's time goes."""
+    totals = collections.defaultdict(lambda: [0, 0])
+    for thread, name, dur in events:
+        totals[(thread, name)][0] += 1
+        totals[(thread, name)][1] += dur
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    return [(t, n, c / steps, d / steps / 1e3) for (t, n), (c, d) in ranked]
 
 
 def instruction_parts(hlo_text: str) -> dict[str, str]:
@@ -173,6 +224,7 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         try:
             row["profile"] = summarize_profile(profile_events(trace_dir), 10,
                                                instruction_parts(text))  # fmt: skip
+            row["profile"]["host"] = summarize_host(host_events(trace_dir), 10)
         except Exception as error:  # keep the timings if the trace cannot be parsed
             row["profile"] = {"error": repr(error)}
         row["hlo"] = hlo_stats(text)
@@ -243,12 +295,15 @@ def main() -> None:
             json.dump(rows, f, indent=1)
         return
     for name in args.variants.split(","):
-        flags = (os.environ.get("XLA_FLAGS", "") + " " + VARIANTS[name]).strip()
-        env = dict(os.environ, XLA_FLAGS=flags, OUT=out)
+        env = child_env(name, out)
         cmd = [sys.executable, __file__, "--size", args.size, "--batches", args.batches,
                "--steps", str(args.steps), "--child", name]  # fmt: skip
-        print(f"== {name}: XLA_FLAGS={env['XLA_FLAGS']!r}", flush=True)
-        subprocess.run(cmd, env=env, check=False)
+        print(f"== {name}: {VARIANTS[name]}", flush=True)
+        if "TF_CPP_VMODULE" in VARIANTS[name]:  # the log goes to a file of its own
+            with open(os.path.join(out, f"vlog_{name}.txt"), "w") as log:
+                subprocess.run(cmd, env=env, check=False, stderr=log)
+        else:
+            subprocess.run(cmd, env=env, check=False)
     print_table(out, args.variants.split(","))
 
 
@@ -289,6 +344,13 @@ def print_table(out: str, names: list[str]) -> None:
             cells = [f"{p} {v['busy_ms_per_step']:.3f} ({v['kernels_per_step']:.0f})"
                      for p, v in parts.items()]  # fmt: skip
             print(f"{name:11s} {r['batch']:5d}  " + ", ".join(cells))
+    print("Host events per step (thread, event, calls, us), nested")
+    for name in names:
+        path = os.path.join(out, f"profile_{name}.json")
+        for r in json.load(open(path)) if os.path.exists(path) else []:
+            for thread, event, calls, us in r["profile"].get("host", []):
+                print(f"{name:11s} {r['batch']:5d}  {thread[:24]:24s} {event:60s} "
+                      f"{calls:7.1f} {us:9.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

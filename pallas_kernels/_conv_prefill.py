@@ -1,8 +1,8 @@
 """The prefill kernels of `causal_conv1d_prefill` (private: call the public function).
 
-Two interchangeable conv kernels write y: `tiled_kernel` computes [block_t, block_d] tiles, one
-shifted load of x per tap; `walk_kernel` walks consecutive tokens keeping the window in registers,
-one x row load per token. `final_window_kernel` then writes each row's last W - 1 inputs.
+`walk_kernel` writes y, walking consecutive tokens with the window in registers (one x row load
+per token); `final_window_kernel` then writes each row's last W - 1 inputs. Both read the row
+layout from `query_start_loc` itself: no per-token metadata is built before them.
 """
 
 from __future__ import annotations
@@ -12,79 +12,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import safe_slot, silu
+from pallas_kernels._common import pow2, safe_slot
 from pallas_kernels._conv_window import load_taps, load_window, store_window, tap_sum
-
-
-def tiled_kernel(
-    start_ref,
-    slot_ref,
-    x_ref,
-    w_ref,
-    bias_ref,
-    state_ref,
-    y_ref,
-    *,
-    num_tokens,
-    channels,
-    width,
-    block_t,
-    block_d,
-    activation,
-    split_paths,
-):
-    """One (token block, channel block): every tap reads x or, near a row start, the slot window.
-
-    With `split_paths`, blocks starting at token W - 1 or later read x as contiguous shifted tiles
-    (pl.ds rows) and gather the slot windows only when a row's first W - 1 tokens fall in the
-    block; earlier blocks (whose shifted tiles would start before token 0) keep the general gather
-    path.
-    """
-    tb0 = pl.program_id(0) * block_t
-    t = tb0 + jnp.arange(block_t)
-    d = pl.program_id(1) * block_d + jnp.arange(block_d)
-    t_mask, d_mask = t < num_tokens, d < channels
-    d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
-    start = plgpu.load(start_ref.at[pl.ds(tb0, block_t)], mask=t_mask, other=num_tokens + 1)
-    slot = plgpu.load(slot_ref.at[pl.ds(tb0, block_t)], mask=t_mask, other=0)
-    local = t - start  # < 0 for padding tokens
-    taps, bias = load_taps(w_ref, bias_ref, d_sl, d_mask, width)
-    td_mask = t_mask[:, None] & d_mask[None, :]
-
-    def block(contiguous: bool, with_init: bool) -> None:
-        acc = jnp.broadcast_to(bias[None, :], (block_t, block_d))
-        for j in range(width):
-            back = width - 1 - j  # tap j reads the token `back` steps earlier
-            in_row = local >= back
-            rows = pl.ds(tb0 - back, block_t) if contiguous else jnp.maximum(t - back, 0)[:, None]
-            xv = plgpu.load(
-                x_ref.at[rows, d_sl if contiguous else d[None, :]],
-                mask=td_mask & in_row[:, None],
-                other=0.0,
-            )
-            acc = acc + taps[j][None, :] * xv.astype(jnp.float32)
-            if back and with_init:  # a row's first `back` tokens read its window at local + j
-                from_init = (~in_row) & (local >= 0) & (slot > 0)
-                col = jnp.clip(local + j, 0, width - 2)
-                iv = plgpu.load(
-                    state_ref.at[slot[:, None], d[None, :], col[:, None]],
-                    mask=td_mask & from_init[:, None],
-                    other=0.0,
-                )
-                acc = acc + taps[j][None, :] * iv.astype(jnp.float32)
-        y = silu(acc) if activation == "silu" else acc
-        y = jnp.where((local >= 0)[:, None], y, 0.0)
-        plgpu.store(y_ref.at[pl.ds(tb0, block_t), d_sl], y.astype(y_ref.dtype), mask=td_mask)
-
-    if not split_paths:
-        block(False, True)
-        return
-    starts = (local >= 0) & (local < width - 1) & (slot > 0) & t_mask
-    need_init = jnp.sum(starts.astype(jnp.int32)) > 0  # (no reduce_or in the Triton lowering)
-    shifted = tb0 >= width - 1  # every shifted tile starts at or after token 0
-    pl.when(~shifted)(lambda: block(False, True))
-    pl.when(shifted & need_init)(lambda: block(True, True))
-    pl.when(shifted & ~need_init)(lambda: block(True, False))
 
 
 def window_before(x_ref, state_ref, t, local, slot, d_sl, d_mask, width):
@@ -107,9 +36,44 @@ def window_before(x_ref, state_ref, t, local, slot, d_sl, d_mask, width):
     return window
 
 
+INT32_MAX = 2**31 - 1
+
+
+class RowLookup:
+    """Which row a flat token belongs to, from query_start_loc inside a kernel.
+
+    The R row ends are loaded once as a vector (padded to a power of two with int32 max); a token's
+    row is the number of ends at or before it, so empty rows are skipped and a token at or past
+    the last end (padding) counts R.
+    """
+
+    def __init__(self, qsl_ref, has_init_ref, read_ref, num_rows: int, num_slots: int):
+        lane = jnp.arange(max(2, pow2(num_rows)))
+        self.ends = plgpu.load(  # qsl[1 + lane], indices kept inside the ref
+            qsl_ref.at[jnp.minimum(lane + 1, num_rows)], mask=lane < num_rows, other=INT32_MAX
+        )
+        self.qsl_ref, self.has_init_ref, self.read_ref = qsl_ref, has_init_ref, read_ref
+        self.num_rows, self.num_slots = num_rows, num_slots
+        self.total = qsl_ref[num_rows]
+
+    def count(self, t) -> jax.Array:
+        """Row ends at or before token t: its row if t is live, R if it is padding."""
+        return jnp.sum((self.ends <= t).astype(jnp.int32))
+
+    def meta(self, t) -> tuple[jax.Array, jax.Array]:
+        """(local, slot) of token t: its offset in its row (-1 for padding) and the slot its
+        row's initial window is read from (NULL without a live initial state)."""
+        row = jnp.minimum(self.count(t), self.num_rows - 1)
+        live = t < self.total
+        read = jnp.where(self.has_init_ref[row] != 0, self.read_ref[row], 0)
+        slot = jnp.where(live, safe_slot(read, self.num_slots), 0)
+        return jnp.where(live, t - self.qsl_ref[row], -1), slot
+
+
 def walk_kernel(
-    start_ref,
-    slot_ref,
+    qsl_ref,
+    has_init_ref,
+    read_ref,
     x_ref,
     w_ref,
     bias_ref,
@@ -117,6 +81,7 @@ def walk_kernel(
     y_ref,
     *,
     num_tokens,
+    num_rows,
     channels,
     width,
     walk_tokens,
@@ -130,19 +95,14 @@ def walk_kernel(
     `unroll` tokens per loop step: their row loads are issued together so that several are in
     flight. The window is gathered once at the segment's first token. A segment inside one row
     (the common case: rows are long, segments short) then only shifts rows through the window;
-    a segment that meets a row start or padding reads each token's row metadata and resets the
-    window from the slot at every row start (a select fed by loads masked off elsewhere).
+    a segment that meets a row start or padding looks up each token's row and resets the window
+    from the slot at every row start (a select fed by loads masked off elsewhere).
     """
     t0 = pl.program_id(0) * walk_tokens
     d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
     d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
     taps, bias = load_taps(w_ref, bias_ref, d_sl, d_mask, width)
-
-    def token_meta(t):
-        """(local, slot) of token t, local < 0 for padding tokens. A token past T reads token
-        T - 1's (its loads and stores are masked off; the window it leaves is never used)."""
-        index = jnp.minimum(t, num_tokens - 1)
-        return t - start_ref[index], slot_ref[index]
+    rows = RowLookup(qsl_ref, has_init_ref, read_ref, num_rows, state_ref.shape[0])
 
     def conv_row(window, row, local):
         """y of one token from its window and row (zero for padding: local < 0), and the window
@@ -154,30 +114,30 @@ def walk_kernel(
     def walk(one_row: bool):
         def step(g, window):
             ts = [t0 + g * unroll + i for i in range(unroll)]
-            rows = [
+            xs = [
                 plgpu.load(x_ref.at[t, d_sl], mask=d_mask & (t < num_tokens), other=0.0) for t in ts
             ]
-            for t, row in zip(ts, rows, strict=True):
+            for t, x in zip(ts, xs, strict=True):
                 local = None
                 if not one_row:
-                    local, slot = token_meta(t)
+                    local, slot = rows.meta(t)
                     is_start = local == 0
                     init = load_window(state_ref, slot, d_sl, d_mask, width, where=is_start)
                     window = [jnp.where(is_start, v, w) for v, w in zip(init, window, strict=True)]
-                y, window = conv_row(window, row, local)
+                y, window = conv_row(window, x, local)
                 plgpu.store(
                     y_ref.at[t, d_sl], y.astype(y_ref.dtype), mask=d_mask & (t < num_tokens)
                 )
             return window
 
-        local0, slot0 = token_meta(t0)
+        local0, slot0 = rows.meta(t0)
         first = window_before(x_ref, state_ref, t0, local0, slot0, d_sl, d_mask, width)
         jax.lax.fori_loop(0, walk_tokens // unroll, step, first)
 
-    # One row: the first and last live tokens of the segment share a row start, and the first is
-    # not padding (a row's tokens are contiguous, so every token between is in that row too).
+    # One row: the segment's first and last real tokens lie in the same row and are both live (a
+    # row's tokens are contiguous, so every token between is in that row too).
     t_last = jnp.minimum(t0 + walk_tokens, num_tokens) - 1
-    one_row = (start_ref[t0] == start_ref[t_last]) & (t0 >= start_ref[t0])
+    one_row = (rows.count(t0) == rows.count(t_last)) & (t_last < rows.total)
     pl.when(one_row)(lambda: walk(True))
     pl.when(~one_row)(lambda: walk(False))
 

@@ -18,11 +18,9 @@ from pallas_kernels._common import (
     live_slot,
     loads_before_stores,
     pow2,
-    safe_slot,
     sds_like,
-    token_rows,
 )
-from pallas_kernels._conv_prefill import final_window_kernel, tiled_kernel, walk_kernel
+from pallas_kernels._conv_prefill import final_window_kernel, walk_kernel
 from pallas_kernels._conv_window import load_taps, load_window, store_window, tap_sum
 from pallas_kernels.causal_conv1d_reference import (
     check_activation,
@@ -32,29 +30,18 @@ from pallas_kernels.causal_conv1d_reference import (
 MAX_UNROLL = 16
 
 
-def check_walk(walk_tokens: int | None, unroll: int) -> None:
+def check_walk(walk_tokens: int, unroll: int) -> None:
     """Raise ValueError unless `unroll` is a power of two in [1, MAX_UNROLL] and `walk_tokens` is
-    None or a power of two >= unroll (a segment is a whole number of loop steps)."""
+    a power of two >= unroll (a segment is a whole number of loop steps)."""
     if not (1 <= unroll <= MAX_UNROLL and pow2(unroll) == unroll):
         raise ValueError(f"unroll={unroll} must be a power of two in [1, {MAX_UNROLL}]")
-    if walk_tokens is not None and not (walk_tokens >= unroll and pow2(walk_tokens) == walk_tokens):
-        raise ValueError(
-            f"walk_tokens={walk_tokens} must be None or a power of two in [unroll={unroll}, inf]"
-        )
+    if not (walk_tokens >= unroll and pow2(walk_tokens) == walk_tokens):
+        raise ValueError(f"walk_tokens={walk_tokens} must be a power of two >= unroll={unroll}")
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=(
-        "activation",
-        "interpret",
-        "block_t",
-        "block_d",
-        "num_warps",
-        "split_paths",
-        "walk_tokens",
-        "unroll",
-    ),
+    static_argnames=("activation", "interpret", "block_d", "num_warps", "walk_tokens", "unroll"),
 )
 def causal_conv1d_prefill(
     x: jax.Array,
@@ -68,79 +55,64 @@ def causal_conv1d_prefill(
     *,
     activation: str | None = "silu",
     interpret: bool = False,
-    block_t: int = 16,
     block_d: int = 1024,
     num_warps: int = 4,
-    split_paths: bool = True,
-    walk_tokens: int | None = 128,
+    walk_tokens: int = 128,
     unroll: int = 4,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernel for `causal_conv1d_prefill_reference` (same arguments and results).
 
-    Two launches: the conv over (token segments, channel blocks), then the final windows over
-    (rows, channel blocks), written into `conv_state` in place (aliased). The conv is the walk
-    kernel: each program walks `walk_tokens` consecutive tokens of one channel block, `unroll`
-    per loop step. `walk_tokens=None` selects the tiled kernel (block_t x block_d tiles,
-    `split_paths`), kept for comparison: on the H100 (RESULTS.md, issue 14) the walk kernel took
-    148 us per call (116 us of kernel) against the tiled kernel's best 237 us at 1 x 8192 tokens,
-    D 8192.
+    Two launches: the walk kernel over (token segments, channel blocks), each program walking
+    `walk_tokens` consecutive tokens of one channel block, `unroll` per loop step; then the final
+    windows over (rows, channel blocks), written into `conv_state` in place (aliased). Both read
+    the rows from `query_start_loc` themselves. (A tiled kernel, block_t x block_d tiles with one
+    shifted load per tap, was removed: its best was 237 us per call against the walk kernel's
+    148 us at 1 x 8192 tokens, D 8192 on the H100, RESULTS.md, issue 14.)
     """
     check_activation(activation)
     check_walk(walk_tokens, unroll)
     num_tokens, channels = x.shape
     width = check_common(channels, weight, bias, conv_state)
     num_rows = query_start_loc.shape[0] - 1
-    qsl = query_start_loc.astype(jnp.int32)
-    # Per-token metadata (T int32 each): where the token's row starts and which slot it reads.
-    row, live = token_rows(qsl, num_tokens)
-    start = jnp.where(live, qsl[row], num_tokens + 1)
-    # The slot each token's window reads: NULL unless the row has a live initial state (an
-    # out-of-range read slot reads zeros, never a clamped live slot).
-    read = jnp.where(has_initial_state, safe_slot(read_slots, conv_state.shape[0]), 0)
-    slot = jnp.where(live, read[row], 0).astype(jnp.int32)
+    rows = (
+        query_start_loc.astype(jnp.int32),
+        has_initial_state.astype(jnp.int32),
+        read_slots.astype(jnp.int32),
+    )
     bias = jnp.zeros((channels,), jnp.float32) if bias is None else bias
     # Blocks may shrink with T: a token's taps are summed in the same order in any block, so this
     # does not make a row's result depend on the padded shape.
     block_d = min(pow2(block_d), pow2(channels))
+    walk_tokens = min(walk_tokens, max(unroll, pow2(num_tokens)))  # at most T, whole loop steps
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
-    dims = dict(num_tokens=num_tokens, channels=channels, width=width, block_d=block_d)
-    if walk_tokens is None:
-        block_t = min(pow2(block_t), pow2(num_tokens))
-        kernel = functools.partial(
-            tiled_kernel, **dims, block_t=block_t, activation=activation, split_paths=split_paths
-        )
-    else:  # a segment never needs to be longer than T (rounded up to a whole loop step)
-        block_t = min(walk_tokens, max(unroll, pow2(num_tokens)))
-        kernel = functools.partial(
-            walk_kernel, **dims, walk_tokens=block_t, unroll=unroll, activation=activation
-        )
+    dims = dict(channels=channels, width=width, block_d=block_d)
     y = pl.pallas_call(
-        kernel,
+        functools.partial(
+            walk_kernel,
+            **dims,
+            num_tokens=num_tokens,
+            num_rows=num_rows,
+            walk_tokens=walk_tokens,
+            unroll=unroll,
+            activation=activation,
+        ),
         out_shape=sds_like(x),
-        grid=(pl.cdiv(num_tokens, block_t), pl.cdiv(channels, block_d)),
+        grid=(pl.cdiv(num_tokens, walk_tokens), pl.cdiv(channels, block_d)),
         compiler_params=params,
         interpret=interpret,
         name="causal_conv1d_prefill",
-    )(start, slot, x, weight, bias, conv_state)
+    )(*rows, x, weight, bias, conv_state)
     if width == 1:
         return y, conv_state
-    conv_state = pl.pallas_call(
-        functools.partial(final_window_kernel, channels=channels, width=width, block_d=block_d),
+    return y, pl.pallas_call(
+        functools.partial(final_window_kernel, **dims),
         out_shape=sds_like(conv_state),
         grid=(num_rows, pl.cdiv(channels, block_d)),
         input_output_aliases={5: 0},
         compiler_params=params,
         interpret=interpret,
         name="causal_conv1d_final_window",
-    )(
-        qsl,
-        has_initial_state.astype(jnp.int32),
-        read_slots.astype(jnp.int32),
-        write_slots.astype(jnp.int32),
-        x,
-        conv_state,
-    )
-    return y, conv_state
+    )(*rows, write_slots.astype(jnp.int32), x, conv_state)
 
 
 def _update_kernel(

@@ -158,9 +158,9 @@ def _normal(rng, shape, dtype=F32, scale: float = 1.0, shift: float = 0.0) -> np
 # ----------------------------------------------------------------------------- grid points
 
 
-def conv_prefill(channels: int, width: int, dtype, walk_tokens: int | None = 16) -> Shape:
-    """The walk kernel in segments of `walk_tokens` (None: the tiled kernel, block_t 16)."""
-    block = walk_tokens or 16
+def conv_prefill(channels: int, width: int, dtype, walk_tokens: int = 16) -> Shape:
+    """The walk kernel in segments of `walk_tokens`: rows meet segment edges at odd offsets."""
+    block = walk_tokens
 
     def build(rng) -> Case:
         rows = varlen(rng, _lengths(block), block)
@@ -172,13 +172,14 @@ def conv_prefill(channels: int, width: int, dtype, walk_tokens: int | None = 16)
             rows.qsl, rows.has_init, rows.read, rows.write,
         )  # fmt: skip
         return Case(
-            functools.partial(conv.causal_conv1d_prefill, block_t=16, walk_tokens=walk_tokens),
+            functools.partial(conv.causal_conv1d_prefill, walk_tokens=walk_tokens),
             conv_ref.causal_conv1d_prefill_reference,
             args, 3, rows.live[:, None], rows.write, TOLERANCE[dtype, "conv"], rows.describe(),
         )  # fmt: skip
 
-    kernel = "tiled" if walk_tokens is None else f"walk {walk_tokens}"
-    return Shape(f"conv_prefill {kernel} D={channels} W={width} {jnp.dtype(dtype).name}", build)
+    return Shape(
+        f"conv_prefill walk {walk_tokens} D={channels} W={width} {jnp.dtype(dtype).name}", build
+    )
 
 
 def conv_update(channels: int, width: int, num_lanes: int, dtype, batch: int = 6) -> Shape:
@@ -497,7 +498,7 @@ def grid(quick: bool) -> list[Shape]:
     return [
         conv_prefill(37, 4, F32),
         conv_prefill(1000, 4, BF16, walk_tokens=128),
-        conv_prefill(200, 3, F32, walk_tokens=None),
+        conv_prefill(200, 3, F32, walk_tokens=4),
         conv_update(37, 4, 1, F32),
         conv_update(1000, 4, 3, BF16),
         *(ssd_scan(a, *d) for a in ssd_ref.ALGORITHMS for d in ssd_dims),

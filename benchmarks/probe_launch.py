@@ -8,7 +8,12 @@ back to back (the GPU's, when launches keep ahead of it). With XLA_FLAGS unset X
 buffers apply; run it again with `--xla_gpu_enable_command_buffer=` to see them off, or pass
 XLA options per compilation (as `runtime.model_runner` does) with `--option name=value`.
 
-    PYTHONPATH=. python benchmarks/probe_launch.py [--kernels 100] [--option NAME=VALUE ...]
+With `--donate` the vector is donated, so every call's output lands where its input was: the
+buffers the command buffer reads and writes keep their addresses. Without it each call's output is
+a fresh buffer and XLA re-records the command buffer before launching it (its log says
+`Updated command buffer`).
+
+    PYTHONPATH=. python benchmarks/probe_launch.py [--kernels 100] [--donate] [--option NAME=VALUE]
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ def _xla_step(x: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(x * 0.5 + 1.0)
 
 
-def chain(kind: str, n: int, options: dict[str, str]):
+def chain(kind: str, n: int, options: dict[str, str], donate: bool = False):
     """The chain, compiled (with `options` as XLA compiler options) for a [SIZE] fp32 vector."""
     steps = {"xla": [_xla_step], "pallas": [_pallas_step], "mixed": [_xla_step, _pallas_step]}
     pattern = steps[kind]
@@ -53,11 +58,13 @@ def chain(kind: str, n: int, options: dict[str, str]):
         return x
 
     x = jax.ShapeDtypeStruct((SIZE,), jnp.float32)
-    return jax.jit(run).lower(x).compile(compiler_options=options or None)
+    jitted = jax.jit(run, donate_argnums=0 if donate else ())
+    return jitted.lower(x).compile(compiler_options=options or None)
 
 
-def measure(kind: str, n: int, options: dict[str, str], calls: int = 50) -> dict:
-    fn = chain(kind, n, options)
+def measure(kind: str, n: int, options: dict[str, str], calls: int = 50,
+            donate: bool = False) -> dict:  # fmt: skip
+    fn = chain(kind, n, options, donate)
     x = jax.block_until_ready(fn(jnp.ones(SIZE, jnp.float32)))
     returns, t_all = 0.0, time.perf_counter()
     for _ in range(calls):
@@ -68,7 +75,8 @@ def measure(kind: str, n: int, options: dict[str, str], calls: int = 50) -> dict
     queued = (time.perf_counter() - t_all) / calls
     return {"kind": kind, "kernels": n, "returns_us": 1e6 * returns / calls,
             "queued_us_per_call": 1e6 * queued, "us_per_kernel": 1e6 * queued / n,
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), "options": options}  # fmt: skip
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "options": options,
+            "donate": donate}  # fmt: skip
 
 
 def main() -> None:
@@ -76,10 +84,12 @@ def main() -> None:
     ap.add_argument("--kernels", type=int, default=100)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--donate", action="store_true", help="donate the vector (stable addresses)")
     args = ap.parse_args()
     options = dict(o.split("=", 1) for o in args.option)
     for kind in ("xla", "pallas", "mixed"):
-        print("PROBE " + json.dumps(measure(kind, args.kernels, options, args.calls)), flush=True)
+        row = measure(kind, args.kernels, options, args.calls, args.donate)
+        print("PROBE " + json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

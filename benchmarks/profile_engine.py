@@ -276,6 +276,41 @@ def time_runner(runner, bucket, batch_in, steps, np, jax) -> dict:
         dev_np = device_inputs(runner, bucket, batch_in, jax)
     jax.block_until_ready(dev_np)
     res["device_put_packed_ms"] = 1e3 * (time.perf_counter() - t0) / steps
+    key = runner._variant(bucket, [batch_in], carry=False)
+    res.update(time_step_call(runner, key, dev, steps, jax))
+    return res
+
+
+def time_step_call(runner, key, packed, steps: int, jax) -> dict:
+    """ms until the compiled step alone returns (no upload, download or fetch), in one process:
+    `stable`, with the variant's own output buffers, so every buffer keeps its address; `fresh`,
+    with new output buffers each call (the runner before runtime.step_buffers), so XLA records
+    the step's CUDA graph again before each launch. Each in a block of its own (the first call
+    of a block, which re-records after the other, is left out)."""
+    import jax.numpy as jnp
+
+    compiled, slot = runner._compiled[key], runner.buffers.upload(key, packed)
+    carried = runner.buffers.carried if key.carry else None
+
+    def call(outputs):
+        t0 = time.perf_counter()
+        runner.caches, outputs, _ = compiled(runner._param_leaves, runner.caches, slot, outputs,
+                                             carried)  # fmt: skip
+        elapsed = time.perf_counter() - t0
+        jax.block_until_ready(outputs)
+        return elapsed, outputs
+
+    res, outputs, alive = {}, runner.buffers.outputs(key), []
+    for name in ("stable", "fresh"):
+        total = 0.0
+        for i in range(steps + 1):
+            if name == "fresh":  # new buffers while the last ones are alive: a new address
+                outputs = jax.block_until_ready(jax.tree.map(jnp.zeros_like, outputs))
+            elapsed, outputs = call(outputs)
+            alive = [outputs, *alive[:1]]
+            total += elapsed if i else 0.0
+        res[f"call_{name}_ms"] = 1e3 * total / steps
+    runner.buffers.keep(key, outputs, None)
     return res
 
 
@@ -288,6 +323,7 @@ def main() -> None:
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     out = os.environ.get("OUT") or tempfile.mkdtemp()
+    os.makedirs(out, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
     if args.child:
         rows = run_variant(args.size, batches, args.steps, out, args.child)
@@ -317,6 +353,7 @@ def top_level(hlo: dict) -> str:
 def print_table(out: str, names: list[str]) -> None:
     print(
         "variant     batch eng_step eng_host eng_dev run_np run_dev pipe  disp  put   "
+        "call_stable call_fresh "
         "kern/step gpu_busy entry_ops (calls = command buffers, custom-calls, fusions at top level)"
     )
     for name in names:
@@ -334,6 +371,8 @@ def print_table(out: str, names: list[str]) -> None:
                   f"{r['runner_numpy_ms']:6.3f} {r['runner_device_in_ms']:7.3f} "
                   f"{r['pipelined_ms']:5.3f} {r['dispatch_ms']:5.3f} "
                   f"{r['device_put_packed_ms']:5.3f} "
+                  f"{r.get('call_stable_ms', float('nan')):11.3f} "
+                  f"{r.get('call_fresh_ms', float('nan')):10.3f} "
                   f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']} "
                   f"({top_level(r['hlo'])})")  # fmt: skip
     print("GPU busy ms per step by part (kernels per step)")

@@ -23,7 +23,9 @@ host has seen them (the builder's `token_sources` say which token lanes take one
 
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
 (flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
-one packed int32 row (one host->device copy for the whole step; see `runtime.packing`).
+one packed int32 row (one host->device copy for the whole step; see `runtime.packing`), and every
+buffer the step reads or writes keeps its address from call to call (`runtime.step_buffers`), so
+XLA launches the step's recorded CUDA graph as it is instead of recording it again.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from runtime.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.packing import Layout, layout_of, pack, unpack
 from runtime.sampler import accept_drafts, logprobs, sample
 from runtime.sampling_inputs import SamplingMode, TokenLogprobs
+from runtime.step_buffers import StepBuffers, StepOutputs
 
 
 class VariantKey(NamedTuple):
@@ -96,24 +99,29 @@ def _with_previous_tokens(
 
 
 def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
-               mode: SamplingMode, param_leaves, caches, packed, previous):  # fmt: skip
+               mode: SamplingMode, param_leaves, caches, packed, outputs, carried):  # fmt: skip
+    """The step over all ranks: -> (caches, StepOutputs, carried). `outputs` (the variant's
+    buffers, or None when only shapes are asked for) is never read: donated, it gives the new
+    outputs their addresses (`runtime.step_buffers`)."""
+    del outputs
     by_rank = P(AXIS)
     cache_specs = jax.tree.map(lambda _: by_rank, caches)
     step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
     logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
-    return jax.shard_map(
+    tokens, token_logprobs, logits, caches, carried = jax.shard_map(
         step,
         mesh=mesh.mesh,
-        in_specs=(P(), cache_specs, by_rank, None if previous is None else by_rank),
+        in_specs=(P(), cache_specs, by_rank, None if carried is None else by_rank),
         out_specs=(
             by_rank,
             logprob_specs,
             by_rank if keep_logits else None,
             cache_specs,
-            None if previous is None else by_rank,
+            None if carried is None else by_rank,
         ),  # fmt: skip
         check_vma=False,  # Pallas calls declare plain output shapes
-    )(param_leaves, caches, packed, previous)
+    )(param_leaves, caches, packed, carried)
+    return caches, StepOutputs(tokens, token_logprobs, logits), carried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,9 +155,7 @@ class ModelRunner:
         leaves, self._param_treedef = jax.tree.flatten(self.params)
         self._param_leaves = jax.device_put(leaves, self.mesh.replicated)
         self.caches = self._init_caches(model)
-        # The last dispatched step's sampled tokens [ranks, C], on the device.
-        local = np.zeros((len(self.local_ranks), carried_tokens(config)), np.int32)
-        self._previous = self.mesh.global_array(local)
+        self.buffers = StepBuffers(self.mesh, carried_tokens(config))
         self.keep_logits = keep_logits
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
@@ -157,7 +163,8 @@ class ModelRunner:
         self._jitted = jax.jit(
             functools.partial(_spmd_step, self.mesh),
             static_argnums=(0, 1, 2, 3, 4),
-            donate_argnames=("caches",),
+            donate_argnames=("caches", "outputs", "carried"),
+            keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses
         )
         self._compiled: dict[VariantKey, Any] = {}
         self._layouts: dict[VariantKey, Layout] = {}
@@ -170,7 +177,7 @@ class ModelRunner:
     @property
     def num_carried(self) -> int:
         """C, the tokens a carrying step hands to the next (`carried_tokens`)."""
-        return self._previous.shape[1]
+        return self.buffers.carried.shape[1]
 
     @property
     def num_params(self) -> int:
@@ -209,18 +216,19 @@ class ModelRunner:
         (`device_inputs`), for benchmarks that replay one step."""
         key = self._variant(bucket, batches, carry)
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
-        if inputs is None:
-            inputs = self._packed(key, batches)
-        previous = self._previous if carry else None
-        tokens, token_logprobs, logits, self.caches, carried = compiled(
-            self._param_leaves, self.caches, inputs, previous
+        packed = self.buffers.upload(key, self._packed(key, batches) if inputs is None else inputs)
+        self.caches, outputs, carried = compiled(
+            self._param_leaves,
+            self.caches,
+            packed,
+            self.buffers.outputs(key),
+            self.buffers.carried if carry else None,
         )
-        if carry:
-            self._previous = carried
-        for fetched in (tokens, *(token_logprobs or ()), logits):
-            if fetched is not None:
-                self.mesh.start_copy_to_host(fetched)
-        return DispatchedStep(batches, tokens, token_logprobs, logits)
+        self.buffers.keep(key, outputs, carried)
+        outputs = self.buffers.download(outputs)
+        for fetched in jax.tree.leaves(outputs):
+            self.mesh.start_copy_to_host(fetched)
+        return DispatchedStep(batches, *outputs)
 
     def device_inputs(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:
         """The batches packed into the one device array `dispatch` sends (compiling the variant
@@ -289,10 +297,21 @@ class ModelRunner:
         start = time.perf_counter()
         self._layouts[key] = layout_of(_packed_tree(batch, key.carry))
         packed = self._packed(key, [batch] * len(self.local_ranks))
+        static = (
+            self.graphdef,
+            self._param_treedef,
+            self.keep_logits,
+            self._layouts[key],
+            key.mode,
+        )
+        carried = self.buffers.carried if key.carry else None
+        _, outputs, _ = self._jitted.eval_shape(
+            *static, self._param_leaves, self.caches, packed, None, carried
+        )
+        outputs = self.buffers.add_variant(key, packed, outputs)
         compiled = self._jitted.lower(
-            self.graphdef, self._param_treedef, self.keep_logits, self._layouts[key], key.mode,
-            self._param_leaves, self.caches, packed, self._previous if key.carry else None,
-        ).compile()  # fmt: skip
+            *static, self._param_leaves, self.caches, packed, outputs, carried
+        ).compile()
         self.compile_seconds[key] = time.perf_counter() - start
         self._compiled[key] = compiled
         return compiled

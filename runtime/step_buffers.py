@@ -1,0 +1,107 @@
+"""`StepBuffers`: the device buffers a step reads and writes, kept at fixed addresses.
+
+On the GPU XLA runs the whole step as one command buffer (a CUDA graph). When any buffer the graph
+reads or writes has moved since the graph was recorded, XLA records it again before launching it:
+on the H100 that took ~0.2 ms for the 1b decode step's 179 commands, and the launch that follows
+is slower too (benchmarks/probe_launch.py: a chain of 170 kernels returned after 219-297 us with
+fresh buffers every call, 66-77 us with donated ones). So nothing the step touches is allocated
+per step:
+
+    what              lives                           how the step sees it
+    ----------------  ------------------------------  ----------------------------------------
+    parameters        the runner's life               read only
+    caches            the runner's life               donated, written in place
+    packed inputs     one slot per variant            read only; `upload` copies each step's
+                                                      host->device transfer into the slot
+    outputs           one set per variant             donated, written in place; `download`
+                                                      copies them out for the host
+    carried tokens    one [ranks, C] for all          donated, read then written in place
+                      carrying variants
+
+`upload` and `download` are programs of one copy each, outside the step's graph, so the step's
+graph sees the same addresses every call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from runtime.distributed import DataParallelMesh
+from runtime.sampling_inputs import TokenLogprobs
+
+
+class StepOutputs(NamedTuple):
+    """What a step hands back to the host, per rank on axis 0: tokens [R, 2, N] (sampled tokens
+    and draft-accept flags), log-probabilities when its sampling mode asks for them, logits
+    [R, N, V] when the runner keeps them (else None)."""
+
+    tokens: jax.Array
+    token_logprobs: TokenLogprobs | None
+    logits: jax.Array | None
+
+
+def _overwrite(slot: jax.Array, fresh: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice(slot, fresh, (0,) * slot.ndim)
+
+
+_upload = jax.jit(_overwrite, donate_argnums=0)  # the result lands in the slot's buffer
+_download = jax.jit(lambda outputs: jax.tree.map(jnp.copy, outputs))  # fresh buffers
+
+
+class StepBuffers:
+    """The packed-input slots and output buffers of every compiled variant, and the carried
+    tokens, each on the mesh split by rank. Keys are the runner's variant keys."""
+
+    def __init__(self, mesh: DataParallelMesh, carried_width: int):
+        self._mesh = mesh
+        local = np.zeros((len(mesh.local_ranks), carried_width), np.int32)
+        self.carried = mesh.global_array(local)
+        self._packed: dict[Any, jax.Array] = {}
+        self._outputs: dict[Any, StepOutputs] = {}
+
+    def add_variant(
+        self, key: Any, packed: jax.ShapeDtypeStruct, outputs: StepOutputs
+    ) -> StepOutputs:
+        """Make `key`'s buffers, zeroed: its input slot shaped like `packed`, its outputs shaped
+        like `outputs` (ShapeDtypeStructs). Returns the output buffers."""
+        self._packed[key], self._outputs[key] = self._zeros((packed, outputs))
+        return self._outputs[key]
+
+    def _zeros(self, shapes: Any) -> Any:
+        by_rank = jax.tree.map(lambda _: self._mesh.by_rank, shapes)
+        make = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)  # noqa: E731
+        return jax.jit(make, out_shardings=by_rank)()
+
+    def upload(self, key: Any, fresh: jax.Array) -> jax.Array:
+        """Copy this step's packed inputs into `key`'s slot; returns the slot."""
+        self._packed[key] = _upload(self._packed[key], fresh)
+        return self._packed[key]
+
+    def outputs(self, key: Any) -> StepOutputs:
+        """`key`'s output buffers, to be donated to its step (hand the step's outputs back with
+        `keep`)."""
+        return self._outputs[key]
+
+    def keep(self, key: Any, outputs: StepOutputs, carried: jax.Array | None) -> None:
+        """The step's outputs (written where `outputs`' buffers were) and, for a carrying
+        step, its carried tokens."""
+        self._outputs[key] = outputs
+        if carried is not None:
+            self.carried = carried
+
+    def addresses(self, key: Any) -> list[int]:
+        """Device addresses of `key`'s input slot, output buffers and the carried tokens (the
+        buffers of a step that must not move between calls)."""
+        arrays = [self._packed[key], *jax.tree.leaves(self._outputs[key]), self.carried]
+        return [
+            shard.data.unsafe_buffer_pointer() for a in arrays for shard in a.addressable_shards
+        ]
+
+    @staticmethod
+    def download(outputs: StepOutputs) -> StepOutputs:
+        """Copies of `outputs` the next step will not overwrite, for the host to fetch."""
+        return _download(outputs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import event, given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import jmamba
@@ -112,6 +112,7 @@ def drawn_workload(family: str, requests: list[dict], extra_budget: int, max_num
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=max(settings.default.max_examples // 2, 3))  # per family: CI time
 @given(
     requests=st.lists(request_strategy, min_size=1, max_size=6),
     extra_budget=st.integers(0, 16),

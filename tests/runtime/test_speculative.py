@@ -57,9 +57,12 @@ def mixed_steps(engine, prompts, params) -> tuple[dict[str, list[int]], int]:
     return serve(engine, prompts, params), mixed
 
 
-CASES = [  # (family, method, K): every family and method, K = 1..4 across them
-    ("mamba2", "ngram", 1), ("mamba2", "oracle", 2), ("mamba2", "draft_model", 3),
-    ("nemotron_h", "ngram", 2), ("nemotron_h", "oracle", 4), ("nemotron_h", "draft_model", 1),
+# (family, method, K): every family with the ngram and draft-model drafters, K = 1..4 across
+# them; the oracle (every draft right) once: test_draft_model_equal_to_target_accepts_every_draft
+# drives full acceptance on every family.
+CASES = [
+    ("mamba2", "ngram", 1), ("mamba2", "draft_model", 3),
+    ("nemotron_h", "ngram", 2), ("nemotron_h", "draft_model", 1),
     ("qwen3_next", "ngram", 3), ("qwen3_next", "oracle", 1), ("qwen3_next", "draft_model", 4),
 ]  # fmt: skip
 

@@ -96,6 +96,16 @@ def written_states(pool: np.ndarray | jax.Array) -> np.ndarray | jax.Array:
     return pool[pool.shape[0] // 2 + 1 :]
 
 
+def anchor_fields(name: str, us: float, y, states, ref: Callable[[], tuple]) -> dict:
+    """An anchor's record fields: its time, and the errors of its output `y` and final `states`
+    (torch tensors) against our reference's output and the states it wrote."""
+    y_ref, pool_ref = ref()
+    return dict(anchor=name, anchor_us=us,
+                anchor_err_y=rel_err(y.float().cpu().numpy().reshape(y_ref.shape), y_ref),
+                anchor_err_state=rel_err(states.float().cpu().numpy(),
+                                         written_states(pool_ref)))  # fmt: skip
+
+
 def pool_check(pool: jax.Array, ref: Callable[[], tuple]) -> Callable[[Step], dict]:
     """`Case.check` for an op writing final states into a `slot_pool`: errors of y and of them."""
 
@@ -223,11 +233,7 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
         )  # fmt: skip
         y_a, s_a = call()
         us = bench_graph(torch, triton, call)
-        y_ref, p_ref = ref()
-        return dict(anchor="mamba_ssm mamba_chunk_scan_combined (graph)", anchor_us=us,
-                    anchor_err_y=rel_err(y_a.float().cpu().numpy().reshape(y_ref.shape), y_ref),
-                    anchor_err_state=rel_err(s_a.float().cpu().numpy(),
-                                             written_states(p_ref)))  # fmt: skip
+        return anchor_fields("mamba_ssm mamba_chunk_scan_combined (graph)", us, y_a, s_a, ref)
 
     nbytes = batch * seqlen * (2 * x.shape[1] * x.shape[2] * 2 + 2 * bm.shape[1] * bm.shape[2] * 2
                                + 2 * x.shape[1])  # fmt: skip
@@ -288,11 +294,7 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
         torch.cuda.synchronize()
         log(f"FLA chunk_gated_delta_rule first call {time.time() - t0:.1f} s")
         us = bench_graph(torch, triton, call)
-        o_ref, p_ref = ref()
-        return dict(anchor="FLA 0.6.0 chunk_gated_delta_rule (graph)", anchor_us=us,
-                    anchor_err_y=rel_err(o_a.float().cpu().numpy().reshape(o_ref.shape), o_ref),
-                    anchor_err_state=rel_err(s_a.float().cpu().numpy(),
-                                             written_states(p_ref)))  # fmt: skip
+        return anchor_fields("FLA 0.6.0 chunk_gated_delta_rule (graph)", us, o_a, s_a, ref)
 
     nbytes = batch * seqlen * ((2 * q.shape[1] + 2 * v.shape[1]) * q.shape[2] * 2
                                + 2 * v.shape[1] * 4)  # fmt: skip

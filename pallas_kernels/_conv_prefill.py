@@ -39,6 +39,12 @@ def window_before(x_ref, state_ref, t, local, slot, d_sl, d_mask, width):
 INT32_MAX = 2**31 - 1
 
 
+def initial_slot(has_init_ref, read_ref, row, num_slots: int) -> jax.Array:
+    """The slot row `row`'s initial window is read from: NULL unless it has a live initial
+    state (an out-of-range read slot reads zeros, never a clamped live slot)."""
+    return safe_slot(jnp.where(has_init_ref[row] != 0, read_ref[row], 0), num_slots)
+
+
 class RowLookup:
     """Which row a flat token belongs to, from query_start_loc inside a kernel.
 
@@ -65,8 +71,9 @@ class RowLookup:
         row's initial window is read from (NULL without a live initial state)."""
         row = jnp.minimum(self.count(t), self.num_rows - 1)
         live = t < self.total
-        read = jnp.where(self.has_init_ref[row] != 0, self.read_ref[row], 0)
-        slot = jnp.where(live, safe_slot(read, self.num_slots), 0)
+        slot = jnp.where(
+            live, initial_slot(self.has_init_ref, self.read_ref, row, self.num_slots), 0
+        )
         return jnp.where(live, t - self.qsl_ref[row], -1), slot
 
 
@@ -161,8 +168,7 @@ def final_window_kernel(
     d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
     d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
     start, length = qsl_ref[r], qsl_ref[r + 1] - qsl_ref[r]
-    num_slots = state_ref.shape[0]
-    read = safe_slot(jnp.where(has_init_ref[r] != 0, read_ref[r], 0), num_slots)
+    read = initial_slot(has_init_ref, read_ref, r, state_ref.shape[0])
     # Everything is loaded before anything is stored: the read and write slots may coincide.
     window = window_before(x_ref, state_ref, start + length, length, read, d_sl, d_mask, width)
     store_window(state_ref, write_ref[r], window, d_sl, d_mask)

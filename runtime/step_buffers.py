@@ -58,10 +58,9 @@ class StepBuffers:
 
     def __init__(self, mesh: DataParallelMesh, carried_width: int):
         self._mesh = mesh
-        local = np.zeros((len(mesh.local_ranks), carried_width), np.int32)
-        self.carried = mesh.global_array(local)
         self._packed: dict[Any, jax.Array] = {}
         self._outputs: dict[Any, StepOutputs] = {}
+        self.carried = self._zeros(jax.ShapeDtypeStruct((mesh.size, carried_width), np.int32))
 
     def add_variant(
         self, key: Any, packed: jax.ShapeDtypeStruct, outputs: StepOutputs
@@ -72,9 +71,11 @@ class StepBuffers:
         return self._outputs[key]
 
     def _zeros(self, shapes: Any) -> Any:
-        by_rank = jax.tree.map(lambda _: self._mesh.by_rank, shapes)
-        make = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)  # noqa: E731
-        return jax.jit(make, out_shardings=by_rank)()
+        """Zeroed arrays shaped like `shapes` ([ranks, ...] each), split by rank."""
+        local = len(self._mesh.local_ranks)
+        return jax.tree.map(
+            lambda s: self._mesh.global_array(np.zeros((local, *s.shape[1:]), s.dtype)), shapes
+        )
 
     def upload(self, key: Any, fresh: jax.Array) -> jax.Array:
         """Copy this step's packed inputs into `key`'s slot; returns the slot."""

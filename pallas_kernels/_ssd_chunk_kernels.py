@@ -15,7 +15,8 @@ Chunks of Q tokens end at absolute multiples of Q inside each row; the wrapper l
    once per group (H/G heads share it), fp32.
 4. `output_kernel`, grid (H, NC * Q/bq, P/bp), all token blocks in parallel:
    y_i = exp(cum_i) C_i s_in^T + sum_{k <= i} (CB_ik * exp(cum_i - cum_k) * dt'_k) x_k
-   + D x_i, gated by silu(z_i).
+   + D x_i, gated by silu(z_i); the tokens before the block enter through its start (one decay
+   per token, not per pair), only the block's own tiles take the pairwise decay.
 """
 
 from __future__ import annotations
@@ -276,15 +277,32 @@ def output_kernel(
         s_in = plgpu.load(
             ent_ref.at[c, h, p_sl, n_sl], mask=p_mask[:, None] & n_mask[None, :], other=0.0
         )
-        y = jnp.exp(cum_q)[:, None] * mixed_dot(cm, s_in.T, dtype)
-
+        # What precedes the block reaches it through the block's start b:
+        #   y_q = exp(cum_q - cum_b) [exp(cum_b) C_q s_in^T + sum_{k < b} CB_qk exp(cum_b - cum_k)
+        #         dt'_k x_k] + the block's own causal part.
+        # cum is the chunk's cumulative log decay (0 before its first token, falling), so every
+        # exponent is <= 0 (no overflow) and the earlier tiles take one exp per token, not one
+        # per (q, k) pair.
+        cum_b = jnp.where(i > 0, cum_ref[h, jnp.maximum(t0 + i * block_q - 1, 0)], 0.0)
+        acc = jnp.exp(cum_b) * mixed_dot(cm, s_in.T, dtype)
         cols = jnp.arange(block_k)
+        tiles = block_q // block_k
+        q_rows = pl.ds(i * block_q, block_q)
 
-        def body(k, y):  # token tile k of block_k tokens, at or before the block's last row
+        def before(k, acc):  # token tile k, wholly before the block (its tokens are live; the
+            tk = pl.ds(t0 + k * block_k, block_k)  # masks only keep tiny arrays in bounds)
+            live = k * block_k + cols < n
+            cb = cb_ref[c, g, q_rows, pl.ds(k * block_k, block_k)]
+            xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=live[:, None] & p_mask[None, :], other=0)
+            cum_k = plgpu.load(cum_ref.at[h, tk], mask=live, other=0.0)
+            dt_k = plgpu.load(dtp_ref.at[h, tk], mask=live, other=0.0)
+            return acc + mixed_dot(cb * (jnp.exp(cum_b - cum_k) * dt_k)[None, :], xk, dtype)
+
+        def own(k, y):  # token tile k inside the block: causal, decay per (q, k) pair
             tk = pl.ds(t0 + k * block_k, block_k)
             valid_k = k * block_k + cols < n
             cb = plgpu.load(
-                cb_ref.at[c, g, pl.ds(i * block_q, block_q), pl.ds(k * block_k, block_k)],
+                cb_ref.at[c, g, q_rows, pl.ds(k * block_k, block_k)],
                 mask=valid_q[:, None] & valid_k[None, :],
                 other=0.0,
             )
@@ -295,7 +313,9 @@ def output_kernel(
             decay = jnp.where(causal, jnp.exp(cum_q[:, None] - cum_k[None, :]), 0.0)
             return y + mixed_dot(cb * decay * dt_k[None, :], xk, dtype)
 
-        y = jax.lax.fori_loop(0, (i + 1) * (block_q // block_k), body, y)
+        acc = jax.lax.fori_loop(0, i * tiles, before, acc)
+        y = jnp.exp(cum_q - cum_b)[:, None] * acc
+        y = jax.lax.fori_loop(i * tiles, (i + 1) * tiles, own, y)
         qp = valid_q[:, None] & p_mask[None, :]
         xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
         y = y + d_ref[h].astype(jnp.float32) * xq

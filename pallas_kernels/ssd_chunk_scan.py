@@ -44,7 +44,7 @@ class ScanTuning:
     block_k: int | None = 32
     pass_block_n: int = 64
     pass_stages: int = 1
-    num_stages: int = 2
+    num_stages: int = 3
     state_warps: int = 4
 
 
@@ -96,9 +96,9 @@ def ssd_chunk_scan(
     choice must never depend on the batch (DESIGN 5.8: a request's output may not depend on how
     many prefills share its step); it comes from the model's config
     (`Mamba2Config.scan_algorithm`). Sequential is the default: on the H100 (RESULTS.md, issue 14)
-    it took 1071 us against the parallel kernels' 1440 us (block_q 32) at 8 rows x 2048 tokens
-    and 1094 us against 788 us at 1 x 8192, so it wins where serving spends its prefill steps
-    (several rows; chunked prefill caps a row's length) and loses on one long row.
+    it took 1018 us against the parallel kernels' 1141 us at 8 rows x 2048 tokens and 956 us
+    against 593 us at 1 x 8192, so it wins where serving spends its prefill steps (several rows;
+    chunked prefill caps a row's length) and loses on one long row.
     Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
     """
     heads, num_rows = x.shape[1], query_start_loc.shape[0] - 1

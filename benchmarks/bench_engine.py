@@ -244,11 +244,13 @@ def _with_head(array: np.ndarray, head: np.ndarray) -> np.ndarray:
     return out
 
 
-def bench_context(model: HybridLM, batch: int, context: int, steps: int, bandwidth: float) -> dict:
+def bench_context(model: HybridLM, batch: int, context: int, steps: int, bandwidth: float,
+                  budget: int = 256) -> dict:  # fmt: skip
     """Device ms of the compiled decode step at `context` tokens of context (pipelined calls)."""
-    # Prefill a few hundred tokens a step: the ragged jnp prefill attention gathers each token's
-    # max_model_len window (4096 tokens at 8k would need 34 GB).
-    engine = make_engine(model, batch, steps, context + 4 * PROMPT_LEN, budget=256)
+    # Prefill `budget` tokens a step: the ragged jnp prefill attention gathers each token's
+    # max_model_len window (4096 tokens at 8k would need 34 GB; 256 at 32k on the Qwen3-Next
+    # shape, head dim 256, asked for 24.6 GiB).
+    engine = make_engine(model, batch, steps, context + 4 * PROMPT_LEN, budget=budget)
     engine.step()
     while engine.last_batch.inputs.num_prefill_tokens:  # until a pure-decode step has run
         engine.step()
@@ -278,6 +280,8 @@ def main() -> None:
     parser.add_argument("--max-context-tokens", type=int, default=1 << 21,
                         help="skip long-context rows with batch x context above this")  # fmt: skip
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--context-budget", type=int, default=256,
+                        help="prefill tokens a step before a long-context row")  # fmt: skip
     args = parser.parse_args()
     model = build_model(args.size)
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -293,7 +297,9 @@ def main() -> None:
     long_rows = []
     for context in (int(c) for c in args.contexts.split(",") if c):
         for batch in (b for b in batches if b * context <= args.max_context_tokens):
-            long_rows.append(bench_context(model, batch, context, args.steps, bandwidth))
+            long_rows.append(
+                bench_context(model, batch, context, args.steps, bandwidth, args.context_budget)
+            )
             print(json.dumps(long_rows[-1]), flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"bench_engine_{args.size}.json"), "w") as f:

@@ -183,11 +183,11 @@ def run_case(case: Case, shape: str, configs: list[dict], bw: float, anchors, *,
 # ----------------------------------------------------------------------------- SSD chunk scan
 H, P, N, G = 128, 64, 128, 8
 SSD_CONFIGS = [
-    *(dict(algorithm="parallel", block_q=q, block_k=k, num_warps=w, num_stages=st)
-      for q, k, w, st in ((64, 32, 4, 2), (64, 64, 4, 2), (64, 16, 4, 2), (64, 32, 4, 3),
-                          (128, 32, 4, 2), (128, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2),
-                          (32, 32, 4, 2))),
-    dict(algorithm="parallel", block_q=64, block_k=32, num_warps=4, num_stages=2, pass_stages=3),
+    *(dict(algorithm="parallel", block_q=q, block_k=k, num_warps=w, num_stages=st,
+           heads_per_program=hp)
+      for q, k, w, st, hp in ((64, 16, 4, 3, 2), (64, 16, 4, 3, 4), (32, 16, 4, 3, 2),
+                              (64, 16, 4, 4, 2), (64, 16, 4, 2, 2), (128, 16, 4, 3, 2),
+                              (64, 32, 4, 3, 2), (64, 16, 4, 3, 1))),
     dict(algorithm="sequential", seq_block_q=32),
 ]  # fmt: skip
 

@@ -13,7 +13,7 @@ Chunks of Q tokens end at absolute multiples of Q inside each row; the wrapper l
    extra program row zeroes the padding tokens of y.
 3. `cb_kernel`, grid (NC, G, (Q/bq)^2), the group's C_i B_k^T for token blocks k <= i of a chunk,
    once per group (H/G heads share it), fp32.
-4. `output_kernel`, grid (H, NC * Q/bq, P/bp), all token blocks in parallel:
+4. `output_kernel`, grid (H / heads per program, NC * Q/bq, P/bp), all token blocks in parallel:
    y_i = exp(cum_i) C_i s_in^T + sum_{k <= i} (CB_ik * exp(cum_i - cum_k) * dt'_k) x_k
    + D x_i, gated by silu(z_i); the tokens before the block enter through its start (one decay
    per token, not per pair), only the block's own tiles take the pairwise decay.
@@ -246,6 +246,7 @@ def output_kernel(
     y_ref,
     *,
     heads_per_group,
+    heads_per_program,
     head_dim,
     state_size,
     blocks_per_chunk,
@@ -255,74 +256,88 @@ def output_kernel(
     block_n,
     has_z,
 ):
-    """Program (head, chunk x token block, P-block): y for block_q tokens of one chunk, summing
-    over the chunk's earlier tokens in tiles of block_k (a divisor of block_q)."""
+    """Program (heads, chunk x token block, P-block): y for block_q tokens of one chunk and
+    `heads_per_program` heads of one group (they share its C rows and C B^T tiles, loaded once),
+    summing over the chunk's earlier tokens in tiles of block_k (a divisor of block_q)."""
     del y_in_ref  # aliased to y_ref (its padding tokens were zeroed by pass_kernel)
-    h, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    hp, ci, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     c, i = ci // blocks_per_chunk, ci % blocks_per_chunk
     t0, n = t0_ref[c], n_ref[c]
-    g = h // heads_per_group
+    heads = [hp * heads_per_program + j for j in range(heads_per_program)]
+    g = heads[0] // heads_per_group
     p_mask = pb * block_p + jnp.arange(block_p) < head_dim
     n_mask = jnp.arange(block_n) < state_size
     p_sl, n_sl = pl.ds(pb * block_p, block_p), pl.ds(0, block_n)
-    rows = jnp.arange(block_q)
+    rows, cols = jnp.arange(block_q), jnp.arange(block_k)
+    tiles = block_q // block_k
     dtype = x_ref.dtype
+
+    def token_tile(k, h, live):  # x, cum and dt' of token tile k for head h
+        tk = pl.ds(t0 + k * block_k, block_k)
+        xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=live[:, None] & p_mask[None, :], other=0)
+        cum_k = plgpu.load(cum_ref.at[h, tk], mask=live, other=0.0)
+        dt_k = plgpu.load(dtp_ref.at[h, tk], mask=live, other=0.0)
+        return xk, cum_k, dt_k
 
     @pl.when(i * block_q < n)
     def _():
         tq = pl.ds(t0 + i * block_q, block_q)
+        q_rows = pl.ds(i * block_q, block_q)
         valid_q = i * block_q + rows < n
         cm = plgpu.load(c_ref.at[tq, g, n_sl], mask=valid_q[:, None] & n_mask[None, :], other=0.0)
-        cum_q = plgpu.load(cum_ref.at[h, tq], mask=valid_q, other=0.0)
-        s_in = plgpu.load(
-            ent_ref.at[c, h, p_sl, n_sl], mask=p_mask[:, None] & n_mask[None, :], other=0.0
-        )
+        cum_q = [plgpu.load(cum_ref.at[h, tq], mask=valid_q, other=0.0) for h in heads]
         # What precedes the block reaches it through the block's start b:
         #   y_q = exp(cum_q - cum_b) [exp(cum_b) C_q s_in^T + sum_{k < b} CB_qk exp(cum_b - cum_k)
         #         dt'_k x_k] + the block's own causal part.
         # cum is the chunk's cumulative log decay (0 before its first token, falling), so every
         # exponent is <= 0 (no overflow) and the earlier tiles take one exp per token, not one
         # per (q, k) pair.
-        cum_b = jnp.where(i > 0, cum_ref[h, jnp.maximum(t0 + i * block_q - 1, 0)], 0.0)
-        acc = jnp.exp(cum_b) * mixed_dot(cm, s_in.T, dtype)
-        cols = jnp.arange(block_k)
-        tiles = block_q // block_k
-        q_rows = pl.ds(i * block_q, block_q)
+        b = jnp.maximum(t0 + i * block_q - 1, 0)
+        cum_b = [jnp.where(i > 0, cum_ref[h, b], 0.0) for h in heads]
+        acc = []
+        for h, cb_h in zip(heads, cum_b, strict=True):
+            s_in = plgpu.load(
+                ent_ref.at[c, h, p_sl, n_sl], mask=p_mask[:, None] & n_mask[None, :], other=0.0
+            )
+            acc.append(jnp.exp(cb_h) * mixed_dot(cm, s_in.T, dtype))
 
         def before(k, acc):  # token tile k, wholly before the block (its tokens are live; the
-            tk = pl.ds(t0 + k * block_k, block_k)  # masks only keep tiny arrays in bounds)
-            live = k * block_k + cols < n
+            live = k * block_k + cols < n  # masks only keep tiny arrays in bounds)
             cb = cb_ref[c, g, q_rows, pl.ds(k * block_k, block_k)]
-            xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=live[:, None] & p_mask[None, :], other=0)
-            cum_k = plgpu.load(cum_ref.at[h, tk], mask=live, other=0.0)
-            dt_k = plgpu.load(dtp_ref.at[h, tk], mask=live, other=0.0)
-            return acc + mixed_dot(cb * (jnp.exp(cum_b - cum_k) * dt_k)[None, :], xk, dtype)
+            out = []
+            for h, cb_h, a in zip(heads, cum_b, acc, strict=True):
+                xk, cum_k, dt_k = token_tile(k, h, live)
+                out.append(a + mixed_dot(cb * (jnp.exp(cb_h - cum_k) * dt_k)[None, :], xk, dtype))
+            return tuple(out)
 
-        def own(k, y):  # token tile k inside the block: causal, decay per (q, k) pair
-            tk = pl.ds(t0 + k * block_k, block_k)
+        def own(k, ys):  # token tile k inside the block: causal, decay per (q, k) pair
             valid_k = k * block_k + cols < n
             cb = plgpu.load(
                 cb_ref.at[c, g, q_rows, pl.ds(k * block_k, block_k)],
                 mask=valid_q[:, None] & valid_k[None, :],
                 other=0.0,
             )
-            xk = plgpu.load(x_ref.at[tk, h, p_sl], mask=valid_k[:, None] & p_mask[None, :], other=0)
-            cum_k = plgpu.load(cum_ref.at[h, tk], mask=valid_k, other=0.0)
-            dt_k = plgpu.load(dtp_ref.at[h, tk], mask=valid_k, other=0.0)
             causal = (k * block_k + cols[None, :] <= i * block_q + rows[:, None]) & valid_k[None, :]
-            decay = jnp.where(causal, jnp.exp(cum_q[:, None] - cum_k[None, :]), 0.0)
-            return y + mixed_dot(cb * decay * dt_k[None, :], xk, dtype)
+            out = []
+            for h, cq, y in zip(heads, cum_q, ys, strict=True):
+                xk, cum_k, dt_k = token_tile(k, h, valid_k)
+                decay = jnp.where(causal, jnp.exp(cq[:, None] - cum_k[None, :]), 0.0)
+                out.append(y + mixed_dot(cb * decay * dt_k[None, :], xk, dtype))
+            return tuple(out)
 
-        acc = jax.lax.fori_loop(0, i * tiles, before, acc)
-        y = jnp.exp(cum_q - cum_b)[:, None] * acc
-        y = jax.lax.fori_loop(i * tiles, (i + 1) * tiles, own, y)
+        acc = jax.lax.fori_loop(0, i * tiles, before, tuple(acc))
+        ys = tuple(
+            jnp.exp(cq - cb_h)[:, None] * a for cq, cb_h, a in zip(cum_q, cum_b, acc, strict=True)
+        )
+        ys = jax.lax.fori_loop(i * tiles, (i + 1) * tiles, own, ys)
         qp = valid_q[:, None] & p_mask[None, :]
-        xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
-        y = y + d_ref[h].astype(jnp.float32) * xq
-        if has_z:
-            zq = plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0)
-            y = y * silu(zq.astype(jnp.float32))
-        plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)
+        for h, y in zip(heads, ys, strict=True):
+            xq = plgpu.load(x_ref.at[tq, h, p_sl], mask=qp, other=0.0).astype(jnp.float32)
+            y = y + d_ref[h].astype(jnp.float32) * xq
+            if has_z:
+                zq = plgpu.load(z_ref.at[tq, h, p_sl], mask=qp, other=0.0)
+                y = y * silu(zq.astype(jnp.float32))
+            plgpu.store(y_ref.at[tq, h, p_sl], y.astype(y_ref.dtype), mask=qp)
 
 
 def chunk_table(

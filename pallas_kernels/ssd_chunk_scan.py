@@ -33,7 +33,10 @@ class ScanTuning:
     chunk_size), outputs and C B^T in blocks of `block_q` tokens, the output's sum over earlier
     tokens in tiles of `block_k` (divides block_q; None = block_q), `block_p`, `pass_block_n` state
     columns per pass program and its `pass_stages` (loads of the next chunk state in flight),
-    `num_warps` / `num_stages` of the output kernel, `state_warps` of the chunk-state kernel.
+    `num_warps` / `num_stages` of the output kernel, `state_warps` of the chunk-state kernel,
+    `heads_per_program` heads of one group per output program (they load the group's C rows and
+    C B^T tiles once; the largest divisor of the heads per group not above it is used; each head's
+    sums are the same either way).
     """
 
     seq_block_q: int = 32
@@ -41,11 +44,12 @@ class ScanTuning:
     num_warps: int = 4
     state_chunk: int | None = None
     block_q: int = 64
-    block_k: int | None = 32
+    block_k: int | None = 16
     pass_block_n: int = 64
     pass_stages: int = 1
     num_stages: int = 3
     state_warps: int = 4
+    heads_per_program: int = 2
 
 
 @functools.partial(
@@ -95,10 +99,11 @@ def ssd_chunk_scan(
     fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the
     choice must never depend on the batch (DESIGN 5.8: a request's output may not depend on how
     many prefills share its step); it comes from the model's config
-    (`Mamba2Config.scan_algorithm`). Sequential is the default: on the H100 (RESULTS.md, issue 14)
-    it took 1018 us against the parallel kernels' 1141 us at 8 rows x 2048 tokens and 956 us
-    against 593 us at 1 x 8192, so it wins where serving spends its prefill steps (several rows;
-    chunked prefill caps a row's length) and loses on one long row.
+    (`Mamba2Config.scan_algorithm`). Sequential is the models' default, chosen when it won at
+    several rows; on the H100 (RESULTS.md, issue 14) the parallel kernels now take 996 us against
+    its 1014 us at 8 rows x 2048 tokens, 537 against 938 us at 1 x 8192 and 1963 against 3673 us
+    at 1 x 32768 (changing the models' default also changes their rounding: the fixtures must be
+    re-checked on the GPU first).
     Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
     """
     heads, num_rows = x.shape[1], query_start_loc.shape[0] - 1
@@ -202,6 +207,12 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
     )(*meta, cstart, nch, t0, n, cum, states, ssm_state)
 
     blocks_per_chunk = chunk // block_q
+    heads_per_group = heads // groups
+    per_program = max(
+        d
+        for d in range(1, heads_per_group + 1)
+        if heads_per_group % d == 0 and d <= max(1, tuning.heads_per_program)
+    )
     cb = pl.pallas_call(
         functools.partial(
             _k.cb_kernel,
@@ -221,7 +232,8 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
     return pl.pallas_call(
         functools.partial(
             _k.output_kernel,
-            heads_per_group=heads // groups,
+            heads_per_group=heads_per_group,
+            heads_per_program=per_program,
             blocks_per_chunk=blocks_per_chunk,
             block_q=block_q,
             block_k=block_k,
@@ -231,7 +243,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
             **shape,
         ),  # fmt: skip
         out_shape=sds_like(x),
-        grid=(heads, num_chunks * blocks_per_chunk, p_blocks),
+        grid=(heads // per_program, num_chunks * blocks_per_chunk, p_blocks),
         input_output_aliases={10: 0},
         compiler_params=params(tuning.num_warps, tuning.num_stages),
         interpret=interpret,

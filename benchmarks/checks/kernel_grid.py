@@ -203,7 +203,7 @@ def conv_update(channels: int, width: int, num_lanes: int, dtype, batch: int = 6
 
 
 def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int, dtype,
-             chunk: int) -> Shape:  # fmt: skip
+             chunk: int, heads_per_program: int = 1) -> Shape:  # fmt: skip
     def build(rng) -> Case:
         rows = varlen(rng, _lengths(chunk), chunk)
         t = rows.num_tokens
@@ -221,6 +221,8 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
 
         def call(fn, *a, **kw):
             d, z, bias, bnd = a[11:]
+            if fn is ssd.ssd_chunk_scan and heads_per_program > 1:
+                kw["tuning"] = ssd.ScanTuning(heads_per_program=heads_per_program)
             return fn(*a[:11], D=d, z=z, dt_bias=bias, chunk_size=chunk, block_size=chunk,
                       boundary_slots=bnd, algorithm=algorithm, **kw)  # fmt: skip
 
@@ -232,6 +234,7 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
         )  # fmt: skip
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} chunk={chunk}"
+    dims += f" heads/program={heads_per_program}" if heads_per_program > 1 else ""
     return Shape(f"ssd_chunk_scan {algorithm} {dims} {jnp.dtype(dtype).name}", build)
 
 
@@ -502,6 +505,9 @@ def grid(quick: bool) -> list[Shape]:
         conv_update(37, 4, 1, F32),
         conv_update(1000, 4, 3, BF16),
         *(ssd_scan(a, *d) for a in ssd_ref.ALGORITHMS for d in ssd_dims),
+        # Output programs serving several heads of a group (3 of 3, 5 of 5).
+        ssd_scan("parallel", 6, 24, 2, 48, BF16, 256, heads_per_program=3),
+        ssd_scan("parallel", 10, 48, 2, 128, F32, 256, heads_per_program=5),
         *(ssd_update(*d) for d in ssu_dims),
         mamba2_decode(5, 12, 1, 16, 4, 1, F32),
         mamba2_decode(6, 24, 3, 24, 3, 2, BF16),

@@ -175,12 +175,14 @@ def test_kernel_short_rows_straddling_chunks(algorithm):
     check(d, "interpret", chunk_size=16, algorithm=algorithm)
 
 
-@pytest.mark.parametrize("block_k", [None, 16])
-def test_kernel_cb_blocks_shared_by_a_group(block_k):
+@pytest.mark.parametrize(("block_k", "heads_per_program"), [(None, 1), (16, 3)])
+def test_kernel_cb_blocks_shared_by_a_group(block_k, heads_per_program):
     """Three heads per group read one C B^T per chunk, computed in 2 x 2 blocks of 32 tokens and
-    read in k-tiles of 32 or 16 tokens; rows start mid-chunk and run past it."""
+    read in k-tiles of 32 or 16 tokens, by one program per head or one for the group's three;
+    rows start mid-chunk and run past it."""
     d = make_inputs(7, (9, 70), 6, 6, 2, 5, num_computed=[3, 21, 0])
-    tuning = ScanTuning(block_q=32, block_k=block_k, pass_stages=2)
+    tuning = ScanTuning(block_q=32, block_k=block_k, pass_stages=2,
+                        heads_per_program=heads_per_program)  # fmt: skip
     check(d, "interpret", chunk_size=64, tuning=tuning, algorithm="parallel")
 
 
@@ -197,7 +199,7 @@ def test_kernel_steep_decay():
     d = make_inputs(5, (70, 9), num_computed=[3, 0, 0], gate=False)
     d["dt"] = d["dt"] + 4.0
     d["A"] = np.full_like(d["A"], -30.0)
-    tuning = ScanTuning(block_q=16, block_k=16)
+    tuning = ScanTuning(block_q=16, block_k=16, heads_per_program=2)
     check(d, "interpret", chunk_size=64, tuning=tuning, algorithm="parallel")
 
 

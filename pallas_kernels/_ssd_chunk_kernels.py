@@ -295,19 +295,21 @@ def output_kernel(
         b = jnp.maximum(t0 + i * block_q - 1, 0)
         cum_b = [jnp.where(i > 0, cum_ref[h, b], 0.0) for h in heads]
         acc = []
-        for h, cb_h in zip(heads, cum_b, strict=True):
+        for h, start in zip(heads, cum_b, strict=True):
             s_in = plgpu.load(
                 ent_ref.at[c, h, p_sl, n_sl], mask=p_mask[:, None] & n_mask[None, :], other=0.0
             )
-            acc.append(jnp.exp(cb_h) * mixed_dot(cm, s_in.T, dtype))
+            acc.append(jnp.exp(start) * mixed_dot(cm, s_in.T, dtype))
 
-        def before(k, acc):  # token tile k, wholly before the block (its tokens are live; the
-            live = k * block_k + cols < n  # masks only keep tiny arrays in bounds)
+        # Token tile k wholly before the block: its tokens are all live (the masks only keep
+        # arrays shorter than a tile in bounds in interpret mode).
+        def before(k, acc):
+            live = k * block_k + cols < n
             cb = cb_ref[c, g, q_rows, pl.ds(k * block_k, block_k)]
             out = []
-            for h, cb_h, a in zip(heads, cum_b, acc, strict=True):
+            for h, start, a in zip(heads, cum_b, acc, strict=True):
                 xk, cum_k, dt_k = token_tile(k, h, live)
-                out.append(a + mixed_dot(cb * (jnp.exp(cb_h - cum_k) * dt_k)[None, :], xk, dtype))
+                out.append(a + mixed_dot(cb * (jnp.exp(start - cum_k) * dt_k)[None, :], xk, dtype))
             return tuple(out)
 
         def own(k, ys):  # token tile k inside the block: causal, decay per (q, k) pair
@@ -327,7 +329,7 @@ def output_kernel(
 
         acc = jax.lax.fori_loop(0, i * tiles, before, tuple(acc))
         ys = tuple(
-            jnp.exp(cq - cb_h)[:, None] * a for cq, cb_h, a in zip(cum_q, cum_b, acc, strict=True)
+            jnp.exp(cq - start)[:, None] * a for cq, start, a in zip(cum_q, cum_b, acc, strict=True)
         )
         ys = jax.lax.fori_loop(i * tiles, (i + 1) * tiles, own, ys)
         qp = valid_q[:, None] & p_mask[None, :]

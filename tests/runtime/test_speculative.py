@@ -57,13 +57,15 @@ def mixed_steps(engine, prompts, params) -> tuple[dict[str, list[int]], int]:
     return serve(engine, prompts, params), mixed
 
 
-# (family, method, K): every family with the ngram and draft-model drafters, K = 1..4 across
-# them; the oracle (every draft right) once: test_draft_model_equal_to_target_accepts_every_draft
-# drives full acceptance on every family.
+# (family, method, K): every family with the draft-model drafter, the ngram drafter on the two
+# Mamba2 families (qwen3_next's partial acceptance is driven by its draft model here and by the
+# random schedules with drafts; 30 s of CI), K = 1..4 across them; the oracle (every draft right)
+# once: test_draft_model_equal_to_target_accepts_every_draft drives full acceptance on every
+# family.
 CASES = [
     ("mamba2", "ngram", 1), ("mamba2", "draft_model", 3),
     ("nemotron_h", "ngram", 2), ("nemotron_h", "draft_model", 1),
-    ("qwen3_next", "ngram", 3), ("qwen3_next", "oracle", 1), ("qwen3_next", "draft_model", 4),
+    ("qwen3_next", "oracle", 1), ("qwen3_next", "draft_model", 4),
 ]  # fmt: skip
 
 

@@ -49,7 +49,7 @@ from benchmarks.bench_mamba2_kernels import (  # noqa: E402
     rel_err,
     time_loop,
 )
-from benchmarks.profile_engine import profile_events  # noqa: E402
+from benchmarks.profile_engine import load_trace, profile_events  # noqa: E402
 from pallas_kernels import causal_conv1d as conv  # noqa: E402
 from pallas_kernels import causal_conv1d_reference as conv_ref  # noqa: E402
 from pallas_kernels import gdn_chunk as gdn  # noqa: E402
@@ -135,7 +135,7 @@ def kernel_breakdown(step: Step, state: jax.Array, inner: int = 3) -> dict[str, 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             jax.block_until_ready(loop(carry))
-        events = profile_events(trace_dir)
+        events = profile_events(load_trace(trace_dir))
     per = collections.defaultdict(float)
     for line, name, _, dur, _ in events:
         if "Stream" in line or "stream" in line:

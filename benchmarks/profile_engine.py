@@ -32,10 +32,6 @@ import sys
 import tempfile
 import time
 
-_REMAP = (
-    "--xla_gpu_enable_command_buffer_va_remapping=true "
-    "--xla_gpu_command_buffer_update_mode=SKIP_TEMP"
-)
 # name -> environment of the child process (XLA_FLAGS are appended to the caller's).
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
@@ -51,12 +47,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     # At batch 1 XLA rewrites each [1, K] x [K, N] matmul into a multiply + reduce fusion (35-45%
     # of bandwidth on the H100); a threshold of 0 may keep them GEMMs.
     "gemm_threshold0": {"XLA_FLAGS": "--xla_gpu_gemm_rewrite_size_threshold=0"},
-    # The whole step is one command buffer, but the host trace shows it re-recorded
+    # The whole step is one command buffer, but the host trace showed it re-recorded
     # (`command_buffer::update`) on every call: some buffer's address moved. These try to keep
-    # the addresses the graph sees still: a virtual-memory allocator, with XLA remapping the temp
-    # buffer into a fixed address range, or copying moved buffers into cached ones.
+    # the addresses the graph sees still: a virtual-memory allocator, or copying moved buffers
+    # into cached ones. (XLA's VA remapping flag aborted the process on the H100's jaxlib.)
     "vmm": {"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm"},
-    "va_remap": {"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm", "XLA_FLAGS": _REMAP},
     "cached_allocs": {"XLA_COMMAND_BUFFERS_USE_CACHED_ALLOCS": "1"},
     # The recorded graph's launch (cuGraphLaunch) takes 0.4-0.6 ms of host at B = 1 against 70 us
     # for a chain of as many kernels: what the step's graph has that the chain has not. Its
@@ -95,12 +90,17 @@ def hlo_stats(text: str) -> dict:
     }
 
 
-def profile_events(trace_dir: str) -> list[tuple[str, str, int, int, str]]:
-    """(line name, event name, start ns, duration ns, HLO op or "") of every GPU-plane event."""
+def load_trace(trace_dir: str):
+    """The `jax.profiler.ProfileData` of the one trace written under `trace_dir`."""
     import jax
 
     (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    data = jax.profiler.ProfileData.from_file(path)
+    return jax.profiler.ProfileData.from_file(path)
+
+
+def profile_events(data) -> list[tuple[str, str, int, int, str]]:
+    """(line name, event name, start ns, duration ns, HLO op or "") of every GPU-plane event of
+    a trace (`load_trace`)."""
     events = []
     for plane in data.planes:
         if not plane.name.startswith("/device:GPU"):
@@ -113,14 +113,12 @@ def profile_events(trace_dir: str) -> list[tuple[str, str, int, int, str]]:
     return events
 
 
-def host_events(trace_dir: str) -> list[tuple[str, str, int]]:
+def host_events(data) -> list[tuple[str, str, int]]:
     """(thread, event name with numbers and #metadata# masked, duration ns) of every host-plane
-    event: where the host spends a step's call (argument handling, thunks, graph launches)."""
-    import jax
-
-    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    event of a trace: where the host spends a step's call (argument handling, thunks, graph
+    launches)."""
     events = []
-    for plane in jax.profiler.ProfileData.from_file(path).planes:
+    for plane in data.planes:
         if not plane.name.startswith("/host:"):
             continue
         for line in plane.lines:
@@ -231,9 +229,10 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
             np.asarray(step.tokens)
         text = compiled.as_text()
         try:
-            row["profile"] = summarize_profile(profile_events(trace_dir), 10,
+            trace = load_trace(trace_dir)
+            row["profile"] = summarize_profile(profile_events(trace), 10,
                                                instruction_parts(text))  # fmt: skip
-            row["profile"]["host"] = summarize_host(host_events(trace_dir), 10)
+            row["profile"]["host"] = summarize_host(host_events(trace), 10)
         except Exception as error:  # keep the timings if the trace cannot be parsed
             row["profile"] = {"error": repr(error)}
         row["hlo"] = hlo_stats(text)
@@ -360,17 +359,21 @@ def top_level(hlo: dict) -> str:
 
 
 def print_table(out: str, names: list[str]) -> None:
+    results = {}  # variant -> its rows, each results file read once
+    for name in names:
+        path = os.path.join(out, f"profile_{name}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results[name] = json.load(f)
     print(
         "variant     batch eng_step eng_host eng_dev run_np run_dev pipe  disp  put   "
         "call_stable call_fresh "
         "kern/step gpu_busy entry_ops (calls = command buffers, custom-calls, fusions at top level)"
     )
     for name in names:
-        path = os.path.join(out, f"profile_{name}.json")
-        if not os.path.exists(path):
+        if name not in results:
             print(f"{name}: no result")
-            continue
-        for r in json.load(open(path)):
+        for r in results.get(name, []):
             lines = r["profile"].get("lines", {})
             streams = [v for k, v in lines.items() if "Stream" in k or "stream" in k]
             kern = sum(v["events_per_step"] for v in streams)
@@ -385,17 +388,15 @@ def print_table(out: str, names: list[str]) -> None:
                   f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']} "
                   f"({top_level(r['hlo'])})")  # fmt: skip
     print("GPU busy ms per step by part (kernels per step)")
-    for name in names:
-        path = os.path.join(out, f"profile_{name}.json")
-        for r in json.load(open(path)) if os.path.exists(path) else []:
+    for name, rows in results.items():
+        for r in rows:
             parts = r["profile"].get("parts", {})
             cells = [f"{p} {v['busy_ms_per_step']:.3f} ({v['kernels_per_step']:.0f})"
                      for p, v in parts.items()]  # fmt: skip
             print(f"{name:11s} {r['batch']:5d}  " + ", ".join(cells))
     print("Host events per step (thread, event, calls, us), nested")
-    for name in names:
-        path = os.path.join(out, f"profile_{name}.json")
-        for r in json.load(open(path)) if os.path.exists(path) else []:
+    for name, rows in results.items():
+        for r in rows:
             for thread, event, calls, us in r["profile"].get("host", []):
                 print(f"{name:11s} {r['batch']:5d}  {thread[:24]:24s} {event:60s} "
                       f"{calls:7.1f} {us:9.1f}")  # fmt: skip

@@ -48,6 +48,15 @@ def _overwrite(slot: jax.Array, fresh: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice(slot, fresh, (0,) * slot.ndim)
 
 
+def buffer_addresses(tree: Any) -> list[int]:
+    """Device addresses of every local shard of every array in `tree`."""
+    return [
+        shard.data.unsafe_buffer_pointer()
+        for array in jax.tree.leaves(tree)
+        for shard in array.addressable_shards
+    ]
+
+
 _upload = jax.jit(_overwrite, donate_argnums=0)  # the result lands in the slot's buffer
 _download = jax.jit(lambda outputs: jax.tree.map(jnp.copy, outputs))  # fresh buffers
 
@@ -97,10 +106,7 @@ class StepBuffers:
     def addresses(self, key: Any) -> list[int]:
         """Device addresses of `key`'s input slot, output buffers and the carried tokens (the
         buffers of a step that must not move between calls)."""
-        arrays = [self._packed[key], *jax.tree.leaves(self._outputs[key]), self.carried]
-        return [
-            shard.data.unsafe_buffer_pointer() for a in arrays for shard in a.addressable_shards
-        ]
+        return buffer_addresses((self._packed[key], self._outputs[key], self.carried))
 
     @staticmethod
     def download(outputs: StepOutputs) -> StepOutputs:

@@ -203,7 +203,14 @@ def conv_update(channels: int, width: int, num_lanes: int, dtype, batch: int = 6
 
 
 def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int, dtype,
-             chunk: int, heads_per_program: int = 1) -> Shape:  # fmt: skip
+             chunk: int, heads_per_program: int | None = None) -> Shape:  # fmt: skip
+    """The scan with its default tuning, or with `heads_per_program` heads an output program."""
+    kernel = ssd.ssd_chunk_scan
+    if heads_per_program is not None:
+        kernel = functools.partial(
+            kernel, tuning=ssd.ScanTuning(heads_per_program=heads_per_program)
+        )
+
     def build(rng) -> Case:
         rows = varlen(rng, _lengths(chunk), chunk)
         t = rows.num_tokens
@@ -221,20 +228,18 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
 
         def call(fn, *a, **kw):
             d, z, bias, bnd = a[11:]
-            if fn is ssd.ssd_chunk_scan and heads_per_program > 1:
-                kw["tuning"] = ssd.ScanTuning(heads_per_program=heads_per_program)
             return fn(*a[:11], D=d, z=z, dt_bias=bias, chunk_size=chunk, block_size=chunk,
                       boundary_slots=bnd, algorithm=algorithm, **kw)  # fmt: skip
 
         return Case(
-            functools.partial(call, ssd.ssd_chunk_scan),
+            functools.partial(call, kernel),
             functools.partial(call, ssd_ref.ssd_chunk_scan_reference),
             args, 5, rows.live[:, None, None], rows.written, TOLERANCE[dtype, "scan"],
             rows.describe(),
         )  # fmt: skip
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} chunk={chunk}"
-    dims += f" heads/program={heads_per_program}" if heads_per_program > 1 else ""
+    dims += "" if heads_per_program is None else f" heads/program={heads_per_program}"
     return Shape(f"ssd_chunk_scan {algorithm} {dims} {jnp.dtype(dtype).name}", build)
 
 

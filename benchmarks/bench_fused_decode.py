@@ -183,7 +183,7 @@ def bench_batch(layer: Layer, rng, batch: int) -> dict:
     for name, fn in paths:
         for cfg in layer.configs:
 
-            def step(i, pool, fn=fn, cfg=cfg):
+            def step(i, pool, _inputs, fn=fn, cfg=cfg):
                 sl = jax.lax.dynamic_index_in_dim(slots, i % sets, keepdims=False)
                 y, *pool = call(fn, pool, sl, **cfg)
                 return y, tuple(pool)

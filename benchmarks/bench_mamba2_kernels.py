@@ -56,25 +56,42 @@ def rel_err(a, b) -> float:
     return float(np.sqrt(np.mean((a - b) ** 2)) / (np.sqrt(np.mean(b**2)) + 1e-12))
 
 
-def time_loop(step, pool, inner: int, reps: int = 15) -> float:
-    """Median microseconds per call of `step(i, pool) -> (y, pool)`.
+def unrolled(step, calls: int, carry, inputs=()):
+    """`calls` calls of `step(i, state, inputs) -> (y, state)` in a row, i a Python int; the
+    carry is (state, sum of a scalar of every y)."""
+    state, acc = carry
+    for i in range(calls):
+        y, state = step(i, state, inputs)
+        acc = acc + y.reshape(-1)[0].astype(F32)
+    return state, acc
+
+
+def input_sets(arrays: tuple[jax.Array, ...], count: int) -> list[tuple[jax.Array, ...]]:
+    """`arrays` and `count - 1` copies of them in their own buffers: the `inputs` of a
+    `time_loop` whose call i reads set i % count.
+
+    XLA merges calls of one program that read the same values and do not depend on the carried
+    state (CSE), and it sees the values of arrays a step closes over (they are lowered as
+    constants). In issue 14's first timings the SSD chunk-state and C B^T kernels and the GDN
+    intra kernel ran once per loop of calls, not once per call, that way.
+    """
+    return [arrays] + [tuple(jnp.copy(a) for a in arrays) for _ in range(count - 1)]
+
+
+def time_loop(step, pool, inner: int, reps: int = 15, inputs=()) -> float:
+    """Median microseconds per call of `step(i, pool, inputs) -> (y, pool)`.
 
     One jitted, fully unrolled loop of `inner` calls per timing (an XLA while loop would add a
-    device-to-host predicate sync per call). A scalar of every y is summed into the carry so no
-    kernel can be dead-code eliminated.
+    device-to-host predicate sync per call); `step` gets its call's index as a Python int and
+    `inputs` as arguments of the loop (see `input_sets`). A scalar of every y is summed into the
+    carry so no kernel can be dead-code eliminated.
     """
-
-    def body(i, carry):
-        pool, acc = carry
-        y, pool = step(i, pool)
-        return pool, acc + y.reshape(-1)[0].astype(F32)
-
-    loop = jax.jit(lambda c: jax.lax.fori_loop(0, inner, body, c, unroll=True), donate_argnums=0)
-    carry = jax.block_until_ready(loop((pool, jnp.zeros((), F32))))
+    loop = jax.jit(functools.partial(unrolled, step, inner), donate_argnums=0)
+    carry = jax.block_until_ready(loop((pool, jnp.zeros((), F32)), inputs))
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        carry = jax.block_until_ready(loop(carry))
+        carry = jax.block_until_ready(loop(carry, inputs))
         times.append(time.perf_counter() - t0)
     return statistics.median(times) / inner * 1e6
 
@@ -184,7 +201,7 @@ def bench_ssu(anchors, configs):
         for cfg in configs:
             try:
 
-                def step(i, pool, cfg=cfg):
+                def step(i, pool, _inputs, cfg=cfg):
                     sl = jax.lax.dynamic_index_in_dim(slots, i % sets, keepdims=False)
                     return ssu.ssd_state_update(*args, pool, sl, sl[:, None], **kw, **cfg)
 
@@ -262,7 +279,7 @@ def bench_conv_update(anchors, configs):
         slots = 1 + jnp.arange(sets * batch, dtype=I32).reshape(sets, batch)
         state = jnp.zeros((sets * batch + 1, D_CONV, W - 1), BF)
 
-        def step(i, st):
+        def step(i, st, _inputs):
             sl = jax.lax.dynamic_index_in_dim(slots, i % sets, keepdims=False)
             return conv.causal_conv1d_update(x, w_j, b_j, st, sl, sl[:, None])
 

@@ -44,10 +44,12 @@ from benchmarks.bench_mamba2_kernels import (  # noqa: E402
     bench_graph,
     copy_bandwidth,
     import_anchors,
+    input_sets,
     log,
     record,
     rel_err,
     time_loop,
+    unrolled,
 )
 from benchmarks.profile_engine import load_trace, profile_events  # noqa: E402
 from pallas_kernels import causal_conv1d as conv  # noqa: E402
@@ -59,20 +61,27 @@ from pallas_kernels import ssd_chunk_scan_reference as scan_ref  # noqa: E402
 BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 SHAPES = {"1x8192": (1, 8192), "8x2048": (8, 2048), "1x32768": (1, 32768)}
 QUICK_SHAPES = {"2x40": (2, 40)}
+CALLS = 8  # SSD and GDN calls per timed loop, each reading its own copy of the inputs
 
-Step = Callable[[int, jax.Array], tuple[jax.Array, jax.Array]]  # (i, state) -> (y, state)
+Inputs = list[tuple[jax.Array, ...]]  # input sets; call i of a timed loop reads set i % len
+Step = Callable[
+    [int, jax.Array, Inputs], tuple[jax.Array, jax.Array]
+]  # (i, state, inputs) -> (y, state)
+Call = Callable[[jax.Array], tuple[jax.Array, jax.Array]]  # one call: state -> (y, state)
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One op at one shape, ready to run: `make_step(config)` builds a step over `state`;
-    `check(step)` is its error against the reference; `nbytes` must move per call; `inner` calls
-    per timed loop; `anchor(anchors)` times the anchor and returns its record fields."""
+    """One op at one shape, ready to run: `make_step(config)` builds a step over `state` and
+    `inputs` (`input_sets`); `check(call)` is the error of one call against the reference;
+    `nbytes` must move per call; `inner` calls per timed loop; `anchor(anchors)` times the anchor
+    and returns its record fields."""
 
     op: str
     make_step: Callable[[dict], Step]
     state: jax.Array
-    check: Callable[[Step], dict]
+    inputs: Inputs
+    check: Callable[[Call], dict]
     nbytes: float
     inner: int
     anchor: Callable[[Any], dict]
@@ -106,18 +115,19 @@ def anchor_fields(name: str, us: float, y, states, ref: Callable[[], tuple]) -> 
                                          written_states(pool_ref)))  # fmt: skip
 
 
-def pool_check(pool: jax.Array, ref: Callable[[], tuple]) -> Callable[[Step], dict]:
+def pool_check(pool: jax.Array, ref: Callable[[], tuple]) -> Callable[[Call], dict]:
     """`Case.check` for an op writing final states into a `slot_pool`: errors of y and of them."""
 
-    def check(step: Step) -> dict:
-        (y, p), (y_ref, p_ref) = step(0, jnp.copy(pool)), ref()
+    def check(call: Call) -> dict:
+        (y, p), (y_ref, p_ref) = call(jnp.copy(pool)), ref()
         return dict(err_y=rel_err(y, y_ref), err_state=rel_err(written_states(p),
                                                                written_states(p_ref)))  # fmt: skip
 
     return check
 
 
-def kernel_breakdown(step: Step, state: jax.Array, inner: int = 3) -> dict[str, float]:
+def kernel_breakdown(step: Step, state: jax.Array, inputs: Inputs, inner: int = 3
+                     ) -> dict[str, float]:  # fmt: skip
     """Microseconds per call of each GPU kernel of `step`, from one profiled jitted loop.
 
     A scalar of every output is carried, as in `time_loop`: a loop that kept only the state let
@@ -125,21 +135,20 @@ def kernel_breakdown(step: Step, state: jax.Array, inner: int = 3) -> dict[str, 
     SSD output and C B^T kernels and the conv kernel that way).
     """
 
-    def body(i, carry):
-        state, acc = carry
-        y, state = step(i, state)
-        return state, acc + y.reshape(-1)[0].astype(F32)
-
-    loop = jax.jit(lambda c: jax.lax.fori_loop(0, inner, body, c, unroll=True))
-    carry = jax.block_until_ready(loop((state, jnp.zeros((), F32))))
+    loop = jax.jit(functools.partial(unrolled, step, inner))
+    carry = jax.block_until_ready(loop((state, jnp.zeros((), F32)), inputs))
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
-            jax.block_until_ready(loop(carry))
+            jax.block_until_ready(loop(carry, inputs))
         events = profile_events(load_trace(trace_dir))
-    per = collections.defaultdict(float)
+    per, launches = collections.defaultdict(float), collections.Counter()
     for line, name, _, dur, _ in events:
         if "Stream" in line or "stream" in line:
             per[name[:60]] += dur / 1e3 / inner
+            launches[name[:60]] += 1
+    for name, count in launches.items():
+        if count % inner:  # a kernel merged across calls would show here
+            log(f"kernel {name}: {count} launches in {inner} calls")
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
@@ -149,8 +158,9 @@ def sweep(case: Case, shape: str, configs: list[dict], bw: float) -> tuple[float
     for cfg in configs:
         step = case.make_step(cfg)
         try:
-            err = case.check(step)
-            us = time_loop(step, jnp.copy(case.state), inner=case.inner, reps=10)
+            err = case.check(lambda state, step=step: step(0, state, case.inputs))
+            us = time_loop(step, jnp.copy(case.state), inner=case.inner, reps=10,
+                           inputs=case.inputs)  # fmt: skip
         except Exception as e:  # noqa: BLE001  (a config that does not compile is reported)
             log(f"{case.op} {shape} {cfg} FAILED: {e!r}"[:600])
             continue
@@ -171,7 +181,7 @@ def run_case(case: Case, shape: str, configs: list[dict], bw: float, anchors, *,
         best = sweep(case, shape, configs, bw)
     if best is None or quick:
         return best and best[1]
-    breakdown = kernel_breakdown(best[2], case.state)
+    breakdown = kernel_breakdown(best[2], case.state, case.inputs)
     record(op=case.op, shape=shape, config=best[1], breakdown_us=breakdown)
     if anchors is not None and not profile:
         fields = case.anchor(anchors)
@@ -205,6 +215,7 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
     d = ssd_inputs(rng, batch, seqlen, *((4, 16, 2, 16) if quick else ()))
     x, dt, bm, cm = (jnp.asarray(d[k], BF) for k in ("x", "dt", "B", "C"))
     A, Dk, bias = (jnp.asarray(d[k]) for k in ("A", "D", "dt_bias"))
+    sets = input_sets((x, dt, A, bm, cm), 1 if quick else CALLS)
     pool = slot_pool(d["init"])
     qsl, hi, rd, wr = rows_meta(batch, seqlen)
     meta = (qsl, jnp.zeros((batch,), I32), hi, rd, wr)
@@ -216,8 +227,9 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
         knobs = dict(cfg)
         algorithm = knobs.pop("algorithm")
         tuning = scan.ScanTuning(**knobs)
-        return lambda i, p: scan.ssd_chunk_scan(x, dt, A, bm, cm, p, *meta, **kw, interpret=quick,
-                                                algorithm=algorithm, tuning=tuning)  # fmt: skip
+        return lambda i, p, sets: scan.ssd_chunk_scan(*sets[i % len(sets)], p, *meta, **kw,
+                                                      interpret=quick, algorithm=algorithm,
+                                                      tuning=tuning)  # fmt: skip
 
     def anchor(anchors):
         torch, triton, _, chunk_combined = anchors
@@ -236,7 +248,8 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
     nbytes = batch * seqlen * (2 * x.shape[1] * x.shape[2] * 2 + 2 * bm.shape[1] * bm.shape[2] * 2
                                + 2 * x.shape[1])  # fmt: skip
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
-    return Case("ssd_chunk_scan", make_step, pool, pool_check(pool, ref), nbytes, 8, anchor)
+    return Case("ssd_chunk_scan", make_step, pool, sets, pool_check(pool, ref), nbytes, CALLS,
+                anchor)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
@@ -266,6 +279,7 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
     d = gdn_inputs(rng, batch, seqlen, *((2, 4, 16) if quick else ()))
     q, k, v = (jnp.asarray(d[n], BF) for n in ("q", "k", "v"))
     g, beta = jnp.asarray(d["g"]), jnp.asarray(d["beta"])
+    sets = input_sets((q, k, v, g, beta), 1 if quick else CALLS)
     pool = slot_pool(d["init"])
     qsl, hi, rd, wr = rows_meta(batch, seqlen)
     meta = (qsl, jnp.zeros((batch,), I32), hi, rd, wr)
@@ -273,7 +287,8 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
     ref = functools.cache(lambda: jax.jit(lambda p: reference(p, *meta))(pool))
 
     def make_step(cfg):
-        return lambda i, p: gdn.gdn_chunk(q, k, v, g, beta, p, *meta, interpret=quick, **cfg)
+        return lambda i, p, sets: gdn.gdn_chunk(*sets[i % len(sets)], p, *meta,
+                                                interpret=quick, **cfg)  # fmt: skip
 
     def anchor(anchors):
         torch, triton = anchors[:2]
@@ -297,7 +312,7 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
     nbytes = batch * seqlen * ((2 * q.shape[1] + 2 * v.shape[1]) * q.shape[2] * 2
                                + 2 * v.shape[1] * 4)  # fmt: skip
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
-    return Case("gdn_chunk", make_step, pool, pool_check(pool, ref), nbytes, 8, anchor)
+    return Case("gdn_chunk", make_step, pool, sets, pool_check(pool, ref), nbytes, CALLS, anchor)
 
 
 # ----------------------------------------------------------------------------- causal conv1d
@@ -323,11 +338,15 @@ def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
     reference = functools.partial(conv_ref.causal_conv1d_prefill_reference, x, w, b)
     ref = functools.cache(lambda: jax.jit(lambda s: reference(s, *meta))(state))
 
-    def make_step(cfg):
-        return lambda i, s: conv.causal_conv1d_prefill(x, w, b, s, *meta, interpret=quick, **cfg)
+    # One input set: every call's output reads the carried state (the initial windows).
+    sets = input_sets((x, w, b), 1)
 
-    def check(step):
-        (y, s), (y_ref, s_ref) = step(0, jnp.copy(state)), ref()
+    def make_step(cfg):
+        return lambda i, s, sets: conv.causal_conv1d_prefill(*sets[0], s, *meta, interpret=quick,
+                                                             **cfg)  # fmt: skip
+
+    def check(call):
+        (y, s), (y_ref, s_ref) = call(jnp.copy(state)), ref()
         return dict(err_y=rel_err(y, y_ref), err_state=rel_err(s, s_ref))
 
     def anchor(anchors):
@@ -353,7 +372,8 @@ def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
 
     # 40 calls per timed loop: each timing also pays the loop's launch and sync (~0.2 ms on the
     # H100), which at 10 calls added ~20 us to a ~120 us call.
-    return Case("causal_conv1d_prefill", make_step, state, check, 2 * T * channels * 2, 40, anchor)
+    return Case("causal_conv1d_prefill", make_step, state, sets, check, 2 * T * channels * 2, 40,
+                anchor)  # fmt: skip
 
 
 CASES = {"ssd": (ssd_case, SSD_CONFIGS), "gdn": (gdn_case, GDN_CONFIGS),

@@ -99,11 +99,10 @@ def ssd_chunk_scan(
     fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the
     choice must never depend on the batch (DESIGN 5.8: a request's output may not depend on how
     many prefills share its step); it comes from the model's config
-    (`Mamba2Config.scan_algorithm`). Sequential is the models' default, chosen when it won at
-    several rows; on the H100 (RESULTS.md, issue 14) the parallel kernels now take 996 us against
-    its 1014 us at 8 rows x 2048 tokens, 537 against 938 us at 1 x 8192 and 1963 against 3673 us
-    at 1 x 32768 (changing the models' default also changes their rounding: the fixtures must be
-    re-checked on the GPU first).
+    (`Mamba2Config.scan_algorithm`). Sequential is the models' default: on the H100 (RESULTS.md,
+    "Prefill timings corrected") it takes 1027 us at 8 rows x 2048 tokens against the parallel
+    kernels' 1492, and 973 against 777 us at 1 x 8192 (changing a model's algorithm changes its
+    rounding: check its fixtures on the GPU first).
     Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
     """
     heads, num_rows = x.shape[1], query_start_loc.shape[0] - 1

@@ -192,12 +192,13 @@ def run_case(case: Case, shape: str, configs: list[dict], bw: float, anchors, *,
 
 # ----------------------------------------------------------------------------- SSD chunk scan
 H, P, N, G = 128, 64, 128, 8
+SSD_OUTPUT = dict(
+    algorithm="parallel", block_q=64, block_k=16, num_warps=4, num_stages=3, heads_per_program=2
+)  # the output kernel's tuned defaults (issue 14)
 SSD_CONFIGS = [
-    *(dict(algorithm="parallel", block_q=q, block_k=k, num_warps=w, num_stages=st,
-           heads_per_program=hp)
-      for q, k, w, st, hp in ((64, 16, 4, 3, 2), (64, 16, 4, 3, 4), (32, 16, 4, 3, 2),
-                              (64, 16, 4, 4, 2), (64, 16, 4, 2, 2), (128, 16, 4, 3, 2),
-                              (64, 32, 4, 3, 2), (64, 16, 4, 3, 1))),
+    # the chunk-state kernel: tokens per step, warps (the default first)
+    *(dict(SSD_OUTPUT, state_block_q=q, state_warps=w)
+      for q, w in ((32, 4), (64, 4), (16, 4), (32, 8))),
     dict(algorithm="sequential", seq_block_q=32),
 ]  # fmt: skip
 
@@ -256,13 +257,11 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
 HK, HV, DK = 16, 32, 128
 GDN_CONFIGS = [
     dict(),
-    dict(block_v=32),
-    dict(block_v=32, num_stages=2),
-    # 64-token chunk steps in the chain instead of 128; the tiles of a 128-token chunk leave
-    # shared memory for one pipeline stage only (two asked 240-256 KiB on the H100).
-    dict(chunk_size=128, num_stages=1, intra_num_warps=8),
-    dict(chunk_size=128, block_v=32, num_stages=1, intra_num_warps=8),
-    dict(chunk_size=128, block_v=32, num_warps=8, num_stages=1, intra_num_warps=8),
+    dict(intra_num_warps=8),
+    dict(intra_num_warps=2),
+    dict(split_intra=True),
+    dict(solve_block=32),
+    dict(block_v=64),
 ]
 
 

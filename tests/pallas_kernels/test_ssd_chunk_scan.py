@@ -195,11 +195,12 @@ def test_kernel_state_chunk_divides_chunk_size():
 def test_kernel_steep_decay():
     """Decay of ~90 nats a token: a chunk's cumulative log decay reaches thousands, so any factor
     exp(-cum) (a decay split into a row and a column part) overflows; the parallel output kernel
-    splits the decay of the tokens before a block at the block's start, both parts <= 1."""
+    splits the decay of the tokens before a block at the block's start, both parts <= 1; the
+    chunk-state kernel's steps of 32 tokens rescale its sum by each step's decay (<= 1)."""
     d = make_inputs(5, (70, 9), num_computed=[3, 0, 0], gate=False)
     d["dt"] = d["dt"] + 4.0
     d["A"] = np.full_like(d["A"], -30.0)
-    tuning = ScanTuning(block_q=16, block_k=16, heads_per_program=2)
+    tuning = ScanTuning(block_q=16, block_k=16, heads_per_program=2, state_block_q=32)
     check(d, "interpret", chunk_size=64, tuning=tuning, algorithm="parallel")
 
 

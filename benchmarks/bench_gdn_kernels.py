@@ -1,11 +1,13 @@
-"""Gated DeltaNet kernels on the GPU: correctness vs the jnp references, timings beside FLA 0.6.0.
+"""Gated DeltaNet decode on the GPU: correctness vs the jnp reference, timings beside FLA 0.6.0.
 
 Qwen3-Next shapes: 16 key heads, 32 value heads, head dim 128, fp32 V-first state [S, HV, V, K],
 bf16 activations. Three parts, run as separate processes (JAX and torch do not share the GPU well):
     python benchmarks/bench_gdn_kernels.py jax   OUT/jax.json    # checks + sweeps + timings (JAX)
     python benchmarks/bench_gdn_kernels.py fla   OUT/fla.json    # FLA anchors (torch + triton)
     python benchmarks/bench_gdn_kernels.py table OUT/jax.json OUT/fla.json
-    python benchmarks/bench_gdn_kernels.py prefill OUT/jax.json  # prefill: checks, sweep, intra
+The prefill kernel (`gdn_chunk`) is checked by `gpu_checks.py` and timed beside FLA by
+`bench_prefill.py`; this file's prefill parts were removed when their loop was found to run the
+intra kernel once per loop instead of once per call.
 JAX timings: jitted, warm, median of many; decode runs many calls inside one jitted fori_loop,
 cycling through state pools larger than L2 (FLA's do_bench flushes L2 before each rep).
 FLA timings: triton.testing.do_bench (CUDA graph where capture works).
@@ -19,17 +21,10 @@ import time
 
 HK, HV, D = 16, 32, 128
 DECODE_B = (1, 16, 64, 256)
-PREFILL = {"1x8192": (8192,), "8x2048": (2048,) * 8, "1x32768": (32768,)}
 
 
 def state_bytes(n: int) -> int:
     return 2 * n * HV * D * D * 4  # read + write, fp32
-
-
-def prefill_min_bytes(lengths) -> int:
-    T = sum(lengths)
-    per_tok = (2 * HK * D + 2 * HV * D) * 2 + 2 * HV * 2  # q, k, v, o bf16; g, beta
-    return T * per_tok + state_bytes(len(lengths))
 
 
 # ----------------------------------------------------------------------------------------- JAX
@@ -40,11 +35,10 @@ def jax_part(out_path: str) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from pallas_kernels.gdn_chunk import gdn_chunk
-    from pallas_kernels.gdn_reference import gdn_chunk_reference, gdn_state_update_reference
+    from pallas_kernels.gdn_reference import gdn_state_update_reference
     from pallas_kernels.gdn_state_update import gdn_state_update
 
-    res: dict = {"device": str(jax.devices()[0].device_kind), "decode": {}, "prefill": {}}
+    res: dict = {"device": str(jax.devices()[0].device_kind), "decode": {}}
     rng = np.random.default_rng(0)
     bf = jnp.bfloat16
 
@@ -147,80 +141,6 @@ def jax_part(out_path: str) -> None:
             "roofline_pct": 100 * state_bytes(B) / (res["copy_TBps"] * 1e12) / best[0],
         }
 
-    # ---------------------------------------------------------------- prefill
-    def prefill_inputs(lengths, nc=None, hi=True):
-        T, R = sum(lengths), len(lengths)
-        q, k, v = rnd(T, HK, D), rnd(T, HK, D), rnd(T, HV, D)
-        g = jax.nn.log_sigmoid(rnd(T, HV, dtype=jnp.float32))
-        beta = jax.nn.sigmoid(rnd(T, HV, dtype=jnp.float32))
-        qsl = jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
-        nc = jnp.zeros((R,), jnp.int32) if nc is None else jnp.asarray(nc, jnp.int32)
-        hi = jnp.full((R,), hi)
-        rs = jnp.arange(1, R + 1, dtype=jnp.int32)
-        return (q, k, v, g, beta), (qsl, nc, hi, rs, rs)
-
-    # correctness: 8 rows, misaligned starts, mixed initial states, vs the token recurrence
-    lengths = (300, 1, 64, 129, 700, 33, 2, 500)
-    ins, meta = prefill_inputs(lengths, nc=(0, 5, 64, 100, 3, 63, 0, 1000), hi=True)
-    meta = (meta[0], meta[1], jnp.asarray([0, 1, 1, 1, 0, 1, 1, 1], bool), meta[3], meta[4])
-    st = rnd(len(lengths) + 1, HV, D, D, dtype=jnp.float32) * 0.1
-    st = st.at[0].set(jnp.nan)
-    o1, s1 = jax.jit(gdn_chunk)(*ins, st, *meta)
-    o2, s2 = jax.jit(gdn_chunk_reference)(*ins, st, *meta)
-    res["prefill"]["check_varlen"] = {
-        "rms_o": rms_ratio(o1.astype(jnp.float32), o2.astype(jnp.float32)),
-        "rms_state": rms_ratio(s1[1:], s2[1:]),
-        "null_untouched": bool(jnp.isnan(s1[0]).all()),
-        "finite": bool(jnp.isfinite(o1.astype(jnp.float32)).all()),
-    }
-    o3, s3 = jax.jit(functools.partial(gdn_chunk, inter_dtype=jnp.float32))(*ins, st, *meta)
-    res["prefill"]["check_varlen_fp32_wy"] = {
-        "rms_o": rms_ratio(o3.astype(jnp.float32), o2.astype(jnp.float32)),
-        "rms_state": rms_ratio(s3[1:], s2[1:]),
-    }
-    print("prefill check", res["prefill"]["check_varlen"], flush=True)
-
-    def time_prefill(lengths, **knobs):
-        ins, meta = prefill_inputs(lengths)
-        st = jnp.zeros((len(lengths) + 1, HV, D, D), jnp.float32)
-        kern = functools.partial(gdn_chunk, **knobs)
-        n = 4
-
-        def loop(st):
-            return jax.lax.fori_loop(0, n, lambda i, s: kern(*ins, s, *meta)[1], st)
-
-        f = jax.jit(loop, donate_argnums=0)
-        st = f(st)
-        jax.block_until_ready(st)
-        ts = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            st = f(st)
-            jax.block_until_ready(st)
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts)) / n
-
-    psweep = [dict(block_v=bv, num_warps=nw) for bv in (16, 32, 64) for nw in (4, 8)]
-    psweep += [dict(block_v=32, num_warps=4, inter_dtype=jnp.float32)]
-    for name, lengths in PREFILL.items():
-        best = None
-        for kn in psweep if name == "1x8192" else [res["prefill"]["best_knobs"]]:
-            try:
-                t = time_prefill(lengths, **kn)
-            except Exception as e:
-                print("prefill config failed", name, kn, repr(e)[:300], flush=True)
-                continue
-            print(f"prefill {name} {kn} {t * 1e3:.3f} ms", flush=True)
-            if best is None or t < best[0]:
-                best = (t, kn)
-        if name == "1x8192":
-            res["prefill"]["best_knobs"] = best[1]
-        res["prefill"][name] = {
-            "ms": best[0] * 1e3,
-            "knobs": str(best[1]),
-            "roofline_pct": 100 * prefill_min_bytes(lengths) / (res["copy_TBps"] * 1e12) / best[0],
-        }
-    res["prefill"]["best_knobs"] = str(res["prefill"]["best_knobs"])
     for B in DECODE_B:
         res["decode"].pop(f"best_knobs_{B}", None)
     with open(out_path, "w") as fh:
@@ -228,16 +148,16 @@ def jax_part(out_path: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------- FLA
-def fla_part(out_path: str, only: str = "") -> None:
+def fla_part(out_path: str) -> None:
     import functools
 
     import torch
     import torch.nn.functional as F
     import triton
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
     dev = "cuda"
-    res: dict = {"decode": {}, "prefill": {}}
+    res: dict = {"decode": {}}
 
     def graph_bench(fn):
         fn()
@@ -256,7 +176,7 @@ def fla_part(out_path: str, only: str = "") -> None:
             print("graph capture failed:", repr(e)[:200], flush=True)
             return triton.testing.do_bench(fn, warmup=50, rep=300), "eager"
 
-    for B in DECODE_B if not only else ():
+    for B in DECODE_B:
         q = torch.randn(B, 1, HK, D, device=dev, dtype=torch.bfloat16)
         k = torch.randn(B, 1, HK, D, device=dev, dtype=torch.bfloat16)
         v = torch.randn(B, 1, HV, D, device=dev, dtype=torch.bfloat16)
@@ -281,52 +201,6 @@ def fla_part(out_path: str, only: str = "") -> None:
         res["decode"][str(B)] = {"us": ms * 1e3, "how": how}
         print(f"FLA decode B={B}: {ms * 1e3:.1f} us ({how})", flush=True)
 
-    for name, lengths in PREFILL.items():
-        if only and name not in only.split(","):
-            continue
-        T, N = sum(lengths), len(lengths)
-        q = torch.randn(1, T, HK, D, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(1, T, HK, D, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(1, T, HV, D, device=dev, dtype=torch.bfloat16)
-        g = F.logsigmoid(torch.randn(1, T, HV, device=dev))
-        beta = torch.sigmoid(torch.randn(1, T, HV, device=dev))
-        h0 = torch.randn(N, HV, D, D, device=dev) * 0.1
-        cu = (
-            torch.tensor(
-                [0] + list(__import__("itertools").accumulate(lengths)),
-                device=dev,
-                dtype=torch.int32,
-            )
-            if N > 1
-            else None
-        )
-
-        fn = functools.partial(
-            chunk_gated_delta_rule,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            initial_state=h0,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            state_v_first=True,
-            cu_seqlens=cu,
-        )
-
-        t0 = time.time()
-        fn()
-        torch.cuda.synchronize()
-        print(f"FLA prefill {name} first call {time.time() - t0:.1f} s", flush=True)
-        eager = triton.testing.do_bench(fn, warmup=20, rep=200)
-        ms, how = graph_bench(fn)
-        res["prefill"][name] = {
-            "ms": min(ms, eager),
-            "graph_ms": ms if how == "graph" else None,
-            "eager_ms": eager,
-        }
-        print(f"FLA prefill {name}: eager {eager:.3f} ms, {how} {ms:.3f} ms", flush=True)
     with open(out_path, "w") as fh:
         json.dump(res, fh, indent=1)
 
@@ -337,7 +211,7 @@ def table(jax_path: str, fla_path: str) -> None:
     try:
         fla = json.load(open(fla_path))
     except OSError:
-        fla = {"decode": {}, "prefill": {}}
+        fla = {"decode": {}}
     bw = ours["copy_TBps"]
     lines = [
         f"device {ours['device']}, copy bandwidth {bw:.2f} TB/s (read+write)",
@@ -353,177 +227,11 @@ def table(jax_path: str, fla_path: str) -> None:
             f"{'-' if au is None else f'{au / o["us"]:.2f}x'} | "
             f"{o['roofline_pct']:.0f}% | {o['knobs']} |"
         )
-    for name in (n for n in PREFILL if n in ours["prefill"]):
-        o, a = ours["prefill"][name], fla["prefill"].get(name, {})
-        am = a.get("ms")
-        lines.append(
-            f"| gdn_chunk | {name} | {o['ms']:.3f} ms | "
-            f"{'-' if am is None else f'{am:.3f} ms'} | "
-            f"{'-' if am is None else f'{am / o["ms"]:.2f}x'} | "
-            f"{o['roofline_pct']:.0f}% | {o['knobs']} |"
-        )
-    checks = {
-        k: v
-        for part in ("decode", "prefill")
-        for k, v in ours[part].items()
-        if k.startswith("check")
-    }
-    lines.append(f"intra kernel alone 1x8192: {ours['prefill'].get('intra_ms_1x8192')} ms")
+    checks = {k: v for k, v in ours["decode"].items() if k.startswith("check")}
     lines += [
         f"check {k}: o {v['rms_o']:.2e} state {v['rms_state']:.2e}" for k, v in checks.items()
     ]
     print("\n".join(lines))
-
-
-# ------------------------------------------------------------------------------------- prefill
-def prefill_part(out_path: str, budget_s: float = 150.0) -> None:
-    """gdn_chunk only: accuracy of each precision variant vs the fp32 token recurrence (varlen and
-    1x4096), a knob sweep at 1x8192 among the variants that pass 5e-3, the intra kernel alone,
-    then 8x2048 and 1x32768 with the best knobs. Writes JSON in the `jax` part's format."""
-    import functools
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from pallas_kernels import gdn_chunk as gc
-    from pallas_kernels.gdn_reference import gdn_chunk_reference
-
-    t_start = time.time()
-    bf = jnp.bfloat16
-    res: dict = {"device": str(jax.devices()[0].device_kind), "decode": {}, "prefill": {}}
-    rng = np.random.default_rng(1)
-
-    def rnd(*s_, dtype=bf):
-        return jnp.asarray(rng.standard_normal(s_, np.float32)).astype(dtype)
-
-    def rms_ratio(a, b):
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        return float(np.sqrt(np.mean((a - b) ** 2)) / (np.sqrt(np.mean(b**2)) + 1e-30))
-
-    def timed(f, x, reps=10):
-        x = f(x)
-        jax.block_until_ready(x)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            x = f(x)
-            jax.block_until_ready(x)
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
-
-    x = jnp.ones((256 * 1024 * 1024,), jnp.float32)
-    t = timed(jax.jit(lambda x: jax.lax.fori_loop(0, 20, lambda i, y: y + 1.0, x)), x)
-    res["copy_TBps"] = 2 * x.size * 4 * 20 / t / 1e12
-    del x
-    print(f"copy bandwidth {res['copy_TBps']:.2f} TB/s", flush=True)
-
-    def inputs(lengths, nc=None, hi=True):
-        T, R = sum(lengths), len(lengths)
-        q, k, v = rnd(T, HK, D), rnd(T, HK, D), rnd(T, HV, D)
-        g = jax.nn.log_sigmoid(rnd(T, HV, dtype=jnp.float32))
-        beta = jax.nn.sigmoid(rnd(T, HV, dtype=jnp.float32))
-        qsl = jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
-        nc = jnp.zeros((R,), jnp.int32) if nc is None else jnp.asarray(nc, jnp.int32)
-        rs = jnp.arange(1, R + 1, dtype=jnp.int32)
-        return (q, k, v, g, beta), (qsl, nc, jnp.asarray(hi, bool) | jnp.zeros((R,), bool), rs, rs)
-
-    variants = {
-        "bf16 tiles, tf32 solve": dict(solve_dtype=jnp.float32),
-        "bf16 tiles, bf16 solve": {},
-    }
-    lengths = (300, 1, 64, 129, 700, 33, 2, 500)
-    nc = (0, 5, 64, 100, 3, 63, 0, 1000)
-    hi = [False, True, True, True, False, True, True, True]
-    cases = {"varlen": inputs(lengths, nc, hi), "1x4096": inputs((4096,))}
-    ok = {}
-    for cname, (ins, meta) in cases.items():
-        R = meta[1].shape[0]
-        st = rnd(R + 1, HV, D, D, dtype=jnp.float32) * 0.1
-        st = st.at[0].set(jnp.nan)
-        o2, s2 = jax.jit(gdn_chunk_reference)(*ins, st, *meta)
-        for name, kn in variants.items():
-            o1, s1 = jax.jit(functools.partial(gc.gdn_chunk, **kn))(*ins, st, *meta)
-            chk = {
-                "rms_o": rms_ratio(o1.astype(jnp.float32), o2.astype(jnp.float32)),
-                "rms_state": rms_ratio(s1[1:], s2[1:]),
-                "null_untouched": bool(jnp.isnan(s1[0]).all()),
-                "finite": bool(jnp.isfinite(o1.astype(jnp.float32)).all()),
-            }
-            res["prefill"][f"check_{cname}: {name}"] = chk
-            good = chk["rms_o"] <= 5e-3 and chk["rms_state"] <= 5e-3 and chk["null_untouched"]
-            ok[name] = ok.get(name, True) and good and chk["finite"]
-            print(f"check {cname} [{name}] {chk}", flush=True)
-    passing = [n for n in variants if ok[n]] or ["bf16 tiles, tf32 solve"]  # last: the default
-
-    def time_prefill(lengths, reps=10, **knobs):
-        ins, meta = inputs(lengths)
-        st = jnp.zeros((len(lengths) + 1, HV, D, D), jnp.float32)
-        kern = functools.partial(gc.gdn_chunk, **knobs)
-        f = jax.jit(
-            lambda st: jax.lax.fori_loop(0, 4, lambda i, s_: kern(*ins, s_, *meta)[1], st),
-            donate_argnums=0,
-        )
-        return timed(f, st, reps) / 4
-
-    base = variants[passing[-1]] | dict(block_v=32)
-    sweep = [base | dict(num_stages=ns, split_intra=sp) for sp in (False, True) for ns in (2, 3, 4)]
-    sweep += [base | dict(num_stages=3, split_intra=sp, intra_num_warps=8) for sp in (False, True)]
-    sweep += [base | dict(num_stages=3, block_v=64), variants[passing[0]] | dict(block_v=32)]
-    best = None
-    for kn in sweep:
-        if time.time() - t_start > budget_s:
-            print("sweep stopped: time budget", flush=True)
-            break
-        try:
-            t = time_prefill(PREFILL["1x8192"], **kn)
-        except Exception as e:  # a config that fails to compile is skipped, and said so
-            print("prefill config failed", kn, repr(e)[:300], flush=True)
-            continue
-        print(f"prefill 1x8192 {kn} {t * 1e3:.3f} ms", flush=True)
-        res["prefill"].setdefault("sweep_1x8192", []).append([str(kn), t * 1e3])
-        if best is None or t < best[0]:
-            best = (t, kn)
-    kn = best[1]
-    ins, meta = inputs(PREFILL["1x8192"])
-    T = sum(PREFILL["1x8192"])
-    cstart, clen, _, _ = gc.chunk_tiles(meta[0], meta[1], T, 64)
-    intra = functools.partial(
-        gc._intra_call,
-        HV=HV,
-        C=64,
-        inter=jnp.dtype(kn.get("inter_dtype", bf)),
-        warps=kn.get("intra_num_warps", 4),
-        split=kn.get("split_intra", False),
-        interpret=False,
-        blk=kn.get("solve_block", 16),
-        l2=True,
-        scale=D**-0.5,
-        prec=None,
-        sdt=jnp.dtype(kn.get("solve_dtype", bf)),
-        refine=kn.get("solve_refine", False),
-    )
-
-    def intra_loop(acc):
-        def body(i, acc):  # acc * 0 chains the calls so they are not merged away
-            t = intra(*ins[:3], ins[3] + acc * 0.0, ins[4], cstart, clen)  # both launches used
-            return acc + t[0][0, 0, 0, 0] + t[-1][0, 0, 0, 0]
-
-        return jax.lax.fori_loop(0, 4, body, acc)
-
-    t_intra = timed(jax.jit(intra_loop), jnp.zeros((), jnp.float32), reps=20) / 4
-    res["prefill"]["intra_ms_1x8192"] = t_intra * 1e3
-    print(f"intra kernel alone 1x8192: {t_intra * 1e3:.3f} ms", flush=True)
-    for name, lens in PREFILL.items():
-        t = best[0] if name == "1x8192" else time_prefill(lens, **kn)
-        res["prefill"][name] = {
-            "ms": t * 1e3,
-            "knobs": str(kn),
-            "roofline_pct": 100 * prefill_min_bytes(lens) / (res["copy_TBps"] * 1e12) / t,
-        }
-        print(f"prefill {name} {kn} {t * 1e3:.3f} ms", flush=True)
-    with open(out_path, "w") as fh:
-        json.dump(res, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":
@@ -531,8 +239,6 @@ if __name__ == "__main__":
     if part == "jax":
         jax_part(sys.argv[2])
     elif part == "fla":
-        fla_part(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
-    elif part == "prefill":
-        prefill_part(sys.argv[2])
+        fla_part(sys.argv[2])
     else:
         table(sys.argv[2], sys.argv[3])

@@ -32,8 +32,6 @@ from pallas_kernels.gdn_reference import (
 
 __all__ = ["gdn_chunk", "gdn_chunk_reference", "gdn_chunk_reference_chunked"]
 
-_intra_call = intra_tiles  # the name benchmarks/bench_gdn_kernels.py times kernel 1 by
-
 
 def _chain_kernel(
     qsl_ref,

@@ -64,9 +64,8 @@ QUICK_SHAPES = {"2x40": (2, 40)}
 CALLS = 8  # SSD and GDN calls per timed loop, each reading its own copy of the inputs
 
 Inputs = list[tuple[jax.Array, ...]]  # input sets; call i of a timed loop reads set i % len
-Step = Callable[
-    [int, jax.Array, Inputs], tuple[jax.Array, jax.Array]
-]  # (i, state, inputs) -> (y, state)
+# A timed call: (i, state, inputs) -> (y, state)
+Step = Callable[[int, jax.Array, Inputs], tuple[jax.Array, jax.Array]]
 Call = Callable[[jax.Array], tuple[jax.Array, jax.Array]]  # one call: state -> (y, state)
 
 

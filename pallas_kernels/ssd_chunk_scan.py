@@ -34,8 +34,7 @@ class ScanTuning:
     tokens in tiles of `block_k` (divides block_q; None = block_q), `block_p`, `pass_block_n` state
     columns per pass program and its `pass_stages` (loads of the next chunk state in flight),
     `num_warps` / `num_stages` of the output kernel, `state_warps` and `state_block_q` (tokens
-    per step; None = block_q; 32 took 161 us against 221 at 64 on the H100 at 1x8192) of the
-    chunk-state kernel,
+    per step; 32 took 161 us against 221 at 64 on the H100 at 1x8192) of the chunk-state kernel,
     `heads_per_program` heads of one group per output program (they load the group's C rows and
     C B^T tiles once; the largest divisor of the heads per group not above it is used; each head's
     sums are the same either way).
@@ -51,7 +50,7 @@ class ScanTuning:
     pass_stages: int = 1
     num_stages: int = 3
     state_warps: int = 4
-    state_block_q: int | None = 32
+    state_block_q: int = 32
     heads_per_program: int = 2
 
 
@@ -122,9 +121,7 @@ def ssd_chunk_scan(
     dt_bias = zeros if dt_bias is None else dt_bias
     dt_limit = tuple(dt_limit)
     if algorithm == "sequential":
-        q = max(16, min(pow2(tuning.seq_block_q), pow2(chunk_size)))
-        if chunk_size % q:
-            raise ValueError(f"chunk_size={chunk_size} must be a multiple of seq_block_q={q}")
+        q = _token_block("chunk_size", chunk_size, "seq_block_q", tuning.seq_block_q)
         return sequential_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state,
                                dt_softplus=dt_softplus, dt_limit=dt_limit, block_size=block_size,
                                block_q=q, block_p=max(16, min(pow2(tuning.block_p),
@@ -134,6 +131,15 @@ def ssd_chunk_scan(
     return _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size, tuning,
                           dt_softplus=dt_softplus, dt_limit=dt_limit, block_size=block_size,
                           interpret=interpret)  # fmt: skip
+
+
+def _token_block(chunk_name: str, chunk: int, knob: str, value: int) -> int:
+    """A kernel's tokens per step: `value` as a power of two in [16, pow2(chunk)], which must
+    divide the chunk (a ValueError names both knobs otherwise)."""
+    q = max(16, min(pow2(value), pow2(chunk)))
+    if chunk % q:
+        raise ValueError(f"{chunk_name}={chunk} must be a multiple of {knob}={q}")
+    return q
 
 
 def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: int,
@@ -148,16 +154,8 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
     chunk = chunk_size if tuning.state_chunk is None else tuning.state_chunk
     if chunk_size % chunk:
         raise ValueError(f"state_chunk={chunk} must divide chunk_size={chunk_size}")
-    block_q = max(16, min(pow2(tuning.block_q), pow2(chunk)))
-    if chunk % block_q:
-        raise ValueError(f"state_chunk={chunk} must be a multiple of block_q={block_q}")
-    state_q = (
-        block_q
-        if tuning.state_block_q is None
-        else max(16, min(pow2(tuning.state_block_q), pow2(chunk)))
-    )
-    if chunk % state_q:
-        raise ValueError(f"state_chunk={chunk} must be a multiple of state_block_q={state_q}")
+    block_q = _token_block("state_chunk", chunk, "block_q", tuning.block_q)
+    state_q = _token_block("state_chunk", chunk, "state_block_q", tuning.state_block_q)
     block_k = block_q if tuning.block_k is None else max(16, min(pow2(tuning.block_k), block_q))
     block_p = max(16, min(pow2(tuning.block_p), pow2(head_dim)))
     block_n = max(16, pow2(state_size))

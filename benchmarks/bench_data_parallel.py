@@ -26,10 +26,10 @@ import jax
 import numpy as np
 
 from benchmarks.bench_engine import build_model
-from runtime.config import EngineConfig
+from runtime.core.config import EngineConfig
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.core.sampling_params import SamplingParams
 
 
 def engine_config(ranks: int, seqs: int, budget: int, max_model_len: int) -> EngineConfig:

@@ -41,11 +41,11 @@ from flax import nnx
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
-from runtime.builder import StepBatch
-from runtime.config import EngineConfig
+from runtime.core.builder import StepBatch
+from runtime.core.config import EngineConfig
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.core.sampling_params import SamplingParams
 
 PROMPT_LEN = 16
 SIZES = ("tiny", "1b", "qwen3next_tiny", "qwen3next")
@@ -252,10 +252,10 @@ def bench_context(model: HybridLM, batch: int, context: int, steps: int, bandwid
     # shape, head dim 256, asked for 24.6 GiB).
     engine = make_engine(model, batch, steps, context + 4 * PROMPT_LEN, budget=budget)
     engine.step()
-    while engine.last_batch.inputs.num_prefill_tokens:  # until a pure-decode step has run
+    while engine.inspect.last_batch.inputs.num_prefill_tokens:  # until a pure-decode step has run
         engine.step()
     runner, bucket = engine.runner, engine.last_bucket
-    moved = at_context(engine.last_batch, context, engine.config.block_size)
+    moved = at_context(engine.inspect.last_batch, context, engine.config.block_size)
     packed = runner.device_inputs(bucket, [moved])
     for _ in range(3):
         step = runner.dispatch(bucket, [moved], packed)

@@ -42,12 +42,12 @@ import numpy as np
 
 from benchmarks.bench_engine import build_model
 from jmamba import HybridLM
-from runtime.buckets import Bucket, BucketPolicy, lane_width
-from runtime.config import EngineConfig
+from runtime.core.buckets import Bucket, BucketPolicy, lane_width
+from runtime.core.config import EngineConfig
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.request import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.outputs.request_output import RequestOutput
+from runtime.core.sampling_params import SamplingParams
 
 MODES = ("off", "align", "all")
 FIRST_TOKEN_ID = 3  # random prompts avoid the low ids (EOS and friends)
@@ -154,7 +154,7 @@ def measure(engine: Engine, workload: str, args: argparse.Namespace, vocab: int)
     ttft = np.array([o.time_to_first_token for o in outputs])
     generated = sum(len(o.token_ids) for o in outputs)
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    stats = engine.prefix_cache_stats
+    stats = engine.stats.prefix_cache
     row = dict(workload=workload, mode=engine.config.prefix_caching, requests=len(outputs),
                seconds=seconds, steps=engine.stats.num_steps - steps0,
                ttft_mean_s=float(ttft.mean()), ttft_p99_s=float(np.percentile(ttft, 99)),

@@ -40,13 +40,13 @@ from benchmarks.bench_engine import build_model, hf_config
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
-from runtime.config import EngineConfig
-from runtime.draft_model import draft_engine_config
+from runtime.core.config import EngineConfig
+from runtime.speculative.draft_model import draft_engine_config
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
-from runtime.speculative import SpeculativeConfig
+from runtime.device.model_runner import ModelRunner
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculative_config import SpeculativeConfig
 
 METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4")
 
@@ -109,7 +109,7 @@ def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
     outputs, start, before = {}, None, 0
     total = time.perf_counter()
     while engine.has_unfinished:
-        scheduler = engine.scheduler
+        scheduler = engine.inspect.scheduler
         if start is None and not scheduler.waiting and all(r.is_decode for r in scheduler.running):
             before = sum(len(r.output_token_ids) for r in scheduler.running) + sum(
                 len(t) for t in outputs.values()

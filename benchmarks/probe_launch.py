@@ -6,7 +6,7 @@ alternating (the shape of our decode step: fusions and GEMMs between Pallas call
 the time until the call returns (the host's launch cost) and the time per call of calls queued
 back to back (the GPU's, when launches keep ahead of it). With XLA_FLAGS unset XLA's command
 buffers apply; run it again with `--xla_gpu_enable_command_buffer=` to see them off, or pass
-XLA options per compilation (as `runtime.model_runner` does) with `--option name=value`.
+XLA options per compilation (as `runtime.device.model_runner` does) with `--option name=value`.
 
 With `--donate` the vector is donated, so every call's output lands where its input was: the
 buffers the command buffer reads and writes keep their addresses. Without it each call's output is

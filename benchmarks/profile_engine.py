@@ -142,7 +142,7 @@ def summarize_host(events: list, steps: int, top: int = 40) -> list[tuple[str, s
 def instruction_parts(hlo_text: str) -> dict[str, str]:
     """HLO instruction name (and Pallas kernel name) -> the part of the step it belongs to: the
     named scope in its op_name metadata (`mixer_<Mixer>`, `ffn_<Ffn>`, `lm_head`, `sampler`, set
-    by jmamba.model and runtime.model_runner), else "other" (embedding, input unpacking)."""
+    by jmamba.model and runtime.device.model_runner), else "other" (embedding, input unpacking)."""
     parts = {}
     for match in re.finditer(r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name="([^"]+)"', hlo_text,
                              re.M):  # fmt: skip
@@ -217,8 +217,8 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         row["engine_step_ms"] = 1e3 * (time.perf_counter() - t0) / steps
         row["engine_host_ms"] = 1e3 * (engine.stats.host_seconds - h0) / steps
         row["engine_device_ms"] = 1e3 * (engine.stats.device_seconds - d0) / steps
-        runner, batch_in = engine.runner, engine.last_batch
-        bucket = engine.buckets.bucket_for(engine.last_schedule)
+        runner, batch_in = engine.runner, engine.inspect.last_batch
+        bucket = engine.buckets.bucket_for(engine.inspect.last_schedule)
         compiled = runner._compiled[(bucket, batch_in.mode, False)]
         row.update(time_runner(runner, bucket, batch_in, steps, np, jax))
         trace_dir = tempfile.mkdtemp()
@@ -292,7 +292,7 @@ def time_runner(runner, bucket, batch_in, steps, np, jax) -> dict:
 def time_step_call(runner, key, packed, steps: int, jax) -> dict:
     """ms until the compiled step alone returns (no upload, download or fetch), in one process:
     `stable`, with the variant's own output buffers, so every buffer keeps its address; `fresh`,
-    with new output buffers each call (the runner before runtime.step_buffers), so XLA records
+    with new output buffers each call (the runner before runtime.device.step_buffers), so XLA records
     the step's CUDA graph again before each launch. Each in a block of its own (the first call
     of a block, which re-records after the other, is left out)."""
     import jax.numpy as jnp

@@ -57,7 +57,7 @@ def _timed(seconds: collections.Counter, name: str, fn: Callable) -> Callable:
 
 def _instrument(engine: Engine, seconds: collections.Counter) -> None:
     """Wrap the parts of `engine.step` (instance attributes shadow the methods)."""
-    scheduler = engine.scheduler
+    scheduler = engine.inspect.scheduler
     scheduler.schedule = _timed(seconds, "schedule", scheduler.schedule)
     scheduler.advance = _timed(seconds, "postprocess", scheduler.advance)
     scheduler.retire = _timed(seconds, "postprocess", scheduler.retire)

@@ -1,7 +1,9 @@
 """jmamba: hybrid state-space language models (Mamba2, NemotronH, Qwen3-Next, Qwen3.5), NNX.
 
 The names below are loaded on first use (PEP 562), so importing a jax-free submodule such as
-`jmamba.step_inputs` or `jmamba.config` does not load jax, flax or the Pallas kernels.
+`jmamba.step_inputs` or `jmamba.config` does not load jax, flax or the Pallas kernels. `LLM`,
+`Engine`, `EngineConfig`, `SamplingParams`, `SpeculativeConfig` and `RequestOutput` are the serving
+runtime's (`runtime`), offered here for `from jmamba import LLM`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ _EXPORTS = {
     "load_pretrained": "jmamba.weights",
     "checkpoint_dtype": "jmamba.weights",
     "prefill_inputs": "jmamba.prefill",
+    "load_model": "jmamba.loading",
+    # The serving runtime's public face, resolved lazily so `from jmamba import LLM` works while
+    # jmamba itself never imports runtime (runtime -> jmamba is the only import direction).
+    "LLM": "runtime",
+    "Engine": "runtime",
+    "EngineConfig": "runtime",
+    "SamplingParams": "runtime",
+    "SpeculativeConfig": "runtime",
+    "RequestOutput": "runtime",
 }
 _SUBMODULES = ("presets",)
 

@@ -1,1 +1,43 @@
-"""The serving runtime: host-side bookkeeping (numpy only) around one jitted, donated model step."""
+"""The serving runtime: host-side bookkeeping (numpy only) around one jitted, donated model step.
+
+The public face (`from runtime import LLM, SamplingParams`, or the same names from `jmamba`):
+
+- `LLM`: load a model and generate for many prompts (`generate`, `stream`);
+- `Engine` and `EngineConfig`: one step at a time, everything inspectable;
+- `SamplingParams`, `SpeculativeConfig`: what a request samples, how drafts are proposed;
+- `RequestOutput`, `StreamDelta`: what comes back.
+
+The wings, each a folder: `core/` (jax-free vocabulary and policy), `device/` (the jitted step),
+`prefix_cache/` and `speculative/` (the two features, behind seams that are always present),
+`outputs/` (text, logprobs, stream deltas), `observe/` (records, stats, views); `engine.py`,
+`router.py`, `llm.py` and `cli.py` on top. docs/architecture.md opens with the tree.
+
+Names load on first use (PEP 562): importing `runtime.core` does not load jax.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LLM": "runtime.llm",
+    "Engine": "runtime.engine",
+    "EngineConfig": "runtime.core.config",
+    "SamplingParams": "runtime.core.sampling_params",
+    "SpeculativeConfig": "runtime.core.speculative_config",
+    "RequestOutput": "runtime.outputs.request_output",
+    "StreamDelta": "runtime.outputs.request_output",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -13,9 +13,9 @@ import sys
 import time
 
 import jmamba.presets
-from runtime.config import DEFAULT_PREFIX_CACHING, PREFIX_CACHING_MODES
-from runtime.sampling_params import MAX_LOGPROBS, SamplingParams
-from runtime.speculative import METHODS, SpeculativeConfig
+from runtime.core.config import DEFAULT_PREFIX_CACHING, PREFIX_CACHING_MODES
+from runtime.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from runtime.core.speculative_config import METHODS, SpeculativeConfig
 
 PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]
 DEFAULT_MODEL = "tiny-stdlib"
@@ -138,10 +138,17 @@ def _prompts(args: argparse.Namespace) -> list:
 
 
 def _sampling_params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          max_tokens=args.max_tokens, min_tokens=args.min_tokens, seed=args.seed,
-                          ignore_eos=args.ignore_eos, stop=tuple(args.stop or ()),
-                          logprobs=args.logprobs)  # fmt: skip
+    return SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+        stop=tuple(args.stop or ()),
+        logprobs=args.logprobs,
+    )
 
 
 def _speculative(args: argparse.Namespace) -> SpeculativeConfig | None:
@@ -149,9 +156,13 @@ def _speculative(args: argparse.Namespace) -> SpeculativeConfig | None:
         if args.draft_model is not None:
             raise ValueError("--draft-model needs --speculative-method draft_model")
         return None
-    return SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
-                             args.prompt_lookup_min, args.prompt_lookup_max,
-                             args.draft_model)  # fmt: skip
+    return SpeculativeConfig(
+        args.speculative_method,
+        args.num_speculative_tokens,
+        args.prompt_lookup_min,
+        args.prompt_lookup_max,
+        args.draft_model,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,17 +174,22 @@ def main(argv: list[str] | None = None) -> int:
 
         imported = time.perf_counter()
         if args.coordinator_address:
-            from runtime.distributed import initialize
+            from runtime.device.distributed import initialize
 
             initialize(args.coordinator_address, args.num_processes, args.process_id)
-        llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                  max_model_len=args.max_model_len,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  data_parallel_size=args.data_parallel_size,
-                  prefix_caching=args.prefix_caching, state_block_size=args.state_block_size,
-                  max_cached_states=args.max_cached_states,
-                  async_scheduling=args.async_scheduling,
-                  speculative=_speculative(args))  # fmt: skip
+        llm = LLM(
+            args.model,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            data_parallel_size=args.data_parallel_size,
+            prefix_caching=args.prefix_caching,
+            state_block_size=args.state_block_size,
+            max_cached_states=args.max_cached_states,
+            async_scheduling=args.async_scheduling,
+            speculative=_speculative(args),
+        )
         if not prompts:
             prompts = [DEFAULT_TEXT_PROMPT] if llm.tokenizer is not None else [[1, 2, 3, 4]]
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -194,8 +210,10 @@ def _print_output(prompt, output, tokenizer) -> None:
     ttft_text = "-" if ttft is None else f"{ttft:.3f} s (compile included)"
     print(f"[{rid}] prompt: {shown_prompt}")
     print(f"[{rid}] output: {shown_output}")
-    print(f"[{rid}] {len(output.token_ids)} tokens, finish reason: {output.finish_reason}, "
-          f"time to first token: {ttft_text}")  # fmt: skip
+    print(
+        f"[{rid}] {len(output.token_ids)} tokens, finish reason: {output.finish_reason}, "
+        f"time to first token: {ttft_text}"
+    )
     for i, entry in enumerate(output.logprobs or []):
         shown = [f"{_token_text(token, tokenizer)}: {value:.3f}" for token, value in entry.items()]
         print(f"[{rid}]   logprobs of token {i}: {', '.join(shown)}")
@@ -211,28 +229,38 @@ def _print_summary(llm, outputs, import_seconds: float) -> None:
     engine, stats = llm.engine, llm.engine.stats
     tokenizer = "no tokenizer" if llm.tokenizer is None else "tokenizer.json"
     size = f"{engine.runner.num_params / 1e6:.2f}M params"
-    print(f"model: {llm.name} ({llm.model.config.architecture}, {size}, {llm.model.dtype}, "
-          f"{tokenizer})")  # fmt: skip
+    print(
+        f"model: {llm.name} ({llm.model.config.architecture}, {size}, {llm.model.dtype}, "
+        f"{tokenizer})"
+    )
     run = stats.host_seconds + stats.device_seconds
-    print(f"time: import {import_seconds:.2f} s, load {llm.load_seconds:.2f} s, "
-          f"compile {stats.compile_seconds:.2f} s ({engine.num_variants} step variants), "
-          f"run {run:.2f} s ({stats.num_steps} steps: host {stats.host_seconds:.2f} s, "
-          f"device {stats.device_seconds:.2f} s)")  # fmt: skip
+    print(
+        f"time: import {import_seconds:.2f} s, load {llm.load_seconds:.2f} s, "
+        f"compile {stats.compile_seconds:.2f} s ({engine.num_variants} step variants), "
+        f"run {run:.2f} s ({stats.num_steps} steps: host {stats.host_seconds:.2f} s, "
+        f"device {stats.device_seconds:.2f} s)"
+    )
     generated = sum(len(output.token_ids) for output in outputs)
     speed = f"{generated / run:.1f} tokens/s" if run > 0 else "-"
-    print(f"speed: {generated} tokens generated in {run:.2f} s of run time = {speed} "
-          f"(compile excluded)")  # fmt: skip
+    print(
+        f"speed: {generated} tokens generated in {run:.2f} s of run time = {speed} "
+        f"(compile excluded)"
+    )
     cached = llm.prefix_cache_stats
     if cached is not None:
-        print(f"prefix cache ({engine.config.prefix_caching}): {cached.hits}/{cached.lookups} "
-              f"requests hit, {cached.hit_tokens}/{cached.lookup_tokens} prompt tokens skipped, "
-              f"{cached.block_evictions} block and {cached.state_evictions} state "
-              "evictions")  # fmt: skip
+        print(
+            f"prefix cache ({engine.config.prefix_caching}): {cached.hits}/{cached.lookups} "
+            f"requests hit, {cached.hit_tokens}/{cached.lookup_tokens} prompt tokens skipped, "
+            f"{cached.block_evictions} block and {cached.state_evictions} state "
+            "evictions"
+        )
     if engine.config.speculative is not None:
         spec = stats.speculation
-        print(f"speculative decoding ({engine.config.speculative.method}): {spec.num_accepted}/"
-              f"{spec.num_drafted} drafts accepted (mean acceptance length "
-              f"{spec.mean_acceptance_length:.2f})")  # fmt: skip
+        print(
+            f"speculative decoding ({engine.config.speculative.method}): {spec.num_accepted}/"
+            f"{spec.num_drafted} drafts accepted (mean acceptance length "
+            f"{spec.mean_acceptance_length:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -7,81 +7,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
-from runtime import compile_cache
-from runtime.config import EngineConfig
-from runtime.engine import Engine, StepStats
+from jmamba.loading import load_model
+from runtime.core.config import EngineConfig
+from runtime.core.sampling_params import SamplingParams
+from runtime.device import compile_cache
+from runtime.engine import Engine
+from runtime.observe.step_stats import StepStats
+from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.prefix_cache import PrefixCacheStats
-from runtime.request import RequestOutput, StreamDelta
-from runtime.sampling_params import SamplingParams
 
-PRESET_PREFIX = "tiny-"
 DEFAULT_MODEL = "tiny-stdlib"  # the trained preset: it writes Python-looking text
-
-
-def load_model(model: str, seed: int = 0, dtype: str = "auto") -> tuple[Any, Any]:
-    """Return (HybridLM, tokenizer or None) for a preset ("tiny-<name>") or an HF directory.
-
-    A trained preset loads from its checkpoint directory like any checkpoint; a random-weight
-    preset is built from `seed` and gets the presets' byte-level tokenizer. `dtype` is "auto"
-    (the checkpoint's; float32 for a random-weight preset), "float32" or "bfloat16".
-    """
-    from flax import nnx
-
-    import jmamba
-    from jmamba.weights import cast, resolve_dtype
-
-    resolve_dtype(dtype)  # a bad name fails before anything loads
-    if model.startswith(PRESET_PREFIX) and not Path(model).exists():
-        name = model.removeprefix(PRESET_PREFIX)
-        if name not in jmamba.presets.names():
-            raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
-        if name in jmamba.presets.trained_names():
-            path = jmamba.presets.path(name)
-            return jmamba.load_pretrained(path, dtype), load_tokenizer(path)
-        random = jmamba.HybridLM(jmamba.presets.tiny(name), rngs=nnx.Rngs(seed))
-        return cast(random, dtype), _byte_tokenizer()
-    path = Path(model)
-    if not path.is_dir():
-        raise ValueError(
-            f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()}"
-        )
-    if not (path / "config.json").is_file():
-        raise ValueError(f"checkpoint directory {model!r} has no config.json")
-    if not list(path.glob("*.safetensors")):
-        raise ValueError(f"checkpoint directory {model!r} has no *.safetensors files")
-    return jmamba.load_pretrained(path, dtype), load_tokenizer(path)
-
-
-def preset_names() -> list[str]:
-    import jmamba
-
-    return [PRESET_PREFIX + name for name in jmamba.presets.names()]
-
-
-def load_tokenizer(path: Path) -> Any:
-    """A `tokenizers.Tokenizer` from `path/tokenizer.json`, or None (no file or no package)."""
-    if not (path / "tokenizer.json").is_file():
-        return None
-    try:
-        import tokenizers
-    except ImportError:
-        return None
-    return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-
-
-def _byte_tokenizer() -> Any:
-    """The presets' byte-level tokenizer, or None without the `tokenizers` package."""
-    from jmamba.tokenizer import byte_tokenizer
-
-    try:
-        return byte_tokenizer()
-    except ImportError:
-        return None
 
 
 class LLM:
@@ -109,11 +47,12 @@ class LLM:
         `EngineConfig` field) None: on unless speculative decoding is (step N + 1 is scheduled
         while N runs, same outputs); `engine_options` are the other `EngineConfig` fields
         (max_num_seqs, max_model_len, prefix_caching, state_block_size, max_cached_states, ...).
-        JAX's persistent compilation cache is turned on (`runtime.compile_cache`;
+        JAX's persistent compilation cache is turned on (`runtime.device.compile_cache`;
         JMAMBA_COMPILE_CACHE=off)."""
         if warmup not in (False, True, "all"):
-            raise ValueError(f"warmup={warmup!r} must be False, True (decode variants) or "
-                             "'all' (every variant)")  # fmt: skip
+            raise ValueError(
+                f"warmup={warmup!r} must be False, True (decode variants) or 'all' (every variant)"
+            )
         fields = set(EngineConfig.__dataclass_fields__)
         unknown = sorted(set(engine_options) - fields)
         if unknown:
@@ -140,7 +79,7 @@ class LLM:
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """Prefix cache counters summed over the ranks (lookups, hits = requests that started
         past token 0, hit_tokens = prompt tokens skipped, evictions); None when caching is off."""
-        return self.engine.prefix_cache_stats
+        return self.engine.stats.prefix_cache
 
     def generate(
         self,
@@ -163,9 +102,11 @@ class LLM:
                 for output in self.engine.step():
                     outputs[output.request_id] = output
                     num_out += len(output.token_ids)
-                    bar.set_postfix_str(f"{num_out} tokens out, "
-                                        f"{num_out / (time.perf_counter() - start):.1f} tok/s",
-                                        refresh=False)  # fmt: skip
+                    bar.set_postfix_str(
+                        f"{num_out} tokens out, "
+                        f"{num_out / (time.perf_counter() - start):.1f} tok/s",
+                        refresh=False,
+                    )
                     bar.update(1)
         return [outputs[i] for i in ids]
 
@@ -190,8 +131,10 @@ class LLM:
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
-        checked = [self.engine.check_request(self._encode(prompt), params)
-                   for prompt, params in zip(prompts, sampling_params, strict=True)]  # fmt: skip
+        checked = [
+            self.engine.check_request(self._encode(prompt), params)
+            for prompt, params in zip(prompts, sampling_params, strict=True)
+        ]
         if self.tokenizer is None and any(params.stop for _, params in checked):
             raise ValueError("stop strings need a tokenizer: this model directory has none")
         return [self.engine.add_request(prompt, params) for prompt, params in checked]
@@ -200,8 +143,10 @@ class LLM:
         if not isinstance(prompt, str):
             return prompt  # token ids, checked by the engine
         if self.tokenizer is None:
-            raise ValueError(f"string prompts need a tokenizer: {self.name!r} has no "
-                             "tokenizer.json; pass token-id lists instead")  # fmt: skip
+            raise ValueError(
+                f"string prompts need a tokenizer: {self.name!r} has no "
+                "tokenizer.json; pass token-id lists instead"
+            )
         return self.tokenizer.encode(prompt).ids
 
     def __repr__(self) -> str:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from runtime.request import Request
-from runtime.scheduler import Scheduler
+from runtime.core.request import Request
+from runtime.core.scheduler import Scheduler
 
 
 class Router(Protocol):

@@ -19,9 +19,9 @@ import numpy as np
 from benchmarks.checks import Check, use_kernels
 from jmamba import load_pretrained
 from jmamba.model import HybridLM
-from runtime.config import EngineConfig
+from runtime.core.config import EngineConfig
 from runtime.engine import Engine
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.jmamba import fixture_runs as runs
 
 TOL = 1e-5
@@ -77,7 +77,7 @@ def generate(engine: Engine, prompts: list[list[int]], setup: Setup) -> list[Gen
     first = True
     while engine.has_unfinished:
         engine.step()
-        schedule, batch = engine.last_schedule, engine.last_batch
+        schedule, batch = engine.inspect.last_schedule, engine.inspect.last_batch
         if first and [s.num_tokens for s in schedule.prefills] != list(map(len, prompts)):
             raise ValueError("the first step did not prefill every prompt whole")
         first = False

@@ -20,8 +20,9 @@ from flax import nnx
 
 import jmamba
 from jmamba.tokenizer import EOS_ID, EOS_TOKEN, VOCAB_SIZE, byte_alphabet, byte_tokenizer
-from runtime.llm import LLM, load_model
-from runtime.sampling_params import SamplingParams
+from jmamba.loading import load_model
+from runtime.llm import LLM
+from runtime.core.sampling_params import SamplingParams
 from tests.jmamba.steps import Row, build
 
 tokenizers = pytest.importorskip("tokenizers")

@@ -17,9 +17,9 @@ from flax import nnx
 
 import jmamba
 from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
-from runtime.config import EngineConfig, min_token_budget
+from runtime.core.config import EngineConfig, min_token_budget
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
+from runtime.device.model_runner import ModelRunner
 from tests.compiled import per_module
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")

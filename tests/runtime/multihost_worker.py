@@ -15,9 +15,9 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 2)
 
-from runtime.distributed import initialize  # noqa: E402
+from runtime.device.distributed import initialize  # noqa: E402
 from runtime.llm import LLM  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from tests.runtime.multihost_case import MAX_TOKENS, OPTIONS, PROMPTS  # noqa: E402
 
 

@@ -12,14 +12,16 @@ import numpy as np
 from flax import nnx
 
 import jmamba
-from runtime.buckets import Bucket
-from runtime.config import EngineConfig
-from runtime.draft_model import draft_engine_config
+from runtime.core.buckets import Bucket
+from runtime.core.config import EngineConfig
+from runtime.speculative.draft_model import draft_engine_config
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.request import Request
-from runtime.scheduler import Schedule
-from runtime.speculative import SpeculativeConfig
+from runtime.device.model_runner import ModelRunner
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.schedule import Schedule
+from runtime.core.speculative_config import SpeculativeConfig
+from runtime.speculative.verify import check_verifiable, with_drafts
 from tests.compiled import per_module
 from tests.runtime.conftest import MAX_NUM_SEQS, base_config, model_and_runner, model_with_eos
 
@@ -103,6 +105,10 @@ class Oracle:
         self.expected_accepted = 0
         self.num_drafted = 0
         self._right: dict[Request, int] = {}
+        self._proposals: dict[Request, list[int]] = {}
+
+    def check(self, params: SamplingParams) -> None:
+        check_verifiable(params)
 
     def num_wanted(self, request: Request) -> int:
         outputs = request.output_token_ids
@@ -113,16 +119,18 @@ class Oracle:
         nxt = truth[len(outputs) : len(outputs) + n] if follows else []
         nxt = nxt + [0] * (n - len(nxt))  # past the known continuation: a guess
         drafts = nxt[:right] + [(t + 1) % 256 for t in nxt[right:]]
-        request.draft_token_ids = drafts
+        self._proposals[request] = drafts
         self._right[request] = min(right, len(truth) - len(outputs))
         return n
 
-    def propose(self, schedules: list[Schedule], bucket: Bucket) -> None:
+    def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
         for schedule in schedules:
             for item in schedule.decodes:
                 granted = item.num_tokens - 1
                 self.num_drafted += granted
                 self.expected_accepted += min(self._right.pop(item.request, 0), granted)
+        proposals, self._proposals = self._proposals, {}
+        return [with_drafts(schedule, proposals) for schedule in schedules]
 
     def release_done(self) -> None:
         self._right = {r: n for r, n in self._right.items() if not r.is_finished}

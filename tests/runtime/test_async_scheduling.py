@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from jmamba.tokenizer import byte_tokenizer
-from runtime.buckets import Bucket
-from runtime.builder import build_dummy
-from runtime.config import EngineConfig
+from runtime.core.buckets import Bucket
+from runtime.core.builder import build_dummy
+from runtime.core.config import EngineConfig
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import base_config, make_engine, model_and_runner, naive_greedy
 
 PARAMS = (
@@ -141,7 +141,7 @@ def test_a_stop_learned_one_step_late_frees_everything():
         outputs |= {o.request_id: o for o in engine.step()}
     assert outputs[rid].token_ids == free[: free.index(free[2]) + 1]
     assert outputs[rid].finish_reason == "stop"
-    scheduler = engine.scheduler
+    scheduler = engine.inspect.scheduler
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.config import EngineConfig
-from runtime.sampling_params import SamplingParams
+from runtime.core.config import EngineConfig
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import MAX_MODEL_LEN, make_engine, run_to_completion
 
 GOOD = SamplingParams(max_tokens=3, ignore_eos=True)
@@ -23,7 +23,7 @@ def serving_engine():
 
 def assert_still_serves(engine, good: str) -> None:
     assert len(run_to_completion(engine)[good]) == GOOD.max_tokens
-    assert not engine.scheduler.waiting and not engine.scheduler.running
+    assert not engine.inspect.scheduler.waiting and not engine.inspect.scheduler.running
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from jmamba.inputs import StepInputs
-from runtime.buckets import Bucket, BucketPolicy
-from runtime.builder import build_dummy, build_step
-from runtime.request import Request
-from runtime.sampling_inputs import SamplingMode
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Schedule, ScheduledRequest
+from runtime.core.buckets import Bucket, BucketPolicy
+from runtime.core.builder import build_dummy, build_step
+from runtime.core.request import Request
+from runtime.core.sampling_inputs import SamplingMode
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.schedule import Schedule, ScheduledRequest
 from tests.runtime.test_scheduler import make_request, make_scheduler
 
 BS, MAX_BLOCKS = 4, 16  # block_size and table width of make_scheduler (max_model_len 64)
@@ -152,16 +152,15 @@ def test_sampling_rows_masks_and_mode():
                                                                      top_logprobs=4)  # fmt: skip
 
 
-def _decode_request(i: int, num_outputs: int, drafts: list[int]) -> Request:
-    """A running request of prompt [i + 1] * (3 + i) and `num_outputs` outputs, blocks for its
-    drafts, `drafts` to feed after its last token."""
+def _decode_request(i: int, num_outputs: int) -> Request:
+    """A running request of prompt [i + 1] * (3 + i) and `num_outputs` outputs, with blocks for
+    up to 3 drafts."""
     params = SamplingParams(temperature=0.25 * i, top_k=i, top_p=1.0 - 0.125 * i, min_tokens=3,
                             max_tokens=16)  # fmt: skip
     request = Request(str(i), [i + 1] * (3 + i), params, seed=100 + i, eos_token_ids=(2,))
     request.output_token_ids = [10 + i + t for t in range(num_outputs)]
     request.num_computed = request.num_tokens - 1
     request.block_ids = [20 + 8 * i + b for b in range(-(-(request.num_tokens + 3) // BS))]
-    request.draft_token_ids = list(drafts)
     return request
 
 
@@ -174,7 +173,7 @@ def _reference_decode(items, width: int) -> dict[str, np.ndarray]:
                table=np.zeros((n, MAX_BLOCKS), np.int64))  # fmt: skip
     for row, item in enumerate(items):
         request = item.request
-        known = request.prompt_token_ids + request.output_token_ids + request.draft_token_ids
+        known = request.prompt_token_ids + request.output_token_ids + list(item.draft_token_ids)
         ref["read"][row] = item.read_slot
         reached = -(-(item.start + item.num_tokens) // BS)
         ref["table"][row, :reached] = request.block_ids[:reached]
@@ -189,21 +188,34 @@ def _reference_decode(items, width: int) -> dict[str, np.ndarray]:
     return ref
 
 
-@pytest.mark.parametrize("drafts", [[[], [], []], [[5], [], [6, 7]], None])
-def test_decode_section_equals_a_lane_by_lane_reference(drafts):
-    """Decode rows (plain, speculative without drafts, speculative with some) against a plain
-    Python reference of every lane; a speculative row writes its lane slots even with no draft."""
+@pytest.mark.parametrize(
+    ("drafts", "all_lanes"),
+    [
+        (None, False),  # a plain engine's step: width 1
+        ([[], [], []], False),  # no row drafted, in a wider bucket (another rank's drafts)
+        ([[5], [], [6, 7]], False),  # rows with drafts write lanes, the other its own slot
+        ([[], [5], []], True),  # one-lane rows with lane slots (the draft model's catch-up)
+    ],
+)
+def test_decode_section_equals_a_lane_by_lane_reference(drafts, all_lanes):
+    """Decode rows (plain, with drafts, both in one step) against a plain Python reference of
+    every lane: a row with lane slots writes each lane to its own, a row without its write slot."""
     width = 1 if drafts is None else 3
     items = []
     for i in range(3):
-        request = _decode_request(i, num_outputs=i, drafts=[] if drafts is None else drafts[i])
-        n = 1 + len(request.draft_token_ids)
-        lanes = () if drafts is None else tuple(range(40 + 3 * i, 40 + 3 * i + n))
-        write = 30 + i if drafts is None else 0
-        item = ScheduledRequest(request, request.num_computed, n, 4 + i, write, lane_slots=lanes)
+        request = _decode_request(i, num_outputs=i)
+        row_drafts = () if drafts is None else tuple(drafts[i])
+        n = 1 + len(row_drafts)
+        has_lanes = bool(row_drafts) or all_lanes
+        lanes = tuple(range(40 + 3 * i, 40 + 3 * i + n)) if has_lanes else ()
+        write = 0 if has_lanes else 30 + i
+        item = ScheduledRequest(
+            request, request.num_computed, n, 4 + i, write, lane_slots=lanes,
+            draft_token_ids=row_drafts,
+        )
         items.append(item)
-    batch = build_step(Schedule(items, [], []), Bucket(4, width, 0, 0), block_size=BS,
-                       max_blocks=MAX_BLOCKS)  # fmt: skip
+    bucket = Bucket(4, width, 0, 0)
+    batch = build_step(Schedule(items, [], []), bucket, block_size=BS, max_blocks=MAX_BLOCKS)
     ref, inputs, s, n = _reference_decode(items, width), batch.inputs, batch.sampling, 3 * width
     assert inputs.token_ids[:n].tolist() == ref["tokens"].tolist()
     assert inputs.positions[:n].tolist() == ref["positions"].tolist()

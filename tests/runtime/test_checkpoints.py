@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from jmamba import checkpoint_dtype
 from runtime.cli import main
 from runtime.llm import LLM
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ARCHITECTURES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")

@@ -10,7 +10,7 @@ import pytest
 
 from runtime.cli import main
 from runtime.llm import LLM
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mamba2"
 

@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.core.sampling_params import SamplingParams
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, model_and_runner, run_to_completion
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jmamba.tokenizer import byte_tokenizer
-from runtime.detokenizer import RequestText
+from runtime.outputs.detokenizer import RequestText
 
 TOKENIZER = byte_tokenizer()
 TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.sampling_inputs import SamplingMode
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_inputs import SamplingMode
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import make_engine, naive_greedy, run_to_completion
 
 PROMPT_LENS = (1, 13, 37, 20)
@@ -21,8 +21,8 @@ def test_engine_greedy_equals_naive_recompute(family):
     for request_id, prompt in zip(ids, prompts, strict=True):
         assert outputs[request_id] == naive_greedy(family, prompt, 6), (family, len(prompt))
     if engine.model_config.has_attention:  # 12 usable KV blocks cannot hold all four requests
-        assert engine.scheduler.num_preemptions >= 1
+        assert engine.inspect.scheduler.num_preemptions >= 1
     variants = engine.runner.variants
     greedy = [b for b, mode, carry in variants if mode == SamplingMode() and not carry]
     assert len(greedy) <= 3  # decode-only, prefill-only, mixed (other tests add other modes)
-    assert engine.scheduler.block_pool.num_used == 0 and engine.scheduler.slot_pool.num_used == 0
+    assert engine.inspect.scheduler.block_pool.num_used == 0 and engine.inspect.scheduler.slot_pool.num_used == 0

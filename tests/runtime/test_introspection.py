@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from jmamba.describe import describe_step_inputs
-from runtime.describe import describe_pool, describe_scheduler
+from runtime.observe.describe import describe_pool, describe_scheduler
 from runtime.engine import Engine
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import base_config, make_engine, model_and_runner
 
 
@@ -24,8 +24,8 @@ def test_records_are_snapshots_of_each_step(family):
     inputs_tokens = []
     while engine.has_unfinished:
         engine.step()
-        live = int(np.asarray(engine.last_batch.inputs.decode.query_lens).sum())
-        qsl = np.asarray(engine.last_batch.inputs.prefill.query_start_loc)
+        live = int(np.asarray(engine.inspect.last_batch.inputs.decode.query_lens).sum())
+        qsl = np.asarray(engine.inspect.last_batch.inputs.prefill.query_start_loc)
         inputs_tokens.append(live + int(qsl[-1]))
     records = list(engine.records)
     assert len(records) == 3 and [r.index for r in records] == [1, 2, 3]
@@ -58,22 +58,22 @@ def test_owner_maps_and_lookup_follow_the_pools(family):
     engine = make_engine(family)
     ids = [engine.add_request(list(range(1, n)), SamplingParams(max_tokens=3)) for n in (20, 9)]
     engine.step()
-    blocks, slots = engine.block_owners(0), engine.slot_owners(0)
+    blocks, slots = engine.inspect.block_owners(0), engine.inspect.slot_owners(0)
     for rid in ids:
         request = engine.request(rid)
         assert all(blocks[b] == [rid] for b in request.block_ids)
         assert (slots.get(request.state_slot) == rid) == engine.model_config.has_recurrent_state
     assert 0 not in blocks and 0 not in slots
-    scheduler = engine.scheduler
+    scheduler = engine.inspect.scheduler
     assert len(blocks) == scheduler.block_pool.num_used
     assert len(slots) == scheduler.slot_pool.num_used
     with pytest.raises(ValueError, match="rank=1 is not a rank of this process"):
-        engine.block_owners(1)
+        engine.inspect.block_owners(1)
     with pytest.raises(ValueError, match="request_id='nope' is not a live request"):
         engine.request("nope")
     while engine.has_unfinished:
         engine.step()
-    assert engine.block_owners() == {} and engine.slot_owners() == {}
+    assert engine.inspect.block_owners() == {} and engine.inspect.slot_owners() == {}
 
 
 def test_reprs_are_one_informative_line():
@@ -83,9 +83,9 @@ def test_reprs_are_one_informative_line():
     texts = {
         "engine": repr(engine),
         "request": repr(engine.request(rid)),
-        "pool": describe_pool(engine.scheduler.block_pool),
-        "scheduler": describe_scheduler(engine.scheduler),
-        "inputs": describe_step_inputs(engine.last_batch.inputs),
+        "pool": describe_pool(engine.inspect.scheduler.block_pool),
+        "scheduler": describe_scheduler(engine.inspect.scheduler),
+        "inputs": describe_step_inputs(engine.inspect.last_batch.inputs),
     }
     assert all("\n" not in text and len(text) < 300 for text in texts.values()), texts
     assert "NemotronHForCausalLM" in texts["engine"] and "running=1" in texts["engine"]

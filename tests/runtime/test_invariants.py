@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.buckets import Bucket
-from runtime.llm import load_model
-from runtime.sampling_params import SamplingParams
+from runtime.core.buckets import Bucket
+from jmamba.loading import load_model
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import make_engine, model_and_runner, run_to_completion
 
 
@@ -47,7 +47,7 @@ def test_nan_in_null_slot_and_block_changes_no_output(family):
         logits = []
         while engine.has_unfinished:
             engine.step()
-            logits.append(engine.runner.last_logits[0][engine.last_batch.sample_rows])
+            logits.append(engine.runner.last_logits[0][engine.inspect.last_batch.sample_rows])
         return logits
 
     clean_logits = run()
@@ -87,4 +87,4 @@ def test_abort_mid_generation_frees_and_others_continue():
     aborted = engine.abort(a)
     assert aborted.finish_reason == "abort" and engine.abort(a) is None
     assert len(run_to_completion(engine)[b]) == 4
-    assert engine.scheduler.block_pool.num_used == 0
+    assert engine.inspect.scheduler.block_pool.num_used == 0

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from runtime.llm import LLM
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.multihost_case import MAX_TOKENS, OPTIONS, PROMPTS
 
 ROOT = Path(__file__).parents[2]

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.packing import layout_of, pack, unpack
-from runtime.sampling_inputs import SamplingInputs
+from runtime.device.packing import layout_of, pack, unpack
+from runtime.core.sampling_inputs import SamplingInputs
 from tests.runtime.test_builder import mixed_batch
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.pools import Pool
+from runtime.core.pools import Pool
 
 
 def test_null_never_allocated():

@@ -16,13 +16,15 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from runtime.buckets import BucketPolicy
-from runtime.builder import build_step
-from runtime.config import EngineConfig
-from runtime.prefix_cache import Hit, PrefixCacheStats, chain_digest
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Schedule, Scheduler
+from runtime.core.buckets import BucketPolicy
+from runtime.core.builder import build_step
+from runtime.core.config import EngineConfig
+from runtime.prefix_cache.cache import Hit, PrefixCacheStats, chain_digest
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.schedule import Schedule
+from runtime.core.scheduler import Scheduler
+from tests.runtime.test_scheduler import new_scheduler
 
 BS, SBS, CHUNK = 4, 8, 4  # KV block, state block, model chunk (tokens)
 _ids = itertools.count()
@@ -32,7 +34,7 @@ def caching_scheduler(mode: str = "all", **options) -> Scheduler:
     options = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
                "block_size": BS, "state_block_size": SBS,
                "prefix_caching": mode} | options  # fmt: skip
-    return Scheduler(EngineConfig(**options), CHUNK, uses_blocks=True, uses_slots=True)
+    return new_scheduler(EngineConfig(**options), CHUNK)
 
 
 def request(tokens: list[int], max_tokens: int = 3) -> Request:
@@ -44,7 +46,7 @@ def step(scheduler: Scheduler, token: int = 5) -> Schedule:
     schedule = scheduler.schedule()
     if not schedule.is_empty:
         bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
-        config, cache = scheduler.config, scheduler.prefix_cache
+        config, cache = scheduler.config, scheduler.slots.cache
         batch = build_step(schedule, bucket, block_size=BS, max_blocks=config.max_blocks_per_seq,
                            state_block_size=config.boundary_block_size)  # fmt: skip
         batch.inputs.validate(
@@ -66,11 +68,11 @@ def run_all(scheduler: Scheduler, max_steps: int = 200) -> list[Schedule]:
 
 def check_ref_counts(scheduler: Scheduler) -> None:
     """Every pool id is referenced exactly by the requests holding it plus the cache."""
-    cache = scheduler.prefix_cache
+    cache = scheduler.slots.cache
     blocks, slots = collections.Counter(), collections.Counter()
     for r in scheduler.running:
         blocks.update(r.block_ids)
-        slots.update(s for s in (r.state_slot, r.read_slot) if s)
+        slots.update(s for s in (r.state_slot, scheduler.slots.cached_read(r)) if s)
     blocks.update(cache.published_blocks.tolist())
     slots.update(cache.published_slots.tolist())
     for pool, held in ((scheduler.block_pool, blocks), (scheduler.slot_pool, slots)):
@@ -89,7 +91,7 @@ def test_digests_chain_blake2b_over_int32_ids():
     assert chain_digest(d0.digest(), [5, 6, 7, 8]) != chain_digest(b"", [5, 6, 7, 8])
     scheduler = caching_scheduler()
     a, b = request([1, 2, 3, 4, 5, 6, 7, 8, 9]), request([9, 2, 3, 4, 5, 6, 7, 8, 9])
-    da, db = (scheduler.prefix_cache.digests(r, 2) for r in (a, b))
+    da, db = (scheduler.slots.cache.digests(r, 2) for r in (a, b))
     assert da[0] == d0.digest() and da[1] == chain_digest(da[0], [5, 6, 7, 8])
     assert da[1] != db[1]  # same second block, different first block
 
@@ -103,7 +105,7 @@ def test_hit_starts_after_the_longest_cached_prefix_and_reads_the_cached_slot():
     a, b = request(shared + [1, 2, 3]), request(shared + [4, 5, 6, 7])
     scheduler.add(a)
     run_all(scheduler)
-    cache = scheduler.prefix_cache
+    cache = scheduler.slots.cache
     slot_16 = cache._states[cache.state_key(a, 16)]
     scheduler.add(b)
     schedule = step(scheduler)
@@ -111,7 +113,7 @@ def test_hit_starts_after_the_longest_cached_prefix_and_reads_the_cached_slot():
     assert (item.start, item.num_tokens, item.read_slot) == (16, 6, slot_16)
     assert item.write_slot == b.state_slot != slot_16
     assert b.block_ids[:4] == [cache._blocks[d] for d in cache.digests(a, 4)]
-    assert b.read_slot == 0 and scheduler.slot_pool.ref_counts[slot_16] == 1
+    assert scheduler.slots.cached_read(b) == 0 and scheduler.slot_pool.ref_counts[slot_16] == 1
     assert cache.stats.hits == 1 and cache.stats.hit_tokens == 16
     check_ref_counts(scheduler)
 
@@ -136,10 +138,10 @@ def test_nothing_is_published_before_its_step_has_run():
     scheduler.add(request(prompt))
     schedule = scheduler.schedule()
     assert [len(s.new_states) for s in schedule.prefills] == [2]  # boundaries 8 and 16
-    assert scheduler.prefix_cache.lookup(request(prompt)).num_tokens == 0
-    assert scheduler.prefix_cache.published_slots.size == 0
+    assert scheduler.slots.cache.lookup(request(prompt)).num_tokens == 0
+    assert scheduler.slots.cache.published_slots.size == 0
     scheduler.postprocess(schedule, [5])
-    assert scheduler.prefix_cache.lookup(request(prompt)).num_tokens == 16
+    assert scheduler.slots.cache.lookup(request(prompt)).num_tokens == 16
 
 
 def test_align_mode_cuts_chunks_at_state_blocks_and_caches_only_chunk_ends():
@@ -152,8 +154,8 @@ def test_align_mode_cuts_chunks_at_state_blocks_and_caches_only_chunk_ends():
         scheduler.add(r)
         schedules = run_all(scheduler)
         assert [s.prefills[0].num_tokens for s in schedules[:2]] == cuts, mode
-        keys = {scheduler.prefix_cache.state_key(r, p): p for p in (8, 16)}
-        assert sorted(keys[k] for k in scheduler.prefix_cache._states) == cached, mode
+        keys = {scheduler.slots.cache.state_key(r, p): p for p in (8, 16)}
+        assert sorted(keys[k] for k in scheduler.slots.cache._states) == cached, mode
 
 
 def test_align_mode_tail_is_its_own_chunk_even_when_the_prompt_fits():
@@ -175,12 +177,12 @@ def test_decode_crossing_a_boundary_writes_a_cache_slot_then_reads_it():
     crossing = step(scheduler).decodes[0]  # decode of token 15
     assert crossing.start == 15 and crossing.write_slot not in (0, r.state_slot)
     c = crossing.write_slot
-    assert r.read_slot == c and scheduler.prefix_cache.lookup(request(r.token_ids(0, 17))) == Hit(
-        16, [scheduler.prefix_cache._blocks[d] for d in scheduler.prefix_cache.digests(r, 4)], c
+    assert scheduler.slots.cached_read(r) == c and scheduler.slots.cache.lookup(request(r.token_ids(0, 17))) == Hit(
+        16, [scheduler.slots.cache._blocks[d] for d in scheduler.slots.cache.digests(r, 4)], c
     )
     after = step(scheduler).decodes[0]
     assert (after.read_slot, after.write_slot) == (c, r.state_slot)
-    assert r.read_slot == 0 and scheduler.slot_pool.ref_counts[c] == 1
+    assert scheduler.slots.cached_read(r) == 0 and scheduler.slot_pool.ref_counts[c] == 1
     check_ref_counts(scheduler)
 
 
@@ -205,13 +207,13 @@ def test_an_asynchronous_decode_crossing_a_boundary_is_keyed_when_it_retires():
         in_flight = launched
     c = crossing.write_slot
     turn2 = request(r.token_ids(0, 16) + [1])
-    assert scheduler.prefix_cache.lookup(turn2).num_tokens == 8  # not published before it ran
+    assert scheduler.slots.cache.lookup(turn2).num_tokens == 8  # not published before it ran
     after = scheduler.schedule().decodes[0]
     scheduler.retire(in_flight, [5])
     assert (after.read_slot, after.write_slot) == (c, r.state_slot)
-    key = scheduler.prefix_cache.state_key(r, 16)
-    assert scheduler.prefix_cache.published_states[key] == c
-    hit = scheduler.prefix_cache.lookup(turn2)
+    key = scheduler.slots.cache.state_key(r, 16)
+    assert scheduler.slots.cache.published_states[key] == c
+    hit = scheduler.slots.cache.lookup(turn2)
     assert (hit.num_tokens, hit.slot) == (16, c)
     check_ref_counts(scheduler)
 
@@ -224,7 +226,7 @@ def test_state_budget_evicts_least_recently_used_unused_states():
     for p in prompts:
         scheduler.add(request(p))
         run_all(scheduler)
-    cache = scheduler.prefix_cache
+    cache = scheduler.slots.cache
     assert cache.stats.state_evictions == 1 and cache.num_states == 2
     assert cache.lookup(request(prompts[0])).num_tokens == 0  # the oldest went
     assert cache.lookup(request(prompts[2])).num_tokens == 8
@@ -249,7 +251,7 @@ def test_cached_blocks_are_evicted_before_anyone_is_preempted():
     assert scheduler.block_pool.num_free == 9 - 4  # 18 + 1 computed tokens fill 4 blocks
     scheduler.add(request(list(range(200, 221)), max_tokens=4))  # 24 tokens computed: 6 blocks
     assert not any(s.preempted for s in run_all(scheduler))
-    cache = scheduler.prefix_cache
+    cache = scheduler.slots.cache
     assert cache.stats.block_evictions == 1
     assert cache.digests(a, 4)[3] not in cache._blocks and cache.digests(a, 3)[2] in cache._blocks
     check_ref_counts(scheduler)
@@ -271,7 +273,7 @@ def test_preempted_request_comes_back_with_a_hit_and_leaks_nothing():
     first = next(i for s in after for i in s.prefills if i.request is new)
     assert first.start == 16 and first.read_slot not in (0, new.state_slot)  # its own prefix
     check_ref_counts(scheduler)
-    scheduler.prefix_cache.reset()
+    scheduler.slots.cache.reset()
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
 
 
@@ -295,7 +297,7 @@ def test_modes_that_cannot_work_are_refused_with_the_reason(options, message):
     if options.get("num_slots") == 6:  # 6 slots hold 4 running requests + NULL + 1 state
         config["max_cached_states"] = 2
     with pytest.raises(ValueError, match=message):
-        Scheduler(EngineConfig(**config), chunk, uses_blocks=True, uses_slots=True)
+        new_scheduler(EngineConfig(**config), chunk)
 
 
 def test_default_mode_and_sizes():
@@ -360,10 +362,10 @@ def test_random_shared_prefix_schedules(workload, mode, num_blocks, max_cached_s
             break
         assert t < 400
     assert all(r.is_finished for r in requests)
-    stats = scheduler.prefix_cache.stats
+    stats = scheduler.slots.cache.stats
     event(f"hits: {'some' if stats.hits else 'none'}")
     event("preempted" if any(r.num_preemptions for r in requests) else "no preemption")
-    scheduler.prefix_cache.reset()
+    scheduler.slots.cache.reset()
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
 
 

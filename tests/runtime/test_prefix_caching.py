@@ -22,11 +22,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from runtime.config import EngineConfig
+from runtime.core.config import EngineConfig
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.request import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.outputs.request_output import RequestOutput
+from runtime.core.sampling_params import SamplingParams
 from tests.compiled import per_module
 from tests.runtime.conftest import BLOCK_SIZE, FAMILIES, model_and_runner, naive_greedy
 
@@ -160,7 +160,7 @@ def test_hits_after_preemption_and_under_eviction_pressure_are_lossless(family, 
     stats = engine.stats.ranks[0].prefix_cache
     assert stats.hits and stats.state_evictions, stats
     if engine.model_config.has_attention:
-        assert engine.scheduler.num_preemptions and stats.block_evictions, stats
+        assert engine.inspect.scheduler.num_preemptions and stats.block_evictions, stats
         assert any(o.num_preemptions and o.num_cached_tokens for o in outputs.values())
 
 
@@ -189,7 +189,7 @@ def test_a_chat_hits_its_previous_answer_in_all_mode(family, mode, async_schedul
 
 def published_contents(engine: Engine) -> dict[tuple[str, int], list[np.ndarray]]:
     """Every published state slot's and KV block's contents in every layer, read back."""
-    cache, caches = engine.scheduler.prefix_cache, engine.runner.caches
+    cache, caches = engine.inspect.scheduler.slots.cache, engine.runner.caches
     entries = {}
     for kind, ids in (("slot", cache.published_slots), ("block", cache.published_blocks)):
         for ident in ids.tolist():
@@ -260,7 +260,7 @@ def test_random_shared_prefix_schedules_are_lossless(
                            async_scheduling=async_scheduling)  # fmt: skip
     serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
     event("hit" if engine.stats.ranks[0].prefix_cache.hits else "no hit")
-    event("preempted" if engine.scheduler.num_preemptions else "no preemption")
-    scheduler = engine.scheduler
-    scheduler.prefix_cache.reset()
+    event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
+    scheduler = engine.inspect.scheduler
+    scheduler.slots.cache.reset()
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0

@@ -29,11 +29,12 @@ import math
 import numpy as np
 import pytest
 
-from runtime.config import EngineConfig
-from runtime.prefix_cache import PrefixCacheStats
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
+from runtime.core.config import EngineConfig
+from runtime.prefix_cache.cache import PrefixCacheStats
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.scheduler import Scheduler
+from tests.runtime.test_scheduler import new_scheduler
 
 CHUNK, BLOCK, STATE_BLOCK, N, MAX_TOKENS = 16, 8, 16, 64, 4
 CACHED_STATES = 32  # room for every state a workload here writes but a few
@@ -43,7 +44,7 @@ def scheduler_for(mode: str, concurrency: int, budget: int) -> Scheduler:
     config = EngineConfig(max_num_seqs=concurrency, max_num_batched_tokens=budget,
                           max_model_len=512, block_size=BLOCK, state_block_size=STATE_BLOCK,
                           prefix_caching=mode, max_cached_states=CACHED_STATES)  # fmt: skip
-    return Scheduler(config, CHUNK, uses_blocks=True, uses_slots=True)
+    return new_scheduler(config, CHUNK)
 
 
 def shared_prefix_prompts(prefix_len: int, own_len: int) -> list[list[int]]:
@@ -58,7 +59,7 @@ def serve(scheduler: Scheduler, prompts: list[list[int]]) -> PrefixCacheStats:
         scheduler.add(Request(str(i), prompt, SamplingParams(max_tokens=MAX_TOKENS), seed=0))
     for _ in range(10_000):
         if not scheduler.has_unfinished:
-            return scheduler.prefix_cache.stats
+            return scheduler.slots.cache.stats
         schedule = scheduler.schedule()
         scheduler.postprocess(schedule, [5] * len(schedule.items))
     raise AssertionError("did not finish")
@@ -77,7 +78,7 @@ def chat(mode: str, turns: int = 8) -> PrefixCacheStats:
             schedule = scheduler.schedule()
             scheduler.postprocess(schedule, [5] * len(schedule.items))
         prompt = prompt + request.output_token_ids + rng.integers(0, 1000, 20).tolist()
-    return scheduler.prefix_cache.stats
+    return scheduler.slots.cache.stats
 
 
 def misses_before_prefix_is_published(prefix_len: int, concurrency: int, budget: int) -> int:

@@ -15,9 +15,9 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import jmamba
-from runtime.config import min_token_budget
-from runtime.request import RequestOutput
-from runtime.sampling_params import SamplingParams
+from runtime.core.config import min_token_budget
+from runtime.outputs.request_output import RequestOutput
+from runtime.core.sampling_params import SamplingParams
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, naive_greedy
 
@@ -141,8 +141,8 @@ def test_random_schedule_is_valid_batch_invariant_and_stops(
         outputs |= {o.request_id: o for o in engine.step()}  # validate_inputs is on
         step += 1
         assert step < 400
-    assert engine.scheduler.block_pool.num_used == 0 and engine.scheduler.slot_pool.num_used == 0
-    event("preempted" if engine.scheduler.num_preemptions else "no preemption")
+    assert engine.inspect.scheduler.block_pool.num_used == 0 and engine.inspect.scheduler.slot_pool.num_used == 0
+    event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
     event(f"async_scheduling={async_scheduling}")
     for i, r in enumerate(requests):
         if str(i) in aborted:

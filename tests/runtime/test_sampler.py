@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.sampler import sample
-from runtime.sampling_inputs import SamplingInputs, SamplingMode, mask_width
+from runtime.device.sampler import sample
+from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 
 sample_jit = jax.jit(sample, static_argnums=2)
 ALPHA = 1e-3

@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 
-from runtime.config import EngineConfig
-from runtime.request import Request, RequestStatus
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
+from runtime.core.config import EngineConfig
+from runtime.core.request import Request, RequestStatus
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.scheduler import Scheduler
+from runtime.prefix_cache import slot_planner
 
 _ids = itertools.count()
 
@@ -19,12 +20,19 @@ def make_request(num_prompt: int, max_tokens: int = 4) -> Request:
     return Request(f"r{next(_ids)}", prompt, SamplingParams(max_tokens=max_tokens), seed=0)
 
 
+def new_scheduler(config: EngineConfig, chunk_size: int) -> Scheduler:
+    """A scheduler of `config` for a model of `chunk_size` with attention and recurrent layers,
+    with the slot planner the config asks for (as an engine builds its ranks)."""
+    config = config.resolved(chunk_size)
+    return Scheduler(config, chunk_size, slot_planner(config, uses_blocks=True, uses_slots=True))
+
+
 def make_scheduler(chunk_size: int = 4, **options) -> Scheduler:
     """A scheduler without prefix caching unless `options` turn it on (tests/runtime/
     test_prefix_cache.py covers it), so pools empty out when requests finish."""
     options = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
                "block_size": 4, "prefix_caching": "off"} | options  # fmt: skip
-    return Scheduler(EngineConfig(**options), chunk_size, uses_blocks=True, uses_slots=True)
+    return new_scheduler(EngineConfig(**options), chunk_size)
 
 
 def run_step(scheduler: Scheduler, token: int = 5):
@@ -164,7 +172,7 @@ def test_default_budget_is_derived_from_the_chunk_size():
     assert config.resolved(128).max_num_batched_tokens == 256  # NemotronH
     resolved = config.resolved(256)  # Mamba2
     assert resolved.max_num_batched_tokens == 512 and resolved.prefill_token_buckets[-1] == 512
-    scheduler = Scheduler(config, 256, uses_blocks=True, uses_slots=True)
+    scheduler = new_scheduler(config, 256)
     assert scheduler.budget == 512
 
 

@@ -11,10 +11,11 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.config import EngineConfig, min_token_budget
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Schedule, Scheduler
+from runtime.core.config import EngineConfig, min_token_budget
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.schedule import Schedule
+from tests.runtime.test_scheduler import new_scheduler
 
 workload = st.lists(
     st.tuples(
@@ -84,7 +85,7 @@ def test_every_request_gets_its_first_token_within_the_bound(
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                           max_model_len=128, block_size=4, prefix_caching=mode,
                           state_block_size=state_block)  # fmt: skip
-    scheduler = Scheduler(config, chunk, uses_blocks=True, uses_slots=True)
+    scheduler = new_scheduler(config, chunk)
     k_chunk = (budget - max_num_seqs + 1) // unit * unit  # k * c of the bound
     added: list[Request] = []
     first_step: dict[Request, int] = {}

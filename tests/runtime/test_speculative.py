@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import FAMILIES, naive_greedy, run_to_completion
 from tests.runtime.spec_support import Oracle, spec_engine, trained_engine
 
@@ -35,7 +35,7 @@ def serve(engine, prompts, params, late: int = 2) -> dict[str, list[int]]:
 
 
 def assert_pools_empty(engine) -> None:
-    assert engine.scheduler.block_pool.num_used == 0 and engine.scheduler.slot_pool.num_used == 0
+    assert engine.inspect.scheduler.block_pool.num_used == 0 and engine.inspect.scheduler.slot_pool.num_used == 0
     for rank in getattr(engine.drafter, "ranks", []):
         assert rank.block_pool.num_used == 0 and rank.slot_pool.num_used == 0
 
@@ -48,7 +48,7 @@ def mixed_steps(engine, prompts, params) -> tuple[dict[str, list[int]], int]:
     def counting_step():
         nonlocal mixed
         finished = step()
-        schedule = engine.last_schedule
+        schedule = engine.inspect.last_schedule
         if schedule and schedule.prefills and any(d.num_tokens > 1 for d in schedule.decodes):
             mixed += 1
         return finished
@@ -85,7 +85,7 @@ def test_greedy_with_drafts_equals_full_recompute(family, method, k):
         assert engine.drafter.num_drafted == spec.num_drafted
         assert spec.num_accepted == engine.drafter.expected_accepted > 0
     if engine.model_config.has_attention:  # 12 usable KV blocks cannot hold all four requests
-        assert engine.scheduler.num_preemptions >= 1
+        assert engine.inspect.scheduler.num_preemptions >= 1
     assert_pools_empty(engine)
 
 

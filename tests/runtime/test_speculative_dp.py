@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import naive_greedy, run_to_completion
 from tests.runtime.spec_support import Oracle, spec_engine
 from tests.runtime.test_data_parallel import PinnedRouter

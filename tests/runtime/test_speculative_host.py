@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.buckets import Bucket, BucketPolicy
-from runtime.builder import build_step
-from runtime.config import EngineConfig
-from runtime.ngram import lookup
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
-from runtime.speculative import SpeculativeConfig, verified_tokens
+from runtime.core.buckets import Bucket, BucketPolicy
+from runtime.core.builder import build_step
+from runtime.core.config import EngineConfig
+from runtime.speculative.ngram import lookup
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculative_config import SpeculativeConfig
+from runtime.speculative.verify import verified_tokens, with_drafts
 from tests.runtime.test_scheduler import make_request, make_scheduler
 
 BS, MAX_BLOCKS = 4, 16  # make_scheduler: block_size 4, max_model_len 64
@@ -37,9 +38,7 @@ def decoding(scheduler, request: Request, token: int = 5) -> Request:
 
 
 def build(scheduler, schedule):
-    bucket = BucketPolicy(scheduler.config, scheduler.num_speculative_tokens + 1).bucket_for(
-        schedule
-    )
+    bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
     batch = build_step(schedule, bucket, block_size=BS, max_blocks=MAX_BLOCKS)
     batch.inputs.validate(block_size=BS, chunk_size=4, num_blocks=scheduler.config.num_blocks,
                           num_slots=scheduler.config.num_slots, vocab_size=32)  # fmt: skip
@@ -111,8 +110,8 @@ def test_a_speculative_row_writes_fresh_lane_slots_and_keeps_the_accepted_lane()
     scheduler = spec_scheduler(k=3)
     request = decoding(scheduler, make_request(6, max_tokens=10))
     old_slot = request.state_slot
-    request.draft_token_ids = [11, 12, 13, 14]  # more than K: the scheduler takes 3
-    schedule = scheduler.schedule(lambda r: len(r.draft_token_ids))
+    proposal = {request: [11, 12, 13, 14]}  # more than K: the scheduler takes 3
+    schedule = with_drafts(scheduler.schedule(lambda r: len(proposal[r])), proposal)
     (item,) = schedule.decodes
     assert item.num_tokens == 4 and item.token_ids == [5, 11, 12, 13]
     assert len(set(item.lane_slots)) == 4 and old_slot not in item.lane_slots
@@ -127,12 +126,12 @@ def test_a_speculative_row_writes_fresh_lane_slots_and_keeps_the_accepted_lane()
     scheduler.postprocess(schedule, [7], [[11]])  # d_1 accepted, then the target's 7
     assert request.output_token_ids == [5, 11, 7] and request.num_computed == 8
     assert request.state_slot == item.lane_slots[1] and scheduler.slot_pool.num_used == 1
-    assert request.draft_token_ids == []
-    schedule = scheduler.schedule(lambda r: 0)  # zero drafts: the same path, one fresh slot
+    schedule = scheduler.schedule(lambda r: 0)  # zero drafts: a plain row, in its own slot
     (item,) = schedule.decodes
-    assert item.num_tokens == 1 and len(item.lane_slots) == 1
-    assert item.lane_slots[0] != request.state_slot
-    build(scheduler, schedule)
+    assert item.num_tokens == 1 and item.lane_slots == ()
+    assert item.read_slot == item.write_slot == request.state_slot
+    _, batch = build(scheduler, schedule)
+    assert batch.inputs.decode.write_slots[0, 0] == request.state_slot
 
 
 def test_drafts_are_trimmed_to_room_budget_slots_and_blocks():
@@ -146,7 +145,7 @@ def test_drafts_are_trimmed_to_room_budget_slots_and_blocks():
     second = decoding(scheduler, make_request(5, max_tokens=10))
     assert scheduler.slot_pool.num_free == 6
     schedule = scheduler.schedule(lambda r: 4)
-    assert [d.num_tokens for d in schedule.decodes] == [5, 1]  # the younger row keeps its lane 0
+    assert [d.num_tokens for d in schedule.decodes] == [5, 1]  # the younger row: in place
     assert [d.request for d in schedule.decodes] == [first, second]
     # blocks: 17 blocks of 4 (16 usable, 16 per full-length request); drafts never preempt
     scheduler = spec_scheduler(k=4, num_blocks=17)
@@ -167,8 +166,7 @@ def test_min_tokens_masks_each_lane_by_its_output_index():
     request = Request("m", [1, 2, 3], SamplingParams(max_tokens=8, min_tokens=3), seed=0,
                       eos_token_ids=(2,))  # fmt: skip
     decoding(scheduler, request, token=9)
-    request.draft_token_ids = [4, 5, 6]
-    schedule = scheduler.schedule(lambda r: 3)
+    schedule = with_drafts(scheduler.schedule(lambda r: 3), {request: [4, 5, 6]})
     _, batch = build(scheduler, schedule)
     assert batch.sampling.num_masked[:4].tolist() == [1, 1, 0, 0]  # outputs 1, 2 < 3 masked
     assert batch.sampling.masked_ids[:2, 0].tolist() == [2, 2]
@@ -178,8 +176,7 @@ def test_a_stop_inside_the_accepted_drafts_ends_the_request_there():
     scheduler = spec_scheduler(k=3)
     request = Request("s", [1, 2, 3], SamplingParams(max_tokens=8), seed=0, eos_token_ids=(2,))
     decoding(scheduler, request, token=9)
-    request.draft_token_ids = [4, 2, 6]
-    schedule = scheduler.schedule(lambda r: 3)
+    schedule = with_drafts(scheduler.schedule(lambda r: 3), {request: [4, 2, 6]})
     finished = scheduler.postprocess(schedule, [8], [[4, 2, 6]])
     assert finished == [request] and request.output_token_ids == [9, 4, 2]
     assert scheduler.slot_pool.num_used == 0 and scheduler.block_pool.num_used == 0
@@ -192,7 +189,7 @@ def test_a_stop_inside_the_accepted_drafts_ends_the_request_there():
 )
 def test_verified_tokens_take_the_longest_accepted_prefix(num_drafts, seed, num_prefills):
     """Against a loop over the lanes: stop at the first rejected draft; dead lanes ignored."""
-    from runtime.scheduler import Schedule, ScheduledRequest
+    from runtime.core.schedule import Schedule, ScheduledRequest
 
     width, rng = 4, np.random.default_rng(seed)
     decodes = [ScheduledRequest(None, 0, 1 + k) for k in num_drafts]
@@ -201,8 +198,10 @@ def test_verified_tokens_take_the_longest_accepted_prefix(num_drafts, seed, num_
     tokens, accepted = rng.integers(0, 50, n), rng.integers(0, 2, n)
     sample_rows = np.array([r * width + k for r, k in enumerate(num_drafts)]
                            + [len(decodes) * width + j for j in range(num_prefills)])  # fmt: skip
-    sampled, drafts, stats = verified_tokens(Schedule(decodes, prefills, []), sample_rows, width,
-                                             tokens, accepted)  # fmt: skip
+    result = np.stack([tokens, accepted])
+    sampled, drafts, stats = verified_tokens(
+        Schedule(decodes, prefills, []), sample_rows, width, result
+    )
     for r, k in enumerate(num_drafts):
         a = 0
         while a < k and accepted[r * width + a]:
@@ -211,7 +210,7 @@ def test_verified_tokens_take_the_longest_accepted_prefix(num_drafts, seed, num_
         assert sampled[r] == tokens[r * width + a]
     assert drafts[len(decodes) :] == [[]] * num_prefills
     assert sampled[len(decodes) :] == tokens[len(decodes) * width :].tolist()
-    assert (stats.num_rows, stats.num_drafted) == (len(decodes), sum(num_drafts))
+    assert (stats.num_rows, stats.num_drafted) == (sum(k > 0 for k in num_drafts), sum(num_drafts))
     assert stats.num_accepted == sum(len(d) for d in drafts)
 
 
@@ -223,9 +222,7 @@ def planted(batch, **changes):
 def test_validate_catches_lane_slot_bugs():
     scheduler = spec_scheduler(k=3)
     requests = [decoding(scheduler, make_request(n)) for n in (5, 6)]
-    for request in requests:
-        request.draft_token_ids = [3, 4]
-    schedule = scheduler.schedule(lambda r: 2)
+    schedule = with_drafts(scheduler.schedule(lambda r: 2), {r: [3, 4] for r in requests})
     _, batch = build(scheduler, schedule)
     d = batch.inputs.decode
     assert d.query_lens.tolist() == [2, 3]  # the older request has 1 token of room left for drafts
@@ -243,20 +240,20 @@ def test_validate_catches_lane_slot_bugs():
 
 def test_a_step_without_drafts_takes_one_lane_per_row():
     """Width 1 + K only when some decode row has a draft: a drafter that finds nothing costs no
-    padding lanes. A zero-draft row still writes a fresh lane slot (the same path)."""
+    padding lanes. A zero-draft row is a plain decode row: no lanes, its own slot."""
     scheduler = spec_scheduler(k=3)
     first = decoding(scheduler, make_request(6, max_tokens=10))
     second = decoding(scheduler, make_request(5, max_tokens=10))
-    policy = BucketPolicy(scheduler.config, 4)
+    policy = BucketPolicy(scheduler.config)
     assert policy.widths == (1, 4)
     assert {b.width for b in policy.decode_buckets()} == {1, 4}
     schedule = scheduler.schedule(lambda r: 0)
     assert [item.num_tokens for item in schedule.decodes] == [1, 1]
-    assert all(len(item.lane_slots) == 1 for item in schedule.decodes)
+    assert all(item.lane_slots == () for item in schedule.decodes)
     assert policy.bucket_for(schedule).width == 1
     scheduler.postprocess(schedule, [7, 7], [[], []])
-    second.draft_token_ids = [11]
-    schedule = scheduler.schedule(lambda r: len(r.draft_token_ids))
+    proposal = {first: [], second: [11]}
+    schedule = with_drafts(scheduler.schedule(lambda r: len(proposal[r])), proposal)
     assert [item.num_tokens for item in schedule.decodes] == [1, 2]
     assert policy.bucket_for(schedule).width == 4
     assert first.state_slot

@@ -17,8 +17,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from runtime.engine import Engine
-from runtime.model_runner import ModelRunner
-from runtime.speculative import SpeculativeConfig
+from runtime.device.model_runner import ModelRunner
+from runtime.core.speculative_config import SpeculativeConfig
 from tests.compiled import per_module
 from tests.runtime.conftest import FAMILIES, model_and_runner
 from tests.runtime.spec_support import Oracle
@@ -84,7 +84,7 @@ def test_a_chat_hits_the_boundary_state_an_accepted_lane_published(family):
 
 def published_states(engine: Engine) -> dict[bytes, list[np.ndarray]]:
     """Key -> the published state's rows in every recurrent layer, read back from the device."""
-    cache, caches = engine.scheduler.prefix_cache, engine.runner.caches
+    cache, caches = engine.inspect.scheduler.slots.cache, engine.runner.caches
     layers = [layer for layer in caches if layer is not None and type(layer).__name__ != "KVCache"]
     return {key: [np.asarray(leaf[slot]) for layer in layers for leaf in jax.tree.leaves(layer)]
             for key, slot in cache.published_states.items()}  # fmt: skip
@@ -138,8 +138,8 @@ def test_random_shared_prefix_schedules_with_drafts_are_lossless(requests, max_c
     serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
     cache_stats, spec = engine.stats.ranks[0].prefix_cache, engine.stats.speculation
     event("hit" if cache_stats.hits else "no hit")
-    event("preempted" if engine.scheduler.num_preemptions else "no preemption")
+    event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
     event("rejections" if spec.num_accepted < spec.num_drafted else "no rejection")
-    scheduler = engine.scheduler
-    scheduler.prefix_cache.reset()
+    scheduler = engine.inspect.scheduler
+    scheduler.slots.cache.reset()
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
-from runtime.sampler import accept_drafts, sample
-from runtime.sampling_inputs import SamplingMode
+from runtime.device.sampler import accept_drafts, sample
+from runtime.core.sampling_inputs import SamplingMode
 from tests.runtime.test_sampler import LOGITS5, N, assert_distribution, inputs, reference_probs
 
 

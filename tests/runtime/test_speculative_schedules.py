@@ -13,7 +13,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import naive_greedy
 from tests.runtime.spec_support import Oracle, spec_engine
 from tests.runtime.test_random_schedules import drawn_workload, request_strategy
@@ -67,11 +67,11 @@ def test_random_schedule_with_drafts_equals_full_recompute(
                 engine.add_request(list(prompts[i]), params[i], request_id=i)
             if r["abort_at"] == step and engine.abort(i) is not None:
                 aborted.add(str(i))
-        preemptions = engine.scheduler.num_preemptions
+        preemptions = engine.inspect.scheduler.num_preemptions
         outputs |= {o.request_id: o for o in engine.step()}  # validate_inputs is on
-        schedule = engine.last_schedule
+        schedule = engine.inspect.last_schedule
         drafting = schedule is not None and any(d.num_tokens > 1 for d in schedule.decodes)
-        if engine.scheduler.num_preemptions > preemptions and drafting:
+        if engine.inspect.scheduler.num_preemptions > preemptions and drafting:
             preempted_while_drafting = True
         step += 1
         assert step < 400
@@ -80,7 +80,7 @@ def test_random_schedule_with_drafts_equals_full_recompute(
     event(f"{drafter}: " + ("accepted drafts" if spec.num_accepted else "no accepted draft"))
     if spec.num_accepted < spec.num_drafted:
         event(f"{drafter}: rejected drafts")
-    event("preempted" if engine.scheduler.num_preemptions else "no preemption")
+    event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
     if preempted_while_drafting:
         event("preempted in a step with drafts")
     for i in range(len(requests)):

@@ -1,13 +1,13 @@
 """Every buffer a step's CUDA graph reads or writes keeps its address from call to call
-(runtime.step_buffers), and a dispatched step's outputs survive the next step's dispatch."""
+(runtime.device.step_buffers), and a dispatched step's outputs survive the next step's dispatch."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from runtime.buckets import BucketPolicy
-from runtime.builder import build_dummy
-from runtime.step_buffers import buffer_addresses
+from runtime.core.buckets import BucketPolicy
+from runtime.core.builder import build_dummy
+from runtime.device.step_buffers import buffer_addresses
 from tests.runtime.conftest import model_and_runner
 
 

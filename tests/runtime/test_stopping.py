@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import MAX_MODEL_LEN, make_engine, naive_greedy
 
 

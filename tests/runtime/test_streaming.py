@@ -9,7 +9,7 @@ import pytest
 
 from jmamba.tokenizer import byte_tokenizer
 from runtime.engine import Engine
-from runtime.sampling_params import SamplingParams
+from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import (
     MAX_MODEL_LEN,
     _naive_forward,
@@ -122,7 +122,7 @@ def test_without_a_stop_string_the_text_is_the_whole_decode(family):
     engine.add_request(prompt, SamplingParams(max_tokens=6, ignore_eos=True))
     pieces = [delta.text for delta in engine.stream()]
     assert "".join(pieces) == text
-    assert engine.block_owners() == {} and engine.slot_owners() == {}
+    assert engine.inspect.block_owners() == {} and engine.inspect.slot_owners() == {}
 
 
 def test_stop_strings_need_a_tokenizer(family):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from runtime import checks
+from runtime.core import checks
 
 MAX_LOGPROBS = 20  # most alternatives `logprobs=k` may ask for per token
 
@@ -60,14 +60,16 @@ class SamplingParams:
             "top_p": checks.real("top_p", self.top_p, low=0.0, high=1.0, low_open=True),
             "max_tokens": max_tokens,
             "min_tokens": checks.integer("min_tokens", self.min_tokens, low=0, high=max_tokens),
-            "seed": None if self.seed is None else checks.integer("seed", self.seed, low=0,
-                                                                  high=2**32 - 1),
+            "seed": None
+            if self.seed is None
+            else checks.integer("seed", self.seed, low=0, high=2**32 - 1),
             "stop_token_ids": tuple(checks.token_ids("stop_token_ids", self.stop_token_ids)),
             "ignore_eos": checks.flag("ignore_eos", self.ignore_eos),
             "stop": checks.strings("stop", self.stop),
-            "logprobs": None if self.logprobs is None else checks.integer(
-                "logprobs", self.logprobs, low=0, high=MAX_LOGPROBS),
-        }  # fmt: skip
+            "logprobs": None
+            if self.logprobs is None
+            else checks.integer("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS),
+        }
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised: numpy scalars become Python's
 

@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from runtime.distributed import DataParallelMesh
-from runtime.sampling_inputs import TokenLogprobs
+from runtime.core.sampling_inputs import TokenLogprobs
+from runtime.device.distributed import DataParallelMesh
 
 
 class StepOutputs(NamedTuple):

@@ -20,8 +20,12 @@ import jmamba.inputs  # noqa: F401  (registers StepInputs as a pytree before any
 
 # Leaf dtypes by `dtype.char` (cheap to read, unlike `dtype.name`): int32 as is, float32 and uint32
 # bit for bit, bool widened to 0/1.
-_DTYPES = {"i": np.dtype(np.int32), "f": np.dtype(np.float32), "I": np.dtype(np.uint32),
-           "?": np.dtype(np.bool_)}  # fmt: skip
+_DTYPES = {
+    "i": np.dtype(np.int32),
+    "f": np.dtype(np.float32),
+    "I": np.dtype(np.uint32),
+    "?": np.dtype(np.bool_),
+}
 
 
 @dataclasses.dataclass(frozen=True)

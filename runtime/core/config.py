@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from runtime import checks
-from runtime.speculative import SpeculativeConfig, default_num_slots, min_num_slots
+from runtime.core import checks
+from runtime.core.speculative_config import (
+    SpeculativeConfig,
+    default_num_slots,
+    min_num_slots,
+)
 
 DEFAULT_MIN_TOKEN_BUDGET = 256  # the smallest derived token budget (the tiny presets get this)
 PREFIX_CACHING_MODES = ("off", "align", "all")
@@ -82,32 +86,22 @@ class EngineConfig:
         host-time measurements in docs/architecture.md). It acts on the whole process: objects
         alive then are freed by reference counting only, so False for a process that builds and
         drops many engines whose garbage holds reference cycles.
-      prefix_caching: "off", "align" or "all" (runtime/prefix_cache.py). "align": prefill chunks
+      prefix_caching: "off", "align" or "all" (runtime/prefix_cache/). "align": prefill chunks
         end on state_block_size boundaries and the state at each such chunk end is cached;
         "all": the state at every boundary a prefill chunk or a decode step crosses is cached.
         Both cache full KV blocks. None: DEFAULT_PREFIX_CACHING where the config can cache
         (a state slot to spare, a state block shorter than max_model_len - 1), else "off"; a
         mode named explicitly that cannot work raises a ValueError saying why.
-        Why the default is "all" (CPU measurements of the scheduler, the GPU bench is
-        benchmarks/bench_prefix_cache.py): token hit rates of tests/runtime/
-        test_prefix_hit_rates.py (64 requests) are equal to "align"'s where a shared prefix ends
-        on a state block (0.914 vs 0.914 at concurrency 1) and far higher where it does not
-        (100 shared + 40 own tokens: 0.678 vs 0.452; with a whole prompt in one chunk, as with a
-        real budget, 0.678 vs 0.000, vLLM #42317) and on a chat (0.844 vs 0.448: only "all"
-        caches the previous answer). Both are lossless (tests/runtime/test_prefix_caching.py).
-        The costs: the slot pool grows by max_cached_states states (memory), a prefill writes
-        one extra state per state block it crosses, and the host hashes every full KV block
-        (scheduler ~0.17 ms more per step on 32 requests of 640 tokens, against a device step
-        of several ms, the same in "align"); "align" saves only the boundary writes inside a
-        chunk, and cuts chunks at state blocks instead.
+        Why "all" is the default (hit rates against "align" and what each costs):
+        docs/architecture.md, "Prefix caching".
       state_block_size: tokens per cached recurrent state (a multiple of block_size and of the
         model's chunk size); None: their least common multiple, the finest possible. Per rank.
       max_cached_states: state slots the prefix cache may hold per rank (published and being
         written), apart from the running requests' slots; None: what an explicit num_slots
         leaves beside the requests' and lanes' slots + NULL, else max(max_num_seqs, 16) (a
         cached state per running request, at least 16).
-      speculative: speculative decoding (`runtime.speculative.SpeculativeConfig`, or a dict of its
-        fields); None decodes one token per request per step.
+      speculative: speculative decoding (`SpeculativeConfig`, or a dict of its fields); None
+        decodes one token per request per step.
       async_scheduling: schedule and build step N + 1 while step N runs on the device, taking
         the tokens N samples from its output on the device; the host learns them one step late
         (docs/architecture.md, "Host cost"). `Engine.step()` then returns the requests that
@@ -206,19 +200,42 @@ class EngineConfig:
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = default_token_budget(sbs if mode == "align" else chunk_size, seqs)
-        return dataclasses.replace(self, prefix_caching=mode, state_block_size=sbs,
-                                   max_cached_states=cached, num_slots=slots,
-                                   max_num_batched_tokens=budget)  # fmt: skip
+        return dataclasses.replace(
+            self,
+            prefix_caching=mode,
+            state_block_size=sbs,
+            max_cached_states=cached,
+            num_slots=slots,
+            max_num_batched_tokens=budget,
+        )
 
     def check_same_shapes(self, other: EngineConfig, whose: str) -> None:
         """ValueError unless `other` (`whose` config) has this config's pool sizes and bucket
         tables: the shapes of compiled steps and caches that engines may share."""
-        for name in ("num_blocks", "num_slots", "block_size", "max_model_len",
-                     "decode_row_buckets", "prefill_token_buckets", "prefill_row_buckets",
-                     "data_parallel_size", "boundary_block_size"):  # fmt: skip
+        for name in (
+            "num_blocks",
+            "num_slots",
+            "block_size",
+            "max_model_len",
+            "decode_row_buckets",
+            "prefill_token_buckets",
+            "prefill_row_buckets",
+            "data_parallel_size",
+            "boundary_block_size",
+        ):
             theirs, ours = getattr(other, name), getattr(self, name)
             if theirs != ours:
                 raise ValueError(f"{name}={ours} differs from {whose}'s {theirs}")
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """K, the most drafts a decode row takes in one step (0 without speculative decoding)."""
+        return 0 if self.speculative is None else self.speculative.num_speculative_tokens
+
+    @property
+    def decode_width(self) -> int:
+        """Lanes of a decode row with the most drafts, 1 + K (1 without speculation)."""
+        return 1 + self.num_speculative_tokens
 
     @property
     def caches_prefixes(self) -> bool:
@@ -230,6 +247,12 @@ class EngineConfig:
         """The block size of the prefill rows' boundary slots: state_block_size when prefix
         caching is on, 0 (no boundary slots) when it is off."""
         return self.state_block_size if self.caches_prefixes else 0
+
+    @property
+    def ends_chunk_at_last_boundary(self) -> bool:
+        """Whether a prefill chunk stops at the last state block boundary of a prompt ("align":
+        the state there must be a chunk end to be cached)."""
+        return self.prefix_caching == "align"
 
     def prefill_alignment(self, chunk_size: int) -> int:
         """Where prefill chunks may end (besides the end of a prompt): multiples of the model's
@@ -262,17 +285,23 @@ class EngineConfig:
     def _why_caching_cannot_work(self, sbs: int, cached: int) -> str | None:
         seqs = self.max_num_seqs
         if cached < 1:
-            return (f"max_cached_states={cached} leaves no state slot to cache in (num_slots="
-                    f"{self.num_slots} holds only the max_num_seqs={seqs} running requests' "
-                    "slots + NULL)")  # fmt: skip
+            return (
+                f"max_cached_states={cached} leaves no state slot to cache in (num_slots="
+                f"{self.num_slots} holds only the max_num_seqs={seqs} running requests' "
+                "slots + NULL)"
+            )
         running = default_num_slots(seqs, self.speculative)
         if self.num_slots is not None and self.num_slots < running + cached:
-            return (f"num_slots={self.num_slots} must be >= {running} (NULL and the running "
-                    f"requests' slots{' and lanes' if self.speculative else ''}) + "
-                    f"max_cached_states={cached} = {running + cached}")  # fmt: skip
+            return (
+                f"num_slots={self.num_slots} must be >= {running} (NULL and the running "
+                f"requests' slots{' and lanes' if self.speculative else ''}) + "
+                f"max_cached_states={cached} = {running + cached}"
+            )
         if sbs > self.max_model_len - 2:
-            return (f"state_block_size={sbs} > max_model_len - 2 = {self.max_model_len - 2}: a "
-                    "hit leaves the last prompt token to compute, so none could hit")  # fmt: skip
+            return (
+                f"state_block_size={sbs} > max_model_len - 2 = {self.max_model_len - 2}: a "
+                "hit leaves the last prompt token to compute, so none could hit"
+            )
         return None
 
     def _set_buckets(self, name: str, default: tuple[int, ...], needed: int) -> None:

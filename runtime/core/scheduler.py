@@ -1,4 +1,4 @@
-"""`Scheduler`: every policy decision of a step (admission, chunking, preemption, prefix caching),
+"""`Scheduler`: every policy decision of a step (admission, chunking, preemption, draft budgets),
 in plain Python.
 
 Continuous batching with chunked prefill under a token budget B (`max_num_batched_tokens`), at
@@ -11,9 +11,10 @@ most S = `max_num_seqs` rows per step, alignment a: the model's `chunk_size` c, 
    a unless it ends the tokens to prefill, so a request's result does not depend on how its
    prompt was cut (DESIGN.md section 5, invariant 7; a is a multiple of c). In "align" mode a
    chunk also stops at the last multiple of a in the prompt: the tail after it is a chunk of its
-   own, so the state at that boundary is a chunk end and gets cached.
-3. Waiting requests are admitted oldest first with the tokens left. With prefix caching a request
-   first looks up its longest cached prefix (runtime/prefix_cache.py) and starts after it. A
+   own, so the state at that boundary is a chunk end and gets cached
+   (`EngineConfig.ends_chunk_at_last_boundary`).
+3. Waiting requests are admitted oldest first with the tokens left. Each first asks the slot
+   planner for its longest cached prefix (none without prefix caching) and starts after it. A
    request that cannot get a chunk of the tokens left keeps its place and its row for a later
    step, and the requests behind it may use those tokens (fewer than a, which it could not use):
    no head-of-line blocking on the budget. Running out of rows, state slots or KV blocks stops
@@ -21,15 +22,14 @@ most S = `max_num_seqs` rows per step, alignment a: the model's `chunk_size` c, 
 4. When the KV block pool runs out (after evicting unused cached blocks), the youngest running
    request is preempted: it gives back its blocks and slots and later recomputes everything it
    had (prompt + output) as a fresh prefill, from its longest cached prefix.
-5. Speculative decoding (`config.speculative`, K drafts at most): after steps 1-3, each decode row,
-   oldest first, gets k <= K drafts out of what is left (tokens of the budget, free KV blocks,
-   free state slots, less what the prefix cache's state budget may still
-   take), never more than its drafter proposes nor than the tokens it may still
-   generate minus one, and 1 + k fresh lane slots (the state after each of its tokens). Drafts
-   never preempt and never take what a prefill or an admission could use, so the fairness bound
-   below is unchanged; k = 0 rows take the same path.
-   With prefix caching "all", an accepted lane that ends on a state block boundary gives its slot
-   to the cache (published at once: its step has run); rejected lanes publish nothing.
+5. Drafts (speculative decoding, K = `config.num_speculative_tokens` at most; K = 0 without it):
+   after steps 1-3, each decode row, oldest first, gets k <= K drafts out of what is left (tokens
+   of the budget, free KV blocks, free state slots less what the prefix cache's state budget may
+   still take), never more than its drafter proposes (`num_drafts`) nor than the tokens it may
+   still generate minus one. A row with k > 0 drafts gets 1 + k fresh lane slots (the state after
+   each of its tokens; verification keeps one); a row with none is a plain one-token decode row.
+   Drafts never preempt and never take what a prefill or an admission could use, so the fairness
+   bound below is unchanged.
 
 Fairness. B >= a + S - 1 is required (`min_token_budget`): a full aligned chunk always fits beside
 a full decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows,
@@ -46,10 +46,10 @@ this bound. A request kept out for lack of rows, slots or blocks waits for runni
 finish or be preempted, and no younger request is admitted before it meanwhile, so it is not
 starved either.
 
-Prefix caching (runtime/prefix_cache.py) is decided here too: which cached prefix an admitted
-request starts after, which state slots a step writes boundary states to (reserved now,
-published by `postprocess` after the step has run), and which slot each row reads and writes
-(runtime/row_slots.py keeps that slot bookkeeping; runtime/schedule.py holds the decision).
+Which slot each row reads and writes, which cached prefix a request starts after and what a step
+publishes to the prefix cache are the slot planner's (`runtime/core/slots.py`; with caching on,
+`runtime/prefix_cache/slots.py`); the schedule itself is `runtime/core/schedule.py`; when a
+request stops is `runtime/core/stopping.py`.
 """
 
 from __future__ import annotations
@@ -58,28 +58,34 @@ import bisect
 import time
 from collections.abc import Callable, Sequence
 
-from runtime.config import EngineConfig, min_token_budget
-from runtime.pools import NULL, Pool
-from runtime.prefix_cache import PrefixCache
-from runtime.request import FinishReason, Request, RequestStatus
-from runtime.row_slots import RowSlots
-from runtime.schedule import Schedule, ScheduledRequest
+from runtime.core import stopping
+from runtime.core.config import EngineConfig, min_token_budget
+from runtime.core.request import FinishReason, Request, RequestStatus
+from runtime.core.schedule import Schedule, ScheduledRequest
+from runtime.core.slots import SlotPlanner
 
-__all__ = ["Schedule", "ScheduledRequest", "Scheduler"]  # the first two moved to runtime.schedule
+
+def no_drafts(request: Request) -> int:
+    """The draft count of an engine without speculative decoding."""
+    return 0
 
 
 class Scheduler:
-    """Waiting and running requests (each oldest first), the block pool and the state-slot pool."""
+    """Waiting and running requests (each oldest first) of one rank, and its slot planner (which
+    keeps the rank's KV block and state-slot pools)."""
 
-    def __init__(
-        self, config: EngineConfig, chunk_size: int, *, uses_blocks: bool, uses_slots: bool
-    ) -> None:
+    def __init__(self, config: EngineConfig, chunk_size: int, slots: SlotPlanner) -> None:
+        """`config` resolved for the model's `chunk_size` (`EngineConfig.resolved`), as the one
+        `slots` was built from."""
         config = config.resolved(chunk_size)
         alignment = config.prefill_alignment(chunk_size)
         needed = min_token_budget(alignment, config.max_num_seqs)
         if config.max_num_batched_tokens < needed:
-            unit = (f"state_block_size={alignment} (prefix_caching='align')"
-                    if alignment != chunk_size else f"model's chunk_size={chunk_size}")  # fmt: skip
+            unit = (
+                f"state_block_size={alignment} (prefix_caching='align')"
+                if alignment != chunk_size
+                else f"model's chunk_size={chunk_size}"
+            )
             raise ValueError(
                 f"max_num_batched_tokens={config.max_num_batched_tokens} must be >= chunk_size + "
                 f"max_num_seqs - 1 = {needed}: one full prefill chunk of the {unit} must fit "
@@ -88,24 +94,13 @@ class Scheduler:
         self.config = config
         self.chunk_size = chunk_size
         self.alignment = alignment
-        self.uses_blocks = uses_blocks
-        self.uses_slots = uses_slots
-        self.block_pool = Pool("KV block", config.num_blocks)
-        self.slot_pool = Pool("state slot", config.num_slots)
-        self.prefix_cache = (
-            PrefixCache(self.block_pool, self.slot_pool, block_size=config.block_size,
-                        state_block_size=config.state_block_size,
-                        max_cached_states=config.max_cached_states, uses_blocks=uses_blocks,
-                        uses_slots=uses_slots)
-            if config.caches_prefixes else None
-        )  # fmt: skip
+        self.slots = slots
+        self.block_pool, self.slot_pool = slots.block_pool, slots.slot_pool
+        self.uses_blocks, self.uses_slots = slots.uses_blocks, slots.uses_slots
+        self.max_drafts = config.num_speculative_tokens
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
-        spec = config.speculative
-        self.num_speculative_tokens = spec.num_speculative_tokens if spec is not None else 0
-        self.slots = RowSlots(config, self.block_pool, self.slot_pool, self.prefix_cache,
-                              uses_slots=uses_slots)  # fmt: skip
 
     @property
     def budget(self) -> int:
@@ -127,7 +122,7 @@ class Scheduler:
                 return request
         return None
 
-    def schedule(self, num_drafts: Callable[[Request], int] | None = None) -> Schedule:
+    def schedule(self, num_drafts: Callable[[Request], int] = no_drafts) -> Schedule:
         """Pick this step's requests and token counts (module docstring, steps 1-5);
         `num_drafts(request)` is how many drafts the drafter proposes for a decode row."""
         decoding: list[Request] = []  # running decodes that got their token, oldest first
@@ -140,11 +135,12 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 break  # preempted in this loop, and so is everything younger
             if request.num_computed >= request.num_prefill_tokens:  # a decode: one token
-                if request.num_pending and self._ends_with_pending(request):
+                if request.num_pending and stopping.ends_with_pending(request, self.config):
                     continue  # its pending token is its last: it finishes when that retires
                 # Only a token that starts a new KV block needs one (every block_size steps).
                 needs_block = self.uses_blocks and request.num_computed >= (
-                    len(request.block_ids) * block_size)  # fmt: skip
+                    len(request.block_ids) * block_size
+                )
                 if not needs_block or self._reserve_blocks(request, 1, preempted):
                     decoding.append(request)  # its lane was set aside in prefill_budget
                 continue
@@ -155,29 +151,24 @@ class Scheduler:
             prefill_budget -= num_tokens
         if not preempted:
             self._admit(prefills, prefill_budget)
-        if self.num_speculative_tokens:
-            items = [ScheduledRequest(r, r.num_computed, 1) for r in decoding]
-            left = self.budget - len(items) - sum(item.num_tokens for item in prefills)
-            items = self._speculate(items, left, num_drafts or (lambda _: 0))
-            decodes = [self.slots.assign(item, decode=True) for item in items]
-        else:
-            decodes = [self.slots.decode_row(request) for request in decoding]
-        prefills = [self.slots.assign(item, decode=False) for item in prefills]
+        left = self.budget - len(decoding) - sum(item.num_tokens for item in prefills)
+        decodes = self._decode_rows(decoding, left, num_drafts)
+        prefills = [self.slots.prefill_row(item) for item in prefills]
         return Schedule(decodes, prefills, preempted)
 
     def postprocess(
-        self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] | None = None
+        self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] = ()
     ) -> list[Request]:
         """After a step ran: `advance`, then `retire` (a synchronous engine step)."""
         self.advance(schedule)
         return self.retire(schedule, sampled, drafts)
 
     def advance(self, schedule: Schedule, sample_rows: Sequence[int] | None = None) -> None:
-        """Once the step is dispatched: count its tokens as computed and move each row's state
+        """Once the step is dispatched: count its tokens as computed and move each row's slot
         bookkeeping to what the step writes, so the next step can be scheduled before this one's
         tokens are known. A row whose chunk reaches the last known token samples a token the
         host does not know yet: it is pending, in logits row `sample_rows[i]`, until `retire`.
-        Speculative rows advance in `retire` (how many drafts are accepted decides by how much);
+        Rows with drafts advance in `retire` (how many drafts are accepted decides by how much);
         a request finished or preempted since it was scheduled does not advance."""
         for i, item in enumerate(schedule.items):
             request = item.request
@@ -187,122 +178,113 @@ class Scheduler:
             if request.num_computed >= request.num_tokens + request.num_pending:
                 request.num_pending += 1
                 request.pending_row = 0 if sample_rows is None else int(sample_rows[i])
-            if self.prefix_cache is not None:
-                self.slots.advance(item)
+            self.slots.advance(item)
 
     def retire(
-        self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] | None = None
+        self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] = ()
     ) -> list[Request]:
         """Once the step's tokens are on the host: append them, stop requests, publish what the
-        step wrote to the prefix cache. Returns the requests that finished.
+        step wrote. Returns the requests that finished.
 
         `sampled[i]` is the token sampled from the logits of `schedule.items[i]`'s last token, or
-        for a speculative decode row the target's token after the accepted drafts `drafts[i]`:
-        the row appends drafts[i] + [sampled[i]], cut at the first stop, and keeps the state of
+        for a decode row with drafts the target's token after the accepted drafts `drafts[i]`:
+        that row appends drafts[i] + [sampled[i]], cut at the first stop, and keeps the state of
         its lane len(drafts[i]). Rows of requests finished since the step was scheduled (a stop
-        learned one step late, an abort) are dropped.
+        learned one step late, an abort) are dropped; the states they wrote are still published.
         """
         finished = []
         now = time.perf_counter()
-        cache, block_size = self.prefix_cache, self.config.block_size
         for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
-            if request.status is RequestStatus.FINISHED:  # the states it wrote are still valid
-                if item.new_states:
-                    self.slots.publish(item)
-                continue
-            tokens = None
-            if item.lane_slots:
-                accepted = drafts[i] if drafts is not None else []
-                request.num_computed += len(accepted) + 1
-                request.draft_token_ids = []
-                tokens = [*accepted, token]
             reason = None
-            if tokens is not None or request.num_pending:  # else a prefill chunk, not the last
+            if request.status is RequestStatus.FINISHED:
+                pass
+            elif item.lane_slots:
+                reason = self._retire_lanes(item, [*drafts[i], int(token)], now)
+            elif request.num_pending:  # its chunk sampled a token (else: a prefill, not the last)
+                request.num_pending -= 1
+                token = int(token)
+                request.output_token_ids.append(token)
                 if request.first_token_time is None:
                     request.first_token_time = now
-                if tokens is None:  # one token (the common case, without a list)
-                    request.num_pending -= 1
-                    token = int(token)
-                    request.output_token_ids.append(token)
-                    reason = self._stop_reason(request, token)
-                else:
-                    reason = self._append(request, tokens)
-            if tokens is not None:
-                self.slots.keep_lane(item, len(tokens) - 1)
-                if cache is not None:
-                    self.slots.advance(item)
-            # Exactly the cases `RowSlots.publish` acts on (states written, a KV block filled
-            # since `num_cached_blocks`): most decode rows skip it.
-            if cache is not None and (
-                item.new_states or request.num_computed // block_size > request.num_cached_blocks
-            ):
-                self.slots.publish(item)
+                reason = stopping.stop_reason(request, token, self.config)
+            self.slots.retired(item)
             if reason is not None:
                 self._finish(request, reason)
                 finished.append(request)
         return finished
 
-    def _append(self, request: Request, tokens: list[int]) -> FinishReason | None:
-        """Append `tokens` to the request's output up to the first that stops it; returns why it
-        stops (None: it goes on)."""
-        for token in tokens:
-            request.output_token_ids.append(int(token))
-            reason = self._stop_reason(request, int(token))
-            if reason is not None:
-                return reason
-        return None
+    def _retire_lanes(
+        self, item: ScheduledRequest, tokens: list[int], now: float
+    ) -> FinishReason | None:
+        """A row with drafts: its request gains the accepted drafts and the target's token after
+        them, and keeps the state of the last accepted lane."""
+        request = item.request
+        request.num_computed += len(tokens)
+        if request.first_token_time is None:
+            request.first_token_time = now
+        reason = stopping.append_tokens(request, tokens, self.config)
+        self.slots.advance(item)  # past what the row read
+        self.slots.keep_lane(item, len(tokens) - 1)
+        return reason
 
-    def _speculate(
-        self, decodes: list[ScheduledRequest], budget: int, num_drafts: Callable[[Request], int]
+    def _decode_rows(
+        self, decoding: list[Request], budget: int, num_drafts: Callable[[Request], int]
     ) -> list[ScheduledRequest]:
-        """Give each decode row, oldest first, its drafts and lane slots (module docstring, 5)."""
+        """Each decode row, oldest first, with the drafts it can afford (module docstring, 5)."""
         rows = []
-        for i, item in enumerate(decodes):
-            request = item.request
-            params = request.sampling_params
-            room = min(params.max_tokens - len(request.output_token_ids),
-                       self.config.max_model_len - request.num_tokens)  # fmt: skip
-            k = min(num_drafts(request), self.num_speculative_tokens, room - 1, budget)
-            if self.uses_slots:  # keep a lane-0 slot for each younger row
-                k = min(k, self.slots.free_for_lanes() - (len(decodes) - i))
-            while k > 0 and not self._can_allocate_blocks(self._blocks_needed(request, 1 + k)):
-                k -= 1
-            if k > 0:
-                request.block_ids += self._allocate_blocks(self._blocks_needed(request, 1 + k))
-            lanes = self.slot_pool.allocate(1 + k) if self.uses_slots else [0] * (1 + k)
-            rows.append(item._replace(num_tokens=1 + k, lane_slots=tuple(lanes)))
+        for request in decoding:
+            k = self._affordable_drafts(request, num_drafts(request), budget)
+            if k == 0:
+                rows.append(self.slots.decode_row(request))
+                continue
+            request.block_ids += self.slots.allocate_blocks(self._blocks_needed(request, 1 + k))
+            rows.append(self.slots.draft_row(request, self.slots.lane_slots(1 + k)))
             budget -= k
         return rows
+
+    def _affordable_drafts(self, request: Request, wanted: int, budget: int) -> int:
+        """The most of `wanted` drafts the row may take: within K, the tokens it may still
+        generate minus one, the token budget, the free lane slots and the free KV blocks."""
+        if wanted <= 0:
+            return 0
+        params = request.sampling_params
+        room = min(
+            params.max_tokens - len(request.output_token_ids),
+            self.config.max_model_len - request.num_tokens,
+        )
+        k = min(wanted, self.max_drafts, room - 1, budget, self.slots.free_for_lanes() - 1)
+        while k > 0 and not self.slots.can_allocate_blocks(self._blocks_needed(request, 1 + k)):
+            k -= 1
+        return max(k, 0)
 
     def _admit(self, prefills: list[ScheduledRequest], budget: int) -> None:
         """Admit waiting requests oldest first (module docstring, step 3)."""
         free_rows = self.config.max_num_seqs - len(self.running)
         for request in list(self.waiting):
-            if free_rows == 0 or (self.uses_slots and not self.slot_pool.can_allocate(1)):
+            if free_rows == 0 or not self.slots.can_start():
                 return
             free_rows -= 1  # admitted now, or kept for it while younger requests go ahead
             hit = self.slots.take_hit(request)
             num_tokens = self._chunk_len(request, budget)
             num_blocks = self._blocks_needed(request, num_tokens)
-            if num_tokens == 0 or not self._can_allocate_blocks(num_blocks):
+            if num_tokens == 0 or not self.slots.can_allocate_blocks(num_blocks):
                 self.slots.drop_hit(request, hit)
                 if num_tokens == 0:
                     continue
                 return
             self._start(request, num_blocks)
-            if self.prefix_cache is not None:
-                self.prefix_cache.touch(request, hit)
-                request.num_cached_tokens = hit.num_tokens
+            self.slots.admitted(request, hit)
             prefills.append(ScheduledRequest(request, request.num_computed, num_tokens))
             budget -= num_tokens
 
     def _chunk_len(self, request: Request, budget: int) -> int:
         """Prefill tokens to feed: all that remain if they fit, else up to a multiple of the
-        alignment; in "align" mode never past the last multiple of it before the prompt's end."""
+        alignment; never past the prompt's last multiple of it where the config asks for that
+        boundary to end a chunk (module docstring, step 2)."""
         a, done = self.alignment, request.num_computed
         end = request.num_prefill_tokens
-        if self.config.prefix_caching == "align" and done < end // a * a:
+        if self.config.ends_chunk_at_last_boundary and done < end // a * a:
             end = end // a * a
         if end - done <= budget:
             return end - done
@@ -319,42 +301,25 @@ class Scheduler:
         """Give `request` the KV blocks its next tokens reach, preempting the youngest running
         requests while the pool is short; False if that preempted `request` itself."""
         needed = self._blocks_needed(request, num_tokens)
-        while not self._can_allocate_blocks(needed):
+        while not self.slots.can_allocate_blocks(needed):
             victim = self.running[-1]
             preempted.append(self._preempt(victim))
             if victim is request:
                 return False
         if needed:
-            request.block_ids += self._allocate_blocks(needed)
+            request.block_ids += self.slots.allocate_blocks(needed)
         return True
-
-    def _can_allocate_blocks(self, n: int) -> bool:
-        if self.prefix_cache is None:
-            return self.block_pool.can_allocate(n)
-        return self.prefix_cache.can_allocate_blocks(n)
-
-    def _allocate_blocks(self, n: int) -> list[int]:
-        if self.prefix_cache is None:
-            return self.block_pool.allocate(n)
-        return self.prefix_cache.allocate_blocks(n)
 
     def _start(self, request: Request, num_blocks: int) -> None:
         self.waiting.remove(request)
-        if self.uses_slots:
-            request.state_slot = self.slot_pool.allocate(1)[0]
-        request.block_ids += self._allocate_blocks(num_blocks)  # after a hit's cached blocks
+        self.slots.start(request)
+        request.block_ids += self.slots.allocate_blocks(num_blocks)  # after a hit's blocks
         request.status = RequestStatus.RUNNING
         _insert_by_arrival(self.running, request)
 
-    def _release(self, request: Request) -> None:
-        self.block_pool.free(request.block_ids)
-        held = [slot for slot in (request.state_slot, request.read_slot) if slot]
-        self.slot_pool.free(held)
-        request.block_ids, request.state_slot, request.read_slot = [], NULL, NULL
-
     def _preempt(self, request: Request) -> Request:
         self.running.remove(request)
-        self._release(request)
+        self.slots.release(request)
         request.reset_for_recompute()
         _insert_by_arrival(self.waiting, request)
         self.num_preemptions += 1
@@ -363,31 +328,12 @@ class Scheduler:
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request in self.running:
             self.running.remove(request)
-            self._release(request)
+            self.slots.release(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_time = time.perf_counter()
-
-    def _ends_with_pending(self, request: Request) -> bool:
-        """Whether the pending token reaches max_tokens or max_model_len (counts, known before
-        the token itself)."""
-        num_outputs = request.num_sampled
-        num_tokens = len(request.prompt_token_ids) + num_outputs
-        return num_outputs >= request.sampling_params.max_tokens or (
-            num_tokens >= self.config.max_model_len
-        )
-
-    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        params = request.sampling_params
-        num_outputs = len(request.output_token_ids)  # `token` included
-        if token in request.stop_ids and num_outputs > params.min_tokens:
-            return FinishReason.STOP
-        num_tokens = len(request.prompt_token_ids) + num_outputs  # request.num_tokens, inlined
-        if num_outputs >= params.max_tokens or num_tokens >= self.config.max_model_len:
-            return FinishReason.LENGTH
-        return None
 
 
 def _insert_by_arrival(queue: list[Request], request: Request) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from runtime.buckets import Bucket
-from runtime.sampling_inputs import SamplingMode
-from runtime.scheduler import Schedule
+from runtime.core.buckets import Bucket
+from runtime.core.sampling_inputs import SamplingMode
+from runtime.core.schedule import Schedule
 
 
 class RowRecord(NamedTuple):
@@ -41,8 +41,9 @@ class ScheduleRecord:
     @classmethod
     def of(cls, schedule: Schedule) -> ScheduleRecord:
         def rows(items) -> tuple[Row, ...]:
-            return tuple([(i.request.request_id, i.start, i.num_tokens, i.request.state_slot)
-                          for i in items])  # fmt: skip
+            return tuple(
+                [(i.request.request_id, i.start, i.num_tokens, i.request.state_slot) for i in items]
+            )
 
         preempted = tuple(r.request_id for r in schedule.preempted)
         return cls(rows(schedule.decodes), rows(schedule.prefills), preempted)

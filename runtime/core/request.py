@@ -7,9 +7,9 @@ import enum
 import time
 from collections.abc import Sequence
 
-from runtime import checks
-from runtime.sampling_inputs import SamplingNeeds
-from runtime.sampling_params import SamplingParams
+from runtime.core import checks
+from runtime.core.sampling_inputs import SamplingNeeds
+from runtime.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -36,19 +36,13 @@ class Request:
     output token, {token id: log-probability} of the sampled and the top-k tokens when the
     sampling params ask for them (else None).
 
-    Prefix caching: `read_slot` is a cached state slot the request's next step reads instead of
-    its own `state_slot` (after a hit, or after a decode step wrote a boundary state to a cache
-    slot); the request holds a reference on it until that step has run. `num_cached_blocks`
-    counts its leading KV blocks already in the cache. `block_digests` memoises the chained
-    digests of its full blocks: a function of its token ids alone, so it survives preemption.
+    `num_cached_tokens` counts the prompt tokens its last admission took from the prefix cache (0
+    without caching); what the cache keeps per request lives in the cache's slot planner
+    (`runtime.prefix_cache.CachingSlots`), not here.
 
     `sampling_row` holds the builder's fixed per-row sampling values (`sampling_row`) and
     `sampling_needs` what the request asks of the sampler, both computed once instead of read
     from the sampling params at every step.
-
-    Speculative decoding: `draft_token_ids` are the drafts the drafter proposed for the tokens
-    after the last sampled one (fed behind it in this step's decode row; output only once
-    verified).
 
     Asynchronous scheduling (`EngineConfig.async_scheduling`): `num_pending` counts tokens a
     dispatched step samples that the host has not seen yet (0 or 1); `pending_row` is the logits
@@ -70,11 +64,7 @@ class Request:
     num_prefill_tokens: int = 0
     block_ids: list[int] = dataclasses.field(default_factory=list)
     state_slot: int = 0
-    read_slot: int = 0
-    num_cached_blocks: int = 0
     num_cached_tokens: int = 0
-    block_digests: list[bytes] = dataclasses.field(default_factory=list, repr=False)
-    draft_token_ids: list[int] = dataclasses.field(default_factory=list)
     num_pending: int = 0
     pending_row: int = 0
     num_preemptions: int = 0
@@ -159,16 +149,18 @@ class Request:
         self.num_computed = 0
         self.num_prefill_tokens = self.num_tokens
         self.block_ids = []
-        self.state_slot = self.read_slot = self.num_cached_blocks = 0
-        self.draft_token_ids = []
+        self.state_slot = 0
         self.status = RequestStatus.WAITING
         self.num_preemptions += 1
 
 
 def checked_request(
-    prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None, *, vocab_size: int,
+    prompt_token_ids: Sequence[int],
+    sampling_params: SamplingParams | None,
+    *,
+    vocab_size: int,
     max_model_len: int,
-) -> tuple[list[int], SamplingParams]:  # fmt: skip
+) -> tuple[list[int], SamplingParams]:
     """(prompt as a list of ints, sampling params); ValueError naming what is wrong.
 
     The prompt needs 1 to max_model_len - 1 int ids inside the vocabulary (prompt + output
@@ -193,77 +185,6 @@ def sampling_row(params: SamplingParams, seed: int) -> tuple[float, ...]:
     """(temperature, top_k, top_p, seed, min_tokens): what the builder writes into a request's
     sampling rows every step, fixed for its life (all exact in float64)."""
     return (params.temperature, params.top_k, params.top_p, seed, params.min_tokens)
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestOutput:
-    """What a finished (or aborted) request returns.
-
-    Attributes:
-      request_id: the id given to `add_request`.
-      prompt_token_ids / token_ids: prompt and generated token ids.
-      text: decoded generated text when a tokenizer is available, else None.
-      finish_reason: "stop", "length" or "abort".
-      time_to_first_token / latency: seconds from arrival (None if no token was generated).
-      num_preemptions: how often the request was preempted and recomputed.
-      logprobs: per generated token, {token id: log-probability} of the sampled token and the
-        top `SamplingParams.logprobs` tokens; None unless asked for.
-      num_cached_tokens: prompt tokens its last admission took from the prefix cache.
-    """
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    finish_reason: str
-    time_to_first_token: float | None
-    latency: float
-    num_preemptions: int = 0
-    num_cached_tokens: int = 0
-    text: str | None = None
-    logprobs: list[dict[int, float]] | None = None
-
-    @classmethod
-    def of(cls, request: Request) -> RequestOutput:
-        first = request.first_token_time
-        end = request.finish_time or time.perf_counter()
-        return cls(
-            request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            token_ids=list(request.output_token_ids),
-            finish_reason=request.finish_reason.value if request.finish_reason else "running",
-            time_to_first_token=None if first is None else first - request.arrival_time,
-            latency=end - request.arrival_time,
-            num_preemptions=request.num_preemptions,
-            logprobs=None if request.logprobs is None else list(request.logprobs),
-            num_cached_tokens=request.num_cached_tokens,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamDelta:
-    """What one engine step added to one request (`Engine.stream`, `LLM.stream`).
-
-    Attributes:
-      request_id: the request's id.
-      token_ids: the tokens generated in this step.
-      text: the text they complete (None without a tokenizer). Text may lag its tokens: the bytes
-        of an unfinished character, and the tail that may still start a stop string, wait for
-        the next step; the texts of one request's deltas add up to its final text.
-      logprobs: {token id: log-probability} per new token, when the request asked for them.
-      finished: whether the request finished in this step.
-      output: the finished request's `RequestOutput` (None while it runs).
-    """
-
-    request_id: str
-    token_ids: list[int]
-    text: str | None
-    logprobs: list[dict[int, float]] | None
-    finished: bool
-    output: RequestOutput | None = None
-
-    @property
-    def finish_reason(self) -> str | None:
-        return None if self.output is None else self.output.finish_reason
 
 
 def _short_list(ids: list[int], limit: int = 6) -> str:

@@ -6,14 +6,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from runtime.core.schedule import Schedule
 from runtime.prefix_cache import PrefixCacheStats
-from runtime.speculative import SpeculationStats
-
-if TYPE_CHECKING:
-    from runtime.model_runner import ModelRunner
-    from runtime.schedule import Schedule
+from runtime.speculative.verify import SpeculationStats
 
 T = TypeVar("T")
 
@@ -44,11 +41,16 @@ class StepStats:
 
     @property
     def speculation(self) -> SpeculationStats:
-        """Acceptance counters summed over ranks (`acceptance_rate`, `mean_acceptance_length`)."""
-        total = SpeculationStats()
-        for rank in self.ranks:
-            total = total.add(rank.speculation)
-        return total
+        """Acceptance counters summed over ranks (`acceptance_rate`, `mean_acceptance_length`;
+        a fresh copy)."""
+        return SpeculationStats.total([rank.speculation for rank in self.ranks])
+
+    @property
+    def prefix_cache(self) -> PrefixCacheStats | None:
+        """Prefix cache counters summed over ranks (a fresh copy; per rank:
+        `ranks[i].prefix_cache`); None when prefix caching is off."""
+        parts = [rank.prefix_cache for rank in self.ranks if rank.prefix_cache is not None]
+        return PrefixCacheStats.total(parts) if parts else None
 
     def count(self, timer: StepTimer, schedules: list[Schedule] | None) -> None:
         """Add one engine step: its `timer`'s seconds and, when it dispatched a step (`schedules`,
@@ -69,10 +71,11 @@ class StepStats:
 
 class StepTimer:
     """One engine step's wall time split three ways: device (the runner calls made through
-    `device`, less what they spent compiling), compile, and host (the rest, at `stop`)."""
+    `device`, less what they spent compiling), compile, and host (the rest, at `stop`).
+    `compiled()` is the runner's running total of compile seconds."""
 
-    def __init__(self, runner: ModelRunner) -> None:
-        self._runner = runner
+    def __init__(self, compiled: Callable[[], float]) -> None:
+        self._compiled = compiled
         self._start = 0.0
         self.host_seconds = self.device_seconds = self.compile_seconds = 0.0
 
@@ -82,10 +85,10 @@ class StepTimer:
 
     def device(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`call(*args, **kwargs)` (a runner's dispatch or fetch), timed as device time."""
-        compiled_before = self._runner.total_compile_seconds
+        compiled_before = self._compiled()
         start = time.perf_counter()
         result = call(*args, **kwargs)
-        compiled = self._runner.total_compile_seconds - compiled_before
+        compiled = self._compiled() - compiled_before
         self.compile_seconds += compiled
         self.device_seconds += time.perf_counter() - start - compiled
         return result

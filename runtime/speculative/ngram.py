@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.buckets import Bucket
-from runtime.request import Request
-from runtime.scheduler import Schedule
-from runtime.speculative import SpeculativeConfig
+from runtime.core.buckets import Bucket
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.schedule import Schedule
+from runtime.core.speculative_config import SpeculativeConfig
+from runtime.speculative.verify import check_verifiable, with_drafts
 
 
 def lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
@@ -40,25 +42,33 @@ def lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
 
 
 class NgramDrafter:
-    """Drafts by prompt lookup; proposals are made when the scheduler asks how many it has."""
+    """Drafts by prompt lookup. The lookup runs when the scheduler asks how many drafts a row
+    wants; `propose` hands each row with lanes the first k tokens of its proposal."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
+        self._proposals: dict[Request, list[int]] = {}  # this step's lookups
+
+    def check(self, params: SamplingParams) -> None:
+        check_verifiable(params)
 
     def num_wanted(self, request: Request) -> int:
-        """Look the request's tokens up; keep the proposal in `request.draft_token_ids`."""
+        """Look the request's tokens up; keep the proposal until `propose`."""
         c = self.config
         tokens = np.asarray(request.token_ids(0, request.num_tokens), np.int32)
-        request.draft_token_ids = lookup(
+        proposal = lookup(
             tokens, c.prompt_lookup_min, c.prompt_lookup_max, c.num_speculative_tokens
         )
-        return len(request.draft_token_ids)
+        self._proposals[request] = proposal
+        return len(proposal)
 
-    def propose(self, schedules: list[Schedule], bucket: Bucket) -> None:
-        """Nothing to run: each row feeds the first num_tokens - 1 of its proposal."""
+    def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
+        """Nothing to run: each row of 1 + k lanes feeds the first k tokens of its proposal."""
+        proposals, self._proposals = self._proposals, {}
+        return [with_drafts(schedule, proposals) for schedule in schedules]
 
     def release_done(self) -> None:
-        """Holds nothing."""
+        """Holds nothing past a step."""
 
     def warmup(self) -> None:
         """Compiles nothing."""

@@ -73,8 +73,11 @@ def token_ids(name: str, value: object, vocab_size: int | None = None) -> list[i
     elif isinstance(value, str | bytes) or not isinstance(value, Sequence):
         raise ValueError(f"{name} must be a list of int token ids, got {_short(value)}")
     else:
-        bad = [(i, t) for i, t in enumerate(value)
-               if _is_bool(t) or not isinstance(t, numbers.Integral)]  # fmt: skip
+        bad = [
+            (i, t)
+            for i, t in enumerate(value)
+            if _is_bool(t) or not isinstance(t, numbers.Integral)
+        ]
         if bad:
             i, t = bad[0]
             raise ValueError(f"{name}[{i}]={_short(t)} is not an int token id ({len(bad)} bad)")

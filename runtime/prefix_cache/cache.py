@@ -30,13 +30,14 @@ import collections
 import dataclasses
 import hashlib
 import types
+import weakref
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 
-from runtime.pools import NULL, Pool
-from runtime.request import Request
+from runtime.core.pools import NULL, Pool
+from runtime.core.request import Request
 
 DIGEST_BYTES = 16
 
@@ -106,9 +107,17 @@ class PrefixCache:
     needs every KV block of its prefix cached, resp. the state at its end).
     """
 
-    def __init__(self, block_pool: Pool, slot_pool: Pool, *, block_size: int,
-                 state_block_size: int, max_cached_states: int, uses_blocks: bool,
-                 uses_slots: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        block_pool: Pool,
+        slot_pool: Pool,
+        *,
+        block_size: int,
+        state_block_size: int,
+        max_cached_states: int,
+        uses_blocks: bool,
+        uses_slots: bool,
+    ) -> None:
         if state_block_size % block_size:
             raise ValueError(
                 f"state_block_size={state_block_size} must be a multiple of block_size={block_size}"
@@ -125,13 +134,16 @@ class PrefixCache:
         # Slots a step writes a state to whose key is known only when the step retires (an
         # asynchronous decode feeding a token still on the device): `key_state` settles them.
         self._unkeyed: set[int] = set()
+        # Each live request's block digests (a function of its token ids alone, so they survive
+        # preemption); an entry goes with its request.
+        self._digests: weakref.WeakKeyDictionary[Request, list[bytes]] = weakref.WeakKeyDictionary()
 
     # ----------------------------------------------------------------------------- keys
 
     def digests(self, request: Request, num_blocks: int) -> list[bytes]:
-        """The chained digests of the request's first `num_blocks` full blocks (memoised on the
+        """The chained digests of the request's first `num_blocks` full blocks (memoised per
         request: they depend on its token ids only, which never change once known)."""
-        known, bs = request.block_digests, self.block_size
+        known, bs = self._digests.setdefault(request, []), self.block_size
         previous = known[-1] if known else b""
         for i in range(len(known), num_blocks):
             previous = chain_digest(previous, request.token_ids(i * bs, (i + 1) * bs))
@@ -204,28 +216,28 @@ class PrefixCache:
             self.stats.block_evictions += 1
         return self.block_pool.allocate(n)
 
-    def publish_blocks(self, request: Request) -> None:
-        """Publish the request's blocks that its computed tokens have filled since the last call
-        (`request.num_cached_blocks` counts the leading blocks already offered).
+    def publish_blocks(self, request: Request, num_offered: int) -> int:
+        """Publish the request's blocks that its computed tokens have filled past its first
+        `num_offered` (offered before); returns how many are offered now.
 
         Its whole cached prefix then becomes most recently used, deepest block first: within a
         prefix, deeper blocks are always older, so eviction never cuts a prefix in the middle
         (a block is useless without every block before it).
         """
         full = request.num_computed // self.block_size
-        if not self.uses_blocks or full <= request.num_cached_blocks:
-            return
+        if not self.uses_blocks or full <= num_offered:
+            return max(full, num_offered)
         digests = self.digests(request, full)
-        for i in range(request.num_cached_blocks, full):
+        for i in range(num_offered, full):
             if digests[i] not in self._blocks:  # else another request's copy is cached already
                 block = request.block_ids[i]
                 self.block_pool.share([block])
                 self._blocks[digests[i]] = block
                 self.stats.blocks_published += 1
-        request.num_cached_blocks = full
         for digest in reversed(digests):
             if digest in self._blocks:
                 self._blocks.move_to_end(digest)
+        return full
 
     # ----------------------------------------------------------------------------- states
 

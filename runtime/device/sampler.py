@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jmamba.inputs import StepInputs
-from runtime.sampling_inputs import SamplingInputs, SamplingMode, TokenLogprobs
+from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, TokenLogprobs
 
 
 def sample(logits: jax.Array, params: SamplingInputs, mode: SamplingMode) -> jax.Array:

@@ -3,8 +3,9 @@
 Every array is allocated at bucket size, zero-filled (NULL padding by construction) and filled from
 the schedule alone: decode rows first, then prefill rows, then padding. Nothing is carried over
 from an earlier step, which removes the stale-row bug class of persistent metadata buffers.
-Uses numpy only: `jmamba.step_inputs` and `runtime.sampling_inputs` are jax-free, so the host side
-never loads jax (DESIGN.md section 3).
+Uses numpy only: `jmamba.step_inputs` and `runtime.core.sampling_inputs` are jax-free, so the host
+side never loads jax (docs/architecture.md section 3). A row's sequence is anything with the
+`RowSequence` fields: a `Request`, or a drafter's view of one.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ import itertools
 import numpy as np
 
 from jmamba.step_inputs import DecodeRows, PrefillRows, StepInputs
-from runtime.buckets import Bucket
-from runtime.request import Request
-from runtime.sampling_inputs import SamplingInputs, SamplingMode, mask_width
-from runtime.scheduler import Schedule, ScheduledRequest
+from runtime.core.buckets import Bucket
+from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
+from runtime.core.schedule import RowSequence, Schedule, ScheduledRequest
 
 Masks = list[tuple[int, tuple[int, ...]]]  # (logits row, token ids it may not produce)
 
@@ -53,9 +53,11 @@ class StepBatch:
         wrong = ~live | (sources > num_carried) | (np.asarray(self.inputs.token_ids) != 0)
         bad = np.nonzero((sources != 0) & wrong)[0]
         if bad.size:
-            raise ValueError(f"token lanes {bad.tolist()} take sources {sources[bad].tolist()}: a "
-                             f"source must be a live decode lane's, in 1..{num_carried}, with "
-                             "token id 0")  # fmt: skip
+            raise ValueError(
+                f"token lanes {bad.tolist()} take sources {sources[bad].tolist()}: a "
+                f"source must be a live decode lane's, in 1..{num_carried}, with "
+                "token id 0"
+            )
 
 
 def boundary_columns(bucket: Bucket, state_block_size: int) -> int:
@@ -93,21 +95,32 @@ class _Arrays:
         self.state_block_size = state_block_size
         self.p_boundary = (
             np.zeros((rp, boundary_columns(bucket, state_block_size)), i32)
-            if state_block_size else None
-        )  # fmt: skip
+            if state_block_size
+            else None
+        )
         self.logits_indices = np.zeros(n, i32)
         self.temperature, self.top_p = np.zeros(n, np.float32), np.ones(n, np.float32)
         self.top_k, self.counters = np.zeros(n, i32), np.zeros(n, i32)
         self.seeds = np.zeros(n, np.uint32)
 
     def step_inputs(self) -> StepInputs:
-        decode = DecodeRows(self.d_query_lens, self.d_seq_lens, self.d_read, self.d_write,
-                            self.d_table)  # fmt: skip
-        prefill = PrefillRows(self.qsl, self.p_computed, self.p_seq_lens, self.p_initial,
-                              self.p_read, self.p_write, self.p_table, self.p_boundary,
-                              self.state_block_size)  # fmt: skip
-        return StepInputs(self.token_ids, self.positions, self.kv_slots, decode, prefill,
-                          self.logits_indices)  # fmt: skip
+        decode = DecodeRows(
+            self.d_query_lens, self.d_seq_lens, self.d_read, self.d_write, self.d_table
+        )
+        prefill = PrefillRows(
+            self.qsl,
+            self.p_computed,
+            self.p_seq_lens,
+            self.p_initial,
+            self.p_read,
+            self.p_write,
+            self.p_table,
+            self.p_boundary,
+            self.state_block_size,
+        )
+        return StepInputs(
+            self.token_ids, self.positions, self.kv_slots, decode, prefill, self.logits_indices
+        )
 
     def sampling(self, masks: Masks) -> SamplingInputs:
         width = mask_width(max((len(ids) for _, ids in masks), default=0))
@@ -116,8 +129,15 @@ class _Arrays:
         for row, ids in masks:
             masked_ids[row, : len(ids)] = ids
             num_masked[row] = len(ids)
-        return SamplingInputs(self.temperature, self.top_k, self.top_p, self.seeds, self.counters,
-                              masked_ids, num_masked)  # fmt: skip
+        return SamplingInputs(
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.seeds,
+            self.counters,
+            masked_ids,
+            num_masked,
+        )
 
     def set_sampling(self, row: int, item: ScheduledRequest) -> None:
         request = item.request
@@ -171,8 +191,10 @@ def build_step(
         a.p_table[j, : len(request.block_ids)] = request.block_ids
         if item.boundary_slots:
             if a.p_boundary is None:
-                raise ValueError("the schedule caches boundary states: build with the config's "
-                                 "boundary_block_size, not state_block_size=0")  # fmt: skip
+                raise ValueError(
+                    "the schedule caches boundary states: build with the config's "
+                    "boundary_block_size, not state_block_size=0"
+                )
             a.p_boundary[j, : len(item.boundary_slots)] = item.boundary_slots
         a.set_tokens(num_decode_lanes + offset, item, block_size)
         offset += item.num_tokens
@@ -201,8 +223,9 @@ def _fill_decode(
     if n == 0:
         return [], []
     requests = [item.request for item in decodes]
-    table = np.array([_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True)],
-                     np.int64)  # fmt: skip
+    table = np.array(
+        [_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True)], np.int64
+    )
     query_lens, starts, reads, writes, num_blocks, counters, first_tokens, sources = table.T
     params = np.array([r.sampling_row for r in requests], np.float64)  # [n, 5]
     a.d_query_lens[:n] = query_lens
@@ -222,8 +245,10 @@ def _fill_decode(
         blocks = itertools.chain.from_iterable(block_lists)
         a.d_table[block_rows, block_columns] = np.fromiter(blocks, np.int32, total_blocks)
     num_lanes = int(query_lens.sum())
-    if decodes[0].lane_slots:  # speculative rows (drafts or not): each lane writes a fresh slot
-        lane_slots = itertools.chain.from_iterable(item.lane_slots for item in decodes)
+    if num_lanes > n:  # rows with drafts: each of their lanes writes its own fresh slot
+        lane_slots = itertools.chain.from_iterable(
+            item.lane_slots or (item.write_slot,) for item in decodes
+        )
         lane_rows, lane_columns = _ragged(query_lens)
         a.d_write[lane_rows, lane_columns] = np.fromiter(lane_slots, np.int32, num_lanes)
     if num_lanes == n:  # one token per row: whole columns of the tables, no gather
@@ -258,17 +283,26 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
-def _decode_scalars(item: ScheduledRequest, request: Request) -> tuple[int, ...]:
-    """query_len, start, read slot, write slot, #blocks, #outputs, first token, its source (what
-    changes from step to step; `Request.sampling_row` holds the rest). A first token still
+def _decode_scalars(item: ScheduledRequest, request: RowSequence) -> tuple[int, ...]:
+    """query_len, start, read slot, lane 0's write slot, #blocks, #outputs, first token, its
+    source (what changes from step to step; `sampling_row` holds the rest). A first token still
     pending on the device is 0, from source `pending_row + 1`."""
     start = item.start
     if start < request.num_tokens:
         token, source = request.token_at(start), 0
     else:
         token, source = 0, request.pending_row + 1
-    return (item.num_tokens, start, item.read_slot, item.write_slot, len(request.block_ids),
-            request.num_sampled, token, source)  # fmt: skip
+    write = item.lane_slots[0] if item.lane_slots else item.write_slot
+    return (
+        item.num_tokens,
+        start,
+        item.read_slot,
+        write,
+        len(request.block_ids),
+        request.num_sampled,
+        token,
+        source,
+    )
 
 
 def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
@@ -287,5 +321,6 @@ def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
 def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks, state_block_size)
-    return StepBatch(a.step_inputs(), a.sampling([]), SamplingMode(), np.zeros(0, np.int64),
-                     a.token_sources)  # fmt: skip
+    return StepBatch(
+        a.step_inputs(), a.sampling([]), SamplingMode(), np.zeros(0, np.int64), a.token_sources
+    )

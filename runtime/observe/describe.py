@@ -1,13 +1,9 @@
-"""One-line descriptions of a `Pool` and a `Scheduler` for notebooks and logs (no jax).
-
-What `repr` of each should print (`runtime/pools.py` and `runtime/scheduler.py` can bind them as
-`__repr__`).
-"""
+"""One-line descriptions of a `Pool` and a `Scheduler` for notebooks and logs (no jax)."""
 
 from __future__ import annotations
 
-from runtime.pools import Pool
-from runtime.scheduler import Scheduler
+from runtime.core.pools import Pool
+from runtime.core.scheduler import Scheduler
 
 _LISTED = 6  # request ids listed before "..."
 

@@ -82,13 +82,16 @@ class SamplingMode:
     def as_array(self) -> np.ndarray:
         """[NUM_FIELDS] int32: data-parallel ranks agree on one mode by the elementwise max (a mode
         that computes more than a row needs gives that row the same token)."""
-        return np.array([self.sampled, self.filtered, self.mask_width, self.logprobs,
-                         self.top_logprobs], np.int32)  # fmt: skip
+        return np.array(
+            [self.sampled, self.filtered, self.mask_width, self.logprobs, self.top_logprobs],
+            np.int32,
+        )
 
     @classmethod
     def from_array(cls, values: np.ndarray) -> SamplingMode:
-        return cls(bool(values[0]), bool(values[1]), int(values[2]), bool(values[3]),
-                   int(values[4]))  # fmt: skip
+        return cls(
+            bool(values[0]), bool(values[1]), int(values[2]), bool(values[3]), int(values[4])
+        )
 
     @classmethod
     def of_requests(cls, requests) -> SamplingMode:
@@ -98,18 +101,27 @@ class SamplingMode:
         needs = {request.sampling_needs for request in requests}  # a few distinct ones
         longest_mask = 0
         if any(need.min_tokens for need in needs):
-            longest_mask = max((len(r.stop_ids) for r in requests
-                                if len(r.output_token_ids) < r.sampling_params.min_tokens),
-                               default=0)  # fmt: skip
+            longest_mask = max(
+                (
+                    len(r.stop_ids)
+                    for r in requests
+                    if len(r.output_token_ids) < r.sampling_params.min_tokens
+                ),
+                default=0,
+            )
         asked = [need.logprobs for need in needs if need.logprobs is not None]
-        return cls(any(need.sampled for need in needs), any(need.filtered for need in needs),
-                   mask_width(longest_mask), bool(asked),
-                   top_logprobs_width(max(asked, default=0)))  # fmt: skip
+        return cls(
+            any(need.sampled for need in needs),
+            any(need.filtered for need in needs),
+            mask_width(longest_mask),
+            bool(asked),
+            top_logprobs_width(max(asked, default=0)),
+        )
 
     @classmethod
     def of(cls, inputs: SamplingInputs) -> SamplingMode:
         """The mode a step with these rows needs, logprobs aside (the rows do not carry them:
-        `of_requests` does, and `runtime.builder.with_mode` widens a batch's mode to it)."""
+        `of_requests` does, and `runtime.core.builder.with_mode` widens a batch's mode to it)."""
         sampled_rows = inputs.temperature > 0.0
         filtering_rows = sampled_rows & ((inputs.top_k > 0) | (inputs.top_p < 1.0))
         return cls(bool(sampled_rows.any()), bool(filtering_rows.any()), inputs.masked_ids.shape[1])

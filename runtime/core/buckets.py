@@ -14,8 +14,8 @@ import dataclasses
 
 import numpy as np
 
-from runtime.config import EngineConfig
-from runtime.scheduler import Schedule
+from runtime.core.config import EngineConfig
+from runtime.core.schedule import Schedule
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -77,14 +77,14 @@ def round_up(sizes: tuple[int, ...], n: int) -> int:
 class BucketPolicy:
     """Maps a `Schedule` to its `Bucket`; lists the decode buckets to compile at start-up."""
 
-    def __init__(self, config: EngineConfig, width: int = 1) -> None:
+    def __init__(self, config: EngineConfig) -> None:
         self.decode_rows = config.decode_row_buckets
         self.prefill_tokens = config.prefill_token_buckets
         self.prefill_rows = config.prefill_row_buckets
-        self.width = width
+        self.width = config.decode_width
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).
-        self.widths = tuple(sorted({1, width}))
+        self.widths = tuple(sorted({1, self.width}))
 
     def bucket_for(self, schedule: Schedule) -> Bucket:
         num_prefill_rows = len(schedule.prefills)
@@ -107,9 +107,12 @@ class BucketPolicy:
         """Every bucket `bucket_for` can return: the decode-only ones, then each prefill shape
         with no decode row or with each decode shape."""
         decode_shapes = [(0, 1)] + [(rows, w) for rows in self.decode_rows for w in self.widths]
-        mixed = [Bucket(rows, w, tokens, prefill_rows) for rows, w in decode_shapes
-                 for tokens in self.prefill_tokens
-                 for prefill_rows in self.prefill_rows]  # fmt: skip
+        mixed = [
+            Bucket(rows, w, tokens, prefill_rows)
+            for rows, w in decode_shapes
+            for tokens in self.prefill_tokens
+            for prefill_rows in self.prefill_rows
+        ]
         return self.decode_buckets() + mixed
 
     @property

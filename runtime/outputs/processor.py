@@ -7,23 +7,29 @@ tokenizer, or `Engine.stream` is running), so the plain token path costs what it
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from runtime.detokenizer import RequestText
-from runtime.request import Request
-from runtime.sampling_inputs import TokenLogprobs
-from runtime.scheduler import Schedule, ScheduledRequest
+from runtime.core.request import Request
+from runtime.core.sampling_inputs import TokenLogprobs
+from runtime.core.schedule import Schedule, ScheduledRequest
+from runtime.outputs.detokenizer import RequestText
+from runtime.outputs.request_output import RequestOutput, StreamDelta
 
 Sampled = list[tuple[int, ScheduledRequest]]  # (logits row, item) of the items given a token
+# (request id, new token ids, new text or None, new logprobs or None) of one request in one step
+Part = tuple[str, list[int], str | None, list[dict[int, float]] | None]
 
 
 def sampled_items(schedule: Schedule) -> Sampled:
     """The items of `schedule` that get a token this step, with their logits row. Call it before
     `Scheduler.retire`: an item gets a token when its chunk reaches the end of the request's
     known tokens (and its request has not finished since the step was scheduled)."""
-    return [(row, item) for row, item in enumerate(schedule.items)
-            if item.start + item.num_tokens >= item.request.num_tokens
-            and not item.request.is_finished]  # fmt: skip
+    return [
+        (row, item)
+        for row, item in enumerate(schedule.items)
+        if item.start + item.num_tokens >= item.request.num_tokens and not item.request.is_finished
+    ]
 
 
 class OutputProcessor:
@@ -58,8 +64,17 @@ class OutputProcessor:
                 stopped.append(request)
         return stopped
 
-    def new_part(self, request: Request, finished: bool) -> tuple:
-        """(id, new token ids, new text or None, new logprobs or None) since the last call."""
+    def new_parts(self, sampled: list[Sampled], finished: list[Request]) -> list[Part]:
+        """What this step added to each request given a token (every rank's `sampled`); call it
+        before `finish` releases the finished ones."""
+        done = {request.request_id for request in finished}
+        return [
+            self._new_part(item.request, item.request.request_id in done)
+            for items in sampled
+            for _, item in items
+        ]
+
+    def _new_part(self, request: Request, finished: bool) -> Part:
         rid, outputs = request.request_id, request.output_token_ids
         seen, self._streamed[rid] = self._streamed[rid], len(outputs)
         text = self._texts.get(rid)
@@ -70,17 +85,31 @@ class OutputProcessor:
         logprobs = None if request.logprobs is None else request.logprobs[seen:]
         return rid, outputs[seen:], new_text, logprobs
 
-    def release(self, request: Request) -> str | None:
-        """Forget a finished request; returns its final text (None without a tokenizer)."""
+    def finish(self, request: Request) -> RequestOutput:
+        """Forget a finished request; returns its output, with its final text when there is a
+        tokenizer."""
+        output = RequestOutput.of(request)
         self._streamed.pop(request.request_id, None)
         text = self._texts.pop(request.request_id, None)
-        return None if text is None else text.text(request.output_token_ids)
+        if text is None:
+            return output
+        return dataclasses.replace(output, text=text.text(request.output_token_ids))
+
+
+def stream_deltas(parts: list[Part], outputs: list[RequestOutput]) -> list[StreamDelta]:
+    """One `StreamDelta` per part; a finished request's carries its output."""
+    by_id = {output.request_id: output for output in outputs}
+    return [
+        StreamDelta(rid, ids, text, logprobs, rid in by_id, by_id.get(rid))
+        for rid, ids, text, logprobs in parts
+    ]
 
 
 def _token_logprobs(logprobs: TokenLogprobs, row: int, request: Request) -> dict[int, float]:
     """{token: log-probability} of the request's newest token, then its top k alternatives."""
     entry = {request.output_token_ids[-1]: float(logprobs.sampled[row])}
     for column in range(request.sampling_params.logprobs):
-        entry.setdefault(int(logprobs.top_ids[row, column]),
-                         float(logprobs.top_logprobs[row, column]))  # fmt: skip
+        entry.setdefault(
+            int(logprobs.top_ids[row, column]), float(logprobs.top_logprobs[row, column])
+        )
     return entry

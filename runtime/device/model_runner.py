@@ -23,9 +23,9 @@ host has seen them (the builder's `token_sources` say which token lanes take one
 
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
 (flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
-one packed int32 row (one host->device copy for the whole step; see `runtime.packing`), and every
-buffer the step reads or writes keeps its address from call to call (`runtime.step_buffers`), so
-XLA launches the step's recorded CUDA graph as it is instead of recording it again.
+one packed int32 row (one host->device copy for the whole step; see `packing.py`), and every
+buffer the step reads or writes keeps its address from call to call (`step_buffers.py`), so XLA
+launches the step's recorded CUDA graph as it is instead of recording it again.
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from jmamba.inputs import StepInputs
-from runtime.buckets import Bucket
-from runtime.builder import StepBatch, build_dummy
-from runtime.config import EngineConfig
-from runtime.distributed import AXIS, DataParallelMesh, make_mesh
-from runtime.packing import Layout, layout_of, pack, unpack
-from runtime.sampler import accept_drafts, logprobs, sample
-from runtime.sampling_inputs import SamplingMode, TokenLogprobs
-from runtime.step_buffers import StepBuffers, StepOutputs
+from runtime.core.buckets import Bucket
+from runtime.core.builder import StepBatch, build_dummy
+from runtime.core.config import EngineConfig
+from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
+from runtime.device.distributed import AXIS, DataParallelMesh, make_mesh
+from runtime.device.packing import Layout, layout_of, pack, unpack
+from runtime.device.sampler import accept_drafts, logprobs, sample
+from runtime.device.step_buffers import StepBuffers, StepOutputs
 
 
 class VariantKey(NamedTuple):
@@ -62,8 +62,17 @@ class VariantKey(NamedTuple):
     carry: bool
 
 
-def _rank_step(graphdef, param_treedef, keep_logits: bool, layout: Layout, mode: SamplingMode,
-               param_leaves, caches, packed, previous):  # fmt: skip
+def _rank_step(
+    graphdef,
+    param_treedef,
+    keep_logits: bool,
+    layout: Layout,
+    mode: SamplingMode,
+    param_leaves,
+    caches,
+    packed,
+    previous,
+):
     """One rank's step on its own shard: packed [1, words] and the previous step's tokens
     [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities (when `mode.logprobs`), logits
     (when `keep_logits`), caches, this step's tokens [1, C] for the next step. A step that carries
@@ -98,11 +107,22 @@ def _with_previous_tokens(
     return dataclasses.replace(inputs, token_ids=jnp.where(sources > 0, taken, inputs.token_ids))
 
 
-def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: bool, layout: Layout,
-               mode: SamplingMode, param_leaves, caches, packed, outputs, carried):  # fmt: skip
+def _spmd_step(
+    mesh: DataParallelMesh,
+    graphdef,
+    param_treedef,
+    keep_logits: bool,
+    layout: Layout,
+    mode: SamplingMode,
+    param_leaves,
+    caches,
+    packed,
+    outputs,
+    carried,
+):
     """The step over all ranks: -> (caches, StepOutputs, carried). `outputs` (the variant's
     buffers, or None when only shapes are asked for) is never read: donated, it gives the new
-    outputs their addresses (`runtime.step_buffers`)."""
+    outputs their addresses (`runtime.device.step_buffers`)."""
     del outputs
     by_rank = P(AXIS)
     cache_specs = jax.tree.map(lambda _: by_rank, caches)
@@ -118,7 +138,7 @@ def _spmd_step(mesh: DataParallelMesh, graphdef, param_treedef, keep_logits: boo
             by_rank if keep_logits else None,
             cache_specs,
             None if carried is None else by_rank,
-        ),  # fmt: skip
+        ),
         check_vma=False,  # Pallas calls declare plain output shapes
     )(param_leaves, caches, packed, carried)
     return caches, StepOutputs(tokens, token_logprobs, logits), carried
@@ -206,9 +226,13 @@ class ModelRunner:
         return self.fetch(self.dispatch(bucket, batches))
 
     def dispatch(
-        self, bucket: Bucket, batches: list[StepBatch], inputs: jax.Array | None = None, *,
+        self,
+        bucket: Bucket,
+        batches: list[StepBatch],
+        inputs: jax.Array | None = None,
+        *,
         carry: bool = False,
-    ) -> DispatchedStep:  # fmt: skip
+    ) -> DispatchedStep:
         """Hand one step to the device (compiling its variant first if needed) without waiting
         for it. With `carry` (an asynchronous engine) the step takes the tokens of the previous
         carrying step through its `token_sources` and hands its own to the next; without, it is
@@ -259,8 +283,10 @@ class ModelRunner:
         if token_logprobs is None:
             return None
         rows = [self.mesh.local_rows(a) for a in token_logprobs]
-        return [TokenLogprobs(*(a[i][batch.sample_rows] for a in rows))
-                for i, batch in enumerate(batches)]  # fmt: skip
+        return [
+            TokenLogprobs(*(a[i][batch.sample_rows] for a in rows))
+            for i, batch in enumerate(batches)
+        ]
 
     def warmup(self, buckets: list[Bucket], *, carry: bool = False, progress: bool = False) -> None:
         """Compile `buckets` (greedy sampling; `carry`: the variants an asynchronous engine
@@ -286,9 +312,11 @@ class ModelRunner:
         ranks, config = self.mesh.size, self.config
 
         def zeros():
-            return model.init_caches(num_blocks=ranks * config.num_blocks,
-                                     block_size=config.block_size,
-                                     num_slots=ranks * config.num_slots)  # fmt: skip
+            return model.init_caches(
+                num_blocks=ranks * config.num_blocks,
+                block_size=config.block_size,
+                num_slots=ranks * config.num_slots,
+            )
 
         shapes = jax.eval_shape(zeros)
         return jax.jit(zeros, out_shardings=jax.tree.map(lambda _: self.mesh.by_rank, shapes))()

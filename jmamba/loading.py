@@ -1,0 +1,69 @@
+"""Load a model by name: a built-in preset ("tiny-<name>") or a Hugging Face checkpoint directory,
+with its tokenizer when it has one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+
+from jmamba import presets
+from jmamba.model import HybridLM
+from jmamba.tokenizer import byte_tokenizer
+from jmamba.weights import cast, load_pretrained, resolve_dtype
+
+PRESET_PREFIX = "tiny-"
+
+
+def load_model(model: str, seed: int = 0, dtype: str = "auto") -> tuple[HybridLM, Any]:
+    """Return (HybridLM, tokenizer or None) for a preset ("tiny-<name>") or an HF directory.
+
+    A trained preset loads from its checkpoint directory like any checkpoint; a random-weight
+    preset is built from `seed` and gets the presets' byte-level tokenizer. `dtype` is "auto"
+    (the checkpoint's; float32 for a random-weight preset), "float32" or "bfloat16".
+    """
+    resolve_dtype(dtype)  # a bad name fails before anything loads
+    if model.startswith(PRESET_PREFIX) and not Path(model).exists():
+        name = model.removeprefix(PRESET_PREFIX)
+        if name not in presets.names():
+            raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
+        if name in presets.trained_names():
+            path = presets.path(name)
+            return load_pretrained(path, dtype), load_tokenizer(path)
+        random = HybridLM(presets.tiny(name), rngs=nnx.Rngs(seed))
+        return cast(random, dtype), _byte_tokenizer()
+    path = Path(model)
+    if not path.is_dir():
+        raise ValueError(
+            f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()}"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"checkpoint directory {model!r} has no config.json")
+    if not list(path.glob("*.safetensors")):
+        raise ValueError(f"checkpoint directory {model!r} has no *.safetensors files")
+    return load_pretrained(path, dtype), load_tokenizer(path)
+
+
+def preset_names() -> list[str]:
+    """The names `load_model` takes for the built-in presets ("tiny-stdlib", ...)."""
+    return [PRESET_PREFIX + name for name in presets.names()]
+
+
+def load_tokenizer(path: Path) -> Any:
+    """A `tokenizers.Tokenizer` from `path/tokenizer.json`, or None (no file or no package)."""
+    if not (path / "tokenizer.json").is_file():
+        return None
+    try:
+        import tokenizers  # optional: jmamba itself does not need it
+    except ImportError:
+        return None
+    return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
+def _byte_tokenizer() -> Any:
+    """The presets' byte-level tokenizer, or None without the `tokenizers` package."""
+    try:
+        return byte_tokenizer()
+    except ImportError:
+        return None

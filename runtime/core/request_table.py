@@ -1,0 +1,65 @@
+"""`RequestTable`: an engine's live requests by id, the rank each was placed on, and how new ones
+get their ids and seeds (no jax)."""
+
+from __future__ import annotations
+
+import itertools
+
+from runtime.core import checks
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+
+SEED_STRIDE = 1_000_003  # engine seed * stride + arrival number: distinct seeds per engine seed
+
+
+class RequestTable:
+    """Live (waiting or running) requests of one engine process.
+
+    A request without an id of its own is named by its arrival number, counted over accepted
+    requests only, so a rejected request changes neither the names nor the seeds of later ones.
+    A request without a seed of its own gets `engine seed * SEED_STRIDE + arrival number`.
+    """
+
+    def __init__(self, seed: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.seed = seed
+        self.eos_token_ids = eos_token_ids
+        self._requests: dict[str, Request] = {}
+        self._ranks: dict[str, int] = {}
+        self._counter = itertools.count()
+
+    def new(
+        self, prompt: list[int], params: SamplingParams, request_id: str | int | None
+    ) -> Request:
+        """A request for a checked prompt and params; ValueError if its id is in use."""
+        given = None if request_id is None else checks.request_id(request_id)
+        if given in self._requests:
+            raise ValueError(f"request_id={given!r} is already in use")
+        number = next(self._counter)
+        name = str(number) if given is None else given
+        if name in self._requests:
+            raise ValueError(f"request_id={name!r} (from the arrival count) is in use")
+        seed = params.seed if params.seed is not None else self.seed * SEED_STRIDE + number
+        return Request(name, prompt, params, seed=seed % 2**32, eos_token_ids=self.eos_token_ids)
+
+    def add(self, request: Request, rank: int) -> None:
+        """Hold `request`, placed on the local rank `rank`."""
+        self._requests[request.request_id] = request
+        self._ranks[request.request_id] = rank
+
+    def get(self, request_id: str | int) -> Request:
+        """The live request with this id; ValueError if there is none."""
+        request_id = checks.request_id(request_id)
+        if request_id not in self._requests:
+            raise ValueError(f"request_id={request_id!r} is not a live request of this engine")
+        return self._requests[request_id]
+
+    def local_rank(self, request_id: str) -> int | None:
+        """The local rank (index into the engine's schedulers) of a live request, else None."""
+        return self._ranks.get(request_id)
+
+    def remove(self, request_id: str) -> None:
+        del self._requests[request_id]
+        del self._ranks[request_id]
+
+    def __len__(self) -> int:
+        return len(self._requests)

@@ -1,0 +1,110 @@
+"""`Schedule` and `ScheduledRequest`: the scheduler's decision for one step, as values (no jax).
+
+The builder turns a `Schedule` into a step's padded inputs; the scheduler's `retire` reads it back
+after the step has run. runtime/core/scheduler.py says how a schedule is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Protocol
+
+from runtime.core.pools import NULL
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+
+
+class RowSequence(Protocol):
+    """What the builder reads of the sequence a row feeds: a `Request`, or a drafter's own view
+    of one (`runtime.speculative.draft_sequences.DraftSequence`).
+
+    Attributes:
+      block_ids: its KV blocks, in position order.
+      seed / sampling_params / sampling_row: how its tokens are sampled (`sampling_row`: the
+        builder's fixed per-row values, `runtime.core.request.sampling_row`).
+      stop_ids: the tokens that end it (masked while it is short of min_tokens).
+      pending_row: the logits row of the previous step holding its pending token (asynchronous
+        scheduling).
+    """
+
+    block_ids: list[int]
+    seed: int
+    sampling_params: SamplingParams
+    sampling_row: tuple[float, ...]
+    stop_ids: tuple[int, ...]
+    pending_row: int
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_sampled(self) -> int: ...
+
+    @property
+    def masked_token_ids(self) -> tuple[int, ...]: ...
+
+    def token_at(self, index: int) -> int: ...
+
+    def token_ids(self, start: int, stop: int) -> list[int]: ...
+
+
+class ScheduledRequest(NamedTuple):
+    """One request's share of a step: tokens [start, start + num_tokens) of prompt + output, then
+    its drafts.
+
+    A NamedTuple rather than a frozen dataclass: one is built per running request per step, and a
+    frozen dataclass's constructor costs several times more.
+
+    Attributes (state slots are NULL for a model without recurrent layers):
+      request: the `Request` (in a drafter's own steps, its view of one: a `RowSequence`).
+      read_slot: the slot holding the state before `start` (NULL for a first chunk).
+      write_slot: the slot receiving the state after the last token (the request's own slot, or
+        a fresh cache slot when a decode step ends on a state block boundary in "all" mode);
+        NULL for a row with drafts, whose lanes write `lane_slots`.
+      boundary_slots: (prefill) slot of the j-th state block boundary after `start`, NULL where
+        none is cached; the layout of the kernels' `boundary_slots` columns.
+      new_states: (key, slot) of every state this row writes for the prefix cache, published when
+        the step retires; key None: an asynchronous decode step whose token was still on the
+        device when it was scheduled, keyed when it retires. Keys are the cache's own business.
+      lane_slots: (decode row with drafts) the fresh slot each of its num_tokens lanes writes
+        (the state after each token; verification keeps one, the others go back). Empty for a
+        row without drafts, which writes `write_slot`.
+      draft_token_ids: the drafts its lanes feed after the request's last token (num_tokens - 1
+        of them once the drafter has proposed; output only once verified).
+    """
+
+    request: RowSequence
+    start: int
+    num_tokens: int
+    read_slot: int = NULL
+    write_slot: int = NULL
+    boundary_slots: tuple[int, ...] = ()
+    new_states: tuple[tuple[bytes | None, int], ...] = ()
+    lane_slots: tuple[int, ...] = ()
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def token_ids(self) -> list[int]:
+        tokens = self.request.token_ids(self.start, self.start + self.num_tokens)
+        return tokens + list(self.draft_token_ids[: self.num_tokens - len(tokens)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """The scheduler's decision for one step, classified by meaning: decode rows, prefill rows."""
+
+    decodes: list[ScheduledRequest]
+    prefills: list[ScheduledRequest]
+    preempted: list[Request]
+
+    @property
+    def items(self) -> list[ScheduledRequest]:
+        return self.decodes + self.prefills
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.prefills)

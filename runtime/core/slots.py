@@ -1,0 +1,197 @@
+"""`SlotPlanner`: the seam between the scheduler and prefix caching; `PlainSlots`: no caching.
+
+A slot planner keeps one rank's pools (KV blocks and recurrent-state slots) and decides, for each
+scheduled row, which state slot it reads and which it writes. The scheduler decides which rows
+run and how many tokens each; it then asks its planner, unconditionally, for the entries they
+hold. Two planners exist:
+
+- `PlainSlots` (here): a request reads and writes its own state slot, nothing is cached;
+- `runtime.prefix_cache.CachingSlots`: a request may start after a cached prefix, read a cached
+  state, and write states at block boundaries for later requests.
+
+The engine picks one per rank (`runtime.prefix_cache.slot_planner`), so neither the scheduler nor
+the builder asks whether caching is on. A model without recurrent layers holds no state slots and
+one without attention no KV blocks (`uses_slots` / `uses_blocks`, the model's capabilities): their
+rows carry NULL.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Protocol
+
+import numpy as np
+
+from runtime.core.config import EngineConfig
+from runtime.core.pools import NULL, Pool
+from runtime.core.request import Request
+from runtime.core.schedule import ScheduledRequest
+
+_NONE = np.zeros(0, np.int32)
+
+
+class SlotPlanner(Protocol):
+    """What the scheduler asks of a rank's pools and slot policy (see the module docstring).
+
+    Attributes:
+      block_pool / slot_pool: the rank's KV block and state-slot pools (slot and block 0: NULL).
+      uses_blocks / uses_slots: whether the model has attention / recurrent layers.
+      stats: the prefix cache's counters (`PrefixCacheStats`), None for a planner that caches
+        nothing.
+    """
+
+    block_pool: Pool
+    slot_pool: Pool
+    uses_blocks: bool
+    uses_slots: bool
+    stats: Any
+
+    # Admission: the prefix a waiting request may start after.
+    def take_hit(self, request: Request) -> Any:
+        """Start `request` after its longest cached prefix (its `num_computed` and `block_ids`
+        then cover it; references held); returns the hit, opaque to the scheduler, which hands it
+        back to `drop_hit` or `admitted`."""
+
+    def drop_hit(self, request: Request, hit: Any) -> None:
+        """Undo `take_hit` for a request that is not admitted after all."""
+
+    def admitted(self, request: Request, hit: Any) -> None:
+        """`request` was admitted after `hit`: count the lookup, mark the hit recently used."""
+
+    # Pool entries.
+    def can_allocate_blocks(self, n: int) -> bool: ...
+
+    def allocate_blocks(self, n: int) -> list[int]: ...
+
+    def can_start(self) -> bool:
+        """Whether a request can be admitted now (a state slot for it)."""
+
+    def start(self, request: Request) -> None:
+        """Give an admitted request its own state slot."""
+
+    def free_for_lanes(self) -> int:
+        """State slots that draft lanes may take now."""
+
+    def lane_slots(self, n: int) -> tuple[int, ...]:
+        """n fresh slots for the lanes of a decode row with drafts."""
+
+    def release(self, request: Request) -> None:
+        """Give back every block and slot `request` holds (it finished or was preempted)."""
+
+    def read_slot(self, request: Request) -> int:
+        """The slot holding the request's state after its computed tokens."""
+
+    # Rows.
+    def decode_row(self, request: Request) -> ScheduledRequest:
+        """A one-token decode row with the slots it reads and writes."""
+
+    def draft_row(self, request: Request, lanes: tuple[int, ...]) -> ScheduledRequest:
+        """A decode row with len(lanes) - 1 drafts, each lane writing its own fresh slot."""
+
+    def prefill_row(self, item: ScheduledRequest) -> ScheduledRequest:
+        """A prefill chunk with the slots it reads and writes and the boundary states it writes."""
+
+    # After the step.
+    def advance(self, item: ScheduledRequest) -> None:
+        """The row's step is dispatched: move the request's slot bookkeeping past it."""
+
+    def keep_lane(self, item: ScheduledRequest, lane: int) -> None:
+        """Verification kept lane `lane` of a row with drafts: its state becomes the request's."""
+
+    def retired(self, item: ScheduledRequest) -> None:
+        """The row's step has run and its tokens are appended: publish what it wrote."""
+
+    # What no step may write (`StepInputs.validate`).
+    @property
+    def published_slots(self) -> np.ndarray: ...
+
+    @property
+    def published_blocks(self) -> np.ndarray: ...
+
+
+class PlainSlots:
+    """A request reads and writes its own state slot; nothing is cached (prefix caching "off")."""
+
+    stats = None
+
+    def __init__(self, config: EngineConfig, *, uses_blocks: bool, uses_slots: bool) -> None:
+        self.config = config
+        self.uses_blocks = uses_blocks
+        self.uses_slots = uses_slots
+        self.block_pool = Pool("KV block", config.num_blocks)
+        self.slot_pool = Pool("state slot", config.num_slots)
+
+    def take_hit(self, request: Request) -> None:
+        """Nothing is cached: every request starts at token 0."""
+
+    def drop_hit(self, request: Request, hit: None) -> None:
+        """Nothing was taken."""
+
+    def admitted(self, request: Request, hit: None) -> None:
+        """Nothing to count."""
+
+    def can_allocate_blocks(self, n: int) -> bool:
+        return self.block_pool.can_allocate(n)
+
+    def allocate_blocks(self, n: int) -> list[int]:
+        return self.block_pool.allocate(n)
+
+    def can_start(self) -> bool:
+        return not self.uses_slots or self.slot_pool.can_allocate(1)
+
+    def start(self, request: Request) -> None:
+        if self.uses_slots:
+            request.state_slot = self.slot_pool.allocate(1)[0]
+
+    def free_for_lanes(self) -> int:
+        return self.slot_pool.num_free if self.uses_slots else sys.maxsize
+
+    def lane_slots(self, n: int) -> tuple[int, ...]:
+        return tuple(self.slot_pool.allocate(n)) if self.uses_slots else (NULL,) * n
+
+    def release(self, request: Request) -> None:
+        self.block_pool.free(request.block_ids)
+        if request.state_slot:
+            self.slot_pool.free([request.state_slot])
+        request.block_ids, request.state_slot = [], NULL
+
+    def read_slot(self, request: Request) -> int:
+        """The slot holding the request's state after its computed tokens."""
+        return request.state_slot
+
+    def decode_row(self, request: Request) -> ScheduledRequest:
+        slot = request.state_slot
+        return ScheduledRequest(request, request.num_computed, 1, self.read_slot(request), slot)
+
+    def draft_row(self, request: Request, lanes: tuple[int, ...]) -> ScheduledRequest:
+        return ScheduledRequest(
+            request, request.num_computed, len(lanes), self.read_slot(request), lane_slots=lanes
+        )
+
+    def prefill_row(self, item: ScheduledRequest) -> ScheduledRequest:
+        request = item.request
+        read = self.read_slot(request) if item.start else NULL  # a first chunk starts from zeros
+        return item._replace(read_slot=read, write_slot=request.state_slot)
+
+    def advance(self, item: ScheduledRequest) -> None:
+        """Nothing moves: the request's own slot holds its state before and after."""
+
+    def keep_lane(self, item: ScheduledRequest, lane: int) -> None:
+        """The state after `lane` becomes the request's; its old slot and the other lanes go
+        back (rollback by slot choice: no copy)."""
+        if not self.uses_slots:
+            return
+        request, lanes = item.request, item.lane_slots
+        old, request.state_slot = request.state_slot, lanes[lane]
+        self.slot_pool.free([old, *lanes[:lane], *lanes[lane + 1 :]])
+
+    def retired(self, item: ScheduledRequest) -> None:
+        """Nothing to publish."""
+
+    @property
+    def published_slots(self) -> np.ndarray:
+        return _NONE
+
+    @property
+    def published_blocks(self) -> np.ndarray:
+        return _NONE

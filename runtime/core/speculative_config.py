@@ -1,0 +1,83 @@
+"""`SpeculativeConfig`: how drafts are proposed, and the state slots speculation needs (no jax).
+
+Vocabulary only: the drafters that read it live in the speculative wing (`runtime/speculative/`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from runtime.core import checks
+
+METHODS = ("ngram", "draft_model")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """How drafts are proposed.
+
+    Attributes:
+      method: "ngram" (prompt lookup in the request's own prompt + output) or "draft_model" (a
+        smaller model with the target's vocabulary proposes greedily).
+      num_speculative_tokens: K, the most drafts per request per step (1..16); decode rows with
+        drafts are 1 + K lanes wide.
+      prompt_lookup_min / prompt_lookup_max: ngram only: the n-gram lengths tried, longest first;
+        the tokens after the most recent earlier occurrence of the request's last n tokens are
+        proposed.
+      draft_model: draft_model only: a checkpoint directory or a preset name ("tiny-mamba2"); None
+        when the engine is given the draft model object itself (`Engine(..., draft_model=m)`).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method={self.method!r} must be one of {METHODS}")
+        checks.integer(
+            "num_speculative_tokens",
+            self.num_speculative_tokens,
+            low=1,
+            high=MAX_SPECULATIVE_TOKENS,
+        )
+        low = checks.integer("prompt_lookup_min", self.prompt_lookup_min, low=1)
+        checks.integer("prompt_lookup_max", self.prompt_lookup_max, low=low)
+        if self.draft_model is not None and not isinstance(self.draft_model, str):
+            raise ValueError(f"draft_model={self.draft_model!r} must be a path or preset name")
+        if self.draft_model is not None and self.method != "draft_model":
+            raise ValueError(f"draft_model={self.draft_model!r} needs method='draft_model'")
+
+    @classmethod
+    def of(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig | None:
+        """A config from itself, a dict of its fields (as LLM / CLI options give it), or None."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative={value!r} must be a SpeculativeConfig, a dict or None")
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown speculative options {unknown}")
+        return cls(**value)
+
+    @property
+    def width(self) -> int:
+        """Lanes of a decode row with drafts: the last sampled token and K drafts."""
+        return 1 + self.num_speculative_tokens
+
+
+def default_num_slots(max_num_seqs: int, speculative: SpeculativeConfig | None) -> int:
+    """State slots per rank, NULL included: one per request, and with speculation 1 + K fresh
+    lane slots per decode row held during a step."""
+    per_request = 1 if speculative is None else 1 + speculative.width
+    return 1 + max_num_seqs * per_request
+
+
+def min_num_slots(max_num_seqs: int, speculative: SpeculativeConfig | None) -> int:
+    """The fewest slots, NULL included: 2 without speculation (admission waits for a free slot);
+    with it, two per request: a decode row with k drafts takes 1 + k fresh slots for its lanes
+    during a step, and drafts are trimmed to the slots left."""
+    return 2 if speculative is None else 1 + 2 * max_num_seqs

@@ -1,0 +1,27 @@
+"""Prefix caching: full KV blocks and recurrent states at block boundaries, shared by later
+requests whose prompts start the same way.
+
+`cache.py` keeps one rank's entries (keys, reference counts, LRU order, the state budget);
+`slots.py` is the rank's slot planner with caching on (`CachingSlots`: hits, boundary states,
+publication after the step). `slot_planner` picks the planner a config asks for: the scheduler
+never asks whether caching is on. docs/architecture.md, "Prefix caching", has the design.
+"""
+
+from __future__ import annotations
+
+from runtime.core.config import EngineConfig
+from runtime.core.slots import PlainSlots, SlotPlanner
+from runtime.prefix_cache.cache import Hit, PrefixCache, PrefixCacheStats
+from runtime.prefix_cache.slots import CachingSlots
+
+__all__ = ["CachingSlots", "Hit", "PrefixCache", "PrefixCacheStats", "slot_planner"]
+
+
+def slot_planner(config: EngineConfig, *, uses_blocks: bool, uses_slots: bool) -> SlotPlanner:
+    """A rank's slot planner: `CachingSlots` when the resolved `config` caches prefixes, else
+    `PlainSlots`. `uses_blocks` / `uses_slots`: whether the model has attention / recurrent
+    layers."""
+    if config.prefix_caching is None:
+        raise ValueError("slot_planner needs a resolved config: EngineConfig.resolved(chunk_size)")
+    planner = CachingSlots if config.caches_prefixes else PlainSlots
+    return planner(config, uses_blocks=uses_blocks, uses_slots=uses_slots)

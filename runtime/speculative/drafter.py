@@ -1,0 +1,91 @@
+"""The drafter contract (`Drafter`), the drafter of an engine without speculation (`NoDrafts`), and
+`make_drafter`, which builds the one a config asks for.
+
+An engine always holds a drafter and calls it at fixed points of every step, so it never asks
+whether speculation is on: `num_wanted` (inside the scheduler, per decode row: how many drafts it
+would propose), `propose` (after the ranks agreed on the step's bucket: the decode rows given
+k > 0 lanes get their k drafts), `release_done` (after retirement and aborts: give back what
+finished or preempted requests held). With `NoDrafts` every row is a plain one-token decode row.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from jmamba.loading import load_model
+from runtime.core.buckets import Bucket
+from runtime.core.config import EngineConfig
+from runtime.core.request import Request
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.schedule import Schedule
+from runtime.device.model_runner import ModelRunner
+from runtime.speculative.draft_model import DraftModelDrafter, check_draft_model
+from runtime.speculative.ngram import NgramDrafter
+
+
+class Drafter(Protocol):
+    """Proposes drafts for decode rows (see the module docstring)."""
+
+    def check(self, params: SamplingParams) -> None:
+        """ValueError for sampling params this drafter's engine cannot serve."""
+
+    def num_wanted(self, request: Request) -> int:
+        """How many drafts it would propose for the request's next decode row."""
+
+    def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
+        """The schedules (one per local rank) with each decode row of 1 + k lanes given its k
+        drafts (`ScheduledRequest.draft_token_ids`)."""
+
+    def release_done(self) -> None:
+        """Give back what finished, aborted or preempted requests held."""
+
+    def warmup(self) -> None:
+        """Compile what proposing will run."""
+
+
+class NoDrafts:
+    """The drafter of an engine without speculative decoding: it never proposes."""
+
+    def check(self, params: SamplingParams) -> None:
+        """Every request can be served."""
+
+    def num_wanted(self, request: Request) -> int:
+        return 0
+
+    def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
+        return schedules
+
+    def release_done(self) -> None:
+        """Holds nothing."""
+
+    def warmup(self) -> None:
+        """Compiles nothing."""
+
+
+def make_drafter(
+    config: EngineConfig,
+    model: object,
+    num_ranks: int,
+    draft_model: object = None,
+    draft_runner: ModelRunner | None = None,
+) -> Drafter:
+    """The drafter `config.speculative` asks for (`NoDrafts` without speculation). For
+    "draft_model", `draft_model` is the draft model (default: loaded from
+    `config.speculative.draft_model`) and `draft_runner` may share another engine's compiled
+    draft steps and caches."""
+    spec = config.speculative
+    if spec is None or spec.method == "ngram":
+        if draft_model is not None or draft_runner is not None:
+            raise ValueError("draft_model / draft_runner need speculative method 'draft_model'")
+        return NoDrafts() if spec is None else NgramDrafter(spec)
+    if draft_model is None:
+        if spec.draft_model is None:
+            raise ValueError(
+                "speculative method 'draft_model' needs draft_model: a checkpoint directory or "
+                "preset name, or the model object"
+            )
+        draft_model, _ = load_model(spec.draft_model, seed=config.seed)
+    check_draft_model(draft_model, model)
+    return DraftModelDrafter(
+        draft_model, config, model.config.chunk_size, num_ranks, runner=draft_runner
+    )

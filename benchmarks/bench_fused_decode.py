@@ -33,11 +33,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.bench_mamba2_kernels import log, rel_err, time_loop  # noqa: E402
-from pallas_kernels import causal_conv1d as conv  # noqa: E402
-from pallas_kernels import gdn_decode as gdnd  # noqa: E402
-from pallas_kernels import gdn_state_update as gdnu  # noqa: E402
-from pallas_kernels import mamba2_decode as m2d  # noqa: E402
-from pallas_kernels import ssd_state_update as ssu  # noqa: E402
+from pallas_kernels.conv import update as conv  # noqa: E402
+from pallas_kernels.gdn import decode as gdnd  # noqa: E402
+from pallas_kernels.gdn import reference as gdn_ref  # noqa: E402
+from pallas_kernels.gdn import state_update as gdnu  # noqa: E402
+from pallas_kernels.ssd import decode as m2d  # noqa: E402
+from pallas_kernels.ssd import reference as ssd_ref  # noqa: E402
+from pallas_kernels.ssd import state_update as ssu  # noqa: E402
 
 BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 ROOF_TB_S = 2.9
@@ -71,7 +73,7 @@ def unfused_mamba2(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, r
 def fused_mamba2(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write,
                  reference: bool = False, **tuning):  # fmt: skip
     if reference:
-        return m2d.mamba2_decode_reference(zxbcdt, weight, bias, conv_state, ssm_state, a, read,
+        return ssd_ref.mamba2_decode_reference(zxbcdt, weight, bias, conv_state, ssm_state, a, read,
                                            write, D=d, dt_bias=dt_bias)  # fmt: skip
     return m2d.mamba2_decode(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d,
                              dt_bias=dt_bias, **tuning)  # fmt: skip
@@ -97,7 +99,7 @@ def fused_gdn(mixed, weight, bias, conv_state, state, a_log, dt_bias, read, writ
               reference: bool = False, **tuning):  # fmt: skip
     args = (mixed, weight, bias, conv_state, state, a_log, dt_bias, read, write)
     if reference:
-        return gdnd.gdn_decode_reference(*args)
+        return gdn_ref.gdn_decode_reference(*args)
     return gdnd.gdn_decode(*args, block_v=tuning.get("block_p", 32),
                            num_warps=tuning.get("num_warps", 4))  # fmt: skip
 

@@ -35,8 +35,8 @@ def jax_part(out_path: str) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from pallas_kernels.gdn_reference import gdn_state_update_reference
-    from pallas_kernels.gdn_state_update import gdn_state_update
+    from pallas_kernels.gdn.reference import gdn_state_update_reference
+    from pallas_kernels.gdn.state_update import gdn_state_update
 
     res: dict = {"device": str(jax.devices()[0].device_kind), "decode": {}}
     rng = np.random.default_rng(0)

@@ -32,8 +32,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pallas_kernels import causal_conv1d as conv  # noqa: E402
-from pallas_kernels import ssd_state_update as ssu  # noqa: E402
+from pallas_kernels.conv import update as conv  # noqa: E402
+from pallas_kernels.ssd import reference as ssd_ref  # noqa: E402
+from pallas_kernels.ssd import state_update as ssu  # noqa: E402
 
 H, P, N, G, W, D_CONV = 128, 64, 128, 8, 4, 8192
 BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
@@ -191,7 +192,7 @@ def bench_ssu(anchors, configs):
         # Correctness: kernel vs reference on one call (fresh copies of the pool).
         kw = dict(D=a["D"], z=a["z"], dt_bias=a["dt_bias"])
         args = (a["x"], a["dt"], a["A"], a["B"], a["C"])
-        y_ref, p_ref = ssu.ssd_state_update_reference(
+        y_ref, p_ref = ssd_ref.ssd_state_update_reference(
             *args, pool, slots[0], slots[0][:, None], **kw
         )
         y, p = ssu.ssd_state_update(*args, jnp.copy(pool), slots[0], slots[0][:, None], **kw)

@@ -62,7 +62,7 @@ def pallas_calls(tunings: str, interpret: bool) -> dict:
     import jax
 
     from pallas_kernels import ops
-    from pallas_kernels.grouped_matmul import GroupedMatmulTuning, grouped_matmul
+    from pallas_kernels.moe.grouped_matmul import GroupedMatmulTuning, grouped_matmul
 
     dispatch = functools.partial(
         ops.grouped_matmul, implementation="interpret" if interpret else "pallas"

@@ -26,10 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.bench_engine import measure_bandwidth
-from pallas_kernels.paged_decode_attention import (
-    paged_decode_attention,
-    paged_decode_attention_reference,
-)
+from pallas_kernels.attention.decode import paged_decode_attention
+from pallas_kernels.attention.reference import paged_decode_attention_reference
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 128, 16
 

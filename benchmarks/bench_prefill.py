@@ -52,11 +52,13 @@ from benchmarks.bench_mamba2_kernels import (  # noqa: E402
     unrolled,
 )
 from benchmarks.profile_engine import load_trace, profile_events  # noqa: E402
-from pallas_kernels import causal_conv1d as conv  # noqa: E402
-from pallas_kernels import causal_conv1d_reference as conv_ref  # noqa: E402
-from pallas_kernels import gdn_chunk as gdn  # noqa: E402
-from pallas_kernels import ssd_chunk_scan as scan  # noqa: E402
-from pallas_kernels import ssd_chunk_scan_reference as scan_ref  # noqa: E402
+from pallas_kernels.conv import prefill as conv  # noqa: E402
+from pallas_kernels.conv import reference as conv_ref  # noqa: E402
+from pallas_kernels.gdn import chunk as gdn  # noqa: E402
+from pallas_kernels.gdn import reference as gdn_ref  # noqa: E402
+from pallas_kernels.rows import Rows  # noqa: E402
+from pallas_kernels.ssd import chunk_scan as scan  # noqa: E402
+from pallas_kernels.ssd import reference as scan_ref  # noqa: E402
 
 BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 SHAPES = {"1x8192": (1, 8192), "8x2048": (8, 2048), "1x32768": (1, 32768)}
@@ -86,11 +88,12 @@ class Case:
     anchor: Callable[[Any], dict]
 
 
-def rows_meta(batch: int, seqlen: int, hi: bool = True):
-    """query_start_loc, has_initial_state, read slots 1..R, write slots R+1..2R."""
+def rows_meta(batch: int, seqlen: int, hi: bool = True) -> Rows:
+    """`batch` rows of `seqlen` tokens from position 0 (has_initial_state `hi`), read slots
+    1..R, write slots R+1..2R."""
     qsl = jnp.arange(batch + 1, dtype=I32) * seqlen
     rd = jnp.arange(1, batch + 1, dtype=I32)
-    return qsl, jnp.full((batch,), hi), rd, rd + batch
+    return Rows(qsl, jnp.zeros((batch,), I32), jnp.full((batch,), hi), rd, rd + batch)
 
 
 def slot_pool(init: np.ndarray) -> jax.Array:
@@ -217,17 +220,16 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
     A, Dk, bias = (jnp.asarray(d[k]) for k in ("A", "D", "dt_bias"))
     sets = input_sets((x, dt, A, bm, cm), 1 if quick else CALLS)
     pool = slot_pool(d["init"])
-    qsl, hi, rd, wr = rows_meta(batch, seqlen)
-    meta = (qsl, jnp.zeros((batch,), I32), hi, rd, wr)
+    rows = rows_meta(batch, seqlen)
     kw = dict(D=Dk, dt_bias=bias, chunk_size=32 if quick else 256)
     reference = functools.partial(scan_ref.ssd_chunk_scan_reference, x, dt, A, bm, cm)
-    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, *meta, **kw))(pool))
+    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, rows, **kw))(pool))
 
     def make_step(cfg):
         knobs = dict(cfg)
         algorithm = knobs.pop("algorithm")
         tuning = scan.ScanTuning(**knobs)
-        return lambda i, p, sets: scan.ssd_chunk_scan(*sets[i % len(sets)], p, *meta, **kw,
+        return lambda i, p, sets: scan.ssd_chunk_scan(*sets[i % len(sets)], p, rows, **kw,
                                                       interpret=quick, algorithm=algorithm,
                                                       tuning=tuning)  # fmt: skip
 
@@ -279,14 +281,14 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
     g, beta = jnp.asarray(d["g"]), jnp.asarray(d["beta"])
     sets = input_sets((q, k, v, g, beta), 1 if quick else CALLS)
     pool = slot_pool(d["init"])
-    qsl, hi, rd, wr = rows_meta(batch, seqlen)
-    meta = (qsl, jnp.zeros((batch,), I32), hi, rd, wr)
-    reference = functools.partial(gdn.gdn_chunk_reference, q, k, v, g, beta)
-    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, *meta))(pool))
+    rows = rows_meta(batch, seqlen)
+    reference = functools.partial(gdn_ref.gdn_chunk_reference, q, k, v, g, beta)
+    ref = functools.cache(lambda: jax.jit(lambda p: reference(p, rows))(pool))
 
     def make_step(cfg):
-        return lambda i, p, sets: gdn.gdn_chunk(*sets[i % len(sets)], p, *meta,
-                                                interpret=quick, **cfg)  # fmt: skip
+        tuning = gdn.ChunkTuning(**cfg)
+        return lambda i, p, sets: gdn.gdn_chunk(*sets[i % len(sets)], p, rows, interpret=quick,
+                                                tuning=tuning)  # fmt: skip
 
     def anchor(anchors):
         torch, triton = anchors[:2]
@@ -332,15 +334,15 @@ def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
     bs = rng.standard_normal(channels, np.float32)
     x, w, b = jnp.asarray(xn, BF), jnp.asarray(wt, BF), jnp.asarray(bs, BF)
     state = jnp.asarray(rng.standard_normal((2 * batch + 1, channels, W - 1), np.float32), BF)
-    meta = rows_meta(batch, seqlen)
+    rows = rows_meta(batch, seqlen)
     reference = functools.partial(conv_ref.causal_conv1d_prefill_reference, x, w, b)
-    ref = functools.cache(lambda: jax.jit(lambda s: reference(s, *meta))(state))
+    ref = functools.cache(lambda: jax.jit(lambda s: reference(s, rows))(state))
 
     # One input set: every call's output reads the carried state (the initial windows).
     sets = input_sets((x, w, b), 1)
 
     def make_step(cfg):
-        return lambda i, s, sets: conv.causal_conv1d_prefill(*sets[0], s, *meta, interpret=quick,
+        return lambda i, s, sets: conv.causal_conv1d_prefill(*sets[0], s, rows, interpret=quick,
                                                              **cfg)  # fmt: skip
 
     def check(call):
@@ -362,8 +364,7 @@ def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
         us = bench_graph(torch, triton, call)
         # Accuracy of the anchor: without initial states (its window layout differs from ours).
         y0 = fla_conv(xt, w_t, b_t, activation="silu", backend="triton", cu_seqlens=cu)[0]
-        qsl, hi, rd, wr = meta
-        y0_ref, _ = reference(state, qsl, ~hi, rd, wr)
+        y0_ref, _ = reference(state, rows_meta(batch, seqlen, hi=False))
         y0 = y0.float().cpu().numpy().reshape(T, channels)
         return dict(anchor="FLA 0.6.0 causal_conv1d (graph)", anchor_us=us,
                     anchor_err_y_no_init=rel_err(y0, y0_ref))  # fmt: skip

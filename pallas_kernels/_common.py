@@ -1,9 +1,10 @@
 """Helpers shared by the recurrent-state ops: argument checks, slot handling, dt processing.
 
-Slot convention (DESIGN.md section 5): slot 0 of every state pool is NULL. A slot index <= 0 means
-padding: it reads zeros and writes nothing. So does an index >= the pool size: on the device an
-out-of-range gather would be clamped to a live row (and -1 wraps to the last), so every slot read
-and write goes through `live_slot` / `safe_slot`, inside the kernels as well as in the references.
+Slot convention (docs/architecture.md section 5): slot 0 of every state pool is NULL. A slot index
+<= 0 means padding: it reads zeros and writes nothing. So does an index >= the pool size: on the
+device an out-of-range gather would be clamped to a live row (and -1 wraps to the last), so every
+slot read and write goes through `live_slot` / `safe_slot`, inside the kernels as well as in the
+references.
 """
 
 from __future__ import annotations
@@ -121,8 +122,9 @@ def sds_like(
     )
 
 
-def fused_decode_dims(mixed_name: str, mixed, state_name: str, state,
-                      conv_weight) -> tuple[int, int, int, int]:  # fmt: skip
+def fused_decode_dims(
+    mixed_name: str, mixed, state_name: str, state, conv_weight
+) -> tuple[int, int, int, int]:
     """First checks of a fused decode op (conv + state update reading a projection's output):
     mixed [B, L, columns], state [S, 4 dims], conv_weight [C, W] with W >= 2. Returns (B, L, C, W);
     the op derives its head geometry from them, then calls `check_fused_decode_pools`."""
@@ -135,8 +137,9 @@ def fused_decode_dims(mixed_name: str, mixed, state_name: str, state,
     return *mixed.shape[:2], conv_dim, width
 
 
-def check_fused_decode_pools(state, conv_bias, conv_state, read_slots, write_slots,
-                             dims: tuple[int, int, int, int]) -> None:  # fmt: skip
+def check_fused_decode_pools(
+    state, conv_bias, conv_state, read_slots, write_slots, dims: tuple[int, int, int, int]
+) -> None:
     """The rest of a fused decode op's shared checks, `dims` = `fused_decode_dims(...)`: conv_bias
     [C] or None, conv_state [S, C, W - 1], read_slots [B], write_slots [B, L]."""
     batch, lanes, conv_dim, width = dims
@@ -169,8 +172,11 @@ def store_boundary_state(pool_ref, boundary_ref, row, end, pos0, block_size, ind
     j = end // block_size - pos0 // block_size - 1
     slot = boundary_ref[row, jnp.clip(j, 0, boundary_ref.shape[1] - 1)]
     hit = (end % block_size == 0) & (j < boundary_ref.shape[1]) & live_slot(slot, pool_ref.shape[0])
-    plgpu.store(pool_ref.at[(jnp.where(hit, slot, NULL), *index)], value.astype(pool_ref.dtype),
-                mask=mask & hit)  # fmt: skip
+    plgpu.store(
+        pool_ref.at[(jnp.where(hit, slot, NULL), *index)],
+        value.astype(pool_ref.dtype),
+        mask=mask & hit,
+    )
 
 
 def loads_before_stores(on_gpu: bool) -> None:
@@ -183,8 +189,22 @@ def loads_before_stores(on_gpu: bool) -> None:
         plgpu.debug_barrier()
 
 
-def conv_update_lanes(read_ref, write_ref, x_ref, w_ref, bias_ref, state_ref, *, channel, column,
-                      mask, lanes, width, dtype, on_gpu: bool) -> list[jax.Array]:  # fmt: skip
+def conv_update_lanes(
+    read_ref,
+    write_ref,
+    x_ref,
+    w_ref,
+    bias_ref,
+    state_ref,
+    *,
+    channel,
+    column,
+    mask,
+    lanes,
+    width,
+    dtype,
+    on_gpu: bool,
+) -> list[jax.Array]:
     """In a decode kernel: silu(causal conv) of one channel block of row `program_id(0)` for
     every lane, fp32 rounded to `dtype` as an unfused conv would store it (0 on dead lanes); stores
     the window after each lane to that lane's write slot in `state_ref` [S, channels, W - 1].

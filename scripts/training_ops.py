@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import ops
 from pallas_kernels._common import process_dt
+from pallas_kernels.rows import Rows
 
 
 def one_row_ssd_scan(
@@ -39,11 +40,7 @@ def one_row_ssd_scan(
     B: jax.Array,
     C: jax.Array,
     ssm_state: jax.Array,
-    query_start_loc: jax.Array,
-    num_computed: jax.Array,
-    has_initial_state: jax.Array,
-    read_slots: jax.Array,
-    write_slots: jax.Array,
+    rows: Rows,
     *,
     D: jax.Array | None = None,
     z: jax.Array | None = None,
@@ -54,7 +51,7 @@ def one_row_ssd_scan(
 ) -> tuple[jax.Array, jax.Array]:
     """`ssd_chunk_scan` for one row from a zero state, in chunked matrix form; the pool is
     returned unchanged. T must be a multiple of `chunk_size` (or smaller than it)."""
-    _check_one_row(query_start_loc)
+    _check_one_row(rows)
     if z is not None:
         raise ValueError("training SSD takes no z (the Mamba2 mixer gates in its norm)")
     num_tokens, heads, head_dim = x.shape
@@ -89,7 +86,7 @@ def one_row_ssd_scan(
     y = y.reshape(num_tokens, heads, head_dim)
     if D is not None:
         y = y + D.astype(f32)[None, :, None] * x.astype(f32)
-    return _live_only(y, query_start_loc).astype(x.dtype), ssm_state
+    return _live_only(y, rows).astype(x.dtype), ssm_state
 
 
 def one_row_causal_conv1d(
@@ -97,16 +94,13 @@ def one_row_causal_conv1d(
     weight: jax.Array,
     bias: jax.Array | None,
     conv_state: jax.Array,
-    query_start_loc: jax.Array,
-    has_initial_state: jax.Array,
-    read_slots: jax.Array,
-    write_slots: jax.Array,
+    rows: Rows,
     *,
     activation: str | None = "silu",
 ) -> tuple[jax.Array, jax.Array]:
     """`causal_conv1d_prefill` for one row from a zero window (shifted slices, no gathers); the
     conv state pool is returned unchanged."""
-    _check_one_row(query_start_loc)
+    _check_one_row(rows)
     num_tokens, width = x.shape[0], weight.shape[1]
     padded = jnp.pad(x.astype(jnp.float32), ((width - 1, 0), (0, 0)))
     acc = sum(padded[j : j + num_tokens] * weight[:, j].astype(jnp.float32) for j in range(width))
@@ -114,7 +108,7 @@ def one_row_causal_conv1d(
         acc = acc + bias.astype(jnp.float32)
     if activation == "silu":
         acc = jax.nn.silu(acc)
-    return _live_only(acc, query_start_loc).astype(x.dtype), conv_state
+    return _live_only(acc, rows).astype(x.dtype), conv_state
 
 
 def one_row_paged_attention(
@@ -143,15 +137,16 @@ def one_row_paged_attention(
     return jnp.where(valid[:, None, None], out, 0.0).astype(q.dtype)
 
 
-def _check_one_row(query_start_loc: jax.Array) -> None:
-    if query_start_loc.shape != (2,):
+def _check_one_row(rows: Rows) -> None:
+    if rows.query_start_loc.shape != (2,):
         raise ValueError(
-            f"training ops take one prefill row; query_start_loc has shape {query_start_loc.shape}"
+            "training ops take one prefill row; query_start_loc has shape "
+            f"{rows.query_start_loc.shape}"
         )
 
 
-def _live_only(y: jax.Array, query_start_loc: jax.Array) -> jax.Array:
-    live = jnp.arange(y.shape[0]) < query_start_loc[1]
+def _live_only(y: jax.Array, rows: Rows) -> jax.Array:
+    live = jnp.arange(y.shape[0]) < rows.query_start_loc[1]
     return jnp.where(live.reshape(-1, *([1] * (y.ndim - 1))), y, 0.0)
 
 

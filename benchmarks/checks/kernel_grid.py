@@ -30,17 +30,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.checks import Check, on_gpu
-from pallas_kernels import causal_conv1d as conv
-from pallas_kernels import causal_conv1d_reference as conv_ref
-from pallas_kernels import gdn_chunk as gdnc
-from pallas_kernels import gdn_decode as gdnd
-from pallas_kernels import gdn_state_update as gdnu
-from pallas_kernels import grouped_matmul as gmm
-from pallas_kernels import mamba2_decode as m2d
-from pallas_kernels import paged_decode_attention as pda
-from pallas_kernels import ssd_chunk_scan as ssd
-from pallas_kernels import ssd_chunk_scan_reference as ssd_ref
-from pallas_kernels import ssd_state_update as ssu
+from pallas_kernels.attention import decode as pda
+from pallas_kernels.attention import reference as attention_ref
+from pallas_kernels.conv import prefill as conv
+from pallas_kernels.conv import reference as conv_ref
+from pallas_kernels.conv import update as conv_update_kernel
+from pallas_kernels.gdn import chunk as gdnc
+from pallas_kernels.gdn import decode as gdnd
+from pallas_kernels.gdn import reference as gdn_ref
+from pallas_kernels.gdn import state_update as gdnu
+from pallas_kernels.moe import grouped_matmul as gmm
+from pallas_kernels.rows import Rows
+from pallas_kernels.ssd import chunk_scan as ssd
+from pallas_kernels.ssd import decode as m2d
+from pallas_kernels.ssd import reference as ssd_ref
+from pallas_kernels.ssd import state_update as ssu
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 # Relative error allowed per op and input dtype (bf16 inputs: bf16 dot operands and outputs).
@@ -169,7 +173,7 @@ def conv_prefill(channels: int, width: int, dtype, walk_tokens: int = 16) -> Sha
             _normal(rng, (channels, width), dtype, width**-0.5),
             _normal(rng, (channels,), dtype, 0.1),
             _pool(rng, rows.num_slots, (channels, width - 1), dtype),
-            rows.qsl, rows.has_init, rows.read, rows.write,
+            Rows(rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write),
         )  # fmt: skip
         return Case(
             functools.partial(conv.causal_conv1d_prefill, walk_tokens=walk_tokens),
@@ -193,7 +197,7 @@ def conv_update(channels: int, width: int, num_lanes: int, dtype, batch: int = 6
             read, write,
         )  # fmt: skip
         return Case(
-            conv.causal_conv1d_update,
+            conv_update_kernel.causal_conv1d_update,
             conv_ref.causal_conv1d_update_reference,
             args, 3, _lane_live(write, 1), write.ravel(), TOLERANCE[dtype, "conv"],
             f"B={batch} L={num_lanes}",
@@ -221,15 +225,15 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
             _normal(rng, (t, groups, state), dtype, state**-0.5),
             _normal(rng, (t, groups, state), dtype, state**-0.5),
             _pool(rng, rows.num_slots, (heads, head_dim, state), F32),
-            rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write,
+            Rows(rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write, rows.boundary,
+                 chunk),
             _normal(rng, (heads,)), _normal(rng, (t, heads, head_dim), dtype),
-            _normal(rng, (heads,), F32, 0.5), rows.boundary,
+            _normal(rng, (heads,), F32, 0.5),
         )  # fmt: skip
 
         def call(fn, *a, **kw):
-            d, z, bias, bnd = a[11:]
-            return fn(*a[:11], D=d, z=z, dt_bias=bias, chunk_size=chunk, block_size=chunk,
-                      boundary_slots=bnd, algorithm=algorithm, **kw)  # fmt: skip
+            d, z, bias = a[7:]
+            return fn(*a[:7], D=d, z=z, dt_bias=bias, chunk_size=chunk, algorithm=algorithm, **kw)
 
         return Case(
             functools.partial(call, kernel),
@@ -265,7 +269,7 @@ def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: in
 
         return Case(
             functools.partial(call, ssu.ssd_state_update),
-            functools.partial(call, ssu.ssd_state_update_reference),
+            functools.partial(call, ssd_ref.ssd_state_update_reference),
             args, 5, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
             f"B={batch} L={num_lanes}",
         )  # fmt: skip
@@ -325,7 +329,7 @@ def mamba2_decode(heads: int, head_dim: int, groups: int, state: int, width: int
     def build(rng) -> Case:
         after = (-np.exp(_normal(rng, (heads,), F32, 0.5)), _normal(rng, (heads,)),
                  _normal(rng, (heads,), F32, 0.5))  # fmt: skip
-        fns = (_with_d(m2d.mamba2_decode), _with_d(m2d.mamba2_decode_reference))
+        fns = (_with_d(m2d.mamba2_decode), _with_d(ssd_ref.mamba2_decode_reference))
         tails = (conv_dim, width - 1), (heads, head_dim, state)
         return _fused_decode_case(rng, fns, d_inner + conv_dim + heads, *tails, after, num_lanes,
                                   dtype, batch)  # fmt: skip
@@ -340,7 +344,7 @@ def gdn_decode(hk: int, hv: int, k: int, v: int, width: int, num_lanes: int, dty
 
     def build(rng) -> Case:
         after = (_normal(rng, (hv,), F32, 0.5), _normal(rng, (hv,), F32, 0.5))
-        fns = (gdnd.gdn_decode, gdnd.gdn_decode_reference)
+        fns = (gdnd.gdn_decode, gdn_ref.gdn_decode_reference)
         return _fused_decode_case(rng, fns, conv_dim + hv * v + 2 * hv, (conv_dim, width - 1),
                                   (hv, v, k), after, num_lanes, dtype, batch)  # fmt: skip
 
@@ -359,15 +363,16 @@ def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape
             -np.logaddexp(0.0, _normal(rng, (t, hv))).astype(np.float32),
             1.0 / (1.0 + np.exp(-_normal(rng, (t, hv)))),
             _pool(rng, rows.num_slots, (hv, v, k), F32),
-            rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write, rows.boundary,
+            Rows(rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write, rows.boundary,
+                 chunk),
         )  # fmt: skip
 
         def call(fn, *a, **kw):
-            return fn(*a[:11], chunk_size=chunk, block_size=chunk, boundary_slots=a[11], **kw)
+            return fn(*a, chunk_size=chunk, **kw)
 
         return Case(
             functools.partial(call, gdnc.gdn_chunk),
-            functools.partial(call, gdnc.gdn_chunk_reference),
+            functools.partial(call, gdn_ref.gdn_chunk_reference),
             args, 5, rows.live[:, None, None], rows.written, TOLERANCE[dtype, "scan"],
             rows.describe(),
         )  # fmt: skip
@@ -393,7 +398,7 @@ def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: i
         )  # fmt: skip
         return Case(
             gdnu.gdn_state_update,
-            gdnu.gdn_state_update_reference,
+            gdn_ref.gdn_state_update_reference,
             args, 7, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
             f"B={batch} L={num_lanes}",
         )  # fmt: skip
@@ -429,7 +434,7 @@ def paged_decode(width: int, heads: int, kv_heads: int, head_dim: int, block_siz
             return pda.paged_decode_attention(*a, scale=scale, interpret=interpret), a[1]
 
         def reference(*a):
-            return pda.paged_decode_attention_reference(*a, scale=scale), a[1]
+            return attention_ref.paged_decode_attention_reference(*a, scale=scale), a[1]
 
         live = (np.arange(width)[None, :] < query_lens[:, None])[:, :, None, None]
         return Case(kernel, reference, args, 1, live, np.zeros(0, np.int32),

@@ -28,7 +28,7 @@ from jmamba.inputs import StepInputs
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import HeadGatedRMSNorm
-from jmamba.mixers.boundary_states import scan_kwargs, write_conv_windows
+from jmamba.mixers.boundary_states import kernel_rows, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
 
@@ -99,16 +99,13 @@ class GatedDeltaNet(nnx.Module):
         return o, GDNState(conv, rec)
 
     def _prefill(self, inputs: StepInputs, qkv, b, a, state: GDNState):
-        rows = inputs.prefill
+        rows = kernel_rows(inputs.prefill)
         qkv, conv = ops.causal_conv1d_prefill(
             qkv,
             self.conv_weight[...],
             None,
             write_conv_windows(qkv, state.conv, rows),
-            rows.query_start_loc,
-            rows.has_initial_state,
-            rows.read_slots,
-            rows.write_slots,
+            rows,
             activation="silu",
         )
         q, k, v = self._split_qkv(qkv)
@@ -122,14 +119,9 @@ class GatedDeltaNet(nnx.Module):
             g,
             beta,
             state.recurrent,
-            rows.query_start_loc,
-            rows.num_computed,
-            rows.has_initial_state,
-            rows.read_slots,
-            rows.write_slots,
+            rows,
             use_qk_l2norm=True,
             chunk_size=GDN_CHUNK_SIZE,
-            **scan_kwargs(rows),
         )
         return o, GDNState(conv, rec)
 
@@ -149,10 +141,15 @@ class GatedDeltaNet(nnx.Module):
         )
         # Decode reads in_proj's output by column offset, prefill its split columns.
         o, state = run_by_section(
-            inputs, state, (mixed,), (qkv, b, a), functools.partial(self._decode, inputs),
-            functools.partial(self._prefill, inputs), (cfg.num_v_heads, cfg.head_v_dim),
+            inputs,
+            state,
+            (mixed,),
+            (qkv, b, a),
+            functools.partial(self._decode, inputs),
+            functools.partial(self._prefill, inputs),
+            (cfg.num_v_heads, cfg.head_v_dim),
             hidden.dtype,
-        )  # fmt: skip
+        )
         z = z.reshape(hidden.shape[0], cfg.num_v_heads, cfg.head_v_dim)
         y = self.norm(o, z).reshape(hidden.shape[0], cfg.value_dim)
         return self.out_proj(y), state

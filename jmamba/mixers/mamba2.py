@@ -30,7 +30,7 @@ from jmamba.inputs import StepInputs
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import GroupGatedRMSNorm
-from jmamba.mixers.boundary_states import scan_kwargs, write_conv_windows
+from jmamba.mixers.boundary_states import kernel_rows, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
 
@@ -142,15 +142,12 @@ class Mamba2(nnx.Module):
         return y, Mamba2State(conv, ssm)
 
     def _prefill(self, inputs: StepInputs, xbc, dt, state: Mamba2State):
-        rows = inputs.prefill
+        rows = kernel_rows(inputs.prefill)
         xbc, conv = ops.causal_conv1d_prefill(
             xbc,
             *self._conv_args(),
             write_conv_windows(xbc, state.conv, rows),
-            rows.query_start_loc,
-            rows.has_initial_state,
-            rows.read_slots,
-            rows.write_slots,
+            rows,
             activation="silu",
         )
         x, b, c = self._split_xbc(xbc)
@@ -162,12 +159,7 @@ class Mamba2(nnx.Module):
             b,
             c,
             state.ssm,
-            rows.query_start_loc,
-            rows.num_computed,
-            rows.has_initial_state,
-            rows.read_slots,
-            rows.write_slots,
-            **scan_kwargs(rows),
+            rows,
             chunk_size=self.cfg.chunk_size,
             algorithm=self.cfg.scan_algorithm,
             **self._ssm_kwargs(),
@@ -182,8 +174,14 @@ class Mamba2(nnx.Module):
         z, xbc, dt = jnp.split(zxbcdt, [cfg.d_inner, cfg.d_inner + cfg.conv_dim], axis=-1)
         # Decode reads in_proj's output by column offset, prefill its split columns.
         y, state = run_by_section(
-            inputs, state, (zxbcdt,), (xbc, dt), functools.partial(self._decode, inputs),
-            functools.partial(self._prefill, inputs), (cfg.num_heads, cfg.head_dim), hidden.dtype,
-        )  # fmt: skip
+            inputs,
+            state,
+            (zxbcdt,),
+            (xbc, dt),
+            functools.partial(self._decode, inputs),
+            functools.partial(self._prefill, inputs),
+            (cfg.num_heads, cfg.head_dim),
+            hidden.dtype,
+        )
         y = y.reshape(hidden.shape[0], cfg.d_inner)
         return self.out_proj(self.norm(y, z)), state

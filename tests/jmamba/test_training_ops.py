@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.causal_conv1d_reference import causal_conv1d_prefill_reference
-from pallas_kernels.paged_attention import paged_attention_reference
-from pallas_kernels.ssd_chunk_scan_reference import ssd_chunk_scan_reference
+from pallas_kernels.attention.reference import paged_attention_reference
+from pallas_kernels.conv.reference import causal_conv1d_prefill_reference
+from pallas_kernels.rows import Rows
+from pallas_kernels.ssd.reference import ssd_chunk_scan_reference
 
 _SPEC = importlib.util.spec_from_file_location(
     "training_ops", Path(__file__).parents[2] / "scripts" / "training_ops.py"
@@ -30,22 +31,22 @@ def normal(*shape) -> jnp.ndarray:
     return jnp.asarray(rng.normal(size=shape), jnp.float32)
 
 
-def one_row(live: int) -> tuple:
+def one_row(live: int) -> Rows:
     i32 = lambda a: jnp.asarray(a, jnp.int32)  # noqa: E731
-    return i32([0, live]), i32([0]), jnp.array([False]), i32([0]), i32([1])
+    return Rows(i32([0, live]), i32([0]), jnp.array([False]), i32([0]), i32([1]))
 
 
 @pytest.mark.parametrize("live", [T, T - 5])
 def test_ssd_matches_the_token_scan(live):
     heads, head_dim, groups, state = 6, 5, 3, 7
-    qsl, num_computed, has_init, read, write = one_row(live)
+    rows = one_row(live)
     x, dt, a = normal(T, heads, head_dim), normal(T, heads), -jnp.linspace(0.5, 4.0, heads)
     b, c, pool = (
         normal(T, groups, state),
         normal(T, groups, state),
         jnp.zeros((2, heads, head_dim, state)),
     )
-    args = (x, dt, a, b, c, pool, qsl, num_computed, has_init, read, write)
+    args = (x, dt, a, b, c, pool, rows)
     kw = dict(D=normal(heads), dt_bias=normal(heads), dt_limit=(0.001, float("inf")), chunk_size=16)
     fast, _ = training_ops.one_row_ssd_scan(*args, **kw)
     reference, _ = ssd_chunk_scan_reference(*args, **kw)
@@ -56,9 +57,9 @@ def test_ssd_matches_the_token_scan(live):
 
 def test_causal_conv_matches_the_reference():
     channels, width = 11, 4
-    qsl, _, has_init, read, write = one_row(T - 3)
+    rows = one_row(T - 3)
     x, weight, bias = normal(T, channels), normal(channels, width), normal(channels)
-    args = (x, weight, bias, jnp.zeros((2, channels, width - 1)), qsl, has_init, read, write)
+    args = (x, weight, bias, jnp.zeros((2, channels, width - 1)), rows)
     fast, _ = training_ops.one_row_causal_conv1d(*args, activation="silu")
     reference, _ = causal_conv1d_prefill_reference(*args, activation="silu")
     np.testing.assert_allclose(fast, reference, rtol=1e-5, atol=1e-5)
@@ -95,8 +96,5 @@ def test_more_than_one_row_is_refused():
             normal(3, 4),
             None,
             jnp.zeros((2, 3, 3)),
-            jnp.asarray([0, 4, T]),
-            None,
-            None,
-            None,
+            Rows(jnp.asarray([0, 4, T]), None, None, None, None),
         )

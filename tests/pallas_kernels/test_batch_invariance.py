@@ -65,7 +65,7 @@ def test_conv_prefill():
     kinds |= dict.fromkeys(("has_initial_state", "read_slots", "write_slots"), ROW)
 
     def run(a):
-        return ops.causal_conv1d_prefill(*conv._args(a, conv.PREFILL), implementation="interpret")
+        return ops.causal_conv1d_prefill(*conv.prefill_args(a), implementation="interpret")
 
     assert_row_invariant(run, d, kinds, 2, [d["write_slots"][2]])
 
@@ -77,14 +77,20 @@ def test_ssd_chunk_scan(algorithm):
     free = sorted(set(range(1, 24)) - set(d["read_slots"]) - set(d["write_slots"]))
     d["boundary_slots"] = np.zeros((6, 2), np.int32)
     d["boundary_slots"][2] = free[:2]  # slots no row reads or writes
-    kinds = dict.fromkeys((*scan.ARGS, *scan.OPTS), OTHER) | {"query_start_loc": QSL}
+    kinds = dict.fromkeys((*scan.ARGS, *scan.ROWS, *scan.OPTS), OTHER) | {"query_start_loc": QSL}
     kinds |= dict.fromkeys(("x", "dt", "B", "C", "z"), TOKEN)
     kinds |= dict.fromkeys(("num_computed", "has_initial_state", "read_slots", "write_slots"), ROW)
     kinds |= {"boundary_slots": ROW}
 
     def run(a):
-        return scan.run(a, "interpret", chunk_size=16, block_size=16,
-                        boundary_slots=a["boundary_slots"], algorithm=algorithm)  # fmt: skip
+        return scan.run(
+            a,
+            "interpret",
+            chunk_size=16,
+            block_size=16,
+            boundary_slots=a["boundary_slots"],
+            algorithm=algorithm,
+        )
 
     assert_row_invariant(run, d, kinds, 2, [d["write_slots"][2], *free[:2]])
 
@@ -92,15 +98,26 @@ def test_ssd_chunk_scan(algorithm):
 def test_gdn_chunk():
     lengths, nc = [5, 9, 40, 1, 3], [3, 0, 13, 0, 7]
     args, kw = gdnc.make_case(lengths, nc, [True] * 5, T=64, nb=2, bs=16, dims=(1, 2, 24, 12))
-    names = ("q", "k", "v", "g", "beta", "state", "query_start_loc", "num_computed",
-             "has_initial_state", "read_slots", "write_slots")  # fmt: skip
+    names = (
+        "q",
+        "k",
+        "v",
+        "g",
+        "beta",
+        "state",
+        "query_start_loc",
+        "num_computed",
+        "has_initial_state",
+        "read_slots",
+        "write_slots",
+    )
     d = dict(zip(names, args, strict=True)) | {"boundary_slots": kw["boundary_slots"]}
     kinds = dict.fromkeys(("q", "k", "v", "g", "beta"), TOKEN) | {"state": OTHER}
     kinds |= {"query_start_loc": QSL} | dict.fromkeys(names[7:] + ("boundary_slots",), ROW)
 
     def run(a):
-        kw = dict(chunk_size=16, block_size=16, boundary_slots=a["boundary_slots"])
-        return ops.gdn_chunk(*(a[n] for n in names), **kw, implementation="interpret")
+        rows = gdnc.as_rows([a[n] for n in names], 16, a["boundary_slots"])
+        return ops.gdn_chunk(*rows, chunk_size=16, implementation="interpret")
 
     assert_row_invariant(run, d, kinds, 2, [d["write_slots"][2], *d["boundary_slots"][2]])
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pallas_kernels import causal_conv1d as conv_mod
 from pallas_kernels import ops
+from pallas_kernels.conv import prefill as conv_mod
+from pallas_kernels.rows import Rows
 
 
 def _act(v: np.ndarray, activation: str | None) -> np.ndarray:
@@ -104,12 +105,32 @@ PREFILL = (
 UPDATE = ("x", "weight", "bias", "conv_state", "read_slots", "write_slots")
 
 
+def rows_of(d: dict, boundary_slots=None, block_size=None) -> Rows:
+    """The `Rows` of a prefill input dict (num_computed 0 unless given: the conv does not read
+    it)."""
+    num_computed = d.get("num_computed", np.zeros(len(d["read_slots"]), np.int32))
+    return Rows(
+        d["query_start_loc"],
+        num_computed,
+        d["has_initial_state"],
+        d["read_slots"],
+        d["write_slots"],
+        boundary_slots,
+        block_size,
+    )
+
+
+def prefill_args(d: dict) -> tuple:
+    """The prefill op's arguments: x, weight, bias, conv_state and the `Rows`."""
+    return (*_args(d, PREFILL[:4]), rows_of(d))
+
+
 def check_prefill(d: dict, implementation: str, activation="silu", bias=True) -> None:
     if not bias:
         d = {**d, "bias": None}
     want_y, want_pool = oracle_prefill(*_args(d, PREFILL), activation)
     y, pool = ops.causal_conv1d_prefill(
-        *_args(d, PREFILL), activation=activation, implementation=implementation
+        *prefill_args(d), activation=activation, implementation=implementation
     )
     np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=1e-6, atol=1e-6)
@@ -140,7 +161,7 @@ def test_update_reference(lanes):
 def test_prefill_rejects_bad_weight():
     d = prefill_inputs(0, (3,), 8, 4)
     with pytest.raises(ValueError, match="weight"):
-        ops.causal_conv1d_prefill(*_args({**d, "weight": d["weight"][:4]}, PREFILL))
+        ops.causal_conv1d_prefill(*prefill_args({**d, "weight": d["weight"][:4]}))
 
 
 # (lengths, channels, width): short rows, empty rows, rows shorter than W - 1, several rows in one
@@ -161,7 +182,7 @@ WALK = ((4, 2), (8, 8), (16, 4), (4, 1), (2, 2))
 def check_prefill_kernel(d: dict, activation="silu", **config) -> None:
     want_y, want_pool = oracle_prefill(*_args(d, PREFILL), activation)
     y, pool = conv_mod.causal_conv1d_prefill(
-        *_args(d, PREFILL), activation=activation, interpret=True, block_d=8, **config
+        *prefill_args(d), activation=activation, interpret=True, block_d=8, **config
     )
     np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(pool), want_pool, rtol=1e-6, atol=1e-6)
@@ -187,7 +208,7 @@ def test_prefill_rejects_bad_walk(walk_tokens, unroll, bad):
     d = prefill_inputs(0, (3,), 8, 4)
     with pytest.raises(ValueError, match=bad):
         conv_mod.causal_conv1d_prefill(
-            *_args(d, PREFILL), interpret=True, walk_tokens=walk_tokens, unroll=unroll
+            *prefill_args(d), interpret=True, walk_tokens=walk_tokens, unroll=unroll
         )
 
 
@@ -218,11 +239,16 @@ def test_prefill_kernel_lowers_for_triton(num_rows):
         sds((8192,), jnp.bfloat16),
         sds((5, 8192, 3), jnp.bfloat16),
         sds((num_rows + 1,), i32),
+        sds((num_rows,), i32),
         sds((num_rows,), jnp.bool_),
         sds((num_rows,), i32),
         sds((num_rows,), i32),
     )
-    assert "causal_conv1d_prefill" in lower_for_cuda(conv_mod.causal_conv1d_prefill, *args)
+
+    def prefill(*a):
+        return conv_mod.causal_conv1d_prefill(*a[:4], Rows(*a[4:]))
+
+    assert "causal_conv1d_prefill" in lower_for_cuda(prefill, *args)
 
 
 def oracle_boundary_states(x, pool, qsl, num_computed, has_init, read, boundary, block_size):
@@ -245,18 +271,24 @@ def test_boundary_states_match_a_numpy_loop(width):
     (nothing written), a padding row; slot 0 holds NaN and stays untouched."""
     bs = 8
     args = prefill_inputs(3, [21, 9, 17], channels=12, width=width, slots=24)
-    del args["weight"], args["bias"], args["write_slots"]
+    del args["weight"], args["bias"]
+    args["write_slots"][:] = 0  # the op writes no final windows
     args["conv_state"][0] = np.nan
     args["has_initial_state"] = np.array([True, True, False, False])
     num_computed = np.array([16, 6, 0, 0], np.int32)  # row 1: boundary 8 is 2 tokens in
     boundary = np.array([[13, 14, 15], [16, 0, 17], [18, 19, 20], [0, 0, 0]], np.int32)
-    pool = ops.causal_conv1d_boundary_states(
-        args["x"], args["conv_state"], args["query_start_loc"], num_computed,
-        args["has_initial_state"], args["read_slots"], boundary, block_size=bs,
-    )  # fmt: skip
-    want = oracle_boundary_states(args["x"], args["conv_state"], args["query_start_loc"],
-                                  num_computed, args["has_initial_state"], args["read_slots"],
-                                  boundary, bs)  # fmt: skip
+    rows = rows_of({**args, "num_computed": num_computed}, boundary, bs)
+    pool = ops.causal_conv1d_boundary_states(args["x"], args["conv_state"], rows)
+    want = oracle_boundary_states(
+        args["x"],
+        args["conv_state"],
+        args["query_start_loc"],
+        num_computed,
+        args["has_initial_state"],
+        args["read_slots"],
+        boundary,
+        bs,
+    )
     np.testing.assert_allclose(np.asarray(pool)[1:], want[1:], rtol=0, atol=1e-6)
     assert np.isnan(np.asarray(pool)[0]).all()
     written = {13, 14, 16, 18, 19}  # row 0: 24, 32; row 1: 8 (17 is past 13); row 2: 8, 16
@@ -272,13 +304,13 @@ def test_boundary_window_equals_the_final_window_of_a_row_cut_there():
     num_computed = np.array([8, 0], np.int32)
     has_init = np.array([True, False])
     boundary = np.array([[3, 4], [0, 0]], np.int32)  # positions 16 and 24 (row ends at 27)
-    pool = np.asarray(ops.causal_conv1d_boundary_states(
-        args["x"], args["conv_state"], args["query_start_loc"], num_computed, has_init, read,
-        boundary, block_size=bs))  # fmt: skip
+    no_write = np.zeros(2, np.int32)
+    rows = Rows(args["query_start_loc"], num_computed, has_init, read, no_write, boundary, bs)
+    pool = np.asarray(ops.causal_conv1d_boundary_states(args["x"], args["conv_state"], rows))
     for slot, cut in ((3, 8), (4, 16)):
         qsl = np.array([0, cut, cut], np.int32)
+        cut_rows = Rows(qsl, num_computed, has_init, read, np.array([7, 0], np.int32))
         _, cut_pool = ops.causal_conv1d_prefill(
-            args["x"], args["weight"], args["bias"], args["conv_state"], qsl, has_init, read,
-            np.array([7, 0], np.int32),
-        )  # fmt: skip
+            args["x"], args["weight"], args["bias"], args["conv_state"], cut_rows
+        )
         np.testing.assert_array_equal(pool[slot], np.asarray(cut_pool)[7])

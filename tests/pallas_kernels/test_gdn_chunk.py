@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,10 +9,12 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import _gdn_intra
-from pallas_kernels import gdn_chunk as gdn_chunk_module
-from pallas_kernels import gdn_reference as ref
-from pallas_kernels.gdn_chunk import gdn_chunk
+from pallas_kernels.gdn import chunk as gdn_chunk_module
+from pallas_kernels.gdn import intra
+from pallas_kernels.gdn import reference as ref
+from pallas_kernels.gdn.chunk import ChunkTuning, gdn_chunk
+from pallas_kernels.gdn.reference_chunked import gdn_chunk_reference_chunked
+from pallas_kernels.rows import Rows
 from tests.compiled import per_module
 
 from . import gdn_oracle
@@ -60,6 +60,11 @@ def make_case(lengths, nc, has_init, *, T=None, seed=0, decay=1.0, nb=0, bs=None
     return args, kw
 
 
+def as_rows(args, block_size=None, boundary_slots=None) -> tuple:
+    """make_case's 11 arrays as an op's arguments: q, k, v, g, beta, the pool, then the `Rows`."""
+    return (*args[:6], Rows(*args[6:11], boundary_slots=boundary_slots, block_size=block_size))
+
+
 def check(o, st, args, kw, *, tol=2e-4):
     o_ref, st_ref = gdn_oracle.prefill(*args, **kw)
     live = int(args[6][-1])
@@ -81,8 +86,8 @@ CASES = {
 
 @per_module
 def _jitted(fn, chunk_size, nb):
-    def run(*a, **kw):
-        return fn(*a, chunk_size=chunk_size, **kw)
+    def run(*a, block_size=None, boundary_slots=None):
+        return fn(*as_rows(a, block_size, boundary_slots), chunk_size=chunk_size)
 
     return jax.jit(run, static_argnames=("block_size",))
 
@@ -92,7 +97,7 @@ def _jitted(fn, chunk_size, nb):
 def test_reference_matches_oracle(name, form):
     lengths, nc, hi = CASES[name]
     args, kw = make_case(lengths, nc, hi, T=48, seed=len(name))
-    fn = ref.gdn_chunk_reference if form == "token" else ref.gdn_chunk_reference_chunked
+    fn = ref.gdn_chunk_reference if form == "token" else gdn_chunk_reference_chunked
     o, st = _jitted(fn, 8, 0)(*map(jnp.asarray, args))
     check(o, st, args, kw)
 
@@ -101,7 +106,7 @@ def test_reference_matches_oracle(name, form):
 def test_reference_boundary_states(form):
     args, kw = make_case([21, 9, 40], [3, 16, 0], [True, False, True], T=72, nb=3, bs=16)
     kw["boundary_slots"][1, 0] = 0  # padding boundary slot: skipped
-    fn = ref.gdn_chunk_reference if form == "token" else ref.gdn_chunk_reference_chunked
+    fn = ref.gdn_chunk_reference if form == "token" else gdn_chunk_reference_chunked
     jargs = list(map(jnp.asarray, args))
     o, st = _jitted(fn, 8, 3)(
         *jargs, block_size=16, boundary_slots=jnp.asarray(kw["boundary_slots"])
@@ -114,7 +119,7 @@ def test_chunked_equals_token_strong_decay():
     args, kw = make_case([30, 50], [9, 0], [True, False], T=96, seed=3, decay=8.0)
     jargs = list(map(jnp.asarray, args))
     o1, s1 = _jitted(ref.gdn_chunk_reference, 16, 0)(*jargs)
-    o2, s2 = _jitted(ref.gdn_chunk_reference_chunked, 16, 0)(*jargs)
+    o2, s2 = _jitted(gdn_chunk_reference_chunked, 16, 0)(*jargs)
     np.testing.assert_allclose(np.asarray(o1), np.asarray(o2), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.asarray(s1)[1:], np.asarray(s2)[1:], rtol=1e-4, atol=1e-4)
 
@@ -123,14 +128,18 @@ def test_bad_shapes_raise():
     args, _ = make_case([4], [0], [False])
     args[3] = args[3][:, :3]
     with pytest.raises(ValueError, match="g has shape"):
-        ref.gdn_chunk_reference(*map(jnp.asarray, args))
+        ref.gdn_chunk_reference(*as_rows(list(map(jnp.asarray, args))))
 
 
-def _kernel(C, **kw):
-    return jax.jit(
-        functools.partial(gdn_chunk, interpret=True, chunk_size=C, solve_block=4, block_v=8, **kw),
-        static_argnames=("block_size",),
-    )
+def _kernel(C, knobs=None, **kw):
+    """The kernel in interpret mode at chunk C, with 4-blocked inverses and V tiles of 8."""
+    tuning = ChunkTuning(solve_block=4, block_v=8, **(knobs or {}))
+
+    def run(*a, block_size=None, boundary_slots=None):
+        rows = as_rows(a, block_size, boundary_slots)
+        return gdn_chunk(*rows, interpret=True, chunk_size=C, tuning=tuning, **kw)
+
+    return run
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -164,12 +173,9 @@ def test_kernel_interpret_boundaries_chunk64():
     """Default chunk 64 with its 16-blocked inverse, boundary states, a padding boundary slot."""
     args, kw = make_case([70, 3, 90], [10, 64, 0], [True, True, False], T=176, nb=2, bs=64)
     kw["boundary_slots"][2, 1] = 0
-    fn = jax.jit(
-        functools.partial(gdn_chunk, interpret=True, block_v=8), static_argnames=("block_size",)
-    )
-    o, st = fn(
-        *map(jnp.asarray, args), block_size=64, boundary_slots=jnp.asarray(kw["boundary_slots"])
-    )
+    tuning = ChunkTuning(block_v=8)
+    rows = as_rows(list(map(jnp.asarray, args)), 64, jnp.asarray(kw["boundary_slots"]))
+    o, st = gdn_chunk(*rows, interpret=True, tuning=tuning)
     check(o, st, args, kw, tol=5e-4)
 
 
@@ -207,12 +213,27 @@ def test_intra_tiles_are_written_whole(split):
     """Every element of kernel 1's tiles is written, padding columns (K..BK, V..BV) as zeros."""
     args, _ = make_case([1, 35, 9], [0, 5, 16], [False, True, True], T=48, dims=(1, 2, 24, 12))
     q, k, v, g, beta = map(jnp.asarray, args[:5])
-    cstart, clen, _, _ = gdn_chunk_module.chunk_tiles(jnp.asarray(args[6]), jnp.asarray(args[7]),
-                                                      48, 16)  # fmt: skip
-    tiles = _gdn_intra.intra_tiles(
-        q, k, v, g, beta, cstart, clen, HV=2, C=16, inter=jnp.float32, warps=4, split=split,
-        interpret=True, blk=4, l2=True, scale=24**-0.5, prec=None, sdt=jnp.float32, refine=False,
-    )  # fmt: skip
+    cstart, clen, _, _ = gdn_chunk_module.chunk_tiles(
+        jnp.asarray(args[6]), jnp.asarray(args[7]), 48, 16
+    )
+    spec = intra.IntraSpec(
+        heads_per_key=2,
+        chunk=16,
+        k_dim=24,
+        v_dim=12,
+        block_k=32,
+        block_v=16,
+        dtype=jnp.float32,
+        solve_dtype=jnp.float32,
+        precision=None,
+        scale=24**-0.5,
+        l2norm=True,
+        solve_block=4,
+        solve_refine=False,
+    )
+    tiles = intra.intra_tiles(
+        q, k, v, g, beta, cstart, clen, spec, num_warps=4, split=split, interpret=True
+    )
     for tile in tiles:
         assert np.isfinite(np.asarray(tile)).all()
     w, u = (np.asarray(t) for t in tiles[:2])
@@ -222,7 +243,7 @@ def test_intra_tiles_are_written_whole(split):
 def test_kernel_lowers_for_triton():
     args, _ = make_case([5, 20], [3, 0], [True, False], T=32)
     text = lower_for_cuda(
-        functools.partial(gdn_chunk, interpret=False, chunk_size=16), *map(jnp.asarray, args)
+        lambda *a: gdn_chunk(*as_rows(a), interpret=False, chunk_size=16), *map(jnp.asarray, args)
     )
     assert "triton" in text
 
@@ -235,7 +256,7 @@ def test_kernel_interpret_bf16(solve):
         args[i] = np.asarray(jnp.asarray(args[i]).astype(jnp.bfloat16))
     knobs = {} if solve == "f32" else dict(solve_dtype=jnp.bfloat16, solve_refine=True)
     knobs["split_intra"] = solve != "f32"  # the two-launch kernel 1 as well
-    o, st = _kernel(16, **knobs)(*map(jnp.asarray, args))
+    o, st = _kernel(16, knobs)(*map(jnp.asarray, args))
     o_ref, st_ref = gdn_oracle.prefill(*[np.asarray(a, np.float32) for a in args[:3]], *args[3:])
     o = np.asarray(o, np.float64)[:57]
     err_o = np.sqrt(np.mean((o - o_ref[:57]) ** 2) / np.mean(o_ref[:57] ** 2))

@@ -13,12 +13,31 @@ from . import gdn_oracle
 from . import test_causal_conv1d as conv
 from .test_mamba2_decode import assert_pools_and_outputs
 
-ARGS = ("mixed", "conv_weight", "conv_bias", "conv_state", "state", "A_log", "dt_bias",
-        "read_slots", "write_slots")  # fmt: skip
+ARGS = (
+    "mixed",
+    "conv_weight",
+    "conv_bias",
+    "conv_state",
+    "state",
+    "A_log",
+    "dt_bias",
+    "read_slots",
+    "write_slots",
+)
 
 
-def make_inputs(seed, batch, lanes, k_heads=2, v_heads=6, k_dim=24, v_dim=12, width=4,
-                dtype=jnp.float32, bias=False) -> dict:  # fmt: skip
+def make_inputs(
+    seed,
+    batch,
+    lanes,
+    k_heads=2,
+    v_heads=6,
+    k_dim=24,
+    v_dim=12,
+    width=4,
+    dtype=jnp.float32,
+    bias=False,
+) -> dict:
     """Rows as in test_mamba2_decode.make_inputs: 0 in place at lane 0, 1 with a dead last lane,
     2 reading NULL, the last padding; random pools with NaN in slot 0."""
     rng = np.random.default_rng(seed)
@@ -62,17 +81,29 @@ def oracle(d: dict, k_heads: int, k_dim: int):
     conv_dim, key_dim = d["conv_weight"].shape[0], k_heads * k_dim
     v_heads = d["state"].shape[1]
     qkv, conv_pool = conv.oracle_update(
-        mixed[..., :conv_dim], d["conv_weight"], d["conv_bias"],
-        d["conv_state"].astype(np.float64), d["read_slots"], d["write_slots"], "silu",
-    )  # fmt: skip
+        mixed[..., :conv_dim],
+        d["conv_weight"],
+        d["conv_bias"],
+        d["conv_state"].astype(np.float64),
+        d["read_slots"],
+        d["write_slots"],
+        "silu",
+    )
     lead = qkv.shape[:2]
     q, k, v = np.split(qkv, [key_dim, 2 * key_dim], axis=-1)
     gates = mixed[..., conv_dim + (conv_dim - 2 * key_dim) :]  # [b | a], after qkv and z
     o, pool = gdn_oracle.decode(
-        q.reshape(*lead, k_heads, k_dim), k.reshape(*lead, k_heads, k_dim),
-        v.reshape(*lead, v_heads, -1), gates[..., v_heads:], gates[..., :v_heads], d["A_log"],
-        d["dt_bias"], d["state"], d["read_slots"], d["write_slots"],
-    )  # fmt: skip
+        q.reshape(*lead, k_heads, k_dim),
+        k.reshape(*lead, k_heads, k_dim),
+        v.reshape(*lead, v_heads, -1),
+        gates[..., v_heads:],
+        gates[..., :v_heads],
+        d["A_log"],
+        d["dt_bias"],
+        d["state"],
+        d["read_slots"],
+        d["write_slots"],
+    )
     return o, conv_pool, pool
 
 
@@ -90,7 +121,7 @@ def check_against_reference(d: dict, tol: float, **kw):
         (5, 3, 3, 6, 12, 80, 2),
         (4, 4, 1, 5, 80, 12, 4),
         (3, 1, 2, 6, 24, 24, 2),
-    ],  # fmt: skip
+    ],
 )
 def test_kernel_matches_unfused_reference(batch, lanes, k_heads, v_heads, k_dim, v_dim, width):
     d = make_inputs(batch * 10 + lanes, batch, lanes, k_heads, v_heads, k_dim, v_dim, width)
@@ -122,8 +153,12 @@ def test_out_of_range_slots_act_as_null(implementation):
     num_slots = d["state"].shape[0]
     bad = {**d, "read_slots": d["read_slots"].copy(), "write_slots": d["write_slots"].copy()}
     null = {**d, "read_slots": d["read_slots"].copy(), "write_slots": d["write_slots"].copy()}
-    edits = [("read_slots", (1,)), ("write_slots", (2, 0)), ("write_slots", (2, 1)),
-             ("read_slots", (0,))]  # fmt: skip
+    edits = [
+        ("read_slots", (1,)),
+        ("write_slots", (2, 0)),
+        ("write_slots", (2, 1)),
+        ("read_slots", (0,)),
+    ]
     ids = [num_slots, num_slots + 5, -1, -num_slots + 1]
     for (name, index), value in zip(edits, ids, strict=True):
         bad[name][index], null[name][index] = value, 0
@@ -136,8 +171,10 @@ def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match="conv_weight has 128 channels"):
         run({**d, "conv_weight": d["conv_weight"][:-8]}, "reference")
     with pytest.raises(ValueError, match="key heads; must divide HV=6"):
-        run({**d, "conv_weight": np.concatenate([d["conv_weight"], d["conv_weight"][:64]])},
-            "reference")  # fmt: skip
+        run(
+            {**d, "conv_weight": np.concatenate([d["conv_weight"], d["conv_weight"][:64]])},
+            "reference",
+        )
     with pytest.raises(ValueError, match="mixed has shape"):
         run({**d, "mixed": d["mixed"][..., :-1]}, "interpret")
     with pytest.raises(ValueError, match="conv_state has shape"):

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import gdn_reference as ref
-from pallas_kernels.gdn_state_update import gdn_state_update
+from pallas_kernels.gdn import reference as ref
+from pallas_kernels.gdn.state_update import gdn_state_update
 
 from . import gdn_oracle
 from .gdn_oracle import lower_for_cuda

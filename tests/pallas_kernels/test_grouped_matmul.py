@@ -13,11 +13,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels import ops
-from pallas_kernels.grouped_matmul import (
-    GroupedMatmulTuning,
-    grouped_matmul,
-    grouped_matmul_reference,
-)
+from pallas_kernels.moe.grouped_matmul import GroupedMatmulTuning, grouped_matmul
+from pallas_kernels.moe.reference import grouped_matmul_reference
 
 SMALL_TILES = GroupedMatmulTuning(block_m=16, block_n=16, block_k=16)  # several tiles everywhere
 TOLERANCE = {np.float32: 1e-5, jnp.bfloat16: 1e-5}  # fp32 accumulation of exact bf16 products

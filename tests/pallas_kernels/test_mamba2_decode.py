@@ -12,13 +12,31 @@ from pallas_kernels import ops
 from . import test_causal_conv1d as conv
 from . import test_ssd_state_update as ssu
 
-ARGS = ("zxbcdt", "conv_weight", "conv_bias", "conv_state", "ssm_state", "A", "read_slots",
-        "write_slots")  # fmt: skip
+ARGS = (
+    "zxbcdt",
+    "conv_weight",
+    "conv_bias",
+    "conv_state",
+    "ssm_state",
+    "A",
+    "read_slots",
+    "write_slots",
+)
 OPTS = ("D", "dt_bias")
 
 
-def make_inputs(seed, batch, lanes, heads=6, head_dim=12, groups=3, state=16, width=4,
-                dtype=jnp.float32, slots=None) -> dict:  # fmt: skip
+def make_inputs(
+    seed,
+    batch,
+    lanes,
+    heads=6,
+    head_dim=12,
+    groups=3,
+    state=16,
+    width=4,
+    dtype=jnp.float32,
+    slots=None,
+) -> dict:
     """Rows: 0 updated in place at lane 0 (the K = 0 case and its speculative form), 1 with a dead
     last lane (when L > 1), 2 reading NULL (zeros) but writing, the last one padding. Every pool
     slot holds random values, slot 0 NaN."""
@@ -56,8 +74,9 @@ def make_inputs(seed, batch, lanes, heads=6, head_dim=12, groups=3, state=16, wi
 
 
 def run(d: dict, implementation: str, **kw):
-    return ops.mamba2_decode(*(d[k] for k in ARGS), **{k: d[k] for k in OPTS}, **kw,
-                             implementation=implementation)  # fmt: skip
+    return ops.mamba2_decode(
+        *(d[k] for k in ARGS), **{k: d[k] for k in OPTS}, **kw, implementation=implementation
+    )
 
 
 def oracle(d: dict, heads: int, groups: int, state: int):
@@ -67,16 +86,28 @@ def oracle(d: dict, heads: int, groups: int, state: int):
     d_inner = conv_dim - 2 * groups * state
     xbc, dt = zx[..., d_inner : d_inner + conv_dim], zx[..., d_inner + conv_dim :]
     xbc, conv_pool = conv.oracle_update(
-        xbc, d["conv_weight"], d["conv_bias"], d["conv_state"].astype(np.float64),
-        d["read_slots"], d["write_slots"], "silu",
-    )  # fmt: skip
+        xbc,
+        d["conv_weight"],
+        d["conv_bias"],
+        d["conv_state"].astype(np.float64),
+        d["read_slots"],
+        d["write_slots"],
+        "silu",
+    )
     lead = xbc.shape[:2]
     x, b, c = np.split(xbc, [d_inner, d_inner + groups * state], axis=-1)
     parts = dict(
-        x=x.reshape(*lead, heads, -1), dt=dt, A=d["A"], B=b.reshape(*lead, groups, state),
-        C=c.reshape(*lead, groups, state), ssm_state=d["ssm_state"], read_slots=d["read_slots"],
-        write_slots=d["write_slots"], D=d["D"], dt_bias=d["dt_bias"],
-    )  # fmt: skip
+        x=x.reshape(*lead, heads, -1),
+        dt=dt,
+        A=d["A"],
+        B=b.reshape(*lead, groups, state),
+        C=c.reshape(*lead, groups, state),
+        ssm_state=d["ssm_state"],
+        read_slots=d["read_slots"],
+        write_slots=d["write_slots"],
+        D=d["D"],
+        dt_bias=d["dt_bias"],
+    )
     y, ssm_pool = ssu.oracle(parts)
     return y, conv_pool, ssm_pool
 
@@ -118,7 +149,7 @@ def check_against_reference(d: dict, tol: float):
         (4, 4, 5, 12, 1, 24, 4),
         (3, 1, 6, 24, 2, 24, 2),
         (4, 2, 5, 80, 1, 16, 3),
-    ],  # fmt: skip
+    ],
 )
 def test_kernel_matches_unfused_reference(batch, lanes, heads, head_dim, groups, state, width):
     """H 5/6, P 12/24/80, G 1-3, N 16/24, d_conv 2-4, L 1-4: none a power of two in the op's
@@ -173,8 +204,12 @@ def test_out_of_range_slots_act_as_null(implementation):
     bad, null = dict(d), dict(d)
     bad["read_slots"], null["read_slots"] = d["read_slots"].copy(), d["read_slots"].copy()
     bad["write_slots"], null["write_slots"] = d["write_slots"].copy(), d["write_slots"].copy()
-    edits = [("read_slots", (1,)), ("write_slots", (2, 0)), ("write_slots", (2, 1)),
-             ("read_slots", (0,))]  # fmt: skip
+    edits = [
+        ("read_slots", (1,)),
+        ("write_slots", (2, 0)),
+        ("write_slots", (2, 1)),
+        ("read_slots", (0,)),
+    ]
     for (name, index), value in zip(edits, _bad_ids(num_slots), strict=True):
         bad[name][index], null[name][index] = value, 0
     for got, want in zip(run(bad, implementation), run(null, implementation), strict=True):
@@ -186,8 +221,10 @@ def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match="conv_weight has 152 channels"):
         run({**d, "conv_weight": d["conv_weight"][:-16]}, "reference")
     with pytest.raises(ValueError, match="groups; must divide the 6 heads"):
-        run({**d, "conv_weight": np.concatenate([d["conv_weight"]] + [d["conv_weight"][:32]] * 2)},
-            "reference")  # fmt: skip
+        run(
+            {**d, "conv_weight": np.concatenate([d["conv_weight"]] + [d["conv_weight"][:32]] * 2)},
+            "reference",
+        )
     with pytest.raises(ValueError, match="zxbcdt has shape"):
         run({**d, "zxbcdt": d["zxbcdt"][..., :-1]}, "interpret")
     with pytest.raises(ValueError, match="write_slots has shape"):

@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from pallas_kernels import causal_conv1d as conv_kernels
 from pallas_kernels import ops
+from pallas_kernels.conv import prefill as conv_kernels
 
 from . import test_causal_conv1d as conv
 from . import test_gdn_chunk as gdnc
@@ -32,6 +32,7 @@ from . import test_ssd_state_update as ssu
 # test_paged_decode_attention.py).
 NOT_STATEFUL = {
     "dispatched",
+    "Rows",  # the prefill ops' argument type, not an op
     "paged_attention",
     "paged_decode_attention",
     "ragged_attention",
@@ -79,7 +80,10 @@ def _conv_prefill_case(op) -> Case:
     d = conv.prefill_inputs(3, (5, 1, 4), 6, 4)
     d["has_initial_state"][:] = True
     d["read_slots"][1] = 0  # has_initial_state with a NULL read slot: must read zeros
-    run = _with_pool(d, "conv_state", conv.PREFILL, op)
+
+    def run(pool, implementation):
+        return op(*conv.prefill_args({**d, "conv_state": pool}), implementation=implementation)
+
     return Case(run, d["conv_state"], _varlen_padding(d["query_start_loc"], d["x"].shape))
 
 
@@ -120,12 +124,12 @@ def _conv_boundary_states() -> Case:
     d["read_slots"][1] = 0
     nc = np.array([16, 6, 0, 0], np.int32)
     boundary = np.array([[13, 0, 15], [16, 0, 17], [18, 19, 0], [0, 0, 0]], np.int32)
+    rows = conv.rows_of({**d, "num_computed": nc}, boundary, 8)
 
     def run(pool, implementation):
         new_pool = ops.causal_conv1d_boundary_states(
-            d["x"], pool, d["query_start_loc"], nc, d["has_initial_state"], d["read_slots"],
-            boundary, block_size=8, implementation=implementation,
-        )  # fmt: skip
+            d["x"], pool, rows, implementation=implementation
+        )
         return np.zeros(1, np.float32), new_pool
 
     return Case(run, d["conv_state"], np.zeros(1, bool))
@@ -138,17 +142,11 @@ def _ssd_chunk_scan() -> Case:
     d["read_slots"][1] = 0
     free = sorted(set(range(1, 14)) - set(d["read_slots"]) - set(d["write_slots"]))
     nb = np.array([[free[0], 0], [0, 0], [free[1], 0], [0, 0]], np.int32)
-    opts = {k: d[k] for k in scan.OPTS}
-    run = _with_pool(
-        d,
-        "ssm_state",
-        scan.ARGS,
-        ops.ssd_chunk_scan,
-        **opts,
-        chunk_size=16,
-        block_size=16,
-        boundary_slots=nb,
-    )
+
+    def run(pool, implementation):
+        kw = dict(chunk_size=16, block_size=16, boundary_slots=nb)
+        return scan.run({**d, "ssm_state": pool}, implementation, **kw)
+
     return Case(run, d["ssm_state"], _varlen_padding(d["query_start_loc"], d["x"].shape))
 
 
@@ -216,7 +214,7 @@ def _gdn_chunk() -> Case:
     def run(p, implementation):
         a = list(args)
         a[5] = p
-        return ops.gdn_chunk(*a, chunk_size=16, **kw, implementation=implementation)
+        return ops.gdn_chunk(*gdnc.as_rows(a, **kw), chunk_size=16, implementation=implementation)
 
     return Case(run, pool, _varlen_padding(args[6], args[2].shape))
 

@@ -48,7 +48,7 @@ def test_conv_prefill(implementation):
 
     def run(f):
         return ops.causal_conv1d_prefill(
-            *conv._args({**d, **f}, conv.PREFILL), implementation=implementation
+            *conv.prefill_args({**d, **f}), implementation=implementation
         )
 
     edits = [
@@ -84,11 +84,22 @@ def test_ssd_chunk_scan(implementation, algorithm):
     d["boundary_slots"] = np.array([[free[0], 0], [0, 0], [free[1], free[2]], [0, 0]], np.int32)
 
     def run(f):
-        return scan.run({**d, **f}, implementation, chunk_size=16, block_size=16,
-                        boundary_slots=f["boundary_slots"], algorithm=algorithm)  # fmt: skip
+        return scan.run(
+            {**d, **f},
+            implementation,
+            chunk_size=16,
+            block_size=16,
+            boundary_slots=f["boundary_slots"],
+            algorithm=algorithm,
+        )
 
-    edits = [("read_slots", (0,)), ("read_slots", (2,)), ("write_slots", (1,)),
-             ("boundary_slots", (0, 0)), ("boundary_slots", (2, 1))]  # fmt: skip
+    edits = [
+        ("read_slots", (0,)),
+        ("read_slots", (2,)),
+        ("write_slots", (1,)),
+        ("boundary_slots", (0, 0)),
+        ("boundary_slots", (2, 1)),
+    ]
     fields = {k: d[k] for k in ("read_slots", "write_slots", "boundary_slots")}
     _same_as_null(run, fields, edits, 14)
 
@@ -114,8 +125,8 @@ def test_gdn_chunk(implementation):
         a = list(args)
         for name, i in names.items():
             a[i] = f[name]
-        return ops.gdn_chunk(*a, chunk_size=16, block_size=16, boundary_slots=f["boundary_slots"],
-                             implementation=implementation)  # fmt: skip
+        rows = gdnc.as_rows(a, block_size=16, boundary_slots=f["boundary_slots"])
+        return ops.gdn_chunk(*rows, chunk_size=16, implementation=implementation)
 
     fields = {n: args[i] for n, i in names.items()} | {"boundary_slots": kw["boundary_slots"]}
     edits = [("read_slots", (0,)), ("write_slots", (1,)), ("boundary_slots", (2, 0))]
@@ -127,8 +138,9 @@ def test_gdn_state_update(implementation):
     args = gdnu.make_case(3, 2)
 
     def run(f):
-        return ops.gdn_state_update(*args[:8], f["read_slots"], f["write_slots"],
-                                    implementation=implementation)  # fmt: skip
+        return ops.gdn_state_update(
+            *args[:8], f["read_slots"], f["write_slots"], implementation=implementation
+        )
 
     edits = [("read_slots", (0,)), ("write_slots", (1, 0)), ("write_slots", (2, 1))]
     _same_as_null(run, {"read_slots": args[8], "write_slots": args[9]}, edits, args[7].shape[0])
@@ -136,8 +148,10 @@ def test_gdn_state_update(implementation):
 
 def _kv_pool(num_blocks=5, block_size=4, kv_heads=1, head_dim=8):
     rng = np.random.default_rng(0)
-    k, v = (rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
-            for _ in range(2))  # fmt: skip
+    k, v = (
+        rng.standard_normal((num_blocks, block_size, kv_heads, head_dim)).astype(np.float32)
+        for _ in range(2)
+    )
     k[0] = v[0] = np.nan  # the NULL block
     return k, v
 
@@ -149,8 +163,9 @@ def test_paged_attention_block_table():
     rows, positions = np.array([0, 0, 1], np.int32), np.array([9, 10, 5], np.int32)
 
     def run(f):
-        out = ops.paged_attention(q, k_cache, v_cache, f["table"], f["rows"], positions,
-                                  np.ones(3, bool), scale=0.3)  # fmt: skip
+        out = ops.paged_attention(
+            q, k_cache, v_cache, f["table"], f["rows"], positions, np.ones(3, bool), scale=0.3
+        )
         return (out,)
 
     edits = [("table", (0, 2)), ("table", (1, 2))]
@@ -171,8 +186,9 @@ def test_write_kv_drops_out_of_range_slots():
     bad[[0, 2]] = [-1, 20 * 4]  # 20 = num_blocks * block_size
     null_valid = valid.copy()
     null_valid[[0, 2]] = False
-    for got, want in zip(run({"slots": bad, "valid": valid}),
-                         run({"slots": null, "valid": null_valid}), strict=True):  # fmt: skip
+    for got, want in zip(
+        run({"slots": bad, "valid": valid}), run({"slots": null, "valid": null_valid}), strict=True
+    ):
         assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
     new_k = np.asarray(run({"slots": slots, "valid": valid})[0]).reshape(20, 1, 8)
     assert np.all(new_k[[5, 13, 9]] == 1) and np.isnan(new_k[0]).all()

@@ -10,10 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pallas_kernels.paged_decode_attention import (
-    paged_decode_attention,
-    paged_decode_attention_reference,
-)
+from pallas_kernels.attention.decode import paged_decode_attention
+from pallas_kernels.attention.reference import paged_decode_attention_reference
 
 # (row context lengths, live lanes): a 1-token context, one just past a block, a full table, a
 # padding row (0, 0) last.
@@ -57,8 +55,9 @@ def run_both(case, **knobs):
 )
 def test_matches_reference_on_odd_shapes(width, heads, kv_heads, head_dim, block_size, knobs):
     rng = np.random.default_rng(width * 100 + head_dim)
-    case = make_case(rng, width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                     block_size=block_size)  # fmt: skip
+    case = make_case(
+        rng, width=width, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size
+    )
     out, ref = run_both(case, **knobs)
     assert np.isfinite(out).all()  # the NaN NULL block never reaches an output
     np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
@@ -70,8 +69,9 @@ def test_bfloat16_within_bf16_rounding():
     import ml_dtypes
 
     rng = np.random.default_rng(7)
-    case = make_case(rng, width=2, heads=6, kv_heads=2, head_dim=48, block_size=16,
-                     dtype=ml_dtypes.bfloat16)  # fmt: skip
+    case = make_case(
+        rng, width=2, heads=6, kv_heads=2, head_dim=48, block_size=16, dtype=ml_dtypes.bfloat16
+    )
     out, ref = run_both(case)
     assert np.abs(out - ref).max() < 3e-2
 

@@ -8,22 +8,17 @@ import numpy as np
 import pytest
 
 from pallas_kernels import ops
-from pallas_kernels.ssd_chunk_scan import ScanTuning, ssd_chunk_scan
+from pallas_kernels.rows import Rows
+from pallas_kernels.ssd.chunk_scan import ScanTuning, ssd_chunk_scan
 
-ARGS = (
-    "x",
-    "dt",
-    "A",
-    "B",
-    "C",
-    "ssm_state",
-    "query_start_loc",
-    "num_computed",
-    "has_initial_state",
-    "read_slots",
-    "write_slots",
-)
+ARGS = ("x", "dt", "A", "B", "C", "ssm_state")
+ROWS = ("query_start_loc", "num_computed", "has_initial_state", "read_slots", "write_slots")
 OPTS = ("D", "z", "dt_bias")
+
+
+def rows_of(d: dict, block_size=None, boundary_slots=None) -> Rows:
+    """The `Rows` of an input dict (its ROWS fields), with boundary slots when given."""
+    return Rows(*(d[k] for k in ROWS), boundary_slots=boundary_slots, block_size=block_size)
 
 
 def _softplus(v):
@@ -107,9 +102,12 @@ def make_inputs(
     return d
 
 
-def run(d: dict, implementation: str, **kw):
+def run(d: dict, implementation: str, block_size=None, boundary_slots=None, **kw):
     opts = {k: d[k] for k in OPTS if k in d}
-    return ops.ssd_chunk_scan(*[d[k] for k in ARGS], **opts, **kw, implementation=implementation)
+    rows = rows_of(d, block_size, boundary_slots)
+    return ops.ssd_chunk_scan(
+        *[d[k] for k in ARGS], rows, **opts, **kw, implementation=implementation
+    )
 
 
 def check(d: dict, implementation: str, tol=2e-4, boundary=None, block_size=None, **kw):
@@ -181,8 +179,9 @@ def test_kernel_cb_blocks_shared_by_a_group(block_k, heads_per_program):
     read in k-tiles of 32 or 16 tokens, by one program per head or one for the group's three;
     rows start mid-chunk and run past it."""
     d = make_inputs(7, (9, 70), 6, 6, 2, 5, num_computed=[3, 21, 0])
-    tuning = ScanTuning(block_q=32, block_k=block_k, pass_stages=2,
-                        heads_per_program=heads_per_program)  # fmt: skip
+    tuning = ScanTuning(
+        block_q=32, block_k=block_k, pass_stages=2, heads_per_program=heads_per_program
+    )
     check(d, "interpret", chunk_size=64, tuning=tuning, algorithm="parallel")
 
 
@@ -236,9 +235,9 @@ def test_kernel_lowers_for_triton(algorithm):
 
     def fn(*a):
         d, z, bias, bnd = a[11:]
-        kw = dict(D=d, z=z, dt_bias=bias, boundary_slots=bnd, block_size=512)
-        kw |= dict(algorithm=algorithm)
-        return ssd_chunk_scan(*a[:11], **kw, interpret=False)
+        rows = Rows(*a[6:11], boundary_slots=bnd, block_size=512)
+        kw = dict(D=d, z=z, dt_bias=bias, algorithm=algorithm)
+        return ssd_chunk_scan(*a[:6], rows, **kw, interpret=False)
 
     text = lower_for_cuda(fn, *args, *opts)
     names = ("ssd_chunk_state", "ssd_state_pass", "ssd_chunk_cb", "ssd_chunk_output")

@@ -115,7 +115,7 @@ def test_rejects_bad_groups():
         (2, 4, 4, 6, 2, 5),
         (2, 2, 5, 12, 1, 24),
         (2, 3, 6, 80, 3, 48),
-    ],  # fmt: skip
+    ],
 )
 def test_kernel_matches_oracle(batch, lanes, heads, head_dim, groups, state):
     """K = 0..3 speculative lanes, head dims and state sizes that are not powers of two."""

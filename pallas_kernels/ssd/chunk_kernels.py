@@ -178,8 +178,9 @@ def pass_kernel(
             s = jnp.exp(cum_ref[h, t0 + n - 1]) * s + own
             if block_size is not None:  # prefix caching: the state at each block boundary
                 end = pos0 + t0 - start + n
-                store_boundary_state(pool_ref, bnd_ref, r, end, pos0, block_size,
-                                     (h, p_sl, n_sl), s, pn_mask)  # fmt: skip
+                store_boundary_state(
+                    pool_ref, bnd_ref, r, end, pos0, block_size, (h, p_sl, n_sl), s, pn_mask
+                )
             return s
 
         s = jax.lax.fori_loop(0, nch_ref[r], body, s)

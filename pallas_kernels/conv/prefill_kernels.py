@@ -1,4 +1,4 @@
-"""The prefill kernels of `causal_conv1d_prefill` (private: call the public function).
+"""The prefill kernels of `causal_conv1d_prefill` (`conv/prefill.py` launches them).
 
 `walk_kernel` writes y, walking consecutive tokens with the window in registers (one x row load
 per token); `final_window_kernel` then writes each row's last W - 1 inputs. Both read the row
@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import pow2, safe_slot
-from pallas_kernels._conv_window import load_taps, load_window, store_window, tap_sum
+from pallas_kernels.conv.window import load_taps, load_window, store_window, tap_sum
 
 
 def window_before(x_ref, state_ref, t, local, slot, d_sl, d_mask, width):

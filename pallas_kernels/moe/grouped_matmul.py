@@ -12,7 +12,7 @@ the routing. The kernel reads only the groups that have rows: program (g, N tile
 range from the prefix sums of group_sizes, returns at once for an empty group, and otherwise walks
 its rows in tiles of `block_m` (masked) and K in tiles of `block_k`, so each touched group's
 weights are read once per row tile. Tile sizes are static knobs (never derived from M), so a row's
-arithmetic does not depend on the other rows (DESIGN 5.8).
+arithmetic does not depend on the other rows (docs/architecture.md 5.8).
 """
 
 from __future__ import annotations
@@ -25,11 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import check_shape, pow2, sds_like
-
-__all__ = ["GroupedMatmulTuning", "grouped_matmul", "grouped_matmul_reference"]
-
-_HIGHEST = jax.lax.Precision.HIGHEST  # fp32 operands: IEEE fp32 dots, not TF32
+from pallas_kernels._common import pow2, sds_like
+from pallas_kernels.moe.reference import HIGHEST, check_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,35 +53,6 @@ class GroupedMatmulTuning:
             raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
         if self.num_stages < 1:
             raise ValueError(f"num_stages={self.num_stages} must be in [1, inf]")
-
-
-def check_args(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype) -> None:
-    """Raise ValueError unless lhs [M, K], rhs [G, K, N], group_sizes [G] (integer), float out."""
-    if lhs.ndim != 2:
-        raise ValueError(f"lhs has shape {tuple(lhs.shape)}; expected [M, K]")
-    if rhs.ndim != 3 or rhs.shape[0] < 1:
-        raise ValueError(f"rhs has shape {tuple(rhs.shape)}; expected [G >= 1, K, N]")
-    check_shape("rhs", rhs, (None, lhs.shape[1], None))
-    check_shape("group_sizes", group_sizes, (rhs.shape[0],))
-    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-        raise ValueError(f"group_sizes has dtype {group_sizes.dtype}; expected an integer dtype")
-    if not jnp.issubdtype(out_dtype, jnp.floating):
-        raise ValueError(f"out_dtype={jnp.dtype(out_dtype).name} must be a floating dtype")
-
-
-@functools.partial(jax.jit, static_argnames=("out_dtype",))
-def grouped_matmul_reference(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, out_dtype=jnp.float32
-) -> jax.Array:
-    """lhs [M, K], rhs [G, K, N], group_sizes [G] -> out [M, N] in `out_dtype`.
-
-    XLA's `jax.lax.ragged_dot` (fp32 accumulation, fp32 operands at full precision). Fine on the
-    CPU; on the GPU its dense lowering reads every group's weights (use the kernel there).
-    """
-    check_args(lhs, rhs, group_sizes, out_dtype)
-    out = jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), precision=_HIGHEST,
-                             preferred_element_type=jnp.float32)  # fmt: skip
-    return out.astype(out_dtype)
 
 
 def _grouped_matmul_kernel(
@@ -122,10 +90,12 @@ def _grouped_matmul_kernel(
         def k_step(j, acc):
             k0 = j * block_k
             k_mask = k0 + jnp.arange(block_k) < k_dim
-            a = plgpu.load(lhs_ref.at[rows, pl.ds(k0, block_k)], mask=row_mask & k_mask[None, :],
-                           other=0)  # fmt: skip
-            b = plgpu.load(rhs_ref.at[g, pl.ds(k0, block_k), n_slice],
-                           mask=k_mask[:, None] & col_mask, other=0)  # fmt: skip
+            a = plgpu.load(
+                lhs_ref.at[rows, pl.ds(k0, block_k)], mask=row_mask & k_mask[None, :], other=0
+            )
+            b = plgpu.load(
+                rhs_ref.at[g, pl.ds(k0, block_k), n_slice], mask=k_mask[:, None] & col_mask, other=0
+            )
             a, b = a.astype(compute_dtype), b.astype(compute_dtype)
             return acc + jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
@@ -194,7 +164,7 @@ def grouped_matmul(
         block_n=block_n,
         block_k=block_k,
         compute_dtype=compute_dtype,
-        precision=_HIGHEST if compute_dtype == jnp.float32 else None,
+        precision=HIGHEST if compute_dtype == jnp.float32 else None,
     )
     return pl.pallas_call(
         kernel,

@@ -9,12 +9,12 @@ seq_len - query_len + t and sees every key at a position <= its own):
   query_lens:   [R]               live lanes of the row (lanes past it are padding: output 0)
   -> out        [R, W, Hq, D]
 
-The reference (`paged_decode_attention_reference`) is the general ragged reference of
-`paged_attention`, which gathers `max_blocks * block_size` keys for every query whatever the
-row's real context. The kernel walks only the tiles of keys the row has: program (row, kv head,
-split) keeps the W x G queries of one KV head (G = Hq / Hkv) in registers and runs an online
-softmax over tiles of `block_k` keys, gathered row by row from the row's blocks (so any
-block_size works, 8 included).
+The reference (`paged_decode_attention_reference`, `attention/reference.py`) is the general
+ragged reference of `paged_attention`, which gathers `max_blocks * block_size` keys for every
+query whatever the row's real context. The kernel walks only the tiles of keys the row has:
+program (row, kv head, split) keeps the W x G queries of one KV head (G = Hq / Hkv) in registers
+and runs an online softmax over tiles of `block_k` keys, gathered row by row from the row's blocks
+(so any block_size works, 8 included).
 Long contexts are split over `num_splits` programs per row whose partial results are merged after
 the kernel; the split count is a static knob (never derived from the batch), so a row's arithmetic
 does not depend on what else is in the step. A block id outside [1, num_blocks) contributes no keys.
@@ -29,50 +29,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import check_shape, pow2
-from pallas_kernels.paged_attention import paged_attention_reference
-
-__all__ = ["paged_decode_attention", "paged_decode_attention_reference"]
+from pallas_kernels._common import pow2
+from pallas_kernels.attention.reference import check_decode_args
 
 _NEG = -1e30
 SPLIT_KEYS = 4096  # default: one program per this many keys of a row's capacity ...
 MAX_SPLITS = 16  # ... and at most this many (long contexts at small batch still fill the GPU)
-
-
-def _check(q, k_cache, v_cache, block_table, seq_lens, query_lens) -> None:
-    num_rows, width, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    check_shape("k_cache", k_cache, (None, None, None, head_dim))
-    check_shape("v_cache", v_cache, k_cache.shape)
-    check_shape("block_table", block_table, (num_rows, None))
-    check_shape("seq_lens", seq_lens, (num_rows,))
-    check_shape("query_lens", query_lens, (num_rows,))
-    if num_heads % num_kv_heads:
-        raise ValueError(f"q has {num_heads} heads, not a multiple of {num_kv_heads} KV heads")
-    del width
-
-
-def paged_decode_attention_reference(
-    q, k_cache, v_cache, block_table, seq_lens, query_lens, *, scale: float
-):
-    """Plain-jnp decode attention: the ragged reference on the decode lanes."""
-    _check(q, k_cache, v_cache, block_table, seq_lens, query_lens)
-    num_rows, width, num_heads, head_dim = q.shape
-    lane = jnp.arange(width)[None, :]
-    positions = (seq_lens - query_lens)[:, None] + lane  # [R, W]
-    valid = lane < query_lens[:, None]
-    rows = jnp.repeat(jnp.arange(num_rows, dtype=jnp.int32), width)
-    out = paged_attention_reference(
-        q.reshape(num_rows * width, num_heads, head_dim),
-        k_cache,
-        v_cache,
-        block_table,
-        rows,
-        jnp.where(valid, positions, 0).reshape(-1),
-        valid.reshape(-1),
-        scale=scale,
-    )
-    return out.reshape(q.shape)
 
 
 def _kernel(
@@ -197,7 +159,7 @@ def paged_decode_attention(
     context, merged after the kernel; None = one per `SPLIT_KEYS` keys of the table's capacity, a
     static shape: never the batch), num_warps, num_stages.
     """
-    _check(q, k_cache, v_cache, block_table, seq_lens, query_lens)
+    check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_lens)
     num_rows, width, num_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads

@@ -9,12 +9,13 @@ dims, W conv width, S slots; key_dim = HK K, value_dim = HV V, conv_dim = 2 key_
     state       [S, HV, V, K] (fp32, V-first), A_log / dt_bias [HV]
     -> o [B, L, HV, V] (mixed's dtype; before the gated norm, z is not read), conv_state, state
 
-The result is `causal_conv1d_update(qkv, activation="silu")` followed by `gdn_state_update` on the
-split q / k / v (l2norm, beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)): the conv output
-is rounded to mixed's dtype, as the unfused path materialises it. Slots as in the other decode ops
+The result is `gdn_decode_reference` (`gdn/reference.py`): `causal_conv1d_update(qkv,
+activation="silu")` followed by `gdn_state_update` on the split q / k / v (l2norm,
+beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)). The conv output is rounded to mixed's
+dtype, as the unfused path materialises it. Slots as in the other decode ops
 (not live: <= 0 or >= S reads zeros, writes nothing, its lanes output 0).
 
-Two launches, reading `mixed` by column offset, for the reason given in `mamba2_decode`: the q / k
+Two launches, reading `mixed` by column offset, for the reason given in `ssd/decode.py`: the q / k
 columns are shared by the HV / HK value heads of a key head, and a one-token decode rewrites its
 read slot in place, so their windows are convolved (and written) once per row by launch 1
 (`_qk_conv_kernel`, grid (B, 2 key_dim / block_c)); launch 2 (`_delta_kernel`, grid
@@ -24,7 +25,6 @@ read slot in place, so their windows are convolved (and written) once per row by
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,128 +32,50 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
-    check_fused_decode_pools,
-    check_shape,
     conv_update_lanes,
-    fused_decode_dims,
     live_slot,
     loads_before_stores,
     pow2,
     safe_slot,
     sds_like,
 )
-from pallas_kernels.causal_conv1d_reference import causal_conv1d_update_reference
-from pallas_kernels.gdn_reference import L2_EPS, gdn_state_update_reference
+from pallas_kernels.gdn.reference import L2_EPS, Geometry, check_decode_args
 
 
-class Geometry(NamedTuple):
-    batch: int
-    lanes: int
-    k_heads: int
-    v_heads: int
-    k_dim: int
-    v_dim: int
-    width: int
-
-    @property
-    def key_dim(self) -> int:
-        return self.k_heads * self.k_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.v_heads * self.v_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
-
-
-def check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias, read_slots,
-               write_slots) -> Geometry:  # fmt: skip
-    """Validate shapes; the geometry comes from state (HV, V, K) and conv_weight (C, W)."""
-    dims = fused_decode_dims("mixed", mixed, "state", state, conv_weight)
-    batch, lanes, conv_dim, width = dims
-    _, v_heads, v_dim, k_dim = state.shape
-    key_dim2 = conv_dim - v_heads * v_dim
-    if key_dim2 <= 0 or key_dim2 % (2 * k_dim):
-        raise ValueError(
-            f"conv_weight has {conv_dim} channels; expected 2*HK*K + HV*V = 2*HK*{k_dim} + "
-            f"{v_heads * v_dim} (state has shape {tuple(state.shape)})"
-        )
-    k_heads = key_dim2 // (2 * k_dim)
-    if v_heads % k_heads:
-        raise ValueError(f"conv_weight implies {k_heads} key heads; must divide HV={v_heads}")
-    geo = Geometry(batch, lanes, k_heads, v_heads, k_dim, v_dim, width)
-    check_shape("mixed", mixed, (batch, lanes, conv_dim + geo.value_dim + 2 * v_heads))
-    check_fused_decode_pools(state, conv_bias, conv_state, read_slots, write_slots, dims)
-    check_shape("A_log", A_log, (v_heads,))
-    check_shape("dt_bias", dt_bias, (v_heads,))
-    return geo
-
-
-@functools.partial(jax.jit, static_argnames=("scale", "use_qk_l2norm"))
-def gdn_decode_reference(
-    mixed: jax.Array,
-    conv_weight: jax.Array,
-    conv_bias: jax.Array | None,
-    conv_state: jax.Array,
-    state: jax.Array,
-    A_log: jax.Array,
-    dt_bias: jax.Array,
-    read_slots: jax.Array,
-    write_slots: jax.Array,
+def _qk_conv_kernel(
+    read_ref,
+    write_ref,
+    mixed_ref,
+    w_ref,
+    bias_ref,
+    conv_in_ref,
+    qk_ref,
+    conv_ref,
     *,
-    scale: float | None = None,
-    use_qk_l2norm: bool = True,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The unfused composition: (o [B, L, HV, V], conv_state, state); see the module docstring.
-
-    1. Split mixed's columns into qkv, b and a (z is not used).
-    2. qkv = silu(causal conv of the window ++ qkv), windows written per lane.
-    3. Split qkv into q, k [B, L, HK, K] and v [B, L, HV, V].
-    4. The gated delta rule lane by lane (l2norm, gates), states written per lane.
-    """
-    geo = check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias,
-                     read_slots, write_slots)  # fmt: skip
-    lead = mixed.shape[:2]
-    gates = geo.conv_dim + geo.value_dim
-    qkv = mixed[..., : geo.conv_dim]
-    b, a = mixed[..., gates : gates + geo.v_heads], mixed[..., gates + geo.v_heads :]
-    qkv, conv_state = causal_conv1d_update_reference(
-        qkv, conv_weight, conv_bias, conv_state, read_slots, write_slots, activation="silu"
-    )
-    q, k, v = jnp.split(qkv, [geo.key_dim, 2 * geo.key_dim], axis=-1)
-    o, state = gdn_state_update_reference(
-        q.reshape(*lead, geo.k_heads, geo.k_dim),
-        k.reshape(*lead, geo.k_heads, geo.k_dim),
-        v.reshape(*lead, geo.v_heads, geo.v_dim),
-        a,
-        b,
-        A_log,
-        dt_bias,
-        state,
-        read_slots,
-        write_slots,
-        scale=scale,
-        use_qk_l2norm=use_qk_l2norm,
-    )
-    return o, conv_state, state
-
-
-# ----------------------------------------------------------------------------- Pallas kernels
-
-
-def _qk_conv_kernel(read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_in_ref, qk_ref,
-                    conv_ref, *, geo: Geometry, block_c: int, on_gpu: bool):  # fmt: skip
+    geo: Geometry,
+    block_c: int,
+    on_gpu: bool,
+):
     """One (row, block of q/k channels): their conv; windows and qk [B, L, 2 key_dim] out."""
     del conv_in_ref  # aliased to conv_ref
     b, start = pl.program_id(0), pl.program_id(1) * block_c
     block = pl.ds(start, block_c)  # q and k are the first channels and the first columns
     mask = start + jnp.arange(block_c) < 2 * geo.key_dim
     outs = conv_update_lanes(
-        read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_ref, channel=block, column=block,
-        mask=mask, lanes=geo.lanes, width=geo.width, on_gpu=on_gpu, dtype=qk_ref.dtype,
-    )  # fmt: skip
+        read_ref,
+        write_ref,
+        mixed_ref,
+        w_ref,
+        bias_ref,
+        conv_ref,
+        channel=block,
+        column=block,
+        mask=mask,
+        lanes=geo.lanes,
+        width=geo.width,
+        on_gpu=on_gpu,
+        dtype=qk_ref.dtype,
+    )
     for t, out in enumerate(outs):
         plgpu.store(qk_ref.at[b, jnp.int32(t), block], out.astype(qk_ref.dtype), mask=mask)
 
@@ -162,9 +84,27 @@ def _l2n(x: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(x * x) + L2_EPS)
 
 
-def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_ref, dt_bias_ref,
-                  conv_in_ref, state_in_ref, o_ref, conv_ref, state_ref, *, geo: Geometry,
-                  block_v: int, scale: float, l2: bool, on_gpu: bool):  # fmt: skip
+def _delta_kernel(
+    read_ref,
+    write_ref,
+    mixed_ref,
+    qk_ref,
+    w_ref,
+    bias_ref,
+    alog_ref,
+    dt_bias_ref,
+    conv_in_ref,
+    state_in_ref,
+    o_ref,
+    conv_ref,
+    state_ref,
+    *,
+    geo: Geometry,
+    block_v: int,
+    scale: float,
+    l2: bool,
+    on_gpu: bool,
+):
     """One (row, value head, V tile): conv of the tile's v columns, then the gated delta rule with
     the [block_v, K] state tile in registers across the row's lanes."""
     del conv_in_ref, state_in_ref  # aliased to conv_ref, state_ref
@@ -177,10 +117,20 @@ def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_
     vk_mask = v_mask[:, None] & k_mask[None, :]
     c0 = 2 * geo.key_dim + hv * geo.v_dim + v0  # first v channel (and column) of the tile
     vs = conv_update_lanes(
-        read_ref, write_ref, mixed_ref, w_ref, bias_ref, conv_ref,
-        channel=pl.ds(c0, block_v), column=pl.ds(c0, block_v), mask=v_mask,
-        lanes=geo.lanes, width=geo.width, dtype=o_ref.dtype, on_gpu=on_gpu,
-    )  # fmt: skip
+        read_ref,
+        write_ref,
+        mixed_ref,
+        w_ref,
+        bias_ref,
+        conv_ref,
+        channel=pl.ds(c0, block_v),
+        column=pl.ds(c0, block_v),
+        mask=v_mask,
+        lanes=geo.lanes,
+        width=geo.width,
+        dtype=o_ref.dtype,
+        on_gpu=on_gpu,
+    )
     read, num_slots = read_ref[b], state_ref.shape[0]
     v_sl, k_sl = pl.ds(v0, block_v), pl.ds(0, block_k)
     s = plgpu.load(
@@ -210,8 +160,9 @@ def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_
         o = jnp.sum(s * q[None, :], axis=1)
         write = write_ref[b, tt]
         writes = live_slot(write, num_slots)
-        plgpu.store(o_ref.at[b, tt, hv, v_sl], jnp.where(writes, o, 0.0).astype(o_ref.dtype),
-                    mask=v_mask)  # fmt: skip
+        plgpu.store(
+            o_ref.at[b, tt, hv, v_sl], jnp.where(writes, o, 0.0).astype(o_ref.dtype), mask=v_mask
+        )
         plgpu.store(
             state_ref.at[safe_slot(write, num_slots), hv, v_sl, k_sl],
             s.astype(state_ref.dtype),
@@ -221,9 +172,16 @@ def _delta_kernel(read_ref, write_ref, mixed_ref, qk_ref, w_ref, bias_ref, alog_
 
 @functools.partial(
     jax.jit,
-    static_argnames=("scale", "use_qk_l2norm", "interpret", "block_v", "block_c", "num_warps",
-                     "num_stages"),
-)  # fmt: skip
+    static_argnames=(
+        "scale",
+        "use_qk_l2norm",
+        "interpret",
+        "block_v",
+        "block_c",
+        "num_warps",
+        "num_stages",
+    ),
+)
 def gdn_decode(
     mixed: jax.Array,
     conv_weight: jax.Array,
@@ -249,8 +207,9 @@ def gdn_decode(
     `block_v` tiles V in the state-update launch, `block_c` the q/k channels in the conv launch
     (both rounded to powers of two, masked at the edges).
     """
-    geo = check_args(mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias,
-                     read_slots, write_slots)  # fmt: skip
+    geo = check_decode_args(
+        mixed, conv_weight, conv_bias, conv_state, state, A_log, dt_bias, read_slots, write_slots
+    )
     read, write = read_slots.astype(jnp.int32), write_slots.astype(jnp.int32)
     bias = jnp.zeros((geo.conv_dim,), jnp.float32) if conv_bias is None else conv_bias
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)

@@ -1,10 +1,6 @@
-"""Mamba2 SSD prefill over ragged sequences, with slot-indexed initial, final and boundary states.
+"""Mamba2 SSD prefill over ragged `Rows`, with slot-indexed initial, final and boundary states.
 
-Glossary (Mamba-2 paper, arXiv 2405.21060): T flat tokens, R rows, H heads, P head dim, G groups
-(head h uses group h // (H // G)), N state size, S state slots. Per head the state s is [P, N]:
-    dt' = clamp(softplus(dt + dt_bias), *dt_limit)
-    s   = exp(dt' A) s + dt' x B^T          (x: [P], B: [N])
-    y   = s C + D x, gated by silu(z)        (C: [N])
+The op and its two algorithms; the recurrence, glossary and definition are in `ssd/reference.py`.
 """
 
 from __future__ import annotations
@@ -17,10 +13,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels import _ssd_chunk_kernels as _k
 from pallas_kernels._common import pow2, sds_like
-from pallas_kernels._ssd_sequential import sequential_scan
-from pallas_kernels.ssd_chunk_scan_reference import check_args
+from pallas_kernels.rows import Rows
+from pallas_kernels.ssd import chunk_kernels as _k
+from pallas_kernels.ssd.reference import check_scan_args
+from pallas_kernels.ssd.sequential import sequential_scan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +57,6 @@ class ScanTuning:
         "dt_softplus",
         "dt_limit",
         "chunk_size",
-        "block_size",
         "algorithm",
         "tuning",
         "interpret",
@@ -73,11 +69,7 @@ def ssd_chunk_scan(
     B: jax.Array,
     C: jax.Array,
     ssm_state: jax.Array,
-    query_start_loc: jax.Array,
-    num_computed: jax.Array,
-    has_initial_state: jax.Array,
-    read_slots: jax.Array,
-    write_slots: jax.Array,
+    rows: Rows,
     *,
     D: jax.Array | None = None,
     z: jax.Array | None = None,
@@ -85,52 +77,44 @@ def ssd_chunk_scan(
     dt_softplus: bool = True,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
     chunk_size: int = 256,
-    block_size: int | None = None,
-    boundary_slots: jax.Array | None = None,
     algorithm: str = "sequential",
     tuning: ScanTuning = ScanTuning(),
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Pallas kernels for `ssd_chunk_scan_reference` (same arguments and results).
 
-    `algorithm`: "sequential" (`_ssd_sequential`: one program per row, head and P-block walks the
-    row's chunks) or "parallel" (`_ssd_chunk_kernels`: chunk states in parallel over (head,
+    `algorithm`: "sequential" (`ssd/sequential.py`: one program per row, head and P-block walks the
+    row's chunks) or "parallel" (`ssd/chunk_kernels.py`: chunk states in parallel over (head,
     chunk), a sequential pass over the chunk states of each row, C B^T once per group and chunk,
     then the outputs in parallel over (head, token block); extra memory fp32 [NC, H, P, N] chunk
     states and the same in x's dtype for the states entering each chunk, fp32 [NC, G, Q, Q] C B^T,
     fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the
-    choice must never depend on the batch (DESIGN 5.8: a request's output may not depend on how
-    many prefills share its step); it comes from the model's config
+    choice must never depend on the batch (docs/architecture.md 5.8: a request's output may not
+    depend on how many prefills share its step); it comes from the model's config
     (`Mamba2Config.scan_algorithm`). Sequential is the models' default: on the H100 (RESULTS.md,
     "Prefill timings corrected") it takes 1027 us at 8 rows x 2048 tokens against the parallel
     kernels' 1492, and 973 against 777 us at 1 x 8192 (changing a model's algorithm changes its
     rounding: check its fixtures on the GPU first).
     Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
     """
-    heads, num_rows = x.shape[1], query_start_loc.shape[0] - 1
-    check_args(x, dt, A, B, C, ssm_state, query_start_loc, num_computed, has_initial_state,
-               read_slots, write_slots, D, z, dt_bias, chunk_size, block_size, boundary_slots,
-               algorithm)  # fmt: skip
-    i32, zeros = jnp.int32, jnp.zeros((heads,), jnp.float32)
-    bnd = jnp.zeros((num_rows, 1), i32) if boundary_slots is None else boundary_slots
-    meta = tuple(
-        a.astype(i32)
-        for a in (query_start_loc, num_computed, has_initial_state, read_slots, write_slots, bnd)
-    )
+    check_scan_args(x, dt, A, B, C, ssm_state, rows, D, z, dt_bias, chunk_size, algorithm)
+    zeros = jnp.zeros((x.shape[1],), jnp.float32)
     D = zeros if D is None else D
     dt_bias = zeros if dt_bias is None else dt_bias
-    dt_limit = tuple(dt_limit)
-    if algorithm == "sequential":
-        q = _token_block("chunk_size", chunk_size, "seq_block_q", tuning.seq_block_q)
-        return sequential_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state,
-                               dt_softplus=dt_softplus, dt_limit=dt_limit, block_size=block_size,
-                               block_q=q, block_p=max(16, min(pow2(tuning.block_p),
-                                                              pow2(x.shape[2]))),
-                               num_warps=tuning.num_warps, num_stages=1,
-                               interpret=interpret)  # fmt: skip
-    return _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size, tuning,
-                          dt_softplus=dt_softplus, dt_limit=dt_limit, block_size=block_size,
-                          interpret=interpret)  # fmt: skip
+    args = (rows.int32_operands(), x, dt, A, B, C, D, z, dt_bias, ssm_state)
+    opts = dict(
+        dt_softplus=dt_softplus,
+        dt_limit=tuple(dt_limit),
+        block_size=rows.block_size,
+        interpret=interpret,
+    )
+    if algorithm == "parallel":
+        return _parallel_scan(*args, chunk_size, tuning, **opts)
+    block_q = _token_block("chunk_size", chunk_size, "seq_block_q", tuning.seq_block_q)
+    block_p = max(16, min(pow2(tuning.block_p), pow2(x.shape[2])))
+    return sequential_scan(
+        *args, **opts, block_q=block_q, block_p=block_p, num_warps=tuning.num_warps, num_stages=1
+    )
 
 
 def _token_block(chunk_name: str, chunk: int, knob: str, value: int) -> int:
@@ -142,11 +126,26 @@ def _token_block(chunk_name: str, chunk: int, knob: str, value: int) -> int:
     return q
 
 
-def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: int,
-                   tuning: ScanTuning, *, dt_softplus: bool, dt_limit: tuple[float, float],
-                   block_size: int | None, interpret: bool):  # fmt: skip
-    """The four launches of `_ssd_chunk_kernels`; meta = (qsl, nc, has_init, read, write,
-    boundary), int32."""
+def _parallel_scan(
+    meta,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    z,
+    dt_bias,
+    ssm_state,
+    chunk_size: int,
+    tuning: ScanTuning,
+    *,
+    dt_softplus: bool,
+    dt_limit: tuple[float, float],
+    block_size: int | None,
+    interpret: bool,
+):
+    """The four launches of `chunk_kernels`; meta = `Rows.int32_operands()`."""
     num_tokens, heads, head_dim = x.shape
     groups, state_size = B.shape[1], B.shape[2]
     qsl, nc = meta[0], meta[1]
@@ -178,7 +177,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
             dt_softplus=dt_softplus,
             dt_limit=dt_limit,
             **shape,
-        ),  # fmt: skip
+        ),
         out_shape=(
             jax.ShapeDtypeStruct((num_chunks, heads, head_dim, state_size), f32),
             jax.ShapeDtypeStruct((heads, num_tokens), f32),
@@ -200,7 +199,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
             block_n=pass_block_n,
             block_size=block_size,
             **shape,
-        ),  # fmt: skip
+        ),
         out_shape=(
             jax.ShapeDtypeStruct(states.shape, x.dtype),
             sds_like(ssm_state),
@@ -248,7 +247,7 @@ def _parallel_scan(meta, x, dt, A, B, C, D, z, dt_bias, ssm_state, chunk_size: i
             block_n=block_n,
             has_z=z is not None,
             **shape,
-        ),  # fmt: skip
+        ),
         out_shape=sds_like(x),
         grid=(heads // per_program, num_chunks * blocks_per_chunk, p_blocks),
         input_output_aliases={10: 0},

@@ -1,4 +1,8 @@
-"""Causal softmax attention of ragged queries over a paged KV cache, and the KV write.
+"""Causal softmax attention of ragged queries over a paged KV cache, and the KV write, in plain jnp.
+
+The reference of the decode kernel (`attention/decode.py`), and the two attention ops that have no
+kernel and run as plain jnp on every platform: `paged_attention_reference` (prefill tokens) and
+`write_kv`.
 
 Shapes:
   q:            [T, Hq, Dh]  queries (decode lanes or prefill tokens, flattened)
@@ -8,18 +12,21 @@ Shapes:
   positions:    [T] absolute position of each query; it sees keys at positions <= its own
   valid:        [T] bool, False for padding queries (their output is 0)
 
-Query head h reads KV head h // (Hq // Hkv). Every index is range-checked on the device (DESIGN
-section 5: a gather clamps an out-of-range index to a live row, and -1 wraps): a block id outside
-[1, num_blocks) contributes no keys, a kv slot outside the pool writes nothing, and a row index
-outside the block table reads an all-NULL row. Only a plain-jnp implementation exists so far (the
-anchor of DESIGN.md section 7 is exactly this: gather + dense attention under jit); it gathers each
-query's row of keys, which is fine for decode and for the small prefills of tests.
+Query head h reads KV head h // (Hq // Hkv). Every index is range-checked on the device
+(docs/architecture.md section 5: a gather clamps an out-of-range index to a live row, and -1
+wraps): a block id outside [1, num_blocks) contributes no keys, a kv slot outside the pool writes
+nothing, and a row index outside the block table reads an all-NULL row. The prefill attention has
+no kernel yet (the anchor of docs/architecture.md section 7 is exactly this: gather + dense
+attention under jit); it gathers each query's row of keys, which is fine for decode and for the
+small prefills of tests.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from pallas_kernels._common import check_shape
 
 NULL = 0
 _HIGHEST = jax.lax.Precision.HIGHEST  # fp32 scores and sums, not TF32
@@ -92,3 +99,42 @@ def paged_attention_reference(
         num_tokens, num_heads, head_dim
     )
     return jnp.where(valid[:, None, None], out, 0.0).astype(q.dtype)
+
+
+def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_lens) -> None:
+    """Raise ValueError unless q [R, W, Hq, D], k/v_cache [num_blocks, block_size, Hkv, D],
+    block_table [R, max_blocks], seq_lens and query_lens [R], and Hkv divides Hq."""
+    num_rows, width, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    check_shape("k_cache", k_cache, (None, None, None, head_dim))
+    check_shape("v_cache", v_cache, k_cache.shape)
+    check_shape("block_table", block_table, (num_rows, None))
+    check_shape("seq_lens", seq_lens, (num_rows,))
+    check_shape("query_lens", query_lens, (num_rows,))
+    if num_heads % num_kv_heads:
+        raise ValueError(f"q has {num_heads} heads, not a multiple of {num_kv_heads} KV heads")
+    del width
+
+
+def paged_decode_attention_reference(
+    q, k_cache, v_cache, block_table, seq_lens, query_lens, *, scale: float
+):
+    """Decode attention of q [R, W, Hq, D] (see `attention/decode.py`): the ragged reference on
+    the decode lanes, lane t of row r at position seq_lens[r] - query_lens[r] + t."""
+    check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_lens)
+    num_rows, width, num_heads, head_dim = q.shape
+    lane = jnp.arange(width)[None, :]
+    positions = (seq_lens - query_lens)[:, None] + lane  # [R, W]
+    valid = lane < query_lens[:, None]
+    rows = jnp.repeat(jnp.arange(num_rows, dtype=jnp.int32), width)
+    out = paged_attention_reference(
+        q.reshape(num_rows * width, num_heads, head_dim),
+        k_cache,
+        v_cache,
+        block_table,
+        rows,
+        jnp.where(valid, positions, 0).reshape(-1),
+        valid.reshape(-1),
+        scale=scale,
+    )
+    return out.reshape(q.shape)

@@ -8,9 +8,10 @@ width, S slots; d_inner = H P, conv_dim = d_inner + 2 G N.
     ssm_state   [S, H, P, N] (fp32), A / D / dt_bias [H] (fp32)
     -> y [B, L, H, P] (zxbcdt's dtype; before the gated norm, z is not read), conv_state, ssm_state
 
-The result is `causal_conv1d_update(xBC, activation="silu")` followed by `ssd_state_update` on the
-split x / B / C (D, dt_bias, softplus, dt_limit): the conv output is rounded to zxbcdt's dtype, as
-the unfused path materialises it, so the two agree to fp32 reassociation. The window and the state
+The result is `mamba2_decode_reference` (`ssd/reference.py`): `causal_conv1d_update(xBC,
+activation="silu")` followed by `ssd_state_update` on the split x / B / C (D, dt_bias, softplus,
+dt_limit). The conv output is rounded to zxbcdt's dtype, as the unfused path materialises it, so
+the two agree to fp32 reassociation. The window and the state
 after lane t go to write_slots[b, t]; a slot that is not live (<= 0 or >= S) reads zeros and writes
 nothing, and its lanes output 0.
 
@@ -26,7 +27,6 @@ read slot), so that write would race with the other heads' reads. Launch order m
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,138 +34,78 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
-    check_fused_decode_pools,
-    check_shape,
     conv_update_lanes,
     dt_activation,
-    fused_decode_dims,
     live_slot,
     loads_before_stores,
     pow2,
     safe_slot,
     sds_like,
 )
-from pallas_kernels.causal_conv1d_reference import causal_conv1d_update_reference
-from pallas_kernels.ssd_state_update import ssd_state_update_reference
+from pallas_kernels.ssd.reference import Geometry, check_decode_args
 
 
-class Geometry(NamedTuple):
-    batch: int
-    lanes: int
-    heads: int
-    head_dim: int
-    groups: int
-    state_size: int
-    width: int
-
-    @property
-    def d_inner(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def bc_dim(self) -> int:  # the B and C columns of xBC
-        return 2 * self.groups * self.state_size
-
-    @property
-    def conv_dim(self) -> int:
-        return self.d_inner + self.bc_dim
-
-
-def check_args(zxbcdt, conv_weight, conv_bias, conv_state, ssm_state, A, read_slots, write_slots,
-               D, dt_bias) -> Geometry:  # fmt: skip
-    """Validate shapes; the geometry comes from ssm_state (H, P, N) and conv_weight (C, W)."""
-    dims = fused_decode_dims("zxbcdt", zxbcdt, "ssm_state", ssm_state, conv_weight)
-    batch, lanes, conv_dim, width = dims
-    _, heads, head_dim, state_size = ssm_state.shape
-    bc_dim = conv_dim - heads * head_dim
-    if bc_dim <= 0 or bc_dim % (2 * state_size):
-        raise ValueError(
-            f"conv_weight has {conv_dim} channels; expected H*P + 2*G*N = {heads * head_dim} + a "
-            f"positive multiple of {2 * state_size} (ssm_state has shape {tuple(ssm_state.shape)})"
-        )
-    groups = bc_dim // (2 * state_size)
-    if heads % groups:
-        raise ValueError(f"conv_weight implies {groups} groups; must divide the {heads} heads")
-    geo = Geometry(batch, lanes, heads, head_dim, groups, state_size, width)
-    check_shape("zxbcdt", zxbcdt, (batch, lanes, geo.d_inner + conv_dim + heads))
-    check_fused_decode_pools(ssm_state, conv_bias, conv_state, read_slots, write_slots, dims)
-    for name, a in (("A", A), ("D", D), ("dt_bias", dt_bias)):
-        check_shape(name, a, (heads,))
-    return geo
-
-
-@functools.partial(jax.jit, static_argnames=("dt_softplus", "dt_limit"))
-def mamba2_decode_reference(
-    zxbcdt: jax.Array,
-    conv_weight: jax.Array,
-    conv_bias: jax.Array | None,
-    conv_state: jax.Array,
-    ssm_state: jax.Array,
-    A: jax.Array,
-    read_slots: jax.Array,
-    write_slots: jax.Array,
+def _bc_conv_kernel(
+    read_ref,
+    write_ref,
+    zx_ref,
+    w_ref,
+    bias_ref,
+    conv_in_ref,
+    bc_ref,
+    conv_ref,
     *,
-    D: jax.Array | None = None,
-    dt_bias: jax.Array | None = None,
-    dt_softplus: bool = True,
-    dt_limit: tuple[float, float] = (0.0, float("inf")),
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The unfused composition: (y [B, L, H, P], conv_state, ssm_state); see the module docstring.
-
-    1. Split zxbcdt's columns into xBC and dt (z is not used).
-    2. xBC = silu(causal conv of the window ++ xBC), windows written per lane.
-    3. Split xBC into x [B, L, H, P], B and C [B, L, G, N].
-    4. The selective state update lane by lane, states written per lane.
-    """
-    geo = check_args(zxbcdt, conv_weight, conv_bias, conv_state, ssm_state, A, read_slots,
-                     write_slots, D, dt_bias)  # fmt: skip
-    lead = zxbcdt.shape[:2]
-    xbc = zxbcdt[..., geo.d_inner : geo.d_inner + geo.conv_dim]
-    dt = zxbcdt[..., geo.d_inner + geo.conv_dim :]
-    xbc, conv_state = causal_conv1d_update_reference(
-        xbc, conv_weight, conv_bias, conv_state, read_slots, write_slots, activation="silu"
-    )
-    x, b, c = jnp.split(xbc, [geo.d_inner, geo.d_inner + geo.bc_dim // 2], axis=-1)
-    y, ssm_state = ssd_state_update_reference(
-        x.reshape(*lead, geo.heads, geo.head_dim),
-        dt,
-        A,
-        b.reshape(*lead, geo.groups, geo.state_size),
-        c.reshape(*lead, geo.groups, geo.state_size),
-        ssm_state,
-        read_slots,
-        write_slots,
-        D=D,
-        dt_bias=dt_bias,
-        dt_softplus=dt_softplus,
-        dt_limit=dt_limit,
-    )
-    return y, conv_state, ssm_state
-
-
-# ----------------------------------------------------------------------------- Pallas kernels
-
-
-def _bc_conv_kernel(read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_in_ref, bc_ref, conv_ref,
-                    *, geo: Geometry, block_c: int, on_gpu: bool):  # fmt: skip
+    geo: Geometry,
+    block_c: int,
+    on_gpu: bool,
+):
     """One (row, block of B/C channels): the conv of B and C; windows and bc [B, L, 2GN] out."""
     del conv_in_ref  # aliased to conv_ref
     b, start = pl.program_id(0), pl.program_id(1) * block_c
     mask = start + jnp.arange(block_c) < geo.bc_dim
     outs = conv_update_lanes(
-        read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_ref,
+        read_ref,
+        write_ref,
+        zx_ref,
+        w_ref,
+        bias_ref,
+        conv_ref,
         channel=pl.ds(geo.d_inner + start, block_c),
         column=pl.ds(2 * geo.d_inner + start, block_c),
-        mask=mask, lanes=geo.lanes, width=geo.width, on_gpu=on_gpu, dtype=bc_ref.dtype,
-    )  # fmt: skip
+        mask=mask,
+        lanes=geo.lanes,
+        width=geo.width,
+        on_gpu=on_gpu,
+        dtype=bc_ref.dtype,
+    )
     for t, out in enumerate(outs):
-        plgpu.store(bc_ref.at[b, jnp.int32(t), pl.ds(start, block_c)], out.astype(bc_ref.dtype),
-                    mask=mask)  # fmt: skip
+        plgpu.store(
+            bc_ref.at[b, jnp.int32(t), pl.ds(start, block_c)], out.astype(bc_ref.dtype), mask=mask
+        )
 
 
-def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_ref, dt_bias_ref,
-                conv_in_ref, ssm_in_ref, y_ref, conv_ref, ssm_ref, *, geo: Geometry, block_p: int,
-                dt_softplus: bool, dt_limit: tuple[float, float], on_gpu: bool):  # fmt: skip
+def _ssm_kernel(
+    read_ref,
+    write_ref,
+    zx_ref,
+    bc_ref,
+    w_ref,
+    bias_ref,
+    a_ref,
+    d_ref,
+    dt_bias_ref,
+    conv_in_ref,
+    ssm_in_ref,
+    y_ref,
+    conv_ref,
+    ssm_ref,
+    *,
+    geo: Geometry,
+    block_p: int,
+    dt_softplus: bool,
+    dt_limit: tuple[float, float],
+    on_gpu: bool,
+):
     """One (row, head, P-block): conv of the head's x columns, then the state update with the
     state block in registers across the row's lanes."""
     del conv_in_ref, ssm_in_ref  # aliased to conv_ref, ssm_ref
@@ -178,10 +118,20 @@ def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_r
     pn_mask = p_mask[:, None] & n_mask[None, :]
     x0 = h * geo.head_dim + p0  # first x channel of the block
     xs = conv_update_lanes(
-        read_ref, write_ref, zx_ref, w_ref, bias_ref, conv_ref,
-        channel=pl.ds(x0, block_p), column=pl.ds(geo.d_inner + x0, block_p),
-        mask=p_mask, lanes=geo.lanes, width=geo.width, dtype=y_ref.dtype, on_gpu=on_gpu,
-    )  # fmt: skip
+        read_ref,
+        write_ref,
+        zx_ref,
+        w_ref,
+        bias_ref,
+        conv_ref,
+        channel=pl.ds(x0, block_p),
+        column=pl.ds(geo.d_inner + x0, block_p),
+        mask=p_mask,
+        lanes=geo.lanes,
+        width=geo.width,
+        dtype=y_ref.dtype,
+        on_gpu=on_gpu,
+    )
     read, num_slots = read_ref[b], ssm_ref.shape[0]
     p_sl, n_sl = pl.ds(p0, block_p), pl.ds(0, block_n)
     s = plgpu.load(
@@ -197,16 +147,18 @@ def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_r
     c_sl = pl.ds(geo.bc_dim // 2 + g * geo.state_size, block_n)
     for t, x in enumerate(xs):
         tt = jnp.int32(t)
-        dt = dt_activation(zx_ref[b, tt, dt_col].astype(jnp.float32) + dt_bias, dt_softplus,
-                           dt_limit)  # fmt: skip
+        dt = dt_activation(
+            zx_ref[b, tt, dt_col].astype(jnp.float32) + dt_bias, dt_softplus, dt_limit
+        )
         bv = plgpu.load(bc_ref.at[b, tt, b_sl], mask=n_mask, other=0.0).astype(jnp.float32)
         cv = plgpu.load(bc_ref.at[b, tt, c_sl], mask=n_mask, other=0.0).astype(jnp.float32)
         s = s * jnp.exp(dt * a) + (dt * x)[:, None] * bv[None, :]
         y = jnp.sum(s * cv[None, :], axis=1) + d_skip * x
         write = write_ref[b, tt]
         writes = live_slot(write, num_slots)
-        plgpu.store(y_ref.at[b, tt, h, p_sl], jnp.where(writes, y, 0.0).astype(y_ref.dtype),
-                    mask=p_mask)  # fmt: skip
+        plgpu.store(
+            y_ref.at[b, tt, h, p_sl], jnp.where(writes, y, 0.0).astype(y_ref.dtype), mask=p_mask
+        )
         plgpu.store(
             ssm_ref.at[safe_slot(write, num_slots), h, p_sl, n_sl],
             s.astype(ssm_ref.dtype),
@@ -216,9 +168,16 @@ def _ssm_kernel(read_ref, write_ref, zx_ref, bc_ref, w_ref, bias_ref, a_ref, d_r
 
 @functools.partial(
     jax.jit,
-    static_argnames=("dt_softplus", "dt_limit", "interpret", "block_p", "block_c", "num_warps",
-                     "num_stages"),
-)  # fmt: skip
+    static_argnames=(
+        "dt_softplus",
+        "dt_limit",
+        "interpret",
+        "block_p",
+        "block_c",
+        "num_warps",
+        "num_stages",
+    ),
+)
 def mamba2_decode(
     zxbcdt: jax.Array,
     conv_weight: jax.Array,
@@ -245,8 +204,18 @@ def mamba2_decode(
     `block_p` tiles the head dim in the state-update launch, `block_c` the B/C channels in the
     conv launch (both rounded to powers of two, masked at the edges).
     """
-    geo = check_args(zxbcdt, conv_weight, conv_bias, conv_state, ssm_state, A, read_slots,
-                     write_slots, D, dt_bias)  # fmt: skip
+    geo = check_decode_args(
+        zxbcdt,
+        conv_weight,
+        conv_bias,
+        conv_state,
+        ssm_state,
+        A,
+        read_slots,
+        write_slots,
+        D,
+        dt_bias,
+    )
     read, write = read_slots.astype(jnp.int32), write_slots.astype(jnp.int32)
     zeros = jnp.zeros((geo.heads,), jnp.float32)
     bias = jnp.zeros((geo.conv_dim,), jnp.float32) if conv_bias is None else conv_bias

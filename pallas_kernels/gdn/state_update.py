@@ -16,9 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import live_slot, loads_before_stores, pow2, safe_slot, sds_like
-from pallas_kernels.gdn_reference import L2_EPS, gdn_state_update_reference
-
-__all__ = ["gdn_state_update", "gdn_state_update_reference"]
+from pallas_kernels.gdn.reference import L2_EPS, check_update_args
 
 
 def _l2n(x: jax.Array) -> jax.Array:
@@ -26,8 +24,8 @@ def _l2n(x: jax.Array) -> jax.Array:
 
 
 def _kernel(
-    rs_ref,
-    ws_ref,
+    read_ref,
+    write_ref,
     q_ref,
     k_ref,
     v_ref,
@@ -35,42 +33,46 @@ def _kernel(
     b_ref,
     alog_ref,
     dtb_ref,
-    _s_in,
+    state_in_ref,
     o_ref,
     s_ref,
     *,
-    L,
-    rep,
-    K,
-    V,
-    BK,
-    BV,
+    lanes,
+    heads_per_key,
+    k_dim,
+    v_dim,
+    block_k,
+    block_v,
     scale,
-    l2,
+    l2norm,
     on_gpu,
 ):
+    """Program (row, value head, V tile): the [block_v, K] state tile in registers across the
+    row's lanes."""
+    del state_in_ref  # aliased to s_ref
     b, hv, vt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    hk = hv // rep
-    kcol = jnp.arange(BK)
-    vrow = vt * BV + jnp.arange(BV)
-    kmask, vmask = kcol < K, vrow < V
+    hk = hv // heads_per_key
+    kcol = jnp.arange(block_k)
+    vrow = vt * block_v + jnp.arange(block_v)
+    kmask, vmask = kcol < k_dim, vrow < v_dim
+    v_sl, k_sl = pl.ds(vt * block_v, block_v), pl.ds(0, block_k)
     smask = vmask[:, None] & kmask[None, :]
-    rs, num_slots = rs_ref[b], s_ref.shape[0]
+    read, num_slots = read_ref[b], s_ref.shape[0]
     # Masked load: the NULL slot (possibly NaN) and out-of-range slots are never read.
     s = plgpu.load(
-        s_ref.at[safe_slot(rs, num_slots), hv, pl.ds(vt * BV, BV), pl.ds(0, BK)],
-        mask=smask & live_slot(rs, num_slots),
+        s_ref.at[safe_slot(read, num_slots), hv, v_sl, k_sl],
+        mask=smask & live_slot(read, num_slots),
         other=0.0,
     ).astype(jnp.float32)
     loads_before_stores(on_gpu)  # lane 0 may write the slot it read (in place)
     neg_a = -jnp.exp(alog_ref[hv].astype(jnp.float32))
     dtb = dtb_ref[hv].astype(jnp.float32)
-    for t in range(L):  # L is small and static: unrolled
+    for t in range(lanes):  # few and static: unrolled
         ti = jnp.int32(t)
-        q = plgpu.load(q_ref.at[b, ti, hk, pl.ds(0, BK)], mask=kmask, other=0.0).astype(jnp.float32)
-        k = plgpu.load(k_ref.at[b, ti, hk, pl.ds(0, BK)], mask=kmask, other=0.0).astype(jnp.float32)
-        v = plgpu.load(v_ref.at[b, ti, hv, pl.ds(vt * BV, BV)], mask=vmask, other=0.0)
-        if l2:
+        q = plgpu.load(q_ref.at[b, ti, hk, k_sl], mask=kmask, other=0.0).astype(jnp.float32)
+        k = plgpu.load(k_ref.at[b, ti, hk, k_sl], mask=kmask, other=0.0).astype(jnp.float32)
+        v = plgpu.load(v_ref.at[b, ti, hv, v_sl], mask=vmask, other=0.0)
+        if l2norm:
             q, k = _l2n(q), _l2n(k)
         q = q * scale
         g = neg_a * jax.nn.softplus(a_ref[b, ti, hv].astype(jnp.float32) + dtb)
@@ -79,12 +81,12 @@ def _kernel(
         delta = beta * (v.astype(jnp.float32) - jnp.sum(s * k[None, :], axis=1))
         s = s + delta[:, None] * k[None, :]
         o = jnp.sum(s * q[None, :], axis=1)
-        ws = ws_ref[b, ti]
-        live = live_slot(ws, num_slots)
+        write = write_ref[b, ti]
+        live = live_slot(write, num_slots)
         o = jnp.where(live, o, 0.0)
-        plgpu.store(o_ref.at[b, ti, hv, pl.ds(vt * BV, BV)], o.astype(o_ref.dtype), mask=vmask)
+        plgpu.store(o_ref.at[b, ti, hv, v_sl], o.astype(o_ref.dtype), mask=vmask)
         plgpu.store(
-            s_ref.at[safe_slot(ws, num_slots), hv, pl.ds(vt * BV, BV), pl.ds(0, BK)],
+            s_ref.at[safe_slot(write, num_slots), hv, v_sl, k_sl],
             s.astype(s_ref.dtype),
             mask=smask & live,
         )
@@ -109,50 +111,32 @@ def gdn_state_update(
     num_warps: int = 4,
     num_stages: int = 1,
 ):
-    """Pallas Gated DeltaNet decode; same contract as `gdn_state_update_reference`.
+    """Pallas kernel for `gdn_state_update_reference` (same arguments and results).
 
     q, k [B, L, HK, K]; v [B, L, HV, V]; a, b [B, L, HV]; A_log, dt_bias [HV]; state [S, HV, V, K]
     (updated in place via input_output_aliases); read_slots [B]; write_slots [B, L].
     Tuning: block_v (V rows per program), num_warps, num_stages.
     """
-    Bn, L, HK, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    # Shape checks are shared with the reference (it raises ValueError naming the argument).
-    jax.eval_shape(
-        functools.partial(gdn_state_update_reference, scale=scale, use_qk_l2norm=use_qk_l2norm),
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        state,
-        read_slots,
-        write_slots,
-    )
-    BK, BV = pow2(K), min(pow2(block_v), pow2(V))
-    kern = functools.partial(
+    check_update_args(q, k, v, a, b, A_log, dt_bias, state, read_slots, write_slots)
+    batch, lanes, k_heads, k_dim = q.shape
+    v_heads, v_dim = v.shape[2], v.shape[3]
+    block_v = min(pow2(block_v), pow2(v_dim))
+    kernel = functools.partial(
         _kernel,
-        L=L,
-        rep=HV // HK,
-        K=K,
-        V=V,
-        BK=BK,
-        BV=BV,
-        scale=float(K**-0.5 if scale is None else scale),
-        l2=use_qk_l2norm,
+        lanes=lanes,
+        heads_per_key=v_heads // k_heads,
+        k_dim=k_dim,
+        v_dim=v_dim,
+        block_k=pow2(k_dim),
+        block_v=block_v,
+        scale=float(k_dim**-0.5 if scale is None else scale),
+        l2norm=use_qk_l2norm,
         on_gpu=not interpret,
     )
-    o, state = pl.pallas_call(
-        kern,
-        out_shape=(
-            jax.ShapeDtypeStruct(
-                (Bn, L, HV, V), v.dtype, manual_axis_type=jax.typeof(v).manual_axis_type
-            ),
-            sds_like(state),
-        ),
-        grid=(Bn, HV, pl.cdiv(V, BV)),
+    return pl.pallas_call(
+        kernel,
+        out_shape=(sds_like(v, (batch, lanes, v_heads, v_dim)), sds_like(state)),
+        grid=(batch, v_heads, pl.cdiv(v_dim, block_v)),
         input_output_aliases={9: 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -169,4 +153,3 @@ def gdn_state_update(
         dt_bias,
         state,
     )
-    return o, state

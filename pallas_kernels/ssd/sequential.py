@@ -1,6 +1,6 @@
 """The single-launch SSD scan: one program per (row, head, P-block) walks its row's chunks in order.
 
-Kept beside the three-phase kernels of `_ssd_chunk_kernels` because it wins when there are many
+Kept beside the parallel kernels of `ssd/chunk_kernels.py` because it wins when there are many
 rows: every program does the whole chunk math with the state in registers, so nothing but x, B, C,
 dt, y and the slot states crosses DRAM, but the critical path is one row's chain of chunks. On the
 H100 (benchmarks/RESULTS.md) it took 1070 us at 8x2048 against 1713 us for the three phases, and
@@ -24,7 +24,7 @@ from pallas_kernels._common import (
     silu,
     store_boundary_state,
 )
-from pallas_kernels._ssd_chunk_kernels import mixed_dot
+from pallas_kernels.ssd.chunk_kernels import mixed_dot
 
 
 def _chunk(s, x, dt, a, bm, cm, dtype):
@@ -143,8 +143,9 @@ def _scan_kernel(
             plgpu.store(y_ref.at[tok, h, p_sl], y.astype(y_ref.dtype), mask=qp)
             if block_size is not None:  # prefix caching: the state at each block boundary
                 end = pos0 + off + n
-                store_boundary_state(state_ref, bnd_ref, r, end, pos0, block_size,
-                                     (h, p_sl, n_sl), s, pn_mask)  # fmt: skip
+                store_boundary_state(
+                    state_ref, bnd_ref, r, end, pos0, block_size, (h, p_sl, n_sl), s, pn_mask
+                )
             return s
 
         s = jax.lax.fori_loop(0, num_chunks, body, s)
@@ -177,8 +178,8 @@ def sequential_scan(
     num_stages: int,
     interpret: bool,
 ) -> tuple[jax.Array, jax.Array]:
-    """Grid (R + 1, H, P / block_p); meta = (qsl, num_computed, has_init, read, write, boundary),
-    int32. The extra program row zeroes the padding tokens. Chunks of block_q tokens."""
+    """Grid (R + 1, H, P / block_p); meta = `Rows.int32_operands()`. The extra program row zeroes
+    the padding tokens. Chunks of block_q tokens."""
     num_rows = meta[0].shape[0] - 1
     heads, head_dim = x.shape[1], x.shape[2]
     groups, state_size = B.shape[1], B.shape[2]

@@ -25,7 +25,7 @@ from runtime.core import checks
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import StepBatch, build_dummy, build_step, with_mode
 from runtime.core.config import EngineConfig
-from runtime.core.request import FinishReason, Request, checked_request
+from runtime.core.request import FinishReason, Request
 from runtime.core.request_table import RequestTable
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
@@ -93,7 +93,13 @@ class Engine:
         self.last_bucket: Bucket | None = None
         self.last_schedules: list[Schedule] = []
         self.last_batches: list[StepBatch] = []
-        self.requests = RequestTable(self.config.seed, self.model_config.eos_token_ids)
+        model_config = self.model_config
+        self.requests = RequestTable(
+            self.config.seed,
+            model_config.eos_token_ids,
+            model_config.vocab_size,
+            self.config.max_model_len,
+        )
         self._timer = StepTimer(lambda: self.runner.total_compile_seconds)
         self._num_launched = 0
         self._in_flight: _Launched | None = None  # asynchronous scheduling: dispatched, unretired
@@ -142,13 +148,8 @@ class Engine:
         self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None = None
     ) -> tuple[list[int], SamplingParams]:
         """(prompt as a list of ints, sampling params) for this engine's model; ValueError
-        naming what is wrong (`runtime.core.request.checked_request`)."""
-        return checked_request(
-            prompt_token_ids,
-            sampling_params,
-            vocab_size=self.model_config.vocab_size,
-            max_model_len=self.config.max_model_len,
-        )
+        naming what is wrong."""
+        return self.requests.check(prompt_token_ids, sampling_params)
 
     def abort(self, request_id: str | int) -> RequestOutput | None:
         """Stop a request now and free its blocks and slot; None if it is unknown or finished."""
@@ -232,17 +233,8 @@ class Engine:
     def _agree(self, schedules: list[Schedule]) -> tuple[Bucket, SamplingMode] | None:
         """Elementwise max of the ranks' buckets and sampler modes, over every process; None if no
         rank of any process has work (then no step runs anywhere)."""
-        sizes = Bucket.NUM_FIELDS
-        needs = np.zeros(sizes + SamplingMode.NUM_FIELDS, np.int32)
-        for schedule in schedules:
-            if not schedule.is_empty:
-                bucket = self.buckets.bucket_for(schedule).as_array()
-                mode = SamplingMode.of_requests([item.request for item in schedule.items])
-                needs = np.maximum(needs, np.concatenate([bucket, mode.as_array()]))
-        agreed = agree_max(needs)
-        if not agreed[:sizes].any():
-            return None
-        return Bucket.from_array(agreed[:sizes]), SamplingMode.from_array(agreed[sizes:])
+        agreed = agree_max(self.buckets.needs(schedules))
+        return self.buckets.agreed(agreed)
 
     def _build(self, scheduler: Scheduler, schedule: Schedule, bucket: Bucket) -> StepBatch:
         config = self.config
@@ -258,16 +250,14 @@ class Engine:
                 state_block_size=boundary,
             )
         if config.validate_inputs:
-            batch.inputs.validate(
-                block_size=config.block_size,
+            batch.validate(
+                config,
                 chunk_size=self.model_config.chunk_size,
-                num_blocks=config.num_blocks,
-                num_slots=config.num_slots,
                 vocab_size=self.model_config.vocab_size,
                 published_slots=scheduler.slots.published_slots,
                 published_blocks=scheduler.slots.published_blocks,
+                num_carried=self.runner.num_carried,
             )
-            batch.validate_token_sources(self.runner.num_carried)
         return batch
 
     def _advance(self, step: _Launched | None) -> None:
@@ -308,14 +298,11 @@ class Engine:
         """Logprobs and text of this step's tokens; finish the requests whose text now holds a
         stop string. Returns those that were still running."""
         stopped = []
-        logprobs = self.runner.last_logprobs
-        for rank, items in enumerate(sampled):
-            rank_logprobs = None if logprobs is None else logprobs[rank]
-            for request in self.outputs.process(items, rank_logprobs):
-                if not request.is_finished:  # else it ended by a stop token or length this step
-                    self.schedulers[rank].abort(request.request_id)
-                    stopped.append(request)
-                request.finish_reason = FinishReason.STOP
+        for rank, request in self.outputs.process(sampled, self.runner.last_logprobs):
+            if not request.is_finished:  # else it ended by a stop token or length this step
+                self.schedulers[rank].abort(request.request_id)
+                stopped.append(request)
+            request.finish_reason = FinishReason.STOP
         return stopped
 
     def _release(self, request: Request) -> RequestOutput:

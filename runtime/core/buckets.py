@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 
 from runtime.core.config import EngineConfig
+from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.schedule import Schedule
 
 
@@ -98,6 +99,27 @@ class BucketPolicy:
             num_prefill_tokens=round_up(self.prefill_tokens, schedule.num_prefill_tokens),
             num_prefill_rows=round_up(self.prefill_rows, num_prefill_rows),
         )
+
+    def needs(self, schedules: list[Schedule]) -> np.ndarray:
+        """[Bucket.NUM_FIELDS + SamplingMode.NUM_FIELDS] int32: the elementwise max of what the
+        ranks' schedules need (their buckets and sampler modes; zeros for an idle rank). Ranks
+        and processes agree on a step by the elementwise max of these."""
+        needs = np.zeros(Bucket.NUM_FIELDS + SamplingMode.NUM_FIELDS, np.int32)
+        for schedule in schedules:
+            if not schedule.is_empty:
+                bucket = self.bucket_for(schedule).as_array()
+                mode = SamplingMode.of_requests([item.request for item in schedule.items])
+                needs = np.maximum(needs, np.concatenate([bucket, mode.as_array()]))
+        return needs
+
+    @staticmethod
+    def agreed(needs: np.ndarray) -> tuple[Bucket, SamplingMode] | None:
+        """The step's bucket and sampler mode from the agreed `needs`; None when no rank of any
+        process has work (no step runs anywhere)."""
+        sizes = Bucket.NUM_FIELDS
+        if not needs[:sizes].any():
+            return None
+        return Bucket.from_array(needs[:sizes]), SamplingMode.from_array(needs[sizes:])
 
     def decode_buckets(self) -> list[Bucket]:
         """The decode-only variants, compiled by warm-up."""

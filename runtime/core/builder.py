@@ -17,6 +17,7 @@ import numpy as np
 
 from jmamba.step_inputs import DecodeRows, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
+from runtime.core.config import EngineConfig
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.core.schedule import RowSequence, Schedule, ScheduledRequest
 
@@ -42,6 +43,29 @@ class StepBatch:
     mode: SamplingMode
     sample_rows: np.ndarray
     token_sources: np.ndarray
+
+    def validate(
+        self,
+        config: EngineConfig,
+        *,
+        chunk_size: int | None,
+        vocab_size: int,
+        published_slots: np.ndarray | None = None,
+        published_blocks: np.ndarray | None = None,
+        num_carried: int = 0,
+    ) -> None:
+        """ValueError unless the inputs keep the invariants (`StepInputs.validate`, with the pool
+        sizes of `config` and what the prefix cache published) and the token sources theirs."""
+        self.inputs.validate(
+            block_size=config.block_size,
+            chunk_size=chunk_size,
+            num_blocks=config.num_blocks,
+            num_slots=config.num_slots,
+            vocab_size=vocab_size,
+            published_slots=published_slots,
+            published_blocks=published_blocks,
+        )
+        self.validate_token_sources(num_carried)
 
     def validate_token_sources(self, num_carried: int) -> None:
         """ValueError unless every non-NULL source is a live decode lane's, within the

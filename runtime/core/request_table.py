@@ -4,9 +4,10 @@ get their ids and seeds (no jax)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 from runtime.core import checks
-from runtime.core.request import Request
+from runtime.core.request import Request, checked_request
 from runtime.core.sampling_params import SamplingParams
 
 SEED_STRIDE = 1_000_003  # engine seed * stride + arrival number: distinct seeds per engine seed
@@ -20,12 +21,28 @@ class RequestTable:
     A request without a seed of its own gets `engine seed * SEED_STRIDE + arrival number`.
     """
 
-    def __init__(self, seed: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, seed: int, eos_token_ids: tuple[int, ...], vocab_size: int, max_model_len: int
+    ) -> None:
         self.seed = seed
         self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
         self._requests: dict[str, Request] = {}
         self._ranks: dict[str, int] = {}
         self._counter = itertools.count()
+
+    def check(
+        self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None
+    ) -> tuple[list[int], SamplingParams]:
+        """(prompt as a list of ints, sampling params); ValueError naming what is wrong
+        (`runtime.core.request.checked_request`)."""
+        return checked_request(
+            prompt_token_ids,
+            sampling_params,
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+        )
 
     def new(
         self, prompt: list[int], params: SamplingParams, request_id: str | int | None

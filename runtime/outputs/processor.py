@@ -51,17 +51,22 @@ class OutputProcessor:
             stop = request.sampling_params.stop
             self._texts[request.request_id] = RequestText(self.tokenizer, stop)
 
-    def process(self, sampled: Sampled, logprobs: TokenLogprobs | None) -> list[Request]:
-        """Append this step's logprobs to the requests that asked for them; decode the text of
-        requests with stop strings. Returns the requests whose text now holds a stop string."""
+    def process(
+        self, sampled: list[Sampled], logprobs: list[TokenLogprobs] | None
+    ) -> list[tuple[int, Request]]:
+        """Append this step's logprobs (per rank, None when the step computed none) to the
+        requests that asked for them; decode the text of requests with stop strings. Returns
+        (rank, request) for each request whose text now holds a stop string."""
         stopped = []
-        for row, item in sampled:
-            request = item.request
-            if logprobs is not None and request.logprobs is not None:
-                request.logprobs.append(_token_logprobs(logprobs, row, request))
-            text = self._texts.get(request.request_id)
-            if text is not None and text.stop and text.update(request.output_token_ids):
-                stopped.append(request)
+        for rank, items in enumerate(sampled):
+            rank_logprobs = None if logprobs is None else logprobs[rank]
+            for row, item in items:
+                request = item.request
+                if rank_logprobs is not None and request.logprobs is not None:
+                    request.logprobs.append(_token_logprobs(rank_logprobs, row, request))
+                text = self._texts.get(request.request_id)
+                if text is not None and text.stop and text.update(request.output_token_ids):
+                    stopped.append((rank, request))
         return stopped
 
     def new_parts(self, sampled: list[Sampled], finished: list[Request]) -> list[Part]:

@@ -166,12 +166,8 @@ class DraftModelDrafter:
             return build_dummy(bucket, max_blocks=max_blocks)
         batch = build_step(schedule, bucket, block_size=config.block_size, max_blocks=max_blocks)
         if config.validate_inputs:
-            batch.inputs.validate(
-                block_size=config.block_size,
-                chunk_size=self.chunk_size,
-                num_blocks=config.num_blocks,
-                num_slots=config.num_slots,
-                vocab_size=self.model_config.vocab_size,
+            batch.validate(
+                config, chunk_size=self.chunk_size, vocab_size=self.model_config.vocab_size
             )
         return batch
 

@@ -27,16 +27,22 @@ import numpy as np
 
 from benchmarks.bench_engine import build_model
 from runtime.core.config import EngineConfig
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
 
 
 def engine_config(ranks: int, seqs: int, budget: int, max_model_len: int) -> EngineConfig:
-    return EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
-                        max_model_len=max_model_len, block_size=16, decode_row_buckets=(seqs,),
-                        prefill_token_buckets=(budget,), prefill_row_buckets=(seqs,),
-                        data_parallel_size=ranks)  # fmt: skip
+    return EngineConfig(
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        block_size=16,
+        decode_row_buckets=(seqs,),
+        prefill_token_buckets=(budget,),
+        prefill_row_buckets=(seqs,),
+        data_parallel_size=ranks,
+    )
 
 
 def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, int]:
@@ -75,8 +81,12 @@ def idle_rank_check(model, config: EngineConfig, runner: ModelRunner, prompts, m
     serve(engine, prompts, max_tokens)
     after = rank_shard(runner, 1)
     same = all(b.tobytes() == a.tobytes() for b, a in zip(before, after, strict=True))
-    return dict(idle_steps=engine.stats.ranks[1].num_idle_steps, pools_with_live_state=live,
-                pools=len(before), bit_identical=same)  # fmt: skip
+    return dict(
+        idle_steps=engine.stats.ranks[1].num_idle_steps,
+        pools_with_live_state=live,
+        pools=len(before),
+        bit_identical=same,
+    )
 
 
 def main() -> None:
@@ -105,12 +115,20 @@ def main() -> None:
         engine = Engine(model, config, runner=runner)
         seconds, generated = serve(engine, prompts, args.max_tokens)
         stats = engine.stats
-        rows.append(dict(ranks=ranks, seconds=seconds, generated=generated,
-                         tokens_per_s=generated / seconds, steps=stats.num_steps,
-                         host_ms=1e3 * stats.host_seconds / stats.num_steps,
-                         device_ms=1e3 * stats.device_seconds / stats.num_steps,
-                         idle_steps=[r.num_idle_steps for r in engine.stats.ranks],
-                         warmup_s=warm_s, variants=runner.num_variants))  # fmt: skip
+        rows.append(
+            dict(
+                ranks=ranks,
+                seconds=seconds,
+                generated=generated,
+                tokens_per_s=generated / seconds,
+                steps=stats.num_steps,
+                host_ms=1e3 * stats.host_seconds / stats.num_steps,
+                device_ms=1e3 * stats.device_seconds / stats.num_steps,
+                idle_steps=[r.num_idle_steps for r in engine.stats.ranks],
+                warmup_s=warm_s,
+                variants=runner.num_variants,
+            )
+        )
         print(json.dumps(rows[-1]), flush=True)
     result = dict(rows=rows)
     if args.ranks > 1:
@@ -127,8 +145,10 @@ def main() -> None:
             f"{r['host_ms']:12.2f} {r['device_ms']:15.2f}"
         )
     if "speedup" in result:
-        print(f"DP={args.ranks} / DP=1 tokens/s: {result['speedup']:.2f}x; idle rank shard "
-              f"bit-identical: {result['idle_rank']['bit_identical']}")  # fmt: skip
+        print(
+            f"DP={args.ranks} / DP=1 tokens/s: {result['speedup']:.2f}x; idle rank shard "
+            f"bit-identical: {result['idle_rank']['bit_identical']}"
+        )
 
 
 if __name__ == "__main__":

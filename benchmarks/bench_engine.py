@@ -43,9 +43,9 @@ from jmamba.families import from_hf_config
 from jmamba.weights import cast
 from runtime.core.builder import StepBatch
 from runtime.core.config import EngineConfig
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
 
 PROMPT_LEN = 16
 SIZES = ("tiny", "1b", "qwen3next_tiny", "qwen3next")
@@ -59,44 +59,98 @@ def hf_config(size: str) -> dict:
     if size.startswith("qwen3next"):
         return _qwen3_next_config(tiny=size.endswith("tiny"))
     if size == "tiny":
-        dims = dict(hidden_size=64, vocab_size=256, mamba_num_heads=8, mamba_head_dim=16,
-                    ssm_state_size=16, n_groups=2, chunk_size=16, intermediate_size=128,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+        dims = dict(
+            hidden_size=64,
+            vocab_size=256,
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            ssm_state_size=16,
+            n_groups=2,
+            chunk_size=16,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
         pattern = [_MAMBA, _MLP, _ATTN, _MLP]
     else:
-        dims = dict(hidden_size=2048, vocab_size=32000, mamba_num_heads=64, mamba_head_dim=64,
-                    ssm_state_size=128, n_groups=8, chunk_size=128, intermediate_size=8192,
-                    num_attention_heads=16, num_key_value_heads=4, head_dim=128)  # fmt: skip
+        dims = dict(
+            hidden_size=2048,
+            vocab_size=32000,
+            mamba_num_heads=64,
+            mamba_head_dim=64,
+            ssm_state_size=128,
+            n_groups=8,
+            chunk_size=128,
+            intermediate_size=8192,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=128,
+        )
         pattern = [_MAMBA, _MLP] * 5 + [_ATTN, _MLP] + [_MAMBA, _MLP] * 5 + [_ATTN, _MLP]
         pattern = pattern[:22] + [_MAMBA, _MLP]
-    return dict(architectures=["NemotronHForCausalLM"], layers_block_type=pattern, conv_kernel=4,
-                max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False,
-                **dims)  # fmt: skip
+    return dict(
+        architectures=["NemotronHForCausalLM"],
+        layers_block_type=pattern,
+        conv_kernel=4,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=False,
+        **dims,
+    )
 
 
 def _qwen3_next_config(tiny: bool) -> dict:
     """Qwen3-Next-80B-A3B's per-layer shapes on 12 layers (tiny: the same structure, small)."""
     if tiny:
-        dims = dict(hidden_size=64, vocab_size=256, linear_num_key_heads=2,
-                    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
-                    num_experts_per_tok=2, moe_intermediate_size=32,
-                    shared_expert_intermediate_size=32)  # fmt: skip
+        dims = dict(
+            hidden_size=64,
+            vocab_size=256,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
         layers = [_GDN, _GDN, _GDN, _FULL]
     else:
-        dims = dict(hidden_size=2048, vocab_size=151936, linear_num_key_heads=16,
-                    linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
-                    num_attention_heads=16, num_key_value_heads=2, head_dim=256, num_experts=512,
-                    num_experts_per_tok=10, moe_intermediate_size=512,
-                    shared_expert_intermediate_size=512)  # fmt: skip
+        dims = dict(
+            hidden_size=2048,
+            vocab_size=151936,
+            linear_num_key_heads=16,
+            linear_num_value_heads=32,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            head_dim=256,
+            num_experts=512,
+            num_experts_per_tok=10,
+            moe_intermediate_size=512,
+            shared_expert_intermediate_size=512,
+        )
         layers = [_GDN, _GDN, _GDN, _FULL] * 3
-    return dict(architectures=["Qwen3NextForCausalLM"], layer_types=layers,
-                num_hidden_layers=len(layers), linear_conv_kernel_dim=4, intermediate_size=5120,
-                decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, hidden_act="silu",
-                rms_norm_eps=1e-6, max_position_embeddings=MAX_POSITIONS,
-                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
-                                     partial_rotary_factor=0.25),
-                tie_word_embeddings=False, **dims)  # fmt: skip
+    return dict(
+        architectures=["Qwen3NextForCausalLM"],
+        layer_types=layers,
+        num_hidden_layers=len(layers),
+        linear_conv_kernel_dim=4,
+        intermediate_size=5120,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+        tie_word_embeddings=False,
+        **dims,
+    )
 
 
 def build_model(size: str) -> HybridLM:
@@ -157,20 +211,29 @@ def step_bytes(model: HybridLM, engine: Engine, batch: int, context: int) -> dic
 
 
 def make_engine(
-    model: HybridLM, batch: int, steps: int, max_model_len: int = 256, budget: int | None = None,
-    async_scheduling: bool = False, runner: ModelRunner | None = None,
-) -> Engine:  # fmt: skip
+    model: HybridLM,
+    batch: int,
+    steps: int,
+    max_model_len: int = 256,
+    budget: int | None = None,
+    async_scheduling: bool = False,
+    runner: ModelRunner | None = None,
+) -> Engine:
     """A warmed-up engine holding `batch` requests of PROMPT_LEN random tokens (not yet stepped),
     prefilled `budget` tokens a step (default: all prompts in one step); `runner`: another such
     engine's runner (its compiled steps)."""
     least = model.config.chunk_size + batch - 1
     budget = max(budget or batch * PROMPT_LEN, least)
-    config = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget,
-                          max_model_len=max_model_len, block_size=16,
-                          decode_row_buckets=(max(batch, 2),),  # the default's smallest is 2
-                          prefill_token_buckets=(budget,),
-                          prefill_row_buckets=(batch,),
-                          async_scheduling=async_scheduling)  # fmt: skip
+    config = EngineConfig(
+        max_num_seqs=batch,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        block_size=16,
+        decode_row_buckets=(max(batch, 2),),  # the default's smallest is 2
+        prefill_token_buckets=(budget,),
+        prefill_row_buckets=(batch,),
+        async_scheduling=async_scheduling,
+    )
     engine = Engine(model, config, runner=runner)
     engine.warmup()
     rng = np.random.default_rng(0)
@@ -190,8 +253,11 @@ def time_steps(engine: Engine, steps: int) -> tuple[float, float, float]:
     for _ in range(steps):
         engine.step()
     step_s = (time.perf_counter() - start) / steps
-    return (step_s, (engine.stats.host_seconds - host0) / steps,
-            (engine.stats.device_seconds - device0) / steps)  # fmt: skip
+    return (
+        step_s,
+        (engine.stats.host_seconds - host0) / steps,
+        (engine.stats.device_seconds - device0) / steps,
+    )
 
 
 def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> dict:
@@ -205,12 +271,21 @@ def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> di
     compile_s = engine.runner.compile_seconds
     overlapped = make_engine(model, batch, steps, async_scheduling=True, runner=engine.runner)
     async_step_s, _, _ = time_steps(overlapped, steps)
-    return dict(batch=batch, step_ms=1e3 * step_s, tokens_per_s=batch / step_s,
-                host_ms=1e3 * host_s, device_ms=1e3 * device_s, host_pct=100 * host_s / step_s,
-                roofline_ms=1e3 * roofline_s, x_roofline=device_s / roofline_s,
-                async_step_ms=1e3 * async_step_s, async_tokens_per_s=batch / async_step_s,
-                bytes=moved, variants=engine.num_variants,
-                compile_s={str(b): round(t, 1) for b, t in compile_s.items()})  # fmt: skip
+    return dict(
+        batch=batch,
+        step_ms=1e3 * step_s,
+        tokens_per_s=batch / step_s,
+        host_ms=1e3 * host_s,
+        device_ms=1e3 * device_s,
+        host_pct=100 * host_s / step_s,
+        roofline_ms=1e3 * roofline_s,
+        x_roofline=device_s / roofline_s,
+        async_step_ms=1e3 * async_step_s,
+        async_tokens_per_s=batch / async_step_s,
+        bytes=moved,
+        variants=engine.num_variants,
+        compile_s={str(b): round(t, 1) for b, t in compile_s.items()},
+    )
 
 
 def at_context(batch_in: StepBatch, context: int, block_size: int) -> StepBatch:
@@ -232,9 +307,11 @@ def at_context(batch_in: StepBatch, context: int, block_size: int) -> StepBatch:
         decode, seq_lens=np.where(live, context + 1, 0).astype(np.int32), block_table=table
     )
     new_inputs = dataclasses.replace(
-        inputs, decode=new_decode, positions=_with_head(inputs.positions, positions),
+        inputs,
+        decode=new_decode,
+        positions=_with_head(inputs.positions, positions),
         kv_slots=_with_head(inputs.kv_slots, np.where(live, kv_slots, 0).astype(np.int32)),
-    )  # fmt: skip
+    )
     return dataclasses.replace(batch_in, inputs=new_inputs)
 
 
@@ -244,8 +321,9 @@ def _with_head(array: np.ndarray, head: np.ndarray) -> np.ndarray:
     return out
 
 
-def bench_context(model: HybridLM, batch: int, context: int, steps: int, bandwidth: float,
-                  budget: int = 256) -> dict:  # fmt: skip
+def bench_context(
+    model: HybridLM, batch: int, context: int, steps: int, bandwidth: float, budget: int = 256
+) -> dict:
     """Device ms of the compiled decode step at `context` tokens of context (pipelined calls)."""
     # Prefill `budget` tokens a step: the ragged jnp prefill attention gathers each token's
     # max_model_len window (4096 tokens at 8k would need 34 GB; 256 at 32k on the Qwen3-Next
@@ -267,9 +345,14 @@ def bench_context(model: HybridLM, batch: int, context: int, steps: int, bandwid
     device_s = (time.perf_counter() - start) / steps
     moved_bytes = step_bytes(model, engine, batch, context)
     roofline_s = sum(moved_bytes.values()) / bandwidth
-    return dict(batch=batch, context=context, device_ms=1e3 * device_s,
-                roofline_ms=1e3 * roofline_s, x_roofline=device_s / roofline_s,
-                bytes=moved_bytes)  # fmt: skip
+    return dict(
+        batch=batch,
+        context=context,
+        device_ms=1e3 * device_s,
+        roofline_ms=1e3 * roofline_s,
+        x_roofline=device_s / roofline_s,
+        bytes=moved_bytes,
+    )
 
 
 def main() -> None:
@@ -277,18 +360,28 @@ def main() -> None:
     parser.add_argument("--size", choices=SIZES, default="1b")
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--contexts", default="", help="long-context decode, e.g. 8192,32768")
-    parser.add_argument("--max-context-tokens", type=int, default=1 << 21,
-                        help="skip long-context rows with batch x context above this")  # fmt: skip
+    parser.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=1 << 21,
+        help="skip long-context rows with batch x context above this",
+    )
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--context-budget", type=int, default=256,
-                        help="prefill tokens a step before a long-context row")  # fmt: skip
+    parser.add_argument(
+        "--context-budget",
+        type=int,
+        default=256,
+        help="prefill tokens a step before a long-context row",
+    )
     args = parser.parse_args()
     model = build_model(args.size)
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
-    print(f"device={jax.devices()[0].device_kind} model={args.size} "
-          f"params={num_params / 1e9:.3f}B bandwidth={bandwidth / 1e9:.0f} GB/s",
-          flush=True)  # fmt: skip
+    print(
+        f"device={jax.devices()[0].device_kind} model={args.size} "
+        f"params={num_params / 1e9:.3f}B bandwidth={bandwidth / 1e9:.0f} GB/s",
+        flush=True,
+    )
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     for batch in batches:
@@ -303,23 +396,37 @@ def main() -> None:
             print(json.dumps(long_rows[-1]), flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"bench_engine_{args.size}.json"), "w") as f:
-            json.dump({"params": num_params, "bandwidth": bandwidth, "rows": rows,
-                       "long_context": long_rows}, f, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "params": num_params,
+                    "bandwidth": bandwidth,
+                    "rows": rows,
+                    "long_context": long_rows,
+                },
+                f,
+                indent=1,
+            )
     print_tables(rows, long_rows)
 
 
 def print_tables(rows: list[dict], long_rows: list[dict]) -> None:
-    print("batch  step_ms  tok/s     host_ms device_ms host%  roofline_ms  dev/roofline  "
-          "async_step_ms")  # fmt: skip
+    print(
+        "batch  step_ms  tok/s     host_ms device_ms host%  roofline_ms  dev/roofline  "
+        "async_step_ms"
+    )
     for r in rows:
-        print(f"{r['batch']:5d} {r['step_ms']:8.3f} {r['tokens_per_s']:9.0f} {r['host_ms']:8.3f} "
-              f"{r['device_ms']:8.3f} {r['host_pct']:6.1f} {r['roofline_ms']:10.3f} "
-              f"{r['x_roofline']:8.2f} {r['async_step_ms']:13.3f}")  # fmt: skip
+        print(
+            f"{r['batch']:5d} {r['step_ms']:8.3f} {r['tokens_per_s']:9.0f} {r['host_ms']:8.3f} "
+            f"{r['device_ms']:8.3f} {r['host_pct']:6.1f} {r['roofline_ms']:10.3f} "
+            f"{r['x_roofline']:8.2f} {r['async_step_ms']:13.3f}"
+        )
     if long_rows:
         print("batch  context  device_ms  roofline_ms  dev/roofline")
         for r in long_rows:
-            print(f"{r['batch']:5d} {r['context']:8d} {r['device_ms']:9.3f} "
-                  f"{r['roofline_ms']:11.3f} {r['x_roofline']:8.2f}")  # fmt: skip
+            print(
+                f"{r['batch']:5d} {r['context']:8d} {r['device_ms']:9.3f} "
+                f"{r['roofline_ms']:11.3f} {r['x_roofline']:8.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ KEY_DIM, VALUE_DIM = HK * DK, HV * DV
 QKV_DIM = 2 * KEY_DIM + VALUE_DIM
 
 
-def unfused_mamba2(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write,
-                   **tuning):  # fmt: skip
+def unfused_mamba2(
+    zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write, **tuning
+):
     """The Mamba2 mixer's decode path before the fusion."""
     lead = zxbcdt.shape[:2]
     xbc = zxbcdt[..., D_INNER : D_INNER + CONV_DIM]
@@ -64,19 +65,42 @@ def unfused_mamba2(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, r
     xbc, conv_state = conv.causal_conv1d_update(xbc, weight, bias, conv_state, read, write)
     x, b, c = jnp.split(xbc, [D_INNER, D_INNER + G * N], axis=-1)
     y, ssm_state = ssu.ssd_state_update(
-        x.reshape(*lead, H, P), dt, a, b.reshape(*lead, G, N), c.reshape(*lead, G, N), ssm_state,
-        read, write, D=d, dt_bias=dt_bias, **tuning,
-    )  # fmt: skip
+        x.reshape(*lead, H, P),
+        dt,
+        a,
+        b.reshape(*lead, G, N),
+        c.reshape(*lead, G, N),
+        ssm_state,
+        read,
+        write,
+        D=d,
+        dt_bias=dt_bias,
+        **tuning,
+    )
     return y, conv_state, ssm_state
 
 
-def fused_mamba2(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write,
-                 reference: bool = False, **tuning):  # fmt: skip
+def fused_mamba2(
+    zxbcdt,
+    weight,
+    bias,
+    conv_state,
+    ssm_state,
+    a,
+    d,
+    dt_bias,
+    read,
+    write,
+    reference: bool = False,
+    **tuning,
+):
     if reference:
-        return ssd_ref.mamba2_decode_reference(zxbcdt, weight, bias, conv_state, ssm_state, a, read,
-                                           write, D=d, dt_bias=dt_bias)  # fmt: skip
-    return m2d.mamba2_decode(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d,
-                             dt_bias=dt_bias, **tuning)  # fmt: skip
+        return ssd_ref.mamba2_decode_reference(
+            zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d, dt_bias=dt_bias
+        )
+    return m2d.mamba2_decode(
+        zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d, dt_bias=dt_bias, **tuning
+    )
 
 
 def unfused_gdn(mixed, weight, bias, conv_state, state, a_log, dt_bias, read, write, **tuning):
@@ -88,20 +112,41 @@ def unfused_gdn(mixed, weight, bias, conv_state, state, a_log, dt_bias, read, wr
     qkv, conv_state = conv.causal_conv1d_update(qkv, weight, bias, conv_state, read, write)
     q, k, v = jnp.split(qkv, [KEY_DIM, 2 * KEY_DIM], axis=-1)
     o, state = gdnu.gdn_state_update(
-        q.reshape(*lead, HK, DK), k.reshape(*lead, HK, DK), v.reshape(*lead, HV, DV), a, b, a_log,
-        dt_bias, state, read, write, block_v=tuning.get("block_p", 32),
+        q.reshape(*lead, HK, DK),
+        k.reshape(*lead, HK, DK),
+        v.reshape(*lead, HV, DV),
+        a,
+        b,
+        a_log,
+        dt_bias,
+        state,
+        read,
+        write,
+        block_v=tuning.get("block_p", 32),
         num_warps=tuning.get("num_warps", 4),
-    )  # fmt: skip
+    )
     return o, conv_state, state
 
 
-def fused_gdn(mixed, weight, bias, conv_state, state, a_log, dt_bias, read, write,
-              reference: bool = False, **tuning):  # fmt: skip
+def fused_gdn(
+    mixed,
+    weight,
+    bias,
+    conv_state,
+    state,
+    a_log,
+    dt_bias,
+    read,
+    write,
+    reference: bool = False,
+    **tuning,
+):
     args = (mixed, weight, bias, conv_state, state, a_log, dt_bias, read, write)
     if reference:
         return gdn_ref.gdn_decode_reference(*args)
-    return gdnd.gdn_decode(*args, block_v=tuning.get("block_p", 32),
-                           num_warps=tuning.get("num_warps", 4))  # fmt: skip
+    return gdnd.gdn_decode(
+        *args, block_v=tuning.get("block_p", 32), num_warps=tuning.get("num_warps", 4)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,14 +169,26 @@ class Layer:
 
 LAYERS = {
     "mamba2": Layer(
-        "mamba2_decode", D_INNER + CONV_DIM + H, CONV_DIM, (H, P, N),
-        lambda f: (-np.exp(f(H) * 0.5), f(H), f(H) * 0.5), H, fused_mamba2, unfused_mamba2,
+        "mamba2_decode",
+        D_INNER + CONV_DIM + H,
+        CONV_DIM,
+        (H, P, N),
+        lambda f: (-np.exp(f(H) * 0.5), f(H), f(H) * 0.5),
+        H,
+        fused_mamba2,
+        unfused_mamba2,
     ),
     "gdn": Layer(
-        "gdn_decode", QKV_DIM + VALUE_DIM + 2 * HV, QKV_DIM, (HV, DV, DK),
-        lambda f: (f(HV) * 0.5, f(HV) * 0.5), HV, fused_gdn, unfused_gdn,
+        "gdn_decode",
+        QKV_DIM + VALUE_DIM + 2 * HV,
+        QKV_DIM,
+        (HV, DV, DK),
+        lambda f: (f(HV) * 0.5, f(HV) * 0.5),
+        HV,
+        fused_gdn,
+        unfused_gdn,
     ),
-}  # fmt: skip
+}
 
 
 def count_kernels(fn, *args) -> int:
@@ -148,8 +205,11 @@ def bench_batch(layer: Layer, rng, batch: int) -> dict:
     f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
     mixed = f(batch, 1, layer.columns)
     mixed[..., -layer.gate_columns :] -= 2.0
-    head = (jnp.asarray(mixed, BF), jnp.asarray(f(layer.channels, W) * 0.5, BF),
-            jnp.asarray(f(layer.channels) * 0.1, BF))  # fmt: skip
+    head = (
+        jnp.asarray(mixed, BF),
+        jnp.asarray(f(layer.channels, W) * 0.5, BF),
+        jnp.asarray(f(layer.channels) * 0.1, BF),
+    )
     params = tuple(jnp.asarray(p, F32) for p in layer.params(f))
     slot_bytes = int(np.prod(layer.state_tail)) * 4 + layer.channels * (W - 1) * 2
     sets = max(2, -(-512 * 2**20 // (batch * slot_bytes)))  # >= 512 MiB of distinct slots
@@ -158,8 +218,10 @@ def bench_batch(layer: Layer, rng, batch: int) -> dict:
 
     def pools():
         k1, k2 = jax.random.split(key)
-        return (jax.random.normal(k1, (sets * batch + 1, layer.channels, W - 1), BF),
-                jax.random.normal(k2, (sets * batch + 1, *layer.state_tail), F32))  # fmt: skip
+        return (
+            jax.random.normal(k1, (sets * batch + 1, layer.channels, W - 1), BF),
+            jax.random.normal(k2, (sets * batch + 1, *layer.state_tail), F32),
+        )
 
     def call(fn, pool, sl, **kw):
         return fn(*head, *pool, *params, sl, sl[:, None], **kw)
@@ -223,13 +285,17 @@ def main(argv: list[str]) -> None:
             results.append(row)
             with open(os.path.join(OUT, "fused_decode.json"), "w") as fh:
                 json.dump(results, fh, indent=1, default=str)
-    log("\nop | shape | fused us | unfused us | unfused / fused | % roofline (fused, unfused) | "
-        "kernels (fused, unfused) | err vs ref y")  # fmt: skip
+    log(
+        "\nop | shape | fused us | unfused us | unfused / fused | % roofline (fused, unfused) | "
+        "kernels (fused, unfused) | err vs ref y"
+    )
     for r in results:
         k = r["kernels"]
-        log(f"{r['op']} | {r['shape']} | {r['ours_us']:.1f} | {r['unfused_us']:.1f} | "
+        log(
+            f"{r['op']} | {r['shape']} | {r['ours_us']:.1f} | {r['unfused_us']:.1f} | "
             f"{r['ratio']:.2f} | {r['pct_roofline']:.0f}%, {r['unfused_pct_roofline']:.0f}% | "
-            f"{k['fused']}, {k['unfused']} | {r['err_vs_ref_y']:.1e}")  # fmt: skip
+            f"{k['fused']}, {k['unfused']} | {r['err_vs_ref_y']:.1e}"
+        )
 
 
 if __name__ == "__main__":

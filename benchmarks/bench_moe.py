@@ -133,11 +133,17 @@ def main() -> None:
         return
     for name in args.variants.split(","):
         flags = (os.environ.get("XLA_FLAGS", "") + " " + VARIANTS[name]).strip()
-        argv = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
-                if key not in ("variants", "child")]  # fmt: skip
+        argv = [
+            f"--{key.replace('_', '-')}={value}"
+            for key, value in vars(args).items()
+            if key not in ("variants", "child")
+        ]
         print(f"== {name}: XLA_FLAGS={flags!r}", flush=True)
-        subprocess.run([sys.executable, __file__, *argv, "--child", name],
-                       env=dict(os.environ, XLA_FLAGS=flags), check=False)  # fmt: skip
+        subprocess.run(
+            [sys.executable, __file__, *argv, "--child", name],
+            env=dict(os.environ, XLA_FLAGS=flags),
+            check=False,
+        )
 
 
 if __name__ == "__main__":

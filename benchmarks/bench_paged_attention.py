@@ -89,9 +89,16 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001 - the gather path can run out of memory
                 jnp_path = float("nan")
                 print(f"jnp path failed at B={batch} C={context}: {type(error).__name__}")
-            row = dict(batch=batch, context=context, ours_us=ours * 1e6, jnp_us=jnp_path * 1e6,
-                       speedup=jnp_path / ours, roofline_us=kv_bytes / bandwidth * 1e6,
-                       pct_roofline=100 * kv_bytes / bandwidth / ours, rel_err=err)  # fmt: skip
+            row = dict(
+                batch=batch,
+                context=context,
+                ours_us=ours * 1e6,
+                jnp_us=jnp_path * 1e6,
+                speedup=jnp_path / ours,
+                roofline_us=kv_bytes / bandwidth * 1e6,
+                pct_roofline=100 * kv_bytes / bandwidth / ours,
+                rel_err=err,
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
     if os.environ.get("OUT"):
@@ -99,9 +106,11 @@ def main() -> None:
             json.dump(dict(bandwidth=bandwidth, rows=rows), f, indent=1)
     print("batch context   ours_us    jnp_us  jnp/ours  roofline_us  %roofline  rel_err")
     for r in rows:
-        print(f"{r['batch']:5d} {r['context']:7d} {r['ours_us']:9.1f} {r['jnp_us']:9.1f} "
-              f"{r['speedup']:8.2f} {r['roofline_us']:11.1f} {r['pct_roofline']:9.0f} "
-              f"{r['rel_err']:8.1e}")  # fmt: skip
+        print(
+            f"{r['batch']:5d} {r['context']:7d} {r['ours_us']:9.1f} {r['jnp_us']:9.1f} "
+            f"{r['speedup']:8.2f} {r['roofline_us']:11.1f} {r['pct_roofline']:9.0f} "
+            f"{r['rel_err']:8.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -111,10 +111,12 @@ def anchor_fields(name: str, us: float, y, states, ref: Callable[[], tuple]) -> 
     """An anchor's record fields: its time, and the errors of its output `y` and final `states`
     (torch tensors) against our reference's output and the states it wrote."""
     y_ref, pool_ref = ref()
-    return dict(anchor=name, anchor_us=us,
-                anchor_err_y=rel_err(y.float().cpu().numpy().reshape(y_ref.shape), y_ref),
-                anchor_err_state=rel_err(states.float().cpu().numpy(),
-                                         written_states(pool_ref)))  # fmt: skip
+    return dict(
+        anchor=name,
+        anchor_us=us,
+        anchor_err_y=rel_err(y.float().cpu().numpy().reshape(y_ref.shape), y_ref),
+        anchor_err_state=rel_err(states.float().cpu().numpy(), written_states(pool_ref)),
+    )
 
 
 def pool_check(pool: jax.Array, ref: Callable[[], tuple]) -> Callable[[Call], dict]:
@@ -122,14 +124,16 @@ def pool_check(pool: jax.Array, ref: Callable[[], tuple]) -> Callable[[Call], di
 
     def check(call: Call) -> dict:
         (y, p), (y_ref, p_ref) = call(jnp.copy(pool)), ref()
-        return dict(err_y=rel_err(y, y_ref), err_state=rel_err(written_states(p),
-                                                               written_states(p_ref)))  # fmt: skip
+        return dict(
+            err_y=rel_err(y, y_ref), err_state=rel_err(written_states(p), written_states(p_ref))
+        )
 
     return check
 
 
-def kernel_breakdown(step: Step, state: jax.Array, inputs: Inputs, inner: int = 3
-                     ) -> dict[str, float]:  # fmt: skip
+def kernel_breakdown(
+    step: Step, state: jax.Array, inputs: Inputs, inner: int = 3
+) -> dict[str, float]:
     """Microseconds per call of each GPU kernel of `step`, from one profiled jitted loop.
 
     A scalar of every output is carried, as in `time_loop`: a loop that kept only the state let
@@ -161,8 +165,9 @@ def sweep(case: Case, shape: str, configs: list[dict], bw: float) -> tuple[float
         step = case.make_step(cfg)
         try:
             err = case.check(lambda state, step=step: step(0, state, case.inputs))
-            us = time_loop(step, jnp.copy(case.state), inner=case.inner, reps=10,
-                           inputs=case.inputs)  # fmt: skip
+            us = time_loop(
+                step, jnp.copy(case.state), inner=case.inner, reps=10, inputs=case.inputs
+            )
         except Exception as e:  # noqa: BLE001  (a config that does not compile is reported)
             log(f"{case.op} {shape} {cfg} FAILED: {e!r}"[:600])
             continue
@@ -173,8 +178,9 @@ def sweep(case: Case, shape: str, configs: list[dict], bw: float) -> tuple[float
     return best
 
 
-def run_case(case: Case, shape: str, configs: list[dict], bw: float, anchors, *, quick: bool,
-             profile: bool) -> dict | None:  # fmt: skip
+def run_case(
+    case: Case, shape: str, configs: list[dict], bw: float, anchors, *, quick: bool, profile: bool
+) -> dict | None:
     """Sweep (or, with `profile`, only build the first config), then on the GPU the fastest
     config's kernel breakdown and the anchor beside it. Returns the fastest config."""
     if profile:
@@ -187,8 +193,13 @@ def run_case(case: Case, shape: str, configs: list[dict], bw: float, anchors, *,
     record(op=case.op, shape=shape, config=best[1], breakdown_us=breakdown)
     if anchors is not None and not profile:
         fields = case.anchor(anchors)
-        record(op=case.op, shape=shape, ours_best_us=best[0],
-               ratio=fields["anchor_us"] / best[0], **fields)  # fmt: skip
+        record(
+            op=case.op,
+            shape=shape,
+            ours_best_us=best[0],
+            ratio=fields["anchor_us"] / best[0],
+            **fields,
+        )
     return best[1]
 
 
@@ -199,18 +210,27 @@ SSD_OUTPUT = dict(
 )  # the output kernel's tuned defaults (issue 14)
 SSD_CONFIGS = [
     # the chunk-state kernel: tokens per step, warps (the default first)
-    *(dict(SSD_OUTPUT, state_block_q=q, state_warps=w)
-      for q, w in ((32, 4), (64, 4), (16, 4), (32, 8))),
+    *(
+        dict(SSD_OUTPUT, state_block_q=q, state_warps=w)
+        for q, w in ((32, 4), (64, 4), (16, 4), (32, 8))
+    ),
     dict(algorithm="sequential", seq_block_q=32),
-]  # fmt: skip
+]
 
 
 def ssd_inputs(rng, batch: int, seqlen: int, heads=H, head_dim=P, groups=G, state=N) -> dict:
     T = batch * seqlen
     f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
-    return dict(x=f(T, heads, head_dim), dt=f(T, heads) - 2.0, A=-np.exp(f(heads) * 0.5),
-                B=f(T, groups, state), C=f(T, groups, state), D=f(heads), dt_bias=f(heads) * 0.5,
-                init=f(batch, heads, head_dim, state) * 0.1)  # fmt: skip
+    return dict(
+        x=f(T, heads, head_dim),
+        dt=f(T, heads) - 2.0,
+        A=-np.exp(f(heads) * 0.5),
+        B=f(T, groups, state),
+        C=f(T, groups, state),
+        D=f(heads),
+        dt_bias=f(heads) * 0.5,
+        init=f(batch, heads, head_dim, state) * 0.1,
+    )
 
 
 def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
@@ -229,29 +249,45 @@ def ssd_case(batch: int, seqlen: int, quick: bool) -> Case:
         knobs = dict(cfg)
         algorithm = knobs.pop("algorithm")
         tuning = scan.ScanTuning(**knobs)
-        return lambda i, p, sets: scan.ssd_chunk_scan(*sets[i % len(sets)], p, rows, **kw,
-                                                      interpret=quick, algorithm=algorithm,
-                                                      tuning=tuning)  # fmt: skip
+        return lambda i, p, sets: scan.ssd_chunk_scan(
+            *sets[i % len(sets)], p, rows, **kw, interpret=quick, algorithm=algorithm, tuning=tuning
+        )
 
     def anchor(anchors):
         torch, triton, _, chunk_combined = anchors
         t = {k: torch.from_numpy(v).cuda() for k, v in d.items()}
-        bf = {k: t[k].to(torch.bfloat16).view(batch, seqlen, *v.shape[1:])
-              for k, v in d.items() if k in ("x", "dt", "B", "C")}  # fmt: skip
+        bf = {
+            k: t[k].to(torch.bfloat16).view(batch, seqlen, *v.shape[1:])
+            for k, v in d.items()
+            if k in ("x", "dt", "B", "C")
+        }
         call = functools.partial(
-            chunk_combined, bf["x"], bf["dt"], t["A"], bf["B"], bf["C"], 256, D=t["D"],
-            dt_bias=t["dt_bias"], initial_states=t["init"], dt_softplus=True,
+            chunk_combined,
+            bf["x"],
+            bf["dt"],
+            t["A"],
+            bf["B"],
+            bf["C"],
+            256,
+            D=t["D"],
+            dt_bias=t["dt_bias"],
+            initial_states=t["init"],
+            dt_softplus=True,
             return_final_states=True,
-        )  # fmt: skip
+        )
         y_a, s_a = call()
         us = bench_graph(torch, triton, call)
         return anchor_fields("mamba_ssm mamba_chunk_scan_combined (graph)", us, y_a, s_a, ref)
 
-    nbytes = batch * seqlen * (2 * x.shape[1] * x.shape[2] * 2 + 2 * bm.shape[1] * bm.shape[2] * 2
-                               + 2 * x.shape[1])  # fmt: skip
+    nbytes = (
+        batch
+        * seqlen
+        * (2 * x.shape[1] * x.shape[2] * 2 + 2 * bm.shape[1] * bm.shape[2] * 2 + 2 * x.shape[1])
+    )
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
-    return Case("ssd_chunk_scan", make_step, pool, sets, pool_check(pool, ref), nbytes, CALLS,
-                anchor)  # fmt: skip
+    return Case(
+        "ssd_chunk_scan", make_step, pool, sets, pool_check(pool, ref), nbytes, CALLS, anchor
+    )
 
 
 # ----------------------------------------------------------------------------- Gated DeltaNet
@@ -269,9 +305,14 @@ GDN_CONFIGS = [
 def gdn_inputs(rng, batch: int, seqlen: int, hk=HK, hv=HV, dk=DK) -> dict:
     T = batch * seqlen
     f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
-    return dict(q=f(T, hk, dk), k=f(T, hk, dk), v=f(T, hv, dk),
-                g=np.log(1 / (1 + np.exp(-f(T, hv)))), beta=1 / (1 + np.exp(-f(T, hv))),
-                init=f(batch, hv, dk, dk) * 0.1)  # fmt: skip
+    return dict(
+        q=f(T, hk, dk),
+        k=f(T, hk, dk),
+        v=f(T, hv, dk),
+        g=np.log(1 / (1 + np.exp(-f(T, hv)))),
+        beta=1 / (1 + np.exp(-f(T, hv))),
+        init=f(batch, hv, dk, dk) * 0.1,
+    )
 
 
 def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
@@ -287,8 +328,9 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
 
     def make_step(cfg):
         tuning = gdn.ChunkTuning(**cfg)
-        return lambda i, p, sets: gdn.gdn_chunk(*sets[i % len(sets)], p, rows, interpret=quick,
-                                                tuning=tuning)  # fmt: skip
+        return lambda i, p, sets: gdn.gdn_chunk(
+            *sets[i % len(sets)], p, rows, interpret=quick, tuning=tuning
+        )
 
     def anchor(anchors):
         torch, triton = anchors[:2]
@@ -298,10 +340,18 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
         bf = {n: t[n].to(torch.bfloat16)[None] for n in ("q", "k", "v")}
         cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
         call = functools.partial(
-            chunk_gated_delta_rule, bf["q"], bf["k"], bf["v"], t["g"][None], t["beta"][None],
-            initial_state=t["init"], output_final_state=True, use_qk_l2norm_in_kernel=True,
-            state_v_first=True, cu_seqlens=cu if batch > 1 else None,
-        )  # fmt: skip
+            chunk_gated_delta_rule,
+            bf["q"],
+            bf["k"],
+            bf["v"],
+            t["g"][None],
+            t["beta"][None],
+            initial_state=t["init"],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=True,
+            cu_seqlens=cu if batch > 1 else None,
+        )
         t0 = time.time()
         o_a, s_a = call()
         torch.cuda.synchronize()
@@ -309,8 +359,9 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
         us = bench_graph(torch, triton, call)
         return anchor_fields("FLA 0.6.0 chunk_gated_delta_rule (graph)", us, o_a, s_a, ref)
 
-    nbytes = batch * seqlen * ((2 * q.shape[1] + 2 * v.shape[1]) * q.shape[2] * 2
-                               + 2 * v.shape[1] * 4)  # fmt: skip
+    nbytes = (
+        batch * seqlen * ((2 * q.shape[1] + 2 * v.shape[1]) * q.shape[2] * 2 + 2 * v.shape[1] * 4)
+    )
     nbytes += 2 * batch * int(np.prod(pool.shape[1:])) * 4
     return Case("gdn_chunk", make_step, pool, sets, pool_check(pool, ref), nbytes, CALLS, anchor)
 
@@ -318,11 +369,20 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
 # ----------------------------------------------------------------------------- causal conv1d
 D_CONV, W = 8192, 4
 CONV_CONFIGS = [
-    *(dict(walk_tokens=wt, block_d=bd, unroll=u, num_warps=nw)
-      for wt, bd, u, nw in ((128, 1024, 4, 4), (64, 1024, 4, 4), (128, 1024, 8, 4),
-                            (256, 1024, 8, 4), (128, 2048, 4, 8), (128, 512, 4, 4),
-                            (64, 512, 4, 2), (256, 2048, 8, 8))),
-]  # fmt: skip
+    *(
+        dict(walk_tokens=wt, block_d=bd, unroll=u, num_warps=nw)
+        for wt, bd, u, nw in (
+            (128, 1024, 4, 4),
+            (64, 1024, 4, 4),
+            (128, 1024, 8, 4),
+            (256, 1024, 8, 4),
+            (128, 2048, 4, 8),
+            (128, 512, 4, 4),
+            (64, 512, 4, 2),
+            (256, 2048, 8, 8),
+        )
+    ),
+]
 
 
 def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
@@ -342,8 +402,9 @@ def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
     sets = input_sets((x, w, b), 1)
 
     def make_step(cfg):
-        return lambda i, s, sets: conv.causal_conv1d_prefill(*sets[0], s, rows, interpret=quick,
-                                                             **cfg)  # fmt: skip
+        return lambda i, s, sets: conv.causal_conv1d_prefill(
+            *sets[0], s, rows, interpret=quick, **cfg
+        )
 
     def check(call):
         (y, s), (y_ref, s_ref) = call(jnp.copy(state)), ref()
@@ -357,26 +418,41 @@ def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
         w_t, b_t = torch.from_numpy(wt).cuda().bfloat16(), torch.from_numpy(bs).cuda().bfloat16()
         cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
         h0 = torch.randn(batch, channels, W, device="cuda", dtype=torch.bfloat16)
-        call = functools.partial(fla_conv, xt, w_t, b_t, initial_state=h0,
-                                 output_final_state=True, activation="silu", backend="triton",
-                                 cu_seqlens=cu)  # fmt: skip
+        call = functools.partial(
+            fla_conv,
+            xt,
+            w_t,
+            b_t,
+            initial_state=h0,
+            output_final_state=True,
+            activation="silu",
+            backend="triton",
+            cu_seqlens=cu,
+        )
         call()
         us = bench_graph(torch, triton, call)
         # Accuracy of the anchor: without initial states (its window layout differs from ours).
         y0 = fla_conv(xt, w_t, b_t, activation="silu", backend="triton", cu_seqlens=cu)[0]
         y0_ref, _ = reference(state, rows_meta(batch, seqlen, hi=False))
         y0 = y0.float().cpu().numpy().reshape(T, channels)
-        return dict(anchor="FLA 0.6.0 causal_conv1d (graph)", anchor_us=us,
-                    anchor_err_y_no_init=rel_err(y0, y0_ref))  # fmt: skip
+        return dict(
+            anchor="FLA 0.6.0 causal_conv1d (graph)",
+            anchor_us=us,
+            anchor_err_y_no_init=rel_err(y0, y0_ref),
+        )
 
     # 40 calls per timed loop: each timing also pays the loop's launch and sync (~0.2 ms on the
     # H100), which at 10 calls added ~20 us to a ~120 us call.
-    return Case("causal_conv1d_prefill", make_step, state, sets, check, 2 * T * channels * 2, 40,
-                anchor)  # fmt: skip
+    return Case(
+        "causal_conv1d_prefill", make_step, state, sets, check, 2 * T * channels * 2, 40, anchor
+    )
 
 
-CASES = {"ssd": (ssd_case, SSD_CONFIGS), "gdn": (gdn_case, GDN_CONFIGS),
-         "conv": (conv_case, CONV_CONFIGS)}  # fmt: skip
+CASES = {
+    "ssd": (ssd_case, SSD_CONFIGS),
+    "gdn": (gdn_case, GDN_CONFIGS),
+    "conv": (conv_case, CONV_CONFIGS),
+}
 
 
 def fastest_configs(path: str) -> dict[tuple[str, str], list[dict]]:
@@ -411,10 +487,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="instead of the sweep lists: the fastest config of each op and shape in "
         "that file (a results file or a hand-written list of rows)",
     )
-    ap.add_argument("--profile", action="store_true",
-                    help="only the per-kernel breakdown of the first config (run with XLA_FLAGS="
-                         "--xla_gpu_enable_command_buffer= so XLA's CUDA graphs do not hide "
-                         "kernels from the profiler)")  # fmt: skip
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="only the per-kernel breakdown of the first config (run with XLA_FLAGS="
+        "--xla_gpu_enable_command_buffer= so XLA's CUDA graphs do not hide "
+        "kernels from the profiler)",
+    )
     args = ap.parse_args(argv)
     RESULTS.clear()  # one call's rows (the list is bench_mamba2_kernels')
     fastest = fastest_configs(args.configs) if args.configs else {}
@@ -433,8 +512,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     continue
             try:
                 case = make_case(batch, seqlen, args.quick)
-                best = run_case(case, name, configs, bw, anchors, quick=args.quick,
-                                profile=args.profile)  # fmt: skip
+                best = run_case(
+                    case, name, configs, bw, anchors, quick=args.quick, profile=args.profile
+                )
             except Exception:  # noqa: BLE001  (one op failing must not lose the others)
                 log(f"{op} {name} FAILED\n{traceback.format_exc()}"[-3000:])
                 best = None

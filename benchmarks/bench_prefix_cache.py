@@ -44,10 +44,10 @@ from benchmarks.bench_engine import build_model
 from jmamba import HybridLM
 from runtime.core.buckets import Bucket, BucketPolicy, lane_width
 from runtime.core.config import EngineConfig
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
-from runtime.outputs.request_output import RequestOutput
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
+from runtime.outputs.request_output import RequestOutput
 
 MODES = ("off", "align", "all")
 FIRST_TOKEN_ID = 3  # random prompts avoid the low ids (EOS and friends)
@@ -78,19 +78,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def engine_config(args: argparse.Namespace, mode: str, max_model_len: int) -> EngineConfig:
     seqs = args.max_num_seqs
-    return EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=args.budget,
-                        max_model_len=max_model_len, block_size=16, prefix_caching=mode,
-                        max_cached_states=args.max_cached_states, decode_row_buckets=(seqs,),
-                        prefill_token_buckets=(args.budget,),
-                        prefill_row_buckets=(seqs,), seed=args.seed)  # fmt: skip
+    return EngineConfig(
+        max_num_seqs=seqs,
+        max_num_batched_tokens=args.budget,
+        max_model_len=max_model_len,
+        block_size=16,
+        prefix_caching=mode,
+        max_cached_states=args.max_cached_states,
+        decode_row_buckets=(seqs,),
+        prefill_token_buckets=(args.budget,),
+        prefill_row_buckets=(seqs,),
+        seed=args.seed,
+    )
 
 
 def every_bucket(policy: BucketPolicy) -> list[Bucket]:
     """Every bucket `policy.bucket_for` can return (decode rows or none x prefill or none)."""
     prefill = [(0, 0), *itertools.product(policy.prefill_tokens, policy.prefill_rows)]
     decode = (0, *policy.decode_rows)
-    buckets = {Bucket(rows, lane_width(rows, width), tokens, prefill_rows) for rows in decode
-               for width in policy.widths for tokens, prefill_rows in prefill}  # fmt: skip
+    buckets = {
+        Bucket(rows, lane_width(rows, width), tokens, prefill_rows)
+        for rows in decode
+        for width in policy.widths
+        for tokens, prefill_rows in prefill
+    }
     return sorted(b for b in buckets if b.num_decode_rows or b.num_prefill_rows)
 
 
@@ -155,14 +166,22 @@ def measure(engine: Engine, workload: str, args: argparse.Namespace, vocab: int)
     generated = sum(len(o.token_ids) for o in outputs)
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     stats = engine.stats.prefix_cache
-    row = dict(workload=workload, mode=engine.config.prefix_caching, requests=len(outputs),
-               seconds=seconds, steps=engine.stats.num_steps - steps0,
-               ttft_mean_s=float(ttft.mean()), ttft_p99_s=float(np.percentile(ttft, 99)),
-               output_tokens_per_s=generated / seconds,
-               total_tokens_per_s=(prompt + generated) / seconds,
-               prompt_tokens=prompt, output_tokens=generated, hit_rate=hit_rate(outputs),
-               compiled_while_timed=engine.num_variants - variants0,
-               cache=None if stats is None else vars(stats))  # fmt: skip
+    row = dict(
+        workload=workload,
+        mode=engine.config.prefix_caching,
+        requests=len(outputs),
+        seconds=seconds,
+        steps=engine.stats.num_steps - steps0,
+        ttft_mean_s=float(ttft.mean()),
+        ttft_p99_s=float(np.percentile(ttft, 99)),
+        output_tokens_per_s=generated / seconds,
+        total_tokens_per_s=(prompt + generated) / seconds,
+        prompt_tokens=prompt,
+        output_tokens=generated,
+        hit_rate=hit_rate(outputs),
+        compiled_while_timed=engine.num_variants - variants0,
+        cache=None if stats is None else vars(stats),
+    )
     if workload == "chat":
         later = [o for o in outputs if not o.request_id.endswith(".1")]
         row["hit_rate_turns_2_plus"] = hit_rate(later)
@@ -179,10 +198,12 @@ def print_table(rows: list[dict]) -> None:
     print("workload mode   ttft_mean_s ttft_p99_s  out_tok/s  total_tok/s  hit_rate  hit_2+  steps")
     for r in rows:
         later = r.get("hit_rate_turns_2_plus")
-        print(f"{r['workload']:8s} {r['mode']:5s} {r['ttft_mean_s']:11.4f} {r['ttft_p99_s']:10.4f} "
-              f"{r['output_tokens_per_s']:10.0f} {r['total_tokens_per_s']:12.0f} "
-              f"{r['hit_rate']:9.3f} {'' if later is None else f'{later:6.3f}':>7s} "
-              f"{r['steps']:6d}")  # fmt: skip
+        print(
+            f"{r['workload']:8s} {r['mode']:5s} {r['ttft_mean_s']:11.4f} {r['ttft_p99_s']:10.4f} "
+            f"{r['output_tokens_per_s']:10.0f} {r['total_tokens_per_s']:12.0f} "
+            f"{r['hit_rate']:9.3f} {'' if later is None else f'{later:6.3f}':>7s} "
+            f"{r['steps']:6d}"
+        )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -203,15 +224,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for workload in workloads:
             rows.append(measure(Engine(model, config, runner=runner), workload, args, vocab))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"model={args.size} max_model_len={length} budget={args.budget} "
-          f"max_num_seqs={args.max_num_seqs} compile+warm-up s: "
-          f"{ {m: round(s, 1) for m, s in compile_s.items()} }")  # fmt: skip
+    print(
+        f"model={args.size} max_model_len={length} budget={args.budget} "
+        f"max_num_seqs={args.max_num_seqs} compile+warm-up s: "
+        f"{ {m: round(s, 1) for m, s in compile_s.items()} }"
+    )
     print_table(rows)
     if os.environ.get("OUT"):
         os.makedirs(os.environ["OUT"], exist_ok=True)
         with open(os.path.join(os.environ["OUT"], "bench_prefix_cache.json"), "w") as f:
-            json.dump({"args": vars(args), "max_model_len": length, "compile_s": compile_s,
-                       "rows": rows}, f, indent=1)  # fmt: skip
+            json.dump(
+                {"args": vars(args), "max_model_len": length, "compile_s": compile_s, "rows": rows},
+                f,
+                indent=1,
+            )
     return rows
 
 

@@ -41,12 +41,12 @@ from jmamba import HybridLM
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
 from runtime.core.config import EngineConfig
-from runtime.speculative.draft_model import draft_engine_config
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
+from runtime.speculative.draft_model import draft_engine_config
 
 METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4")
 
@@ -56,9 +56,16 @@ def draft_hf_config(size: str) -> dict:
     config = hf_config(size)
     config["layers_block_type"] = ["mamba", "mlp", "attention", "mlp"]
     if size != "tiny":
-        config.update(hidden_size=512, mamba_num_heads=16, mamba_head_dim=64, n_groups=8,
-                      intermediate_size=2048, num_attention_heads=8, num_key_value_heads=2,
-                      head_dim=64)  # fmt: skip
+        config.update(
+            hidden_size=512,
+            mamba_num_heads=16,
+            mamba_head_dim=64,
+            n_groups=8,
+            intermediate_size=2048,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+        )
     return config
 
 
@@ -93,12 +100,23 @@ def workload(vocab: int, count: int, phrase_len: int, repeats: int) -> list[list
     return [rng.integers(0, vocab, phrase_len).tolist() * repeats for _ in range(count)]
 
 
-def engine_config(max_batch: int, batches: tuple[int, ...], max_model_len: int, budget: int,
-                  speculative: SpeculativeConfig | None) -> EngineConfig:  # fmt: skip
-    return EngineConfig(max_num_seqs=max_batch, max_num_batched_tokens=budget,
-                        max_model_len=max_model_len, block_size=16, decode_row_buckets=batches,
-                        prefill_token_buckets=(budget,), prefill_row_buckets=(max_batch,),
-                        speculative=speculative)  # fmt: skip
+def engine_config(
+    max_batch: int,
+    batches: tuple[int, ...],
+    max_model_len: int,
+    budget: int,
+    speculative: SpeculativeConfig | None,
+) -> EngineConfig:
+    return EngineConfig(
+        max_num_seqs=max_batch,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        block_size=16,
+        decode_row_buckets=batches,
+        prefill_token_buckets=(budget,),
+        prefill_row_buckets=(max_batch,),
+        speculative=speculative,
+    )
 
 
 def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -118,8 +136,9 @@ def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
         outputs |= {o.request_id: o.token_ids for o in engine.step()}
     end = time.perf_counter()
     decode_tokens = len(prompts) * max_tokens - before
-    return dict(outputs=outputs, decode_s=end - start, total_s=end - total,
-                decode_tokens=decode_tokens)  # fmt: skip
+    return dict(
+        outputs=outputs, decode_s=end - start, total_s=end - total, decode_tokens=decode_tokens
+    )
 
 
 class Bench:
@@ -127,8 +146,9 @@ class Bench:
         self.args = args
         self.model = build_model(args.size)
         self.batches = tuple(int(b) for b in args.batches.split(","))
-        self.prompts = workload(self.model.config.vocab_size, max(self.batches),
-                                args.phrase_len, args.repeats)  # fmt: skip
+        self.prompts = workload(
+            self.model.config.vocab_size, max(self.batches), args.phrase_len, args.repeats
+        )
         max_len = args.phrase_len * args.repeats + args.max_tokens + 16
         self.max_model_len = 1 << (max_len - 1).bit_length()
         self.budget = max(args.budget, self.model.config.chunk_size)
@@ -143,8 +163,7 @@ class Bench:
             spec = SpeculativeConfig("ngram", int(k))
         elif kind in ("draft", "self"):
             spec = SpeculativeConfig("draft_model", int(k))
-        return engine_config(max(self.batches), self.batches, self.max_model_len, self.budget,
-                             spec)  # fmt: skip
+        return engine_config(max(self.batches), self.batches, self.max_model_len, self.budget, spec)
 
     def runner(self, key: tuple, model: HybridLM, config: EngineConfig) -> ModelRunner:
         if key not in self.runners:
@@ -154,8 +173,9 @@ class Bench:
     def engine(self, method: str) -> Engine:
         kind, _, k = method.partition("-")
         config = self.config(method)
-        runner = self.runner(("target", config.speculative and config.speculative.width),
-                             self.model, config)  # fmt: skip
+        runner = self.runner(
+            ("target", config.speculative and config.speculative.width), self.model, config
+        )
         if kind not in ("draft", "self"):
             engine = Engine(self.model, config, runner=runner)
             if kind == "oracle":
@@ -163,8 +183,9 @@ class Bench:
             return engine
         draft = self.model if kind == "self" else self.draft_model
         draft_runner = self.runner((kind, k), draft, draft_engine_config(runner.config))
-        return Engine(self.model, config, runner=runner, draft_model=draft,
-                      draft_runner=draft_runner)  # fmt: skip
+        return Engine(
+            self.model, config, runner=runner, draft_model=draft, draft_runner=draft_runner
+        )
 
     def run(self, method: str, batch: int) -> dict:
         prompts = self.prompts[:batch]
@@ -180,13 +201,20 @@ class Bench:
         if method == "none" and batch == max(self.batches):
             self.truth.update(result["outputs"])
         spec = engine.stats.speculation
-        return dict(method=method, batch=batch, tokens_per_s=result["decode_tokens"] /
-                    result["decode_s"], decode_s=result["decode_s"], total_s=result["total_s"],
-                    decode_tokens=result["decode_tokens"], steps=engine.stats.num_steps,
-                    drafted=spec.num_drafted, accepted=spec.num_accepted,
-                    acceptance=spec.acceptance_rate,
-                    accepted_per_step=spec.num_accepted / spec.num_rows if spec.num_rows else 0.0,
-                    compile_in_timing_s=self.compile_seconds() - compiled)  # fmt: skip
+        return dict(
+            method=method,
+            batch=batch,
+            tokens_per_s=result["decode_tokens"] / result["decode_s"],
+            decode_s=result["decode_s"],
+            total_s=result["total_s"],
+            decode_tokens=result["decode_tokens"],
+            steps=engine.stats.num_steps,
+            drafted=spec.num_drafted,
+            accepted=spec.num_accepted,
+            acceptance=spec.acceptance_rate,
+            accepted_per_step=spec.num_accepted / spec.num_rows if spec.num_rows else 0.0,
+            compile_in_timing_s=self.compile_seconds() - compiled,
+        )
 
     def compile_seconds(self) -> float:
         return sum(sum(r.compile_seconds.values()) for r in self.runners.values())
@@ -206,8 +234,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if "oracle" in args.methods and methods[0] != "none":
         raise ValueError(f"--methods={args.methods}: oracle needs 'none' first (its continuation)")
     bench = Bench(args)
-    print(f"device={jax.devices()[0].device_kind} prompt={args.phrase_len}x{args.repeats} "
-          f"max_tokens={args.max_tokens}", flush=True)  # fmt: skip
+    print(
+        f"device={jax.devices()[0].device_kind} prompt={args.phrase_len}x{args.repeats} "
+        f"max_tokens={args.max_tokens}",
+        flush=True,
+    )
     start, rows = time.perf_counter(), []
     for method in methods:
         for batch in sorted(bench.batches, reverse=True):  # the largest first: the oracle's truth
@@ -216,19 +247,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base[r["batch"]] if r["batch"] in base else None
-    result = dict(args=vars(args), rows=rows, wall_s=time.perf_counter() - start,
-                  compile_s=bench.compile_seconds())  # fmt: skip
+    result = dict(
+        args=vars(args),
+        rows=rows,
+        wall_s=time.perf_counter() - start,
+        compile_s=bench.compile_seconds(),
+    )
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_spec_decode.json"), "w") as f:
             json.dump(result, f, indent=1)
     print("method     B   tokens/s  speedup  drafted  accepted  acceptance  accepted/step")
     for r in sorted(rows, key=lambda r: (r["batch"], methods.index(r["method"]))):
         speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-        print(f"{r['method']:9s} {r['batch']:3d} {r['tokens_per_s']:10.0f} {speedup:>8s} "
-              f"{r['drafted']:8d} {r['accepted']:9d} {r['acceptance']:10.1%} "
-              f"{r['accepted_per_step']:13.2f}")  # fmt: skip
-    print(f"wall {result['wall_s']:.0f} s, compile {result['compile_s']:.0f} s "
-          "(oracle-K and self-K are upper bounds, not drafters)")  # fmt: skip
+        print(
+            f"{r['method']:9s} {r['batch']:3d} {r['tokens_per_s']:10.0f} {speedup:>8s} "
+            f"{r['drafted']:8d} {r['accepted']:9d} {r['acceptance']:10.1%} "
+            f"{r['accepted_per_step']:13.2f}"
+        )
+    print(
+        f"wall {result['wall_s']:.0f} s, compile {result['compile_s']:.0f} s "
+        "(oracle-K and self-K are upper bounds, not drafters)"
+    )
     return rows
 
 

@@ -33,8 +33,11 @@ import jax
 from benchmarks.checks import Check
 
 SECTIONS = ("kernels", "fixtures", "batch")
-_MODULES = {"kernels": "benchmarks.checks.kernel_grid", "fixtures": "benchmarks.checks.fixtures",
-            "batch": "benchmarks.checks.batch_invariance"}  # fmt: skip
+_MODULES = {
+    "kernels": "benchmarks.checks.kernel_grid",
+    "fixtures": "benchmarks.checks.fixtures",
+    "batch": "benchmarks.checks.batch_invariance",
+}
 
 
 def run_sections(names: list[str], quick: bool, families: list[str] | None) -> list[Check]:
@@ -48,8 +51,9 @@ def run_sections(names: list[str], quick: bool, families: list[str] | None) -> l
     return checks
 
 
-def run_in_processes(names: list[str], quick: bool, families: list[str] | None,
-                     jobs: int) -> list[Check]:  # fmt: skip
+def run_in_processes(
+    names: list[str], quick: bool, families: list[str] | None, jobs: int
+) -> list[Check]:
     """Each section (per fixture for fixtures and batch) in a child process, `jobs` at a time."""
     from tests.jmamba import fixture_runs
 
@@ -65,8 +69,9 @@ def run_in_processes(names: list[str], quick: bool, families: list[str] | None,
             argv = [sys.executable, __file__, "--only", name, "--json", out.name]
             argv += (["--quick"] if quick else []) + (["--families", fams[0]] if fams else [])
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=580)
-            print(f"== {name} {fams or ''}: exit {done.returncode}\n{done.stdout[-4000:]}",
-                  flush=True)  # fmt: skip
+            print(
+                f"== {name} {fams or ''}: exit {done.returncode}\n{done.stdout[-4000:]}", flush=True
+            )
             try:
                 return [Check(**c) for c in json.load(open(out.name))]
             except (OSError, ValueError):

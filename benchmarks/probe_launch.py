@@ -72,8 +72,14 @@ def chain(kind: str, n: int, options: dict[str, str], donate: bool = False, extr
     return jitted.lower(x, more).compile(compiler_options=options or None)
 
 
-def measure(kind: str, n: int, options: dict[str, str], calls: int = 50,
-            donate: bool = False, extras: int = 0) -> dict:  # fmt: skip
+def measure(
+    kind: str,
+    n: int,
+    options: dict[str, str],
+    calls: int = 50,
+    donate: bool = False,
+    extras: int = 0,
+) -> dict:
     fn = chain(kind, n, options, donate, extras)
     more = tuple(jnp.full((16,), 1e-6 * i, jnp.float32) for i in range(extras))
     x = jax.block_until_ready(fn(jnp.ones(SIZE, jnp.float32), more))
@@ -84,10 +90,17 @@ def measure(kind: str, n: int, options: dict[str, str], calls: int = 50,
         returns += time.perf_counter() - t0
     jax.block_until_ready(x)
     queued = (time.perf_counter() - t_all) / calls
-    return {"kind": kind, "kernels": n, "returns_us": 1e6 * returns / calls,
-            "queued_us_per_call": 1e6 * queued, "us_per_kernel": 1e6 * queued / n,
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), "options": options,
-            "donate": donate, "extras": extras}  # fmt: skip
+    return {
+        "kind": kind,
+        "kernels": n,
+        "returns_us": 1e6 * returns / calls,
+        "queued_us_per_call": 1e6 * queued,
+        "us_per_kernel": 1e6 * queued / n,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "options": options,
+        "donate": donate,
+        "extras": extras,
+    }
 
 
 def main() -> None:

@@ -36,8 +36,10 @@ import time
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "no_cmdbuf": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
-    "cmdbuf_all": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,"
-                   "CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1"},
+    "cmdbuf_all": {
+        "XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,"
+        "CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1"
+    },
     # XLA turns its command buffers off while a profile is taken unless told otherwise: with this
     # flag the profile shows the step as it runs (fewer launches, shorter gaps) when graphs apply.
     "cmdbuf_prof": {"XLA_FLAGS": "--xla_enable_command_buffers_during_profiling=true"},
@@ -63,9 +65,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "no_cublas_graph": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL"},
     "pdl": {"XLA_FLAGS": "--xla_gpu_enable_pdl=true"},
     # The command buffer's own log: which allocations changed before each update.
-    "cmdbuf_vlog": {"TF_CPP_MIN_LOG_LEVEL": "0",
-                    "TF_CPP_VMODULE": "command_buffer_thunk=3,gpu_executable=3"},
-}  # fmt: skip
+    "cmdbuf_vlog": {
+        "TF_CPP_MIN_LOG_LEVEL": "0",
+        "TF_CPP_VMODULE": "command_buffer_thunk=3,gpu_executable=3",
+    },
+}
 
 
 def child_env(name: str, out: str) -> dict[str, str]:
@@ -108,8 +112,15 @@ def profile_events(data) -> list[tuple[str, str, int, int, str]]:
         for line in plane.lines:
             for event in line.events:
                 stats = dict(event.stats)
-                events.append((line.name, event.name, event.start_ns, event.duration_ns,
-                               str(stats.get("hlo_op", ""))))  # fmt: skip
+                events.append(
+                    (
+                        line.name,
+                        event.name,
+                        event.start_ns,
+                        event.duration_ns,
+                        str(stats.get("hlo_op", "")),
+                    )
+                )
     return events
 
 
@@ -144,8 +155,9 @@ def instruction_parts(hlo_text: str) -> dict[str, str]:
     named scope in its op_name metadata (`mixer_<Mixer>`, `ffn_<Ffn>`, `lm_head`, `sampler`, set
     by jmamba.model and runtime.device.model_runner), else "other" (embedding, input unpacking)."""
     parts = {}
-    for match in re.finditer(r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name="([^"]+)"', hlo_text,
-                             re.M):  # fmt: skip
+    for match in re.finditer(
+        r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name="([^"]+)"', hlo_text, re.M
+    ):
         op_name = match.group(2)
         scope = re.search(r"(mixer_\w+?|ffn_\w+?|lm_head|sampler)(?:/|$)", op_name)
         part = scope.group(1) if scope else "other"
@@ -170,9 +182,11 @@ def summarize_profile(events: list, steps: int, parts: dict[str, str] | None = N
     lines = {}
     for line, evs in by_line.items():
         span = max(s + d for _, s, d in evs) - min(s for _, s, d in evs)
-        lines[line] = {"events_per_step": len(evs) / steps,
-                       "busy_ms_per_step": sum(d for *_, d in evs) / steps / 1e6,
-                       "span_ms_per_step": span / steps / 1e6}  # fmt: skip
+        lines[line] = {
+            "events_per_step": len(evs) / steps,
+            "busy_ms_per_step": sum(d for *_, d in evs) / steps / 1e6,
+            "span_ms_per_step": span / steps / 1e6,
+        }
     kernels = collections.defaultdict(lambda: [0, 0])
     by_part = collections.defaultdict(lambda: [0, 0.0])
     parts = parts or {}
@@ -191,10 +205,14 @@ def summarize_profile(events: list, steps: int, parts: dict[str, str] | None = N
         by_part[part][1] += dur
     top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:30]
     ranked = sorted(by_part.items(), key=lambda kv: -kv[1][1])
-    return {"lines": lines,
-            "top_kernels": [(n, c / steps, t / steps / 1e3) for n, (c, t) in top],
-            "parts": {p: {"kernels_per_step": c / steps, "busy_ms_per_step": t / steps / 1e6}
-                      for p, (c, t) in ranked}}  # fmt: skip
+    return {
+        "lines": lines,
+        "top_kernels": [(n, c / steps, t / steps / 1e3) for n, (c, t) in top],
+        "parts": {
+            p: {"kernels_per_step": c / steps, "busy_ms_per_step": t / steps / 1e6}
+            for p, (c, t) in ranked
+        },
+    }
 
 
 def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) -> list[dict]:
@@ -230,8 +248,7 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         text = compiled.as_text()
         try:
             trace = load_trace(trace_dir)
-            row["profile"] = summarize_profile(profile_events(trace), 10,
-                                               instruction_parts(text))  # fmt: skip
+            row["profile"] = summarize_profile(profile_events(trace), 10, instruction_parts(text))
             row["profile"]["host"] = summarize_host(host_events(trace), 10)
         except Exception as error:  # keep the timings if the trace cannot be parsed
             row["profile"] = {"error": repr(error)}
@@ -239,8 +256,7 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         if name == "default":  # at most 8 files come back from the device machine
             with open(os.path.join(out, f"hlo_{name}_b{batch}.txt"), "w") as f:
                 f.write(text)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "hlo")}),
-              flush=True)  # fmt: skip
+        print(json.dumps({k: v for k, v in row.items() if k not in ("profile", "hlo")}), flush=True)
         rows.append(row)
     return rows
 
@@ -292,9 +308,9 @@ def time_runner(runner, bucket, batch_in, steps, np, jax) -> dict:
 def time_step_call(runner, key, packed, steps: int, jax) -> dict:
     """ms until the compiled step alone returns (no upload, download or fetch), in one process:
     `stable`, with the variant's own output buffers, so every buffer keeps its address; `fresh`,
-    with new output buffers each call (the runner before runtime.device.step_buffers), so XLA records
-    the step's CUDA graph again before each launch. Each in a block of its own (the first call
-    of a block, which re-records after the other, is left out)."""
+    with new output buffers each call (the runner before runtime/device/step_buffers.py), so XLA
+    records the step's CUDA graph again before each launch. Each in a block of its own (the first
+    call of a block, which re-records after the other, is left out)."""
     import jax.numpy as jnp
 
     compiled, slot = runner._compiled[key], runner.buffers.upload(key, packed)
@@ -302,8 +318,9 @@ def time_step_call(runner, key, packed, steps: int, jax) -> dict:
 
     def call(outputs):
         t0 = time.perf_counter()
-        runner.caches, outputs, _ = compiled(runner._param_leaves, runner.caches, slot, outputs,
-                                             carried)  # fmt: skip
+        runner.caches, outputs, _ = compiled(
+            runner._param_leaves, runner.caches, slot, outputs, carried
+        )
         elapsed = time.perf_counter() - t0
         jax.block_until_ready(outputs)
         return elapsed, outputs
@@ -340,8 +357,18 @@ def main() -> None:
         return
     for name in args.variants.split(","):
         env = child_env(name, out)
-        cmd = [sys.executable, __file__, "--size", args.size, "--batches", args.batches,
-               "--steps", str(args.steps), "--child", name]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--size",
+            args.size,
+            "--batches",
+            args.batches,
+            "--steps",
+            str(args.steps),
+            "--child",
+            name,
+        ]
         print(f"== {name}: {VARIANTS[name]}", flush=True)
         if "TF_CPP_VMODULE" in VARIANTS[name]:  # the log goes to a file of its own
             with open(os.path.join(out, f"vlog_{name}.txt"), "w") as log:
@@ -378,28 +405,34 @@ def print_table(out: str, names: list[str]) -> None:
             streams = [v for k, v in lines.items() if "Stream" in k or "stream" in k]
             kern = sum(v["events_per_step"] for v in streams)
             busy = sum(v["busy_ms_per_step"] for v in streams)
-            print(f"{name:11s} {r['batch']:5d} {r['engine_step_ms']:8.3f} "
-                  f"{r['engine_host_ms']:8.3f} {r['engine_device_ms']:7.3f} "
-                  f"{r['runner_numpy_ms']:6.3f} {r['runner_device_in_ms']:7.3f} "
-                  f"{r['pipelined_ms']:5.3f} {r['dispatch_ms']:5.3f} "
-                  f"{r['device_put_packed_ms']:5.3f} "
-                  f"{r.get('call_stable_ms', float('nan')):11.3f} "
-                  f"{r.get('call_fresh_ms', float('nan')):10.3f} "
-                  f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']} "
-                  f"({top_level(r['hlo'])})")  # fmt: skip
+            print(
+                f"{name:11s} {r['batch']:5d} {r['engine_step_ms']:8.3f} "
+                f"{r['engine_host_ms']:8.3f} {r['engine_device_ms']:7.3f} "
+                f"{r['runner_numpy_ms']:6.3f} {r['runner_device_in_ms']:7.3f} "
+                f"{r['pipelined_ms']:5.3f} {r['dispatch_ms']:5.3f} "
+                f"{r['device_put_packed_ms']:5.3f} "
+                f"{r.get('call_stable_ms', float('nan')):11.3f} "
+                f"{r.get('call_fresh_ms', float('nan')):10.3f} "
+                f"{kern:9.1f} {busy:8.3f} {r['hlo']['entry_total']} "
+                f"({top_level(r['hlo'])})"
+            )
     print("GPU busy ms per step by part (kernels per step)")
     for name, rows in results.items():
         for r in rows:
             parts = r["profile"].get("parts", {})
-            cells = [f"{p} {v['busy_ms_per_step']:.3f} ({v['kernels_per_step']:.0f})"
-                     for p, v in parts.items()]  # fmt: skip
+            cells = [
+                f"{p} {v['busy_ms_per_step']:.3f} ({v['kernels_per_step']:.0f})"
+                for p, v in parts.items()
+            ]
             print(f"{name:11s} {r['batch']:5d}  " + ", ".join(cells))
     print("Host events per step (thread, event, calls, us), nested")
     for name, rows in results.items():
         for r in rows:
             for thread, event, calls, us in r["profile"].get("host", []):
-                print(f"{name:11s} {r['batch']:5d}  {thread[:24]:24s} {event:60s} "
-                      f"{calls:7.1f} {us:9.1f}")  # fmt: skip
+                print(
+                    f"{name:11s} {r['batch']:5d}  {thread[:24]:24s} {event:60s} "
+                    f"{calls:7.1f} {us:9.1f}"
+                )
 
 
 if __name__ == "__main__":

@@ -87,8 +87,11 @@ def profile_batch(model, batch: int, steps: int) -> dict:
         engine_module.ScheduleRecord.of = record_of
     parts = {name: 1e3 * s / steps for name, s in seconds.items()}
     parts["other"] = 1e3 * total / steps - sum(parts.values())
-    return dict(batch=batch, host_cpu_ms=1e3 * total / steps,
-                parts={k: round(v, 4) for k, v in parts.items()})  # fmt: skip
+    return dict(
+        batch=batch,
+        host_cpu_ms=1e3 * total / steps,
+        parts={k: round(v, 4) for k, v in parts.items()},
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -66,7 +66,7 @@ def prefill_inputs(
         kv_slots=blocks[positions // block_size] * block_size + positions % block_size,
         decode=DecodeRows(
             i32(), i32(), i32(), np.zeros((0, 1), np.int32), np.zeros((0, width), np.int32)
-        ),  # fmt: skip
+        ),
         prefill=PrefillRows(
             query_start_loc=i32(0, n),
             num_computed=i32(start),

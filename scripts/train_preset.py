@@ -293,8 +293,8 @@ def train(cfg: TrainConfig, corpus: Corpus) -> tuple[nnx.Module, list[dict], dic
 
 def samples(out: Path, max_tokens: int) -> dict[str, str]:
     """Greedy continuations of `SAMPLE_PROMPTS` by the written checkpoint, through `LLM`."""
-    from runtime.llm import LLM
     from runtime.core.sampling_params import SamplingParams
+    from runtime.llm import LLM
 
     llm = LLM(str(out), max_num_seqs=len(SAMPLE_PROMPTS), max_model_len=256, warmup=False)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)

@@ -20,8 +20,8 @@ from benchmarks.checks import Check, use_kernels
 from jmamba import load_pretrained
 from jmamba.model import HybridLM
 from runtime.core.config import EngineConfig
-from runtime.engine import Engine
 from runtime.core.sampling_params import SamplingParams
+from runtime.engine import Engine
 from tests.jmamba import fixture_runs as runs
 
 TOL = 1e-5

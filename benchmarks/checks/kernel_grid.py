@@ -48,8 +48,14 @@ from pallas_kernels.ssd import state_update as ssu
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 # Relative error allowed per op and input dtype (bf16 inputs: bf16 dot operands and outputs).
-TOLERANCE = {(F32, "conv"): 1e-5, (F32, "update"): 2e-5, (F32, "scan"): 1e-4,
-             (BF16, "conv"): 1e-2, (BF16, "update"): 1e-2, (BF16, "scan"): 2e-2}  # fmt: skip
+TOLERANCE = {
+    (F32, "conv"): 1e-5,
+    (F32, "update"): 2e-5,
+    (F32, "scan"): 1e-4,
+    (BF16, "conv"): 1e-2,
+    (BF16, "update"): 1e-2,
+    (BF16, "scan"): 2e-2,
+}
 COMPILE_LIMIT_S, RUN_LIMIT_S = (300.0, 60.0) if on_gpu() else (600.0, 300.0)
 
 
@@ -174,12 +180,17 @@ def conv_prefill(channels: int, width: int, dtype, walk_tokens: int = 16) -> Sha
             _normal(rng, (channels,), dtype, 0.1),
             _pool(rng, rows.num_slots, (channels, width - 1), dtype),
             Rows(rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write),
-        )  # fmt: skip
+        )
         return Case(
             functools.partial(conv.causal_conv1d_prefill, walk_tokens=walk_tokens),
             conv_ref.causal_conv1d_prefill_reference,
-            args, 3, rows.live[:, None], rows.write, TOLERANCE[dtype, "conv"], rows.describe(),
-        )  # fmt: skip
+            args,
+            3,
+            rows.live[:, None],
+            rows.write,
+            TOLERANCE[dtype, "conv"],
+            rows.describe(),
+        )
 
     return Shape(
         f"conv_prefill walk {walk_tokens} D={channels} W={width} {jnp.dtype(dtype).name}", build
@@ -194,20 +205,33 @@ def conv_update(channels: int, width: int, num_lanes: int, dtype, batch: int = 6
             _normal(rng, (channels, width), dtype, width**-0.5),
             _normal(rng, (channels,), dtype, 0.1),
             _pool(rng, num_slots, (channels, width - 1), dtype),
-            read, write,
-        )  # fmt: skip
+            read,
+            write,
+        )
         return Case(
             conv_update_kernel.causal_conv1d_update,
             conv_ref.causal_conv1d_update_reference,
-            args, 3, _lane_live(write, 1), write.ravel(), TOLERANCE[dtype, "conv"],
+            args,
+            3,
+            _lane_live(write, 1),
+            write.ravel(),
+            TOLERANCE[dtype, "conv"],
             f"B={batch} L={num_lanes}",
-        )  # fmt: skip
+        )
 
     return Shape(f"conv_update D={channels} W={width} L={num_lanes} {jnp.dtype(dtype).name}", build)
 
 
-def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int, dtype,
-             chunk: int, heads_per_program: int | None = None) -> Shape:  # fmt: skip
+def ssd_scan(
+    algorithm: str,
+    heads: int,
+    head_dim: int,
+    groups: int,
+    state: int,
+    dtype,
+    chunk: int,
+    heads_per_program: int | None = None,
+) -> Shape:
     """The scan with its default tuning, or with `heads_per_program` heads an output program."""
     kernel = ssd.ssd_chunk_scan
     if heads_per_program is not None:
@@ -225,11 +249,19 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
             _normal(rng, (t, groups, state), dtype, state**-0.5),
             _normal(rng, (t, groups, state), dtype, state**-0.5),
             _pool(rng, rows.num_slots, (heads, head_dim, state), F32),
-            Rows(rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write, rows.boundary,
-                 chunk),
-            _normal(rng, (heads,)), _normal(rng, (t, heads, head_dim), dtype),
+            Rows(
+                rows.qsl,
+                rows.num_computed,
+                rows.has_init,
+                rows.read,
+                rows.write,
+                rows.boundary,
+                chunk,
+            ),
+            _normal(rng, (heads,)),
+            _normal(rng, (t, heads, head_dim), dtype),
             _normal(rng, (heads,), F32, 0.5),
-        )  # fmt: skip
+        )
 
         def call(fn, *a, **kw):
             d, z, bias = a[7:]
@@ -238,17 +270,22 @@ def ssd_scan(algorithm: str, heads: int, head_dim: int, groups: int, state: int,
         return Case(
             functools.partial(call, kernel),
             functools.partial(call, ssd_ref.ssd_chunk_scan_reference),
-            args, 5, rows.live[:, None, None], rows.written, TOLERANCE[dtype, "scan"],
+            args,
+            5,
+            rows.live[:, None, None],
+            rows.written,
+            TOLERANCE[dtype, "scan"],
             rows.describe(),
-        )  # fmt: skip
+        )
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} chunk={chunk}"
     dims += "" if heads_per_program is None else f" heads/program={heads_per_program}"
     return Shape(f"ssd_chunk_scan {algorithm} {dims} {jnp.dtype(dtype).name}", build)
 
 
-def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: int, dtype,
-               batch: int = 6) -> Shape:  # fmt: skip
+def ssd_update(
+    heads: int, head_dim: int, groups: int, state: int, num_lanes: int, dtype, batch: int = 6
+) -> Shape:
     def build(rng) -> Case:
         read, write, num_slots = lanes(rng, batch, num_lanes)
         lead = (batch, num_lanes)
@@ -259,10 +296,12 @@ def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: in
             _normal(rng, (*lead, groups, state), dtype, state**-0.5),
             _normal(rng, (*lead, groups, state), dtype, state**-0.5),
             _pool(rng, num_slots, (heads, head_dim, state), F32),
-            read, write,
-            _normal(rng, (heads,)), _normal(rng, (*lead, heads, head_dim), dtype),
+            read,
+            write,
+            _normal(rng, (heads,)),
+            _normal(rng, (*lead, heads, head_dim), dtype),
             _normal(rng, (heads,), F32, 0.5),
-        )  # fmt: skip
+        )
 
         def call(fn, *a, **kw):
             return fn(*a[:8], D=a[8], z=a[9], dt_bias=a[10], **kw)
@@ -270,17 +309,29 @@ def ssd_update(heads: int, head_dim: int, groups: int, state: int, num_lanes: in
         return Case(
             functools.partial(call, ssu.ssd_state_update),
             functools.partial(call, ssd_ref.ssd_state_update_reference),
-            args, 5, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
+            args,
+            5,
+            _lane_live(write, 2),
+            write.ravel(),
+            TOLERANCE[dtype, "update"],
             f"B={batch} L={num_lanes}",
-        )  # fmt: skip
+        )
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} L={num_lanes}"
     return Shape(f"ssd_state_update {dims} {jnp.dtype(dtype).name}", build)
 
 
-def _fused_decode_case(rng, fns: tuple[Callable, Callable], columns: int,
-                       conv_tail: tuple[int, int], state_tail: tuple[int, ...], after: tuple,
-                       num_lanes: int, dtype, batch: int) -> Case:  # fmt: skip
+def _fused_decode_case(
+    rng,
+    fns: tuple[Callable, Callable],
+    columns: int,
+    conv_tail: tuple[int, int],
+    state_tail: tuple[int, ...],
+    after: tuple,
+    num_lanes: int,
+    dtype,
+    batch: int,
+) -> Case:
     """A fused decode op `fn(mixed, weight, bias, conv_state, state, *after, read, write)`. Its two
     pools travel packed into one fp32 [S, conv + state] array, so the judge checks both (a bf16
     conv window round-trips through fp32 exactly)."""
@@ -291,8 +342,10 @@ def _fused_decode_case(rng, fns: tuple[Callable, Callable], columns: int,
         conv_state = packed[:, :split].reshape(-1, *conv_tail).astype(dtype)
         state = packed[:, split:].reshape(-1, *state_tail)
         out, conv_state, state = fn(mixed, weight, bias, conv_state, state, *rest, **kw)
-        flat = (conv_state.astype(F32).reshape(packed.shape[0], -1),
-                state.reshape(packed.shape[0], -1))  # fmt: skip
+        flat = (
+            conv_state.astype(F32).reshape(packed.shape[0], -1),
+            state.reshape(packed.shape[0], -1),
+        )
         return out, jnp.concatenate(flat, axis=1)
 
     conv_pool = np.asarray(_pool(rng, num_slots, conv_tail, dtype), np.float32)
@@ -303,50 +356,82 @@ def _fused_decode_case(rng, fns: tuple[Callable, Callable], columns: int,
         _normal(rng, (batch, num_lanes, columns), dtype),
         _normal(rng, (channels, width), dtype, width**-0.5),
         _normal(rng, (channels,), dtype, 0.1),
-        packed, *after, read, write,
-    )  # fmt: skip
+        packed,
+        *after,
+        read,
+        write,
+    )
     return Case(
-        functools.partial(call, fns[0]), functools.partial(call, fns[1]), args, 3,
-        _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"], f"B={batch} L={num_lanes}",
-    )  # fmt: skip
+        functools.partial(call, fns[0]),
+        functools.partial(call, fns[1]),
+        args,
+        3,
+        _lane_live(write, 2),
+        write.ravel(),
+        TOLERANCE[dtype, "update"],
+        f"B={batch} L={num_lanes}",
+    )
 
 
 def _with_d(fn: Callable) -> Callable:
     """mamba2_decode with D and dt_bias positional after A (as `_fused_decode_case` calls it)."""
 
     def call(zxbcdt, weight, bias, conv_state, ssm_state, a, d, dt_bias, read, write, **kw):
-        return fn(zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d,
-                  dt_bias=dt_bias, **kw)  # fmt: skip
+        return fn(
+            zxbcdt, weight, bias, conv_state, ssm_state, a, read, write, D=d, dt_bias=dt_bias, **kw
+        )
 
     return call
 
 
-def mamba2_decode(heads: int, head_dim: int, groups: int, state: int, width: int, num_lanes: int,
-                  dtype, batch: int = 6) -> Shape:  # fmt: skip
+def mamba2_decode(
+    heads: int,
+    head_dim: int,
+    groups: int,
+    state: int,
+    width: int,
+    num_lanes: int,
+    dtype,
+    batch: int = 6,
+) -> Shape:
     d_inner = heads * head_dim
     conv_dim = d_inner + 2 * groups * state
 
     def build(rng) -> Case:
-        after = (-np.exp(_normal(rng, (heads,), F32, 0.5)), _normal(rng, (heads,)),
-                 _normal(rng, (heads,), F32, 0.5))  # fmt: skip
+        after = (
+            -np.exp(_normal(rng, (heads,), F32, 0.5)),
+            _normal(rng, (heads,)),
+            _normal(rng, (heads,), F32, 0.5),
+        )
         fns = (_with_d(m2d.mamba2_decode), _with_d(ssd_ref.mamba2_decode_reference))
         tails = (conv_dim, width - 1), (heads, head_dim, state)
-        return _fused_decode_case(rng, fns, d_inner + conv_dim + heads, *tails, after, num_lanes,
-                                  dtype, batch)  # fmt: skip
+        return _fused_decode_case(
+            rng, fns, d_inner + conv_dim + heads, *tails, after, num_lanes, dtype, batch
+        )
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} W={width} L={num_lanes}"
     return Shape(f"mamba2_decode {dims} {jnp.dtype(dtype).name}", build)
 
 
-def gdn_decode(hk: int, hv: int, k: int, v: int, width: int, num_lanes: int, dtype,
-               batch: int = 6) -> Shape:  # fmt: skip
+def gdn_decode(
+    hk: int, hv: int, k: int, v: int, width: int, num_lanes: int, dtype, batch: int = 6
+) -> Shape:
     conv_dim = 2 * hk * k + hv * v
 
     def build(rng) -> Case:
         after = (_normal(rng, (hv,), F32, 0.5), _normal(rng, (hv,), F32, 0.5))
         fns = (gdnd.gdn_decode, gdn_ref.gdn_decode_reference)
-        return _fused_decode_case(rng, fns, conv_dim + hv * v + 2 * hv, (conv_dim, width - 1),
-                                  (hv, v, k), after, num_lanes, dtype, batch)  # fmt: skip
+        return _fused_decode_case(
+            rng,
+            fns,
+            conv_dim + hv * v + 2 * hv,
+            (conv_dim, width - 1),
+            (hv, v, k),
+            after,
+            num_lanes,
+            dtype,
+            batch,
+        )
 
     dims = f"HK={hk} HV={hv} K={k} V={v} W={width} L={num_lanes}"
     return Shape(f"gdn_decode {dims} {jnp.dtype(dtype).name}", build)
@@ -363,9 +448,16 @@ def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape
             -np.logaddexp(0.0, _normal(rng, (t, hv))).astype(np.float32),
             1.0 / (1.0 + np.exp(-_normal(rng, (t, hv)))),
             _pool(rng, rows.num_slots, (hv, v, k), F32),
-            Rows(rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write, rows.boundary,
-                 chunk),
-        )  # fmt: skip
+            Rows(
+                rows.qsl,
+                rows.num_computed,
+                rows.has_init,
+                rows.read,
+                rows.write,
+                rows.boundary,
+                chunk,
+            ),
+        )
 
         def call(fn, *a, **kw):
             return fn(*a, chunk_size=chunk, **kw)
@@ -373,12 +465,17 @@ def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape
         return Case(
             functools.partial(call, gdnc.gdn_chunk),
             functools.partial(call, gdn_ref.gdn_chunk_reference),
-            args, 5, rows.live[:, None, None], rows.written, TOLERANCE[dtype, "scan"],
+            args,
+            5,
+            rows.live[:, None, None],
+            rows.written,
+            TOLERANCE[dtype, "scan"],
             rows.describe(),
-        )  # fmt: skip
+        )
 
-    return Shape(f"gdn_chunk HK={hk} HV={hv} K={k} V={v} chunk={chunk} {jnp.dtype(dtype).name}",
-                 build)  # fmt: skip
+    return Shape(
+        f"gdn_chunk HK={hk} HV={hv} K={k} V={v} chunk={chunk} {jnp.dtype(dtype).name}", build
+    )
 
 
 def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: int = 6) -> Shape:
@@ -394,21 +491,34 @@ def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: i
             _normal(rng, (hv,), F32, 0.5),
             _normal(rng, (hv,), F32, 0.5),
             _pool(rng, num_slots, (hv, v, k), F32),
-            read, write,
-        )  # fmt: skip
+            read,
+            write,
+        )
         return Case(
             gdnu.gdn_state_update,
             gdn_ref.gdn_state_update_reference,
-            args, 7, _lane_live(write, 2), write.ravel(), TOLERANCE[dtype, "update"],
+            args,
+            7,
+            _lane_live(write, 2),
+            write.ravel(),
+            TOLERANCE[dtype, "update"],
             f"B={batch} L={num_lanes}",
-        )  # fmt: skip
+        )
 
-    return Shape(f"gdn_state_update HK={hk} HV={hv} K={k} V={v} L={num_lanes} "
-                 f"{jnp.dtype(dtype).name}", build)  # fmt: skip
+    return Shape(
+        f"gdn_state_update HK={hk} HV={hv} K={k} V={v} L={num_lanes} {jnp.dtype(dtype).name}", build
+    )
 
 
-def paged_decode(width: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype,
-                 contexts: tuple[int, ...]) -> Shape:  # fmt: skip
+def paged_decode(
+    width: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype,
+    contexts: tuple[int, ...],
+) -> Shape:
     """Decode rows of `width` lanes at the given context lengths (the last lane of each row dead
     when width > 1), a padding row, NaN in the NULL block; the caches play the pool's part: no
     block may change and block 0 stays NaN."""
@@ -426,8 +536,14 @@ def paged_decode(width: int, heads: int, kv_heads: int, head_dim: int, block_siz
             seq_lens[r], query_lens[r] = length, max(1, min(width - 1, length))
         cache = (num_blocks, block_size, kv_heads, head_dim)
         k, v = _pool(rng, num_blocks, cache[1:], dtype), _pool(rng, num_blocks, cache[1:], dtype)
-        args = (_normal(rng, (rows, width, heads, head_dim), dtype), k, v, table, seq_lens,
-                query_lens)  # fmt: skip
+        args = (
+            _normal(rng, (rows, width, heads, head_dim), dtype),
+            k,
+            v,
+            table,
+            seq_lens,
+            query_lens,
+        )
         scale = head_dim**-0.5
 
         def kernel(*a, interpret):
@@ -437,11 +553,22 @@ def paged_decode(width: int, heads: int, kv_heads: int, head_dim: int, block_siz
             return attention_ref.paged_decode_attention_reference(*a, scale=scale), a[1]
 
         live = (np.arange(width)[None, :] < query_lens[:, None])[:, :, None, None]
-        return Case(kernel, reference, args, 1, live, np.zeros(0, np.int32),
-                    TOLERANCE[dtype, "update"], f"contexts={list(contexts)} W={width}")  # fmt: skip
+        return Case(
+            kernel,
+            reference,
+            args,
+            1,
+            live,
+            np.zeros(0, np.int32),
+            TOLERANCE[dtype, "update"],
+            f"contexts={list(contexts)} W={width}",
+        )
 
-    return Shape(f"paged_decode_attention Hq={heads} Hkv={kv_heads} D={head_dim} bs={block_size} "
-                 f"W={width} {jnp.dtype(dtype).name}", build)  # fmt: skip
+    return Shape(
+        f"paged_decode_attention Hq={heads} Hkv={kv_heads} D={head_dim} bs={block_size} "
+        f"W={width} {jnp.dtype(dtype).name}",
+        build,
+    )
 
 
 def _grouped_matmul_oracle(lhs, rhs, group_sizes, out_dtype):
@@ -476,8 +603,16 @@ def grouped_matmul(k: int, n: int, groups: int, dtype, out_dtype=F32) -> Shape:
 
         live = (np.arange(num_rows) < sizes.sum())[:, None]
         tol = TOLERANCE[out_dtype, "update"]  # bf16 products are exact in fp32
-        return Case(kernel, reference, args, 1, live, np.zeros(0, np.int32), tol,
-                    f"M={num_rows} groups with rows={int(np.sum(sizes > 0))}")  # fmt: skip
+        return Case(
+            kernel,
+            reference,
+            args,
+            1,
+            live,
+            np.zeros(0, np.int32),
+            tol,
+            f"M={num_rows} groups with rows={int(np.sum(sizes > 0))}",
+        )
 
     dtypes = f"{jnp.dtype(dtype).name} -> {jnp.dtype(out_dtype).name}"
     return Shape(f"grouped_matmul K={k} N={n} G={groups} {dtypes}", build)
@@ -499,15 +634,33 @@ def grid(quick: bool) -> list[Shape]:
             paged_decode(2, 6, 3, 24, 8, F32, (1, 9, 30)),
             grouped_matmul(24, 12, 5, BF16),
         ]
-    ssd_dims = [(5, 12, 1, 16, F32, 128), (6, 24, 2, 48, BF16, 256), (10, 48, 2, 128, F32, 256),
-                (1, 64, 1, 24, BF16, 128), (6, 80, 3, 64, F32, 128), (5, 96, 1, 128, BF16, 256),
-                (10, 128, 2, 64, F32, 128)]  # fmt: skip
-    ssu_dims = [(5, 12, 1, 16, 1, F32), (6, 24, 2, 48, 3, BF16), (10, 48, 2, 128, 2, F32),
-                (1, 64, 1, 24, 1, BF16), (6, 80, 3, 64, 4, F32), (5, 96, 1, 128, 1, BF16),
-                (10, 128, 2, 64, 2, F32)]  # fmt: skip
-    gdn_dims = [(1, 1, 24, 80, F32), (5, 10, 12, 96, BF16), (2, 6, 48, 64, F32),
-                (3, 6, 80, 24, BF16), (1, 5, 96, 128, F32), (6, 6, 128, 12, BF16),
-                (2, 10, 64, 48, F32)]  # fmt: skip
+    ssd_dims = [
+        (5, 12, 1, 16, F32, 128),
+        (6, 24, 2, 48, BF16, 256),
+        (10, 48, 2, 128, F32, 256),
+        (1, 64, 1, 24, BF16, 128),
+        (6, 80, 3, 64, F32, 128),
+        (5, 96, 1, 128, BF16, 256),
+        (10, 128, 2, 64, F32, 128),
+    ]
+    ssu_dims = [
+        (5, 12, 1, 16, 1, F32),
+        (6, 24, 2, 48, 3, BF16),
+        (10, 48, 2, 128, 2, F32),
+        (1, 64, 1, 24, 1, BF16),
+        (6, 80, 3, 64, 4, F32),
+        (5, 96, 1, 128, 1, BF16),
+        (10, 128, 2, 64, 2, F32),
+    ]
+    gdn_dims = [
+        (1, 1, 24, 80, F32),
+        (5, 10, 12, 96, BF16),
+        (2, 6, 48, 64, F32),
+        (3, 6, 80, 24, BF16),
+        (1, 5, 96, 128, F32),
+        (6, 6, 128, 12, BF16),
+        (2, 10, 64, 48, F32),
+    ]
     return [
         conv_prefill(37, 4, F32),
         conv_prefill(1000, 4, BF16, walk_tokens=128),
@@ -657,6 +810,9 @@ def run(quick: bool, families: list[str] | None = None) -> list[Check]:
     done = [f.result()[2] for f in compiled if f.done() and not f.exception()]
     wall = time.perf_counter() - start
     longest = max(done, default=0.0)
-    print(f"kernel grid: {len(cases)} shapes in {wall:.0f} s wall; {len(done)} compiles took "
-          f"{sum(done):.0f} s in all, the longest {longest:.0f} s", flush=True)  # fmt: skip
+    print(
+        f"kernel grid: {len(cases)} shapes in {wall:.0f} s wall; {len(done)} compiles took "
+        f"{sum(done):.0f} s in all, the longest {longest:.0f} s",
+        flush=True,
+    )
     return checks

@@ -8,10 +8,32 @@ import json
 
 from benchmarks import bench_prefix_cache
 
-SMOKE = ["--size", "tiny", "--requests", "4", "--prefix-len", "64", "--own-len", "16",
-         "--output-len", "4", "--conversations", "2", "--turns", "2", "--first-len", "32",
-         "--question-len", "16", "--max-num-seqs", "4", "--budget", "64",
-         "--max-cached-states", "16"]  # fmt: skip
+SMOKE = [
+    "--size",
+    "tiny",
+    "--requests",
+    "4",
+    "--prefix-len",
+    "64",
+    "--own-len",
+    "16",
+    "--output-len",
+    "4",
+    "--conversations",
+    "2",
+    "--turns",
+    "2",
+    "--first-len",
+    "32",
+    "--question-len",
+    "16",
+    "--max-num-seqs",
+    "4",
+    "--budget",
+    "64",
+    "--max-cached-states",
+    "16",
+]
 
 
 def test_smoke_run_reports_every_mode_and_workload(tmp_path, monkeypatch, capsys):

@@ -11,8 +11,22 @@ from benchmarks import bench_spec_decode
 def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
     monkeypatch.setenv("OUT", str(tmp_path))
     methods = "none,ngram-2,oracle-2,self-2"
-    argv = ["--size", "tiny", "--batches", "1,2", "--methods", methods, "--phrase-len", "8",
-            "--repeats", "4", "--max-tokens", "8", "--budget", "64"]  # fmt: skip
+    argv = [
+        "--size",
+        "tiny",
+        "--batches",
+        "1,2",
+        "--methods",
+        methods,
+        "--phrase-len",
+        "8",
+        "--repeats",
+        "4",
+        "--max-tokens",
+        "8",
+        "--budget",
+        "64",
+    ]
     rows = bench_spec_decode.main(argv)
     assert {(r["method"], r["batch"]) for r in rows} == {
         (m, b) for m in ("none", "ngram-2", "oracle-2", "self-2") for b in (1, 2)

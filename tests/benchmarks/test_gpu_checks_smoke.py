@@ -26,8 +26,16 @@ def _slow_case(rng) -> kernel_grid.Case:
 
     pool = np.zeros((2, 3), np.float32)
     pool[0] = np.nan
-    return kernel_grid.Case(stuck, lambda x, pool: (x, pool), (np.ones(4, np.float32), pool), 1,
-                            np.ones(4, bool), np.zeros(0, np.int32), 1e-5, "stuck")  # fmt: skip
+    return kernel_grid.Case(
+        stuck,
+        lambda x, pool: (x, pool),
+        (np.ones(4, np.float32), pool),
+        1,
+        np.ones(4, bool),
+        np.zeros(0, np.int32),
+        1e-5,
+        "stuck",
+    )
 
 
 def test_a_hung_kernel_fails_its_check_and_skips_the_rest(monkeypatch):

@@ -110,8 +110,15 @@ def run_full(fx: Fixture) -> tuple[list[Comparison], np.ndarray]:
     and the logits of the padding tokens (they must be finite)."""
     (a, b), (blocks_a, blocks_b) = fx.seqs, fx.blocks()
     rows = [Row(list(a), 0, SLOT_A, SLOT_A, blocks_a), Row(list(b), 0, SLOT_B, SLOT_B, blocks_b)]
-    inputs = build([], rows, block_size=BLOCK, max_blocks=fx.max_blocks,
-                   pad_prefill_rows=PAD_ROWS, pad_tokens=5, all_logits=True)  # fmt: skip
+    inputs = build(
+        [],
+        rows,
+        block_size=BLOCK,
+        max_blocks=fx.max_blocks,
+        pad_prefill_rows=PAD_ROWS,
+        pad_tokens=5,
+        all_logits=True,
+    )
     logits, _ = fx.step(fx.params, poisoned_caches(fx), inputs)
     logits = np.asarray(logits)
     n_a, n_b = len(a), len(b)

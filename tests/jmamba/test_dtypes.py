@@ -93,8 +93,17 @@ def test_a_from_log_against_float64_and_back():
 
 
 # Layout ops pass a parameter through unchanged; anything else makes a new value.
-_LAYOUT = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "slice",
-           "dynamic_slice", "copy", "copy_p"}  # fmt: skip
+_LAYOUT = {
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "broadcast_in_dim",
+    "transpose",
+    "slice",
+    "dynamic_slice",
+    "copy",
+    "copy_p",
+}
 _WORK = {"convert_element_type", "exp", "neg"}
 
 

@@ -30,8 +30,9 @@ def test_prefill_inputs_give_transformers_logits(name):
     np.testing.assert_allclose(np.asarray(logits), reference, atol=1e-4, rtol=0)
     caches = model.init_caches(num_blocks=width + 1, block_size=BLOCK, num_slots=3)
     first = prefill_inputs(tokens[:split], block_size=BLOCK, slot=2, max_blocks=width)
-    rest = prefill_inputs(tokens[split:], block_size=BLOCK, slot=2, start=split, max_blocks=width,
-                          all_logits=True)  # fmt: skip
+    rest = prefill_inputs(
+        tokens[split:], block_size=BLOCK, slot=2, start=split, max_blocks=width, all_logits=True
+    )
     _, caches = run(first, caches)
     logits, _ = run(rest, caches)
     np.testing.assert_allclose(np.asarray(logits), reference[split:], atol=1e-4, rtol=0)

@@ -19,10 +19,10 @@ import pytest
 from flax import nnx
 
 import jmamba
-from jmamba.tokenizer import EOS_ID, EOS_TOKEN, VOCAB_SIZE, byte_alphabet, byte_tokenizer
 from jmamba.loading import load_model
-from runtime.llm import LLM
+from jmamba.tokenizer import EOS_ID, EOS_TOKEN, VOCAB_SIZE, byte_alphabet, byte_tokenizer
 from runtime.core.sampling_params import SamplingParams
+from runtime.llm import LLM
 from tests.jmamba.steps import Row, build
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -65,8 +65,9 @@ def test_trained_preset_is_a_checkpoint_directory_with_its_tokenizer():
 
 
 def test_greedy_generation_from_text_is_deterministic():
-    llm = LLM(f"tiny-{TRAINED}", max_num_seqs=1, max_model_len=64, max_num_batched_tokens=64,
-              warmup=False)  # fmt: skip
+    llm = LLM(
+        f"tiny-{TRAINED}", max_num_seqs=1, max_model_len=64, max_num_batched_tokens=64, warmup=False
+    )
     params = SamplingParams(max_tokens=12, temperature=0.0)
     first, again = (llm.generate(["def "], params, use_tqdm=False) for _ in range(2))
     assert first[0].token_ids == again[0].token_ids
@@ -101,8 +102,13 @@ def test_trained_weights_beat_a_context_free_model_on_heldout_text():
     trained = jmamba.load_pretrained(jmamba.presets.path(TRAINED))
     untrained = jmamba.HybridLM(trained.config, rngs=nnx.Rngs(0))
     graphdef, _ = nnx.split(trained)
-    inputs = build([], [Row(tokens[:-1], 0, 0, 1, list(range(1, 33)))], block_size=16,
-                   max_blocks=32, all_logits=True)  # fmt: skip
+    inputs = build(
+        [],
+        [Row(tokens[:-1], 0, 0, 1, list(range(1, 33)))],
+        block_size=16,
+        max_blocks=32,
+        all_logits=True,
+    )
 
     @jax.jit
     def bits_per_byte(params):

@@ -52,9 +52,18 @@ IDS = dict(
 def mamba2() -> tuple[type, Any]:
     """Mamba2: 2 Mamba2 layers, default time_step_limit (0, inf) so prefill and decode agree."""
     cfg = transformers.Mamba2Config(
-        hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2,
-        state_size=16, n_groups=2, conv_kernel=4, chunk_size=16, time_step_rank=8, **IDS,
-    )  # fmt: skip
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_heads=8,
+        head_dim=16,
+        expand=2,
+        state_size=16,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=16,
+        time_step_rank=8,
+        **IDS,
+    )
     return transformers.Mamba2ForCausalLM, cfg
 
 
@@ -63,34 +72,66 @@ def nemotron_h() -> tuple[type, Any]:
     cfg = transformers.NemotronHConfig(
         hidden_size=64,
         layers_block_type=[
-            "linear_attention", "mlp", "full_attention", "moe", "linear_attention", "moe",
+            "linear_attention",
+            "mlp",
+            "full_attention",
+            "moe",
+            "linear_attention",
+            "moe",
         ],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-        mlp_hidden_act="relu2", mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16,
-        n_groups=2, conv_kernel=4, chunk_size=16,
-        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
-        routed_scaling_factor=2.5, moe_intermediate_size=32,
-        moe_shared_expert_intermediate_size=32, **IDS,
-    )  # fmt: skip
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        mlp_hidden_act="relu2",
+        mamba_num_heads=8,
+        mamba_head_dim=16,
+        ssm_state_size=16,
+        n_groups=2,
+        conv_kernel=4,
+        chunk_size=16,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
+        **IDS,
+    )
     return transformers.NemotronHForCausalLM, cfg
 
 
 GDN_COMMON = dict(
-    hidden_size=64, num_hidden_layers=4,
+    hidden_size=64,
+    num_hidden_layers=4,
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-    linear_value_head_dim=16, linear_conv_kernel_dim=4, **IDS,
-)  # fmt: skip
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    **IDS,
+)
 
 
 def qwen3_next() -> tuple[type, Any]:
     """Qwen3-Next: 3 GDN + 1 gated attention; layer 1 dense MLP, the rest MoE + shared expert."""
     cfg = transformers.Qwen3NextConfig(
-        intermediate_size=128, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[1],
-        norm_topk_prob=True, **GDN_COMMON,
-    )  # fmt: skip
+        intermediate_size=128,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        norm_topk_prob=True,
+        **GDN_COMMON,
+    )
     return transformers.Qwen3NextForCausalLM, cfg
 
 
@@ -103,18 +144,30 @@ def qwen3_5() -> tuple[type, Any]:
 def qwen3_5_moe() -> tuple[type, Any]:
     """Qwen3.5 MoE text model: every layer MoE with a shared expert."""
     cfg = transformers.Qwen3_5MoeTextConfig(
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, **GDN_COMMON,
-    )  # fmt: skip
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        **GDN_COMMON,
+    )
     return transformers.Qwen3_5MoeForCausalLM, cfg
 
 
 def mamba2_odd() -> tuple[type, Any]:
     """Mamba2, odd dims: 6 heads x head_dim 24, d_state 12, 3 groups, conv_dim 216, chunk 32."""
     cfg = transformers.Mamba2Config(
-        hidden_size=72, num_hidden_layers=2, num_heads=6, head_dim=24, expand=2,
-        state_size=12, n_groups=3, conv_kernel=4, chunk_size=32, time_step_rank=5, **IDS,
-    )  # fmt: skip
+        hidden_size=72,
+        num_hidden_layers=2,
+        num_heads=6,
+        head_dim=24,
+        expand=2,
+        state_size=12,
+        n_groups=3,
+        conv_kernel=4,
+        chunk_size=32,
+        time_step_rank=5,
+        **IDS,
+    )
     return transformers.Mamba2ForCausalLM, cfg
 
 
@@ -124,36 +177,68 @@ def nemotron_h_odd() -> tuple[type, Any]:
     cfg = transformers.NemotronHConfig(
         hidden_size=72,
         layers_block_type=[
-            "linear_attention", "moe", "full_attention", "mlp", "linear_attention", "moe",
+            "linear_attention",
+            "moe",
+            "full_attention",
+            "mlp",
+            "linear_attention",
+            "moe",
         ],
-        num_attention_heads=6, num_key_value_heads=3, head_dim=24, intermediate_size=96,
-        mlp_hidden_act="relu2", mamba_num_heads=5, mamba_head_dim=24, ssm_state_size=24,
-        n_groups=5, conv_kernel=4, chunk_size=16,
-        n_routed_experts=6, num_experts_per_tok=2, n_group=3, topk_group=2, norm_topk_prob=True,
-        routed_scaling_factor=1.5, moe_intermediate_size=40,
-        moe_shared_expert_intermediate_size=24, **IDS,
-    )  # fmt: skip
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        head_dim=24,
+        intermediate_size=96,
+        mlp_hidden_act="relu2",
+        mamba_num_heads=5,
+        mamba_head_dim=24,
+        ssm_state_size=24,
+        n_groups=5,
+        conv_kernel=4,
+        chunk_size=16,
+        n_routed_experts=6,
+        num_experts_per_tok=2,
+        n_group=3,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.5,
+        moe_intermediate_size=40,
+        moe_shared_expert_intermediate_size=24,
+        **IDS,
+    )
     return transformers.NemotronHForCausalLM, cfg
 
 
 def _gdn_odd(k_heads: int, v_heads: int, d_v: int, head_dim: int, kv_heads: int) -> dict:
     """Odd GDN hybrid dims: hidden 40, head_k_dim 24 (the H100 bug's), 6 attention heads."""
     return dict(
-        hidden_size=40, num_hidden_layers=3,
+        hidden_size=40,
+        num_hidden_layers=3,
         layer_types=["linear_attention", "linear_attention", "full_attention"],
-        num_attention_heads=6, num_key_value_heads=kv_heads, head_dim=head_dim,
-        linear_num_key_heads=k_heads, linear_num_value_heads=v_heads, linear_key_head_dim=24,
-        linear_value_head_dim=d_v, linear_conv_kernel_dim=4, **IDS,
-    )  # fmt: skip
+        num_attention_heads=6,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        linear_num_key_heads=k_heads,
+        linear_num_value_heads=v_heads,
+        linear_key_head_dim=24,
+        linear_value_head_dim=d_v,
+        linear_conv_kernel_dim=4,
+        **IDS,
+    )
 
 
 def qwen3_next_odd() -> tuple[type, Any]:
     """Qwen3-Next, odd dims: GDN 3 key / 6 value heads, d_v 40; attention 6 / 3 x 24; 6 experts."""
     cfg = transformers.Qwen3NextConfig(
-        intermediate_size=96, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
-        shared_expert_intermediate_size=24, decoder_sparse_step=1, mlp_only_layers=[1],
-        norm_topk_prob=True, **_gdn_odd(3, 6, 40, 24, 3),
-    )  # fmt: skip
+        intermediate_size=96,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=40,
+        shared_expert_intermediate_size=24,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        norm_topk_prob=True,
+        **_gdn_odd(3, 6, 40, 24, 3),
+    )
     return transformers.Qwen3NextForCausalLM, cfg
 
 
@@ -167,9 +252,12 @@ def qwen3_5_moe_odd() -> tuple[type, Any]:
     """Qwen3.5 MoE, odd dims: GDN 1 key / 5 value heads, d_v 40 (conv_dim 248); attention 6 / 2 x
     24; 6 experts, top-3."""
     cfg = transformers.Qwen3_5MoeTextConfig(
-        num_experts=6, num_experts_per_tok=3, moe_intermediate_size=40,
-        shared_expert_intermediate_size=24, **_gdn_odd(1, 5, 40, 24, 2),
-    )  # fmt: skip
+        num_experts=6,
+        num_experts_per_tok=3,
+        moe_intermediate_size=40,
+        shared_expert_intermediate_size=24,
+        **_gdn_odd(1, 5, 40, 24, 2),
+    )
     return transformers.Qwen3_5MoeForCausalLM, cfg
 
 

@@ -18,8 +18,8 @@ from flax import nnx
 import jmamba
 from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
 from runtime.core.config import EngineConfig, min_token_budget
-from runtime.engine import Engine
 from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
 from tests.compiled import per_module
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
@@ -85,8 +85,9 @@ def _naive_forward(family: str, max_len: int):
 
     @jax.jit
     def forward(params, inputs):
-        caches = model.init_caches(num_blocks=max_len // BLOCK_SIZE + 1,
-                                   block_size=BLOCK_SIZE, num_slots=2)  # fmt: skip
+        caches = model.init_caches(
+            num_blocks=max_len // BLOCK_SIZE + 1, block_size=BLOCK_SIZE, num_slots=2
+        )
         logits, _ = nnx.merge(graphdef, params)(inputs, caches)
         return logits[0]
 
@@ -106,8 +107,15 @@ def _whole_sequence_inputs(tokens: list[int], max_len: int) -> StepInputs:
     decode = DecodeRows(
         empty, empty, empty, np.zeros((0, 1), np.int32), np.zeros((0, width), np.int32)
     )
-    prefill = PrefillRows(i32([0, n]), i32([0]), i32([n]), np.array([False]), i32([0]), i32([1]),
-                          table[None].astype(np.int32))  # fmt: skip
+    prefill = PrefillRows(
+        i32([0, n]),
+        i32([0]),
+        i32([n]),
+        np.array([False]),
+        i32([0]),
+        i32([1]),
+        table[None].astype(np.int32),
+    )
     return StepInputs(padded, positions, kv_slots.astype(np.int32), decode, prefill, i32([n - 1]))
 
 

@@ -2,8 +2,16 @@
 
 import numpy as np
 
-PROMPTS = [np.random.default_rng(i).integers(0, 256, n).tolist()
-           for i, n in enumerate((3, 30, 11, 1, 25, 7))]  # fmt: skip
+PROMPTS = [
+    np.random.default_rng(i).integers(0, 256, n).tolist()
+    for i, n in enumerate((3, 30, 11, 1, 25, 7))
+]
 MAX_TOKENS = 5
-OPTIONS = dict(data_parallel_size=4, max_num_seqs=2, max_num_batched_tokens=32, max_model_len=64,
-               block_size=8, validate_inputs=True)  # fmt: skip
+OPTIONS = dict(
+    data_parallel_size=4,
+    max_num_seqs=2,
+    max_num_batched_tokens=32,
+    max_model_len=64,
+    block_size=8,
+    validate_inputs=True,
+)

@@ -15,9 +15,9 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 2)
 
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.device.distributed import initialize  # noqa: E402
 from runtime.llm import LLM  # noqa: E402
-from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from tests.runtime.multihost_case import MAX_TOKENS, OPTIONS, PROMPTS  # noqa: E402
 
 
@@ -27,8 +27,9 @@ def main() -> None:
     llm = LLM("tiny-nemotron_h", warmup=False, **OPTIONS)
     assert llm.engine.ranks == (2 * process_id, 2 * process_id + 1), llm.engine.ranks
     mine = list(range(process_id, len(PROMPTS), 2))
-    outputs = llm.generate([PROMPTS[i] for i in mine], SamplingParams(max_tokens=MAX_TOKENS),
-                           use_tqdm=False)  # fmt: skip
+    outputs = llm.generate(
+        [PROMPTS[i] for i in mine], SamplingParams(max_tokens=MAX_TOKENS), use_tqdm=False
+    )
     with open(out, "w") as f:
         json.dump({i: o.token_ids for i, o in zip(mine, outputs, strict=True)}, f)
     jax.distributed.shutdown()

@@ -14,13 +14,13 @@ from flax import nnx
 import jmamba
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
-from runtime.speculative.draft_model import draft_engine_config
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
+from runtime.speculative.draft_model import draft_engine_config
 from runtime.speculative.verify import check_verifiable, with_drafts
 from tests.compiled import per_module
 from tests.runtime.conftest import MAX_NUM_SEQS, base_config, model_and_runner, model_with_eos
@@ -31,8 +31,9 @@ DRAFT_PRESET = "mamba2"  # the small draft model: a random mamba2 of the shared 
 
 
 def spec_config(family: str, speculative: SpeculativeConfig, **options) -> EngineConfig:
-    return dataclasses.replace(base_config(family), num_slots=SPEC_SLOTS, speculative=speculative,
-                               **options)  # fmt: skip
+    return dataclasses.replace(
+        base_config(family), num_slots=SPEC_SLOTS, speculative=speculative, **options
+    )
 
 
 @per_module
@@ -65,9 +66,10 @@ def perturbed(model: nnx.Module, scale: float, seed: int) -> nnx.Module:
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     noisy = [
         w * (1 + scale * jax.random.normal(key, w.shape, w.dtype))
-        if jnp.issubdtype(w.dtype, jnp.floating) else w
+        if jnp.issubdtype(w.dtype, jnp.floating)
+        else w
         for w, key in zip(leaves, keys, strict=True)
-    ]  # fmt: skip
+    ]
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
@@ -77,8 +79,15 @@ def draft_runner(name: str, family: str, ranks: int = 1) -> ModelRunner:
     return ModelRunner(draft_model(name), draft_engine_config(config))
 
 
-def spec_engine(family: str, method: str, k: int, draft: str = DRAFT_PRESET, ranks: int = 1,
-                eos_token_ids: tuple[int, ...] | None = None, **options) -> Engine:  # fmt: skip
+def spec_engine(
+    family: str,
+    method: str,
+    k: int,
+    draft: str = DRAFT_PRESET,
+    ranks: int = 1,
+    eos_token_ids: tuple[int, ...] | None = None,
+    **options,
+) -> Engine:
     """A fresh speculative engine on the shared runners; `eos_token_ids` replaces the model's EOS
     ids, `options` the EngineConfig fields."""
     model, _ = model_and_runner(family)
@@ -89,8 +98,13 @@ def spec_engine(family: str, method: str, k: int, draft: str = DRAFT_PRESET, ran
     config = spec_config(family, speculative, data_parallel_size=ranks, **options)
     if method != "draft_model":
         return Engine(model, config, runner=spec_runner(family, ranks))
-    return Engine(model, config, runner=spec_runner(family, ranks), draft_model=draft_model(draft),
-                  draft_runner=draft_runner(draft, family, ranks))  # fmt: skip
+    return Engine(
+        model,
+        config,
+        runner=spec_runner(family, ranks),
+        draft_model=draft_model(draft),
+        draft_runner=draft_runner(draft, family, ranks),
+    )
 
 
 class Oracle:
@@ -145,10 +159,16 @@ def trained_runner() -> tuple[nnx.Module, ModelRunner]:
     model = jmamba.load_pretrained(jmamba.presets.path("stdlib"))
     budget = 128
     speculative = SpeculativeConfig("ngram", MAX_K, prompt_lookup_min=1, prompt_lookup_max=3)
-    config = EngineConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=budget,
-                          max_model_len=128, decode_row_buckets=(MAX_NUM_SEQS,),
-                          prefill_token_buckets=(budget,), prefill_row_buckets=(MAX_NUM_SEQS,),
-                          validate_inputs=True, speculative=speculative)  # fmt: skip
+    config = EngineConfig(
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=budget,
+        max_model_len=128,
+        decode_row_buckets=(MAX_NUM_SEQS,),
+        prefill_token_buckets=(budget,),
+        prefill_row_buckets=(MAX_NUM_SEQS,),
+        validate_inputs=True,
+        speculative=speculative,
+    )
     return model, ModelRunner(model, config)
 
 

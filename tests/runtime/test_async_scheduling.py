@@ -17,9 +17,9 @@ from jmamba.tokenizer import byte_tokenizer
 from runtime.core.buckets import Bucket
 from runtime.core.builder import build_dummy
 from runtime.core.config import EngineConfig
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
 from tests.runtime.conftest import base_config, make_engine, model_and_runner, naive_greedy
 
 PARAMS = (
@@ -67,7 +67,10 @@ def test_async_outputs_equal_the_synchronous_engine(family):
         expected = sync[rid][0]
         assert output.token_ids == expected.token_ids == tokens, rid
         assert (output.finish_reason, output.text, text) == (
-            expected.finish_reason, expected.text, expected.text), rid  # fmt: skip
+            expected.finish_reason,
+            expected.text,
+            expected.text,
+        ), rid
         assert_logprobs_close(output.logprobs, expected.logprobs)
     assert sync["0"][0].token_ids == naive_greedy(family, prompts[0], 7)
 

@@ -96,8 +96,13 @@ def test_wrong_typed_or_out_of_range_sampling_values(options, message):
 
 
 def test_sampling_values_are_normalised_to_python_types():
-    params = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3), max_tokens=np.int32(4),
-                            stop_token_ids=np.array([1, 2]), seed=np.uint32(9))  # fmt: skip
+    params = SamplingParams(
+        temperature=np.float32(0.5),
+        top_k=np.int64(3),
+        max_tokens=np.int32(4),
+        stop_token_ids=np.array([1, 2]),
+        seed=np.uint32(9),
+    )
     types = type(params.temperature), type(params.top_k), type(params.max_tokens)
     assert types == (float, int, int)
     assert params.stop_token_ids == (1, 2) and params.seed == 9 and hash(params)

@@ -126,8 +126,7 @@ def test_sampling_rows_masks_and_mode():
     for request in (masked, sampled, make_request(3)):
         scheduler.add(request)
     scheduler.postprocess(s := scheduler.schedule(), [4] * len(s.items))
-    late = Request("l", [6], SamplingParams(max_tokens=3, min_tokens=1), seed=0,
-                   eos_token_ids=(7,))  # fmt: skip
+    late = Request("l", [6], SamplingParams(max_tokens=3, min_tokens=1), seed=0, eos_token_ids=(7,))
     scheduler.add(late)
     schedule = scheduler.schedule()
     bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
@@ -143,20 +142,24 @@ def test_sampling_rows_masks_and_mode():
     assert s.counters[row["s"]] == 1 and s.counters[row["l"]] == 0
     scheduler.postprocess(schedule, [4] * len(schedule.items))
     schedule = scheduler.schedule()  # `m` has its 2 tokens: no mask; `s` still samples
-    batch = build_step(schedule, BucketPolicy(scheduler.config).bucket_for(schedule),
-                       block_size=BS, max_blocks=MAX_BLOCKS)  # fmt: skip
+    batch = build_step(
+        schedule,
+        BucketPolicy(scheduler.config).bucket_for(schedule),
+        block_size=BS,
+        max_blocks=MAX_BLOCKS,
+    )
     assert batch.mode == SamplingMode(sampled=True, filtered=True, mask_width=0)
     assert SamplingMode.of_requests([i.request for i in schedule.items]) == batch.mode
     asking = Request("k", [1], SamplingParams(logprobs=3), seed=0)
-    assert SamplingMode.of_requests([asking, masked]) == SamplingMode(logprobs=True,
-                                                                     top_logprobs=4)  # fmt: skip
+    assert SamplingMode.of_requests([asking, masked]) == SamplingMode(logprobs=True, top_logprobs=4)
 
 
 def _decode_request(i: int, num_outputs: int) -> Request:
     """A running request of prompt [i + 1] * (3 + i) and `num_outputs` outputs, with blocks for
     up to 3 drafts."""
-    params = SamplingParams(temperature=0.25 * i, top_k=i, top_p=1.0 - 0.125 * i, min_tokens=3,
-                            max_tokens=16)  # fmt: skip
+    params = SamplingParams(
+        temperature=0.25 * i, top_k=i, top_p=1.0 - 0.125 * i, min_tokens=3, max_tokens=16
+    )
     request = Request(str(i), [i + 1] * (3 + i), params, seed=100 + i, eos_token_ids=(2,))
     request.output_token_ids = [10 + i + t for t in range(num_outputs)]
     request.num_computed = request.num_tokens - 1
@@ -167,10 +170,15 @@ def _decode_request(i: int, num_outputs: int) -> Request:
 def _reference_decode(items, width: int) -> dict[str, np.ndarray]:
     """The decode section lane by lane, in plain Python (independent of the builder's numpy)."""
     n = len(items)
-    ref = {name: np.zeros(n * width, np.int64) for name in
-           ("tokens", "positions", "kv_slots", "counters", "seeds", "top_k", "write")}  # fmt: skip
-    ref.update(temperature=np.zeros(n * width), read=np.zeros(n, np.int64),
-               table=np.zeros((n, MAX_BLOCKS), np.int64))  # fmt: skip
+    ref = {
+        name: np.zeros(n * width, np.int64)
+        for name in ("tokens", "positions", "kv_slots", "counters", "seeds", "top_k", "write")
+    }
+    ref.update(
+        temperature=np.zeros(n * width),
+        read=np.zeros(n, np.int64),
+        table=np.zeros((n, MAX_BLOCKS), np.int64),
+    )
     for row, item in enumerate(items):
         request = item.request
         known = request.prompt_token_ids + request.output_token_ids + list(item.draft_token_ids)
@@ -210,7 +218,12 @@ def test_decode_section_equals_a_lane_by_lane_reference(drafts, all_lanes):
         lanes = tuple(range(40 + 3 * i, 40 + 3 * i + n)) if has_lanes else ()
         write = 0 if has_lanes else 30 + i
         item = ScheduledRequest(
-            request, request.num_computed, n, 4 + i, write, lane_slots=lanes,
+            request,
+            request.num_computed,
+            n,
+            4 + i,
+            write,
+            lane_slots=lanes,
             draft_token_ids=row_drafts,
         )
         items.append(item)

@@ -15,8 +15,8 @@ from safetensors.numpy import load_file, save_file
 
 from jmamba import checkpoint_dtype
 from runtime.cli import main
-from runtime.llm import LLM
 from runtime.core.sampling_params import SamplingParams
+from runtime.llm import LLM
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ARCHITECTURES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
@@ -29,8 +29,9 @@ def test_checkpoint_directory_generates_transformers_greedy_token(name):
     prompt = expected["seq_a"][:PROMPT_LEN].tolist()
     llm = LLM(str(FIXTURES / name), max_num_seqs=2, max_model_len=64)
     assert llm.model.dtype == jnp.float32 and llm.tokenizer is None  # fixtures: fp32, no tokenizer
-    (output,) = llm.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True),
-                             use_tqdm=False)  # fmt: skip
+    (output,) = llm.generate(
+        [prompt], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False
+    )
     assert output.token_ids == [int(np.argmax(expected["logits_full_a"][PROMPT_LEN - 1]))]
 
 
@@ -39,8 +40,11 @@ def bf16_copy(tmp_path: Path, name: str) -> Path:
     target = tmp_path / name
     shutil.copytree(FIXTURES / name, target, ignore=shutil.ignore_patterns("expected.npz"))
     tensors = load_file(target / "model.safetensors")
-    save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()},
-              target / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()},
+        target / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     return target
 
 
@@ -58,8 +62,21 @@ def test_auto_dtype_is_the_checkpoints(tmp_path):
 
 
 def test_cli_dtype_and_a_random_preset_in_bfloat16(capsys):
-    code = main(["generate", "--model", "tiny-mamba2", "--dtype", "bfloat16", "--prompt", "ab",
-                 "--max-tokens", "2", "--max-model-len", "32"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--model",
+            "tiny-mamba2",
+            "--dtype",
+            "bfloat16",
+            "--prompt",
+            "ab",
+            "--max-tokens",
+            "2",
+            "--max-model-len",
+            "32",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "model: tiny-mamba2 (Mamba2ForCausalLM" in out and "bfloat16" in out

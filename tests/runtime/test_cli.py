@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
-from runtime.llm import LLM
 from runtime.core.sampling_params import SamplingParams
+from runtime.llm import LLM
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mamba2"
 
@@ -30,8 +30,21 @@ def test_generate_text_prompts_from_checkpoint_dir(tmp_path, capsys):
     for name in ("config.json", "model.safetensors"):
         shutil.copy(FIXTURE / name, tmp_path / name)
     write_tokenizer(tmp_path)
-    code = main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2 w3", "--prompt",
-                 "w7", "--max-tokens", "4", "--max-num-seqs", "2"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(tmp_path),
+            "--prompt",
+            "w1 w2 w3",
+            "--prompt",
+            "w7",
+            "--max-tokens",
+            "4",
+            "--max-num-seqs",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.count("finish reason: length") == 2 and "[0] prompt: 'w1 w2 w3'" in out
@@ -47,8 +60,19 @@ def test_generate_with_a_real_chunk_size_uses_a_derived_budget(tmp_path, capsys)
         shutil.copy(FIXTURE / name, tmp_path / name)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"chunk_size": 256}))
-    code = main(["generate", "--model", str(tmp_path), "--prompt-ids", "1,2,3", "--max-tokens",
-                 "2", "--ignore-eos", "--async-scheduling"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(tmp_path),
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "2",
+            "--ignore-eos",
+            "--async-scheduling",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "[0] output: [" in out and "finish reason: length" in out and "no tokenizer" in out
@@ -99,10 +123,28 @@ def test_cli_prefix_caching_options_and_hit_counters(capsys):
     """Two equal 40-token prompts one after the other (max_num_seqs 1): the second hits the
     longest multiple of the 16-token state block below 40, 32 tokens; both print the same ids."""
     prompt = ",".join(str(i % 50 + 1) for i in range(40))
-    code = main(["generate", "--model", "tiny-mamba2", "--prompt-ids", prompt, "--prompt-ids",
-                 prompt, "--max-tokens", "3", "--ignore-eos", "--max-num-seqs", "1",
-                 "--prefix-caching", "all", "--state-block-size", "16",
-                 "--max-cached-states", "4"])  # fmt: skip
+    code = main(
+        [
+            "generate",
+            "--model",
+            "tiny-mamba2",
+            "--prompt-ids",
+            prompt,
+            "--prompt-ids",
+            prompt,
+            "--max-tokens",
+            "3",
+            "--ignore-eos",
+            "--max-num-seqs",
+            "1",
+            "--prefix-caching",
+            "all",
+            "--state-block-size",
+            "16",
+            "--max-cached-states",
+            "4",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     lines = [line.split(": ", 1)[1] for line in out.splitlines() if "] output:" in line]
@@ -119,11 +161,19 @@ def test_cli_rejects_an_unknown_prefix_caching_mode(capsys):
 def test_llm_passes_prefix_caching_options_and_shows_the_counters():
     """Mode "align", 32-token state blocks: the second of two equal 40-token prompts (run one after
     the other) skips 32 tokens and generates what the first did; "off" has no counters."""
-    llm = LLM("tiny-mamba2", warmup=False, max_num_seqs=1, max_model_len=64,
-              prefix_caching="align", state_block_size=32, max_cached_states=2)  # fmt: skip
+    llm = LLM(
+        "tiny-mamba2",
+        warmup=False,
+        max_num_seqs=1,
+        max_model_len=64,
+        prefix_caching="align",
+        state_block_size=32,
+        max_cached_states=2,
+    )
     prompt = [i % 50 + 3 for i in range(40)]
-    first, second = llm.generate([prompt, prompt], SamplingParams(max_tokens=3, ignore_eos=True),
-                                 use_tqdm=False)  # fmt: skip
+    first, second = llm.generate(
+        [prompt, prompt], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False
+    )
     assert first.token_ids == second.token_ids
     assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 32)
     stats = llm.prefix_cache_stats
@@ -144,8 +194,10 @@ def test_llm_schedules_asynchronously_unless_speculating():
 
 
 def test_llm_refuses_a_state_block_shorter_than_a_chunk():
-    message = (r"state_block_size=8 must be a multiple of the model's chunk_size=16 and of "
-               r"block_size=8 \(it is shorter than one chunk\): one of 16, 32, 48")  # fmt: skip
+    message = (
+        r"state_block_size=8 must be a multiple of the model's chunk_size=16 and of "
+        r"block_size=8 \(it is shorter than one chunk\): one of 16, 32, 48"
+    )
     with pytest.raises(ValueError, match=message):
         LLM("tiny-mamba2", warmup=False, block_size=8, state_block_size=8)
 

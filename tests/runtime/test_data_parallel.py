@@ -15,9 +15,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, model_and_runner, run_to_completion
 
@@ -178,8 +178,9 @@ def test_random_schedules_over_ranks_keep_idle_shards_and_tokens(
     while step <= 8 or engine.has_unfinished:
         for i, r in enumerate(requests):
             if r["arrival"] == step:
-                engine.add_request(list(prompts[i]), SamplingParams(max_tokens=r["max_tokens"]),
-                                   request_id=str(i))  # fmt: skip
+                engine.add_request(
+                    list(prompts[i]), SamplingParams(max_tokens=r["max_tokens"]), request_id=str(i)
+                )
             if r["abort_at"] == step and engine.abort(str(i)) is not None:
                 aborted.add(str(i))
         finished, idle = step_checking_idle_ranks(engine)

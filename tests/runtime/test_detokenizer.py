@@ -36,8 +36,10 @@ def feed(ids: list[int], stops: tuple[str, ...]) -> tuple[int, str, list[str]]:
     return 0, text.text([]), pieces
 
 
-@given(TEXT, st.lists(st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=3),
-                      max_size=3))  # fmt: skip
+@given(
+    TEXT,
+    st.lists(st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=3), max_size=3),
+)
 def test_text_and_stop_strings_match_decoding_every_prefix(body, stops):
     ids = TOKENIZER.encode(body).ids
     stops = tuple(dict.fromkeys(stops))

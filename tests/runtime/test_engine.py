@@ -25,4 +25,7 @@ def test_engine_greedy_equals_naive_recompute(family):
     variants = engine.runner.variants
     greedy = [b for b, mode, carry in variants if mode == SamplingMode() and not carry]
     assert len(greedy) <= 3  # decode-only, prefill-only, mixed (other tests add other modes)
-    assert engine.inspect.scheduler.block_pool.num_used == 0 and engine.inspect.scheduler.slot_pool.num_used == 0
+    assert (
+        engine.inspect.scheduler.block_pool.num_used == 0
+        and engine.inspect.scheduler.slot_pool.num_used == 0
+    )

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from jmamba.describe import describe_step_inputs
-from runtime.observe.describe import describe_pool, describe_scheduler
-from runtime.engine import Engine
 from runtime.core.sampling_params import SamplingParams
+from runtime.engine import Engine
+from runtime.observe.describe import describe_pool, describe_scheduler
 from tests.runtime.conftest import base_config, make_engine, model_and_runner
 
 

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.core.buckets import Bucket
 from jmamba.loading import load_model
+from runtime.core.buckets import Bucket
 from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import make_engine, model_and_runner, run_to_completion
 

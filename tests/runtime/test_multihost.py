@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.llm import LLM
 from runtime.core.sampling_params import SamplingParams
+from runtime.llm import LLM
 from tests.runtime.multihost_case import MAX_TOKENS, OPTIONS, PROMPTS
 
 ROOT = Path(__file__).parents[2]
@@ -36,7 +36,7 @@ def test_two_processes_give_the_tokens_of_one(tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for p, out in enumerate(outs)
     ]
     try:

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.device.packing import layout_of, pack, unpack
 from runtime.core.sampling_inputs import SamplingInputs
+from runtime.device.packing import layout_of, pack, unpack
 from tests.runtime.test_builder import mixed_batch
 
 
@@ -41,9 +41,12 @@ def test_pack_rejects_a_leaf_of_another_shape_or_dtype():
     _, _, batch = mixed_batch()
     layout = layout_of(batch.inputs)
     bad = batch.inputs.__class__(
-        batch.inputs.token_ids[:-1], *jax.tree_util.tree_flatten(batch.inputs)[0][1:3],
-        batch.inputs.decode, batch.inputs.prefill, batch.inputs.logits_indices,
-    )  # fmt: skip
+        batch.inputs.token_ids[:-1],
+        *jax.tree_util.tree_flatten(batch.inputs)[0][1:3],
+        batch.inputs.decode,
+        batch.inputs.prefill,
+        batch.inputs.logits_indices,
+    )
     with pytest.raises(ValueError, match="does not match"):
         pack(bad, layout)
     with pytest.raises(ValueError, match="dtype int64"):

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from runtime.core.buckets import BucketPolicy
 from runtime.core.builder import build_step
 from runtime.core.config import EngineConfig
-from runtime.prefix_cache.cache import Hit, PrefixCacheStats, chain_digest
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler
+from runtime.prefix_cache.cache import Hit, PrefixCacheStats, chain_digest
 from tests.runtime.test_scheduler import new_scheduler
 
 BS, SBS, CHUNK = 4, 8, 4  # KV block, state block, model chunk (tokens)
@@ -31,9 +31,14 @@ _ids = itertools.count()
 
 
 def caching_scheduler(mode: str = "all", **options) -> Scheduler:
-    options = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
-               "block_size": BS, "state_block_size": SBS,
-               "prefix_caching": mode} | options  # fmt: skip
+    options = {
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 16,
+        "max_model_len": 64,
+        "block_size": BS,
+        "state_block_size": SBS,
+        "prefix_caching": mode,
+    } | options
     return new_scheduler(EngineConfig(**options), CHUNK)
 
 
@@ -47,13 +52,21 @@ def step(scheduler: Scheduler, token: int = 5) -> Schedule:
     if not schedule.is_empty:
         bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
         config, cache = scheduler.config, scheduler.slots.cache
-        batch = build_step(schedule, bucket, block_size=BS, max_blocks=config.max_blocks_per_seq,
-                           state_block_size=config.boundary_block_size)  # fmt: skip
+        batch = build_step(
+            schedule,
+            bucket,
+            block_size=BS,
+            max_blocks=config.max_blocks_per_seq,
+            state_block_size=config.boundary_block_size,
+        )
         batch.inputs.validate(
-            block_size=BS, chunk_size=CHUNK, num_blocks=config.num_blocks,
-            num_slots=config.num_slots, published_slots=cache.published_slots,
+            block_size=BS,
+            chunk_size=CHUNK,
+            num_blocks=config.num_blocks,
+            num_slots=config.num_slots,
+            published_slots=cache.published_slots,
             published_blocks=cache.published_blocks,
-        )  # fmt: skip
+        )
     scheduler.postprocess(schedule, [token] * len(schedule.items))
     return schedule
 
@@ -177,9 +190,9 @@ def test_decode_crossing_a_boundary_writes_a_cache_slot_then_reads_it():
     crossing = step(scheduler).decodes[0]  # decode of token 15
     assert crossing.start == 15 and crossing.write_slot not in (0, r.state_slot)
     c = crossing.write_slot
-    assert scheduler.slots.cached_read(r) == c and scheduler.slots.cache.lookup(request(r.token_ids(0, 17))) == Hit(
-        16, [scheduler.slots.cache._blocks[d] for d in scheduler.slots.cache.digests(r, 4)], c
-    )
+    assert scheduler.slots.cached_read(r) == c and scheduler.slots.cache.lookup(
+        request(r.token_ids(0, 17))
+    ) == Hit(16, [scheduler.slots.cache._blocks[d] for d in scheduler.slots.cache.digests(r, 4)], c)
     after = step(scheduler).decodes[0]
     assert (after.read_slot, after.write_slot) == (c, r.state_slot)
     assert scheduler.slots.cached_read(r) == 0 and scheduler.slot_pool.ref_counts[c] == 1
@@ -262,8 +275,9 @@ def test_preempted_request_comes_back_with_a_hit_and_leaks_nothing():
     7 blocks; the older needs 2 more, evicted from the deep end of the preempted one's cached
     prefix, so when the younger is re-admitted it starts after its own first blocks and state.
     Afterwards, with the cache emptied, every pool is empty."""
-    scheduler = caching_scheduler(num_blocks=14, max_model_len=48, max_num_batched_tokens=32,
-                                  max_cached_states=8)  # fmt: skip
+    scheduler = caching_scheduler(
+        num_blocks=14, max_model_len=48, max_num_batched_tokens=32, max_cached_states=8
+    )
     old, new = request(list(range(20)), max_tokens=14), request(list(range(40, 60)), max_tokens=24)
     scheduler.add(old)
     scheduler.add(new)
@@ -292,8 +306,12 @@ def test_preempted_request_comes_back_with_a_hit_and_leaks_nothing():
 def test_modes_that_cannot_work_are_refused_with_the_reason(options, message):
     options = {"prefix_caching": "all"} | options
     chunk = options.pop("chunk", CHUNK)
-    config = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
-              "block_size": BS} | options  # fmt: skip
+    config = {
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 16,
+        "max_model_len": 64,
+        "block_size": BS,
+    } | options
     if options.get("num_slots") == 6:  # 6 slots hold 4 running requests + NULL + 1 state
         config["max_cached_states"] = 2
     with pytest.raises(ValueError, match=message):
@@ -342,8 +360,12 @@ def test_random_shared_prefix_schedules(workload, mode, num_blocks, max_cached_s
     """Random prefixes, arrivals, aborts and pool sizes: every step's inputs pass validate() with
     the published slots and blocks (no write to one), reference counts always match the holders,
     every request finishes, hits happen, and an emptied cache leaves empty pools."""
-    scheduler = caching_scheduler(mode, num_blocks=num_blocks, max_cached_states=max_cached_states,
-                                  max_num_batched_tokens=budget)  # fmt: skip
+    scheduler = caching_scheduler(
+        mode,
+        num_blocks=num_blocks,
+        max_cached_states=max_cached_states,
+        max_num_batched_tokens=budget,
+    )
     rng = np.random.default_rng(len(workload))
     prefixes = [rng.integers(0, 50, 30).tolist() for _ in range(4)]
     requests = []
@@ -373,7 +395,13 @@ def test_stats_total_sums_every_counter_over_ranks():
     one = PrefixCacheStats(lookups=2, lookup_tokens=80, hits=1, hit_tokens=32, state_evictions=3)
     two = PrefixCacheStats(lookups=1, lookup_tokens=8, block_evictions=4, states_published=5)
     total = PrefixCacheStats.total([one, two])
-    assert total == PrefixCacheStats(lookups=3, lookup_tokens=88, hits=1, hit_tokens=32,
-                                     states_published=5, block_evictions=4,
-                                     state_evictions=3)  # fmt: skip
+    assert total == PrefixCacheStats(
+        lookups=3,
+        lookup_tokens=88,
+        hits=1,
+        hit_tokens=32,
+        states_published=5,
+        block_evictions=4,
+        state_evictions=3,
+    )
     assert total.token_hit_rate == 32 / 88

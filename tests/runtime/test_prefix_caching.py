@@ -23,10 +23,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from runtime.core.config import EngineConfig
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
-from runtime.outputs.request_output import RequestOutput
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
+from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
 from tests.runtime.conftest import BLOCK_SIZE, FAMILIES, model_and_runner, naive_greedy
 
@@ -46,12 +46,20 @@ def prefix_config(family: str, mode: str = "all", **options) -> EngineConfig:
     """Small pools: 39 KV blocks (a full-length request needs 24) and 8 cached states."""
     setup = SETUPS[family]
     config = EngineConfig(
-        max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=setup.budget, max_model_len=MAX_LEN,
-        block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS, num_slots=MAX_NUM_SEQS + 1 + MAX_CACHED,
-        max_cached_states=MAX_CACHED, state_block_size=setup.state_block, prefix_caching=mode,
-        decode_row_buckets=(MAX_NUM_SEQS,), prefill_token_buckets=(setup.budget,),
-        prefill_row_buckets=(MAX_NUM_SEQS,), validate_inputs=True,
-    )  # fmt: skip
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=setup.budget,
+        max_model_len=MAX_LEN,
+        block_size=BLOCK_SIZE,
+        num_blocks=NUM_BLOCKS,
+        num_slots=MAX_NUM_SEQS + 1 + MAX_CACHED,
+        max_cached_states=MAX_CACHED,
+        state_block_size=setup.state_block,
+        prefix_caching=mode,
+        decode_row_buckets=(MAX_NUM_SEQS,),
+        prefill_token_buckets=(setup.budget,),
+        prefill_row_buckets=(MAX_NUM_SEQS,),
+        validate_inputs=True,
+    )
     return dataclasses.replace(config, **options)
 
 
@@ -98,10 +106,13 @@ def tokens(seed: int, n: int) -> list[int]:
 def shared_prefix_arrivals(requests: list[dict], prefixes: list[list[int]], seed: int) -> list:
     """(arrival, prompt, max_tokens) per drawn request: part of a shared prefix + its own tokens."""
     return [
-        (r["arrival"], prefixes[r["prefix"]][: r["shared"]] + tokens(seed + i, r["own"]),
-         r["max_tokens"])
+        (
+            r["arrival"],
+            prefixes[r["prefix"]][: r["shared"]] + tokens(seed + i, r["own"]),
+            r["max_tokens"],
+        )
         for i, r in enumerate(requests)
-    ]  # fmt: skip
+    ]
 
 
 def serve_and_check_with_aborts(engine: Engine, family: str, arrivals, abort_at) -> None:
@@ -209,8 +220,12 @@ def test_published_slots_and_blocks_stay_bit_identical_while_published(family):
     sbs, _ = SETUPS[family]
     engine = prefix_engine(family, "all")
     shared = tokens(40, 2 * sbs + 3)
-    arrivals = [(0, shared + tokens(41, 4), 6), (6, shared + tokens(42, 9), 6),
-                (6, shared + tokens(43, 2), 6), (7, tokens(44, sbs + 5), 6)]  # fmt: skip
+    arrivals = [
+        (0, shared + tokens(41, 4), 6),
+        (6, shared + tokens(42, 9), 6),
+        (6, shared + tokens(43, 2), 6),
+        (7, tokens(44, sbs + 5), 6),
+    ]
     before: dict = {}
     step, checked = 0, 0
     while step <= 7 or engine.has_unfinished:
@@ -256,8 +271,9 @@ def test_random_shared_prefix_schedules_are_lossless(
     aborted equals full recompute, and every pool holds only the cache's entries at the end."""
     prefixes = [tokens(50 + k, 100) for k in range(3)]
     arrivals = shared_prefix_arrivals(requests, prefixes, seed=60)
-    engine = prefix_engine(family, mode, max_cached_states=max_cached_states,
-                           async_scheduling=async_scheduling)  # fmt: skip
+    engine = prefix_engine(
+        family, mode, max_cached_states=max_cached_states, async_scheduling=async_scheduling
+    )
     serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
     event("hit" if engine.stats.ranks[0].prefix_cache.hits else "no hit")
     event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")

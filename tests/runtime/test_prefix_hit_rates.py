@@ -30,10 +30,10 @@ import numpy as np
 import pytest
 
 from runtime.core.config import EngineConfig
-from runtime.prefix_cache.cache import PrefixCacheStats
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import Scheduler
+from runtime.prefix_cache.cache import PrefixCacheStats
 from tests.runtime.test_scheduler import new_scheduler
 
 CHUNK, BLOCK, STATE_BLOCK, N, MAX_TOKENS = 16, 8, 16, 64, 4
@@ -41,9 +41,15 @@ CACHED_STATES = 32  # room for every state a workload here writes but a few
 
 
 def scheduler_for(mode: str, concurrency: int, budget: int) -> Scheduler:
-    config = EngineConfig(max_num_seqs=concurrency, max_num_batched_tokens=budget,
-                          max_model_len=512, block_size=BLOCK, state_block_size=STATE_BLOCK,
-                          prefix_caching=mode, max_cached_states=CACHED_STATES)  # fmt: skip
+    config = EngineConfig(
+        max_num_seqs=concurrency,
+        max_num_batched_tokens=budget,
+        max_model_len=512,
+        block_size=BLOCK,
+        state_block_size=STATE_BLOCK,
+        prefix_caching=mode,
+        max_cached_states=CACHED_STATES,
+    )
     return new_scheduler(config, CHUNK)
 
 
@@ -159,8 +165,14 @@ if __name__ == "__main__":
     rows += [("prefix 100 + own 40", 100, 40, c, 64) for c in (1, 32)]
     rows += [("prefix 100 + own 40", 100, 40, 1, 256)]
     for name, prefix, own, concurrency, budget in rows:
-        rates = [serve(scheduler_for(m, concurrency, budget), shared_prefix_prompts(prefix, own))
-                 .token_hit_rate for m in ("align", "all")]  # fmt: skip
+        rates = [
+            serve(
+                scheduler_for(m, concurrency, budget), shared_prefix_prompts(prefix, own)
+            ).token_hit_rate
+            for m in ("align", "all")
+        ]
         print(f"{name:20s} {concurrency:4d} {budget:6d}  " + "  ".join(f"{r:.3f}" for r in rates))
-    print(f"{'chat, 8 turns':20s} {1:4d} {64:6d}  "
-          + "  ".join(f"{chat(m).token_hit_rate:.3f}" for m in ("align", "all")))  # fmt: skip
+    print(
+        f"{'chat, 8 turns':20s} {1:4d} {64:6d}  "
+        + "  ".join(f"{chat(m).token_hit_rate:.3f}" for m in ("align", "all"))
+    )

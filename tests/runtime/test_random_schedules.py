@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import jmamba
 from runtime.core.config import min_token_budget
-from runtime.outputs.request_output import RequestOutput
 from runtime.core.sampling_params import SamplingParams
+from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, naive_greedy
 
@@ -85,8 +85,9 @@ def check_stopping(output: RequestOutput, free: list[int], params, stop_ids: set
         assert output.finish_reason == "length" and len(tokens) == params.max_tokens
 
 
-def drawn_workload(family: str, requests: list[dict], extra_budget: int, max_num_seqs: int,
-                   eos_at: int) -> tuple:  # fmt: skip
+def drawn_workload(
+    family: str, requests: list[dict], extra_budget: int, max_num_seqs: int, eos_at: int
+) -> tuple:
     """(token budget, prompts, each prompt's unconstrained greedy continuation, the EOS id (a
     token of the first continuation), sampling params) of drawn `request_strategy` requests."""
     low = min_token_budget(jmamba.presets.tiny(family).chunk_size, max_num_seqs)
@@ -129,8 +130,13 @@ def test_random_schedule_is_valid_batch_invariant_and_stops(
     budget, prompts, free, eos, params = drawn_workload(
         family, requests, extra_budget, max_num_seqs, eos_at
     )
-    engine = make_engine(family, eos_token_ids=eos, max_num_batched_tokens=budget,
-                         max_num_seqs=max_num_seqs, async_scheduling=async_scheduling)  # fmt: skip
+    engine = make_engine(
+        family,
+        eos_token_ids=eos,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        async_scheduling=async_scheduling,
+    )
     outputs, aborted, step = {}, set(), 0
     while step <= 6 or engine.has_unfinished:
         for i, r in enumerate(requests):
@@ -141,7 +147,10 @@ def test_random_schedule_is_valid_batch_invariant_and_stops(
         outputs |= {o.request_id: o for o in engine.step()}  # validate_inputs is on
         step += 1
         assert step < 400
-    assert engine.inspect.scheduler.block_pool.num_used == 0 and engine.inspect.scheduler.slot_pool.num_used == 0
+    assert (
+        engine.inspect.scheduler.block_pool.num_used == 0
+        and engine.inspect.scheduler.slot_pool.num_used == 0
+    )
     event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
     event(f"async_scheduling={async_scheduling}")
     for i, r in enumerate(requests):

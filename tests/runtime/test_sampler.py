@@ -17,8 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.device.sampler import sample
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
+from runtime.device.sampler import sample
 
 sample_jit = jax.jit(sample, static_argnums=2)
 ALPHA = 1e-3
@@ -157,8 +157,9 @@ def test_masked_tokens_are_never_drawn_and_the_rest_renormalise():
 def test_greedy_and_sampled_rows_in_one_batch():
     """Even rows greedy (exactly argmax), odd rows sampled at T=1.3 (its distribution)."""
     rng = np.random.default_rng(0)
-    logits = np.tile(LOGITS5, (N, 1)) + np.where(np.arange(N)[:, None] % 2 == 0,
-                                                 rng.normal(size=(N, 5)), 0.0)  # fmt: skip
+    logits = np.tile(LOGITS5, (N, 1)) + np.where(
+        np.arange(N)[:, None] % 2 == 0, rng.normal(size=(N, 5)), 0.0
+    )
     temperature = np.where(np.arange(N) % 2 == 0, 0.0, 1.3)
     params = inputs(N, temperature=temperature, top_p=np.where(temperature > 0, 0.95, 1.0))
     assert SamplingMode.of(params) == SamplingMode(sampled=True, filtered=True, mask_width=0)

@@ -30,8 +30,13 @@ def new_scheduler(config: EngineConfig, chunk_size: int) -> Scheduler:
 def make_scheduler(chunk_size: int = 4, **options) -> Scheduler:
     """A scheduler without prefix caching unless `options` turn it on (tests/runtime/
     test_prefix_cache.py covers it), so pools empty out when requests finish."""
-    options = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "max_model_len": 64,
-               "block_size": 4, "prefix_caching": "off"} | options  # fmt: skip
+    options = {
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 16,
+        "max_model_len": 64,
+        "block_size": 4,
+        "prefix_caching": "off",
+    } | options
     return new_scheduler(EngineConfig(**options), chunk_size)
 
 
@@ -201,8 +206,9 @@ def test_stop_tokens_wait_for_min_tokens():
     scheduler = make_scheduler()
     params = SamplingParams(max_tokens=9, min_tokens=2, stop_token_ids=(5,))
     request = Request("m", [1, 2], params, seed=0, eos_token_ids=(6,))
-    ignoring = Request("i", [1, 2], SamplingParams(max_tokens=3, ignore_eos=True), seed=0,
-                       eos_token_ids=(6,))  # fmt: skip
+    ignoring = Request(
+        "i", [1, 2], SamplingParams(max_tokens=3, ignore_eos=True), seed=0, eos_token_ids=(6,)
+    )
     scheduler.add(request)
     scheduler.add(ignoring)
     assert request.stop_ids == (5, 6) and ignoring.stop_ids == ()

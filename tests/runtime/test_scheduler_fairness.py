@@ -15,6 +15,7 @@ from runtime.core.config import EngineConfig, min_token_budget
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
+from runtime.core.scheduler import Scheduler
 from tests.runtime.test_scheduler import new_scheduler
 
 workload = st.lists(
@@ -82,9 +83,14 @@ def test_every_request_gets_its_first_token_within_the_bound(
     state_block = math.lcm(chunk, 4)
     unit = state_block if mode == "align" else chunk  # the alignment of chunk ends
     budget = min_token_budget(unit, max_num_seqs) + extra_budget
-    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                          max_model_len=128, block_size=4, prefix_caching=mode,
-                          state_block_size=state_block)  # fmt: skip
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=128,
+        block_size=4,
+        prefix_caching=mode,
+        state_block_size=state_block,
+    )
     scheduler = new_scheduler(config, chunk)
     k_chunk = (budget - max_num_seqs + 1) // unit * unit  # k * c of the bound
     added: list[Request] = []
@@ -93,8 +99,9 @@ def test_every_request_gets_its_first_token_within_the_bound(
     while len(added) < len(requests) or scheduler.has_unfinished:
         for arrival, length, max_tokens in requests[len(added) :]:
             if arrival == step:
-                added.append(Request(str(len(added)), [1] * length, SamplingParams(max_tokens),
-                                     seed=0))  # fmt: skip
+                added.append(
+                    Request(str(len(added)), [1] * length, SamplingParams(max_tokens), seed=0)
+                )
                 scheduler.add(added[-1])
         oldest = next((r for r in added if not r.is_decode and not r.is_finished), None)
         done_before = oldest.num_computed if oldest else 0

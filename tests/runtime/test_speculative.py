@@ -35,7 +35,10 @@ def serve(engine, prompts, params, late: int = 2) -> dict[str, list[int]]:
 
 
 def assert_pools_empty(engine) -> None:
-    assert engine.inspect.scheduler.block_pool.num_used == 0 and engine.inspect.scheduler.slot_pool.num_used == 0
+    assert (
+        engine.inspect.scheduler.block_pool.num_used == 0
+        and engine.inspect.scheduler.slot_pool.num_used == 0
+    )
     for rank in getattr(engine.drafter, "ranks", []):
         assert rank.block_pool.num_used == 0 and rank.slot_pool.num_used == 0
 
@@ -63,10 +66,13 @@ def mixed_steps(engine, prompts, params) -> tuple[dict[str, list[int]], int]:
 # once: test_draft_model_equal_to_target_accepts_every_draft drives full acceptance on every
 # family.
 CASES = [
-    ("mamba2", "ngram", 1), ("mamba2", "draft_model", 3),
-    ("nemotron_h", "ngram", 2), ("nemotron_h", "draft_model", 1),
-    ("qwen3_next", "oracle", 1), ("qwen3_next", "draft_model", 4),
-]  # fmt: skip
+    ("mamba2", "ngram", 1),
+    ("mamba2", "draft_model", 3),
+    ("nemotron_h", "ngram", 2),
+    ("nemotron_h", "draft_model", 1),
+    ("qwen3_next", "oracle", 1),
+    ("qwen3_next", "draft_model", 4),
+]
 
 
 @pytest.mark.parametrize(("family", "method", "k"), CASES)
@@ -108,9 +114,10 @@ def test_sampled_requests_get_the_same_tokens_with_and_without_drafts():
     draft is accepted iff it equals that sample: drafts change nothing but the step count."""
     family = "nemotron_h"
     prompts = distinct_prompts(7)
-    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=t, top_p=p, top_k=k, seed=s)
-              for t, p, k, s in ((0.8, 1.0, 0, 1), (1.3, 0.9, 0, 2), (0.6, 1.0, 20, 3),
-                                 (0.0, 1.0, 0, 4))]  # fmt: skip
+    params = [
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=t, top_p=p, top_k=k, seed=s)
+        for t, p, k, s in ((0.8, 1.0, 0, 1), (1.3, 0.9, 0, 2), (0.6, 1.0, 20, 3), (0.0, 1.0, 0, 4))
+    ]
     plain = spec_engine(family, "ngram", 2)
     plain.drafter.num_wanted = lambda request: 0  # the same engine, never a draft
     ids = [plain.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
@@ -139,8 +146,9 @@ def test_stop_rules_cut_accepted_drafts(family):
         SamplingParams(max_tokens=7, ignore_eos=True),
     ]
     for params in cases:
-        truth = naive_greedy(family, prompt, params.max_tokens, params.stop_token_ids,
-                             params.min_tokens)  # fmt: skip
+        truth = naive_greedy(
+            family, prompt, params.max_tokens, params.stop_token_ids, params.min_tokens
+        )
         engine = spec_engine(family, "ngram", 4)
         engine.drafter = Oracle({"0": truth}, 4, seed=2)
         engine.add_request(prompt, params)
@@ -157,9 +165,11 @@ def test_stop_rules_cut_accepted_drafts(family):
 def test_ngram_on_the_trained_preset_accepts_drafts():
     """The trained stdlib model repeats code it has seen: prompt lookup drafts are accepted often,
     steps drop, and the tokens equal those of the same engine proposing nothing."""
-    texts = ["    def __init__(self, name):\n        self.name = name\n\n    def __repr__(self):\n",
-             "import os\nimport sys\nimport re\nimport json\nimport ",
-             "x = self.x\ny = self.y\nz = self."]  # fmt: skip
+    texts = [
+        "    def __init__(self, name):\n        self.name = name\n\n    def __repr__(self):\n",
+        "import os\nimport sys\nimport re\nimport json\nimport ",
+        "x = self.x\ny = self.y\nz = self.",
+    ]
     prompts = [list(text.encode()) for text in texts]
     engine = trained_engine()
     engine.drafter.num_wanted = lambda request: 0

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import build_step
 from runtime.core.config import EngineConfig
-from runtime.speculative.ngram import lookup
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.speculative.ngram import lookup
 from runtime.speculative.verify import verified_tokens, with_drafts
 from tests.runtime.test_scheduler import make_request, make_scheduler
 
@@ -32,16 +32,20 @@ def decoding(scheduler, request: Request, token: int = 5) -> Request:
     scheduler.add(request)
     while not request.is_decode:
         schedule = scheduler.schedule()
-        scheduler.postprocess(schedule, [token] * len(schedule.items),
-                              [[] for _ in schedule.items])  # fmt: skip
+        scheduler.postprocess(schedule, [token] * len(schedule.items), [[] for _ in schedule.items])
     return request
 
 
 def build(scheduler, schedule):
     bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
     batch = build_step(schedule, bucket, block_size=BS, max_blocks=MAX_BLOCKS)
-    batch.inputs.validate(block_size=BS, chunk_size=4, num_blocks=scheduler.config.num_blocks,
-                          num_slots=scheduler.config.num_slots, vocab_size=32)  # fmt: skip
+    batch.inputs.validate(
+        block_size=BS,
+        chunk_size=4,
+        num_blocks=scheduler.config.num_blocks,
+        num_slots=scheduler.config.num_slots,
+        vocab_size=32,
+    )
     return bucket, batch
 
 
@@ -63,8 +67,9 @@ def test_bad_speculative_config_is_refused(options, match):
 
 
 def test_engine_config_sizes_the_slot_pool_for_lanes():
-    config = EngineConfig(max_num_seqs=8, speculative={"method": "ngram",
-                                                       "num_speculative_tokens": 4})  # fmt: skip
+    config = EngineConfig(
+        max_num_seqs=8, speculative={"method": "ngram", "num_speculative_tokens": 4}
+    )
     assert config.speculative == SpeculativeConfig("ngram", 4)
     off = dataclasses.replace(config, prefix_caching="off").resolved(chunk_size=16)
     assert off.num_slots == 1 + 8 * (2 + 4)
@@ -163,8 +168,9 @@ def test_drafts_are_trimmed_to_room_budget_slots_and_blocks():
 
 def test_min_tokens_masks_each_lane_by_its_output_index():
     scheduler = spec_scheduler(k=3)
-    request = Request("m", [1, 2, 3], SamplingParams(max_tokens=8, min_tokens=3), seed=0,
-                      eos_token_ids=(2,))  # fmt: skip
+    request = Request(
+        "m", [1, 2, 3], SamplingParams(max_tokens=8, min_tokens=3), seed=0, eos_token_ids=(2,)
+    )
     decoding(scheduler, request, token=9)
     schedule = with_drafts(scheduler.schedule(lambda r: 3), {request: [4, 5, 6]})
     _, batch = build(scheduler, schedule)
@@ -196,8 +202,10 @@ def test_verified_tokens_take_the_longest_accepted_prefix(num_drafts, seed, num_
     prefills = [ScheduledRequest(None, 0, 5) for _ in range(num_prefills)]
     n = len(decodes) * width + num_prefills
     tokens, accepted = rng.integers(0, 50, n), rng.integers(0, 2, n)
-    sample_rows = np.array([r * width + k for r, k in enumerate(num_drafts)]
-                           + [len(decodes) * width + j for j in range(num_prefills)])  # fmt: skip
+    sample_rows = np.array(
+        [r * width + k for r, k in enumerate(num_drafts)]
+        + [len(decodes) * width + j for j in range(num_prefills)]
+    )
     result = np.stack([tokens, accepted])
     sampled, drafts, stats = verified_tokens(
         Schedule(decodes, prefills, []), sample_rows, width, result
@@ -215,8 +223,9 @@ def test_verified_tokens_take_the_longest_accepted_prefix(num_drafts, seed, num_
 
 
 def planted(batch, **changes):
-    return dataclasses.replace(batch.inputs, decode=dataclasses.replace(batch.inputs.decode,
-                                                                        **changes))  # fmt: skip
+    return dataclasses.replace(
+        batch.inputs, decode=dataclasses.replace(batch.inputs.decode, **changes)
+    )
 
 
 def test_validate_catches_lane_slot_bugs():

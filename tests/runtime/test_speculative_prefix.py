@@ -16,9 +16,9 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from runtime.engine import Engine
-from runtime.device.model_runner import ModelRunner
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
 from tests.compiled import per_module
 from tests.runtime.conftest import FAMILIES, model_and_runner
 from tests.runtime.spec_support import Oracle
@@ -41,8 +41,9 @@ SPEC_PREFIX_SLOTS = 1 + MAX_NUM_SEQS * (2 + K) + MAX_CACHED
 
 def spec_prefix_config(family: str, **options):
     speculative = SpeculativeConfig("ngram", K, prompt_lookup_min=1, prompt_lookup_max=3)
-    return prefix_config(family, "all", num_slots=SPEC_PREFIX_SLOTS, speculative=speculative,
-                         **options)  # fmt: skip
+    return prefix_config(
+        family, "all", num_slots=SPEC_PREFIX_SLOTS, speculative=speculative, **options
+    )
 
 
 @per_module
@@ -55,8 +56,7 @@ def oracle_engine(family: str, arrivals, seed: int = 0, **options) -> Engine:
     """A fresh speculative "all" engine whose drafter proposes each request's true greedy
     continuation (arrivals as in `serve`), with planned mistakes."""
     model, _ = model_and_runner(family)
-    engine = Engine(model, spec_prefix_config(family, **options),
-                    runner=spec_prefix_runner(family))  # fmt: skip
+    engine = Engine(model, spec_prefix_config(family, **options), runner=spec_prefix_runner(family))
     truth = {str(i): reference(family, tuple(p), n) for i, (_, p, n) in enumerate(arrivals)}
     engine.drafter = Oracle(truth, K, seed=seed)
     return engine
@@ -86,8 +86,10 @@ def published_states(engine: Engine) -> dict[bytes, list[np.ndarray]]:
     """Key -> the published state's rows in every recurrent layer, read back from the device."""
     cache, caches = engine.inspect.scheduler.slots.cache, engine.runner.caches
     layers = [layer for layer in caches if layer is not None and type(layer).__name__ != "KVCache"]
-    return {key: [np.asarray(leaf[slot]) for layer in layers for leaf in jax.tree.leaves(layer)]
-            for key, slot in cache.published_states.items()}  # fmt: skip
+    return {
+        key: [np.asarray(leaf[slot]) for layer in layers for leaf in jax.tree.leaves(layer)]
+        for key, slot in cache.published_states.items()
+    }
 
 
 @pytest.mark.parametrize("family", ["nemotron_h", "qwen3_next"])

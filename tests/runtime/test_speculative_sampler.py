@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
-from runtime.device.sampler import accept_drafts, sample
 from runtime.core.sampling_inputs import SamplingMode
+from runtime.device.sampler import accept_drafts, sample
 from tests.runtime.test_sampler import LOGITS5, N, assert_distribution, inputs, reference_probs
 
 
-def step_inputs(drafts: np.ndarray, query_lens: np.ndarray, width: int,
-                num_prefill_rows: int = 0) -> StepInputs:  # fmt: skip
+def step_inputs(
+    drafts: np.ndarray, query_lens: np.ndarray, width: int, num_prefill_rows: int = 0
+) -> StepInputs:
     """Decode rows whose lane t + 1 feeds drafts[r, t]; only the fields the verifier reads are
     filled (token ids and query lengths), the rest are shaped zeros."""
     rows = query_lens.size
@@ -30,15 +31,27 @@ def step_inputs(drafts: np.ndarray, query_lens: np.ndarray, width: int,
     tokens[:, 1:] = drafts
     tokens = np.where(np.arange(width)[None, :] < query_lens[:, None], tokens, 0)
     num_tokens = rows * width + num_prefill_rows
-    decode = DecodeRows(query_lens.astype(np.int32), i32(rows), i32(rows), i32((rows, width)),
-                        i32((rows, 1)))  # fmt: skip
-    prefill = PrefillRows(np.arange(num_prefill_rows + 1, dtype=np.int32), i32(num_prefill_rows),
-                          i32(num_prefill_rows), np.zeros(num_prefill_rows, bool),
-                          i32(num_prefill_rows), i32(num_prefill_rows),
-                          i32((num_prefill_rows, 1)))  # fmt: skip
+    decode = DecodeRows(
+        query_lens.astype(np.int32), i32(rows), i32(rows), i32((rows, width)), i32((rows, 1))
+    )
+    prefill = PrefillRows(
+        np.arange(num_prefill_rows + 1, dtype=np.int32),
+        i32(num_prefill_rows),
+        i32(num_prefill_rows),
+        np.zeros(num_prefill_rows, bool),
+        i32(num_prefill_rows),
+        i32(num_prefill_rows),
+        i32((num_prefill_rows, 1)),
+    )
     flat = np.concatenate([tokens.reshape(-1), np.full(num_prefill_rows, 9, np.int32)])
-    return StepInputs(flat, i32(num_tokens), i32(num_tokens), decode, prefill,
-                      i32(rows * width + num_prefill_rows))  # fmt: skip
+    return StepInputs(
+        flat,
+        i32(num_tokens),
+        i32(num_tokens),
+        decode,
+        prefill,
+        i32(rows * width + num_prefill_rows),
+    )
 
 
 @functools.partial(jax.jit, static_argnums=3)
@@ -51,8 +64,9 @@ def verified_rows(logits5: np.ndarray, draft: int, **sampling) -> tuple[np.ndarr
     """(accepted [N] bool, lane-0 token [N]) of N two-lane rows with lane-0 logits `logits5`."""
     logits = np.zeros((N, 2, 5), np.float32)
     logits[:, 0] = logits5
-    params = inputs(2 * N, seeds=np.repeat(np.arange(N), 2), counters=np.tile([0, 1], N),
-                    **sampling)  # fmt: skip
+    params = inputs(
+        2 * N, seeds=np.repeat(np.arange(N), 2), counters=np.tile([0, 1], N), **sampling
+    )
     step = step_inputs(np.full((N, 1), draft), np.full(N, 2), 2)
     tokens, accepted = verify(logits.reshape(2 * N, 5), params, step, SamplingMode.of(params))
     return np.asarray(accepted)[0::2], np.asarray(tokens)[0::2]

@@ -56,8 +56,15 @@ def test_random_schedule_with_drafts_equals_full_recompute(
         family, requests, extra_budget, max_num_seqs, eos_at
     )
     method = "draft_model" if drafter == "draft_model" else "ngram"
-    engine = spec_engine(family, method, K, draft=f"noisy:{family}", eos_token_ids=eos,
-                         max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)  # fmt: skip
+    engine = spec_engine(
+        family,
+        method,
+        K,
+        draft=f"noisy:{family}",
+        eos_token_ids=eos,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+    )
     if drafter == "oracle":
         engine.drafter = Oracle({str(i): f for i, f in enumerate(free)}, K, seed=seed)
     outputs, aborted, step, preempted_while_drafting = {}, set(), 0, False

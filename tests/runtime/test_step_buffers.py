@@ -17,8 +17,9 @@ def test_a_variant_s_buffers_keep_their_addresses_and_outputs_outlive_the_next_s
     _, runner = model_and_runner("mamba2")
     config = runner.config
     bucket = BucketPolicy(config).decode_buckets()[0]
-    dummy = build_dummy(bucket, max_blocks=config.max_blocks_per_seq,
-                        state_block_size=config.boundary_block_size)  # fmt: skip
+    dummy = build_dummy(
+        bucket, max_blocks=config.max_blocks_per_seq, state_block_size=config.boundary_block_size
+    )
     for carry in (False, True):
         first = runner.dispatch(bucket, [dummy], carry=carry)
         key = runner.variants[-1]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from jmamba.tokenizer import byte_tokenizer
-from runtime.engine import Engine
 from runtime.core.sampling_params import SamplingParams
+from runtime.engine import Engine
 from tests.runtime.conftest import (
     MAX_MODEL_LEN,
     _naive_forward,
@@ -40,8 +40,10 @@ def test_stream_deltas_add_up_to_the_outputs(family):
     final tokens (equal to the naive loop's) and its last delta carries the output."""
     rng = np.random.default_rng(5)
     engine = make_engine(family)
-    prompts = {engine.add_request(rng.integers(0, 256, n).tolist(), SamplingParams(max_tokens=5)):
-               None for n in (3, 21, 9)}  # fmt: skip
+    prompts = {
+        engine.add_request(rng.integers(0, 256, n).tolist(), SamplingParams(max_tokens=5)): None
+        for n in (3, 21, 9)
+    }
     prompts = {rid: engine.request(rid).prompt_token_ids for rid in prompts}
     streamed: dict[str, list[int]] = {rid: [] for rid in prompts}
     finals = {}
@@ -101,8 +103,9 @@ def test_stop_string_cuts_the_text_and_keeps_the_tokens(family):
     clean = [i for i in range(2, len(text)) if text[i].isascii() and text[i].isprintable()]
     stop = text[clean[0] : clean[0] + 2] if clean[0] + 1 in clean else text[clean[0]]
     cut = text.find(stop)
-    needed = next(n for n in range(1, len(tokens) + 1)
-                  if stop in byte_tokenizer().decode(tokens[:n]))  # fmt: skip
+    needed = next(
+        n for n in range(1, len(tokens) + 1) if stop in byte_tokenizer().decode(tokens[:n])
+    )
     engine = text_engine(family)
     params = SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop, "never seen"])
     rid = engine.add_request(prompt, params)

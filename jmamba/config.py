@@ -76,7 +76,7 @@ class Mamba2Config:
     chunk_size: int
     conv_bias: bool = True
     dt_limit: tuple[float, float] = (0.0, math.inf)
-    # The prefill scan kernel (`pallas_kernels.ssd_chunk_scan`): a property of the model, never of
+    # The prefill scan kernel (`pallas_kernels.ssd.chunk_scan`): a property of the model, never of
     # the batch, so a request's prefill output does not depend on what shares its step.
     scan_algorithm: str = "sequential"
 

@@ -40,13 +40,16 @@ from benchmarks.bench_engine import build_model, hf_config
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
+from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
+from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from runtime.speculative.draft_model import draft_engine_config
+from runtime.speculative.verify import with_drafts
 
 METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4")
 
@@ -79,17 +82,23 @@ class OracleDrafter:
 
     def __init__(self, truth: dict[str, list[int]], k: int) -> None:
         self.truth, self.k = truth, k
+        self._proposals: dict[Request, list[int]] = {}
+
+    def check(self, params: SamplingParams) -> None:
+        """Serves what the bench asks."""
 
     def num_wanted(self, request: Request) -> int:
         done = len(request.output_token_ids)
-        request.draft_token_ids = self.truth[request.request_id][done : done + self.k]
-        return len(request.draft_token_ids)
+        self._proposals[request] = self.truth[request.request_id][done : done + self.k]
+        return len(self._proposals[request])
 
-    def propose(self, schedules, bucket) -> None:
-        """Nothing to run."""
+    def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
+        """Nothing to run: each row with lanes feeds its proposal."""
+        proposals, self._proposals = self._proposals, {}
+        return [with_drafts(schedule, proposals) for schedule in schedules]
 
     def release_done(self) -> None:
-        """Holds nothing."""
+        """Holds nothing past a step."""
 
     def warmup(self) -> None:
         """Compiles nothing."""

@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.bench_engine import build_model
+from benchmarks.engine.models import build_model
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.model_runner import ModelRunner

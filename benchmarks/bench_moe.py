@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, name: str) -> list[dict]:
     import numpy as np
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from benchmarks.bench_engine import measure_bandwidth
+    from benchmarks.engine.roofline import measure_bandwidth
 
     bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
     e, h, i, k = args.experts, args.hidden, args.width, args.top_k

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.bench_engine import measure_bandwidth
+from benchmarks.engine.roofline import measure_bandwidth
 from pallas_kernels.attention.decode import paged_decode_attention
 from pallas_kernels.attention.reference import paged_decode_attention_reference
 

@@ -51,7 +51,7 @@ from benchmarks.bench_mamba2_kernels import (  # noqa: E402
     time_loop,
     unrolled,
 )
-from benchmarks.profile_engine import load_trace, profile_events  # noqa: E402
+from benchmarks.engine.trace import load_trace, profile_events  # noqa: E402
 from pallas_kernels.conv import prefill as conv  # noqa: E402
 from pallas_kernels.conv import reference as conv_ref  # noqa: E402
 from pallas_kernels.gdn import chunk as gdn  # noqa: E402

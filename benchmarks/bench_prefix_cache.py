@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from benchmarks.bench_engine import build_model
+from benchmarks.engine.models import build_model
 from jmamba import HybridLM
 from runtime.core.buckets import Bucket, BucketPolicy, lane_width
 from runtime.core.config import EngineConfig

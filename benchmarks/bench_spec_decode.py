@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from benchmarks.bench_engine import build_model, hf_config
+from benchmarks.engine.models import build_model, hf_config
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
 from jmamba.weights import cast

@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks.bench_engine import build_model, make_engine
+from benchmarks.engine.models import build_model
+from benchmarks.engine.serving import make_engine
 from runtime import engine as engine_module
 from runtime.engine import Engine
 

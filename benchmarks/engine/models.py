@@ -1,0 +1,126 @@
+"""The random bench models (bf16 weights, fp32 recurrent state): `1b`, NemotronH-shaped, ~0.87B
+parameters; `qwen3next`, Qwen3-Next-80B-A3B's per-layer shapes on 12 layers; each with a `tiny` CPU
+twin."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from jmamba import HybridLM
+from jmamba.families import from_hf_config
+from jmamba.weights import cast
+
+SIZES = ("tiny", "1b", "qwen3next_tiny", "qwen3next")
+MAX_POSITIONS = 65536
+_MAMBA, _MLP, _ATTN = "mamba", "mlp", "attention"
+_GDN, _FULL = "linear_attention", "full_attention"
+
+
+def hf_config(size: str) -> dict:
+    """config.json of a bench model (see the module docstring)."""
+    if size.startswith("qwen3next"):
+        return _qwen3_next_config(tiny=size.endswith("tiny"))
+    if size == "tiny":
+        dims = dict(
+            hidden_size=64,
+            vocab_size=256,
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            ssm_state_size=16,
+            n_groups=2,
+            chunk_size=16,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
+        pattern = [_MAMBA, _MLP, _ATTN, _MLP]
+    else:
+        dims = dict(
+            hidden_size=2048,
+            vocab_size=32000,
+            mamba_num_heads=64,
+            mamba_head_dim=64,
+            ssm_state_size=128,
+            n_groups=8,
+            chunk_size=128,
+            intermediate_size=8192,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            head_dim=128,
+        )
+        pattern = [_MAMBA, _MLP] * 5 + [_ATTN, _MLP] + [_MAMBA, _MLP] * 5 + [_ATTN, _MLP]
+        pattern = pattern[:22] + [_MAMBA, _MLP]
+    return dict(
+        architectures=["NemotronHForCausalLM"],
+        layers_block_type=pattern,
+        conv_kernel=4,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=False,
+        **dims,
+    )
+
+
+def _qwen3_next_config(tiny: bool) -> dict:
+    """Qwen3-Next-80B-A3B's per-layer shapes on 12 layers (tiny: the same structure, small)."""
+    if tiny:
+        dims = dict(
+            hidden_size=64,
+            vocab_size=256,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        )
+        layers = [_GDN, _GDN, _GDN, _FULL]
+    else:
+        dims = dict(
+            hidden_size=2048,
+            vocab_size=151936,
+            linear_num_key_heads=16,
+            linear_num_value_heads=32,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            head_dim=256,
+            num_experts=512,
+            num_experts_per_tok=10,
+            moe_intermediate_size=512,
+            shared_expert_intermediate_size=512,
+        )
+        layers = [_GDN, _GDN, _GDN, _FULL] * 3
+    return dict(
+        architectures=["Qwen3NextForCausalLM"],
+        layer_types=layers,
+        num_hidden_layers=len(layers),
+        linear_conv_kernel_dim=4,
+        intermediate_size=5120,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+        tie_word_embeddings=False,
+        **dims,
+    )
+
+
+def build_model(size: str) -> HybridLM:
+    """The random bench model in bf16 (`jmamba.weights.cast`), initialised inside one jitted call so
+    the fp32 initial values of a 20B model never all exist at once."""
+    config = from_hf_config(hf_config(size))
+    make = lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16")  # noqa: E731
+    graphdef, _ = nnx.split(nnx.eval_shape(make))
+    state = jax.jit(lambda: nnx.split(make())[1])()
+    return nnx.merge(graphdef, state)

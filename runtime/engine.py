@@ -100,7 +100,7 @@ class Engine:
             model_config.vocab_size,
             self.config.max_model_len,
         )
-        self._timer = StepTimer(lambda: self.runner.total_compile_seconds)
+        self._timer = StepTimer(self.runner)
         self._num_launched = 0
         self._in_flight: _Launched | None = None  # asynchronous scheduling: dispatched, unretired
         self.tokenizer = tokenizer

@@ -38,6 +38,7 @@ def release() -> None:
     for cache_clear in _cache_clears:
         cache_clear()
     jax.clear_caches()
+    gc.unfreeze()  # engines freeze what is alive when built (EngineConfig.freeze_gc): let it go
     gc.collect()
 
 

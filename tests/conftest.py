@@ -1,9 +1,13 @@
 """Test-wide setup: fake CPU devices, XLA at its lowest optimisation level, hypothesis profiles,
-optional persistent compilation cache, compiled programs freed after each module."""
+one compilation cache per run shared by the xdist workers, compiled programs freed after each
+module."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import jax
 
@@ -23,13 +27,35 @@ jax.config.update(
 )
 
 # LLM turns on a persistent compilation cache in the user's cache directory; tests stay hermetic
-# (JAX_CACHE_DIR below is CI's own cache, inside the checkout).
+# and use one of their own per run (below).
 os.environ.setdefault("JMAMBA_COMPILE_CACHE", "off")
 
-if os.environ.get("JAX_CACHE_DIR"):
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_CACHE_DIR"])
+# One compilation cache per test run, shared by the xdist workers. Each module recompiles the
+# runners it builds (tests/compiled.py frees them after the module), and most of those programs
+# are the same from module to module and from worker to worker, so they load instead. The run's
+# first process makes the directory (under .jax_cache/, git-ignored) and removes it at the end;
+# workers find it in RUN_CACHE_ENV. JAX_CACHE_DIR names a directory to use instead (kept), and
+# JAX_CACHE_DIR=off turns the cache off.
+RUN_CACHE_ENV = "JMAMBA_TEST_RUN_CACHE"
+RUN_CACHES = Path(__file__).parents[1] / ".jax_cache" / "test-runs"
+
+
+def _use_compile_cache(path: str) -> None:
+    jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _cache_dir() -> str | None:
+    """The directory of this run's cache, when this process already knows it."""
+    given = os.environ.get("JAX_CACHE_DIR")
+    if given == "off":
+        return None
+    return given or os.environ.get(RUN_CACHE_ENV)
+
+
+if _cache_dir():  # an xdist worker, or a run with JAX_CACHE_DIR
+    _use_compile_cache(_cache_dir())
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
@@ -51,3 +77,21 @@ def _release_compiled_programs(request):
     yield
     check_map_headroom(request.module.__name__)
     release()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's first process (not an xdist worker) makes the run's compilation cache."""
+    if hasattr(config, "workerinput") or os.environ.get("JAX_CACHE_DIR") or _cache_dir():
+        return
+    RUN_CACHES.mkdir(parents=True, exist_ok=True)
+    run_cache = tempfile.mkdtemp(prefix="run-", dir=RUN_CACHES)
+    os.environ[RUN_CACHE_ENV] = run_cache  # the workers, started after this, inherit it
+    _use_compile_cache(run_cache)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or os.environ.get("JAX_CACHE_DIR"):
+        return
+    run_cache = os.environ.pop(RUN_CACHE_ENV, None)
+    if run_cache:
+        shutil.rmtree(run_cache, ignore_errors=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from runtime.core.schedule import Schedule
 from runtime.prefix_cache import PrefixCacheStats
@@ -69,13 +69,19 @@ class StepStats:
                 rank.num_tokens += sum(item.num_tokens for item in schedule.items)
 
 
+class CompileClock(Protocol):
+    """What a timer reads of the model runner: its running total of compile seconds."""
+
+    @property
+    def total_compile_seconds(self) -> float: ...
+
+
 class StepTimer:
     """One engine step's wall time split three ways: device (the runner calls made through
-    `device`, less what they spent compiling), compile, and host (the rest, at `stop`).
-    `compiled()` is the runner's running total of compile seconds."""
+    `device`, less what they spent compiling), compile, and host (the rest, at `stop`)."""
 
-    def __init__(self, compiled: Callable[[], float]) -> None:
-        self._compiled = compiled
+    def __init__(self, runner: CompileClock) -> None:
+        self._runner = runner
         self._start = 0.0
         self.host_seconds = self.device_seconds = self.compile_seconds = 0.0
 
@@ -85,10 +91,10 @@ class StepTimer:
 
     def device(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`call(*args, **kwargs)` (a runner's dispatch or fetch), timed as device time."""
-        compiled_before = self._compiled()
+        compiled_before = self._runner.total_compile_seconds
         start = time.perf_counter()
         result = call(*args, **kwargs)
-        compiled = self._compiled() - compiled_before
+        compiled = self._runner.total_compile_seconds - compiled_before
         self.compile_seconds += compiled
         self.device_seconds += time.perf_counter() - start - compiled
         return result

@@ -234,7 +234,8 @@ class Scheduler:
         """Each decode row, oldest first, with the drafts it can afford (module docstring, 5)."""
         rows = []
         for request in decoding:
-            k = self._affordable_drafts(request, num_drafts(request), budget)
+            wanted = num_drafts(request)
+            k = self._affordable_drafts(request, wanted, budget) if wanted > 0 else 0
             if k == 0:
                 rows.append(self.slots.decode_row(request))
                 continue
@@ -246,8 +247,6 @@ class Scheduler:
     def _affordable_drafts(self, request: Request, wanted: int, budget: int) -> int:
         """The most of `wanted` drafts the row may take: within K, the tokens it may still
         generate minus one, the token budget, the free lane slots and the free KV blocks."""
-        if wanted <= 0:
-            return 0
         params = request.sampling_params
         room = min(
             params.max_tokens - len(request.output_token_ids),

@@ -15,11 +15,23 @@ from runtime.core.speculative_config import (
 DEFAULT_MIN_TOKEN_BUDGET = 256  # the smallest derived token budget (the tiny presets get this)
 PREFIX_CACHING_MODES = ("off", "align", "all")
 # The mode a config that names none gets, where it can cache (`EngineConfig.resolved`); why "all":
-# see the EngineConfig docstring.
+# docs/architecture.md, "Prefix caching".
 DEFAULT_PREFIX_CACHING = "all"
 # The smallest derived state budget: "all" writes a state per state block of every prompt, and a
 # request's own deeper states would push a shared one out of a budget of one or two.
 DEFAULT_MIN_CACHED_STATES = 16
+
+# The fields that fix a compiled step's shapes, and the pool sizes of its caches: engines may share
+# a runner (its compiled steps and caches) when these agree (`EngineConfig.check_same_shapes`).
+STEP_SHAPE_FIELDS = (
+    "block_size",
+    "max_model_len",
+    "decode_row_buckets",
+    "prefill_token_buckets",
+    "prefill_row_buckets",
+    "data_parallel_size",
+)
+POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
 
 def powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
@@ -212,17 +224,7 @@ class EngineConfig:
     def check_same_shapes(self, other: EngineConfig, whose: str) -> None:
         """ValueError unless `other` (`whose` config) has this config's pool sizes and bucket
         tables: the shapes of compiled steps and caches that engines may share."""
-        for name in (
-            "num_blocks",
-            "num_slots",
-            "block_size",
-            "max_model_len",
-            "decode_row_buckets",
-            "prefill_token_buckets",
-            "prefill_row_buckets",
-            "data_parallel_size",
-            "boundary_block_size",
-        ):
+        for name in (*POOL_SIZE_FIELDS, *STEP_SHAPE_FIELDS, "boundary_block_size"):
             theirs, ours = getattr(other, name), getattr(self, name)
             if theirs != ours:
                 raise ValueError(f"{name}={ours} differs from {whose}'s {theirs}")

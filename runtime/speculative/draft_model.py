@@ -37,7 +37,7 @@ from flax import nnx
 
 from runtime.core.buckets import Bucket, lane_width, round_up
 from runtime.core.builder import StepBatch, build_dummy, build_step, with_mode
-from runtime.core.config import EngineConfig
+from runtime.core.config import POOL_SIZE_FIELDS, STEP_SHAPE_FIELDS, EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
@@ -199,19 +199,13 @@ def draft_engine_config(config: EngineConfig) -> EngineConfig:
 
 
 def _check_shared_runner(shared: EngineConfig, needed: EngineConfig) -> None:
-    same = (
-        "block_size",
-        "max_model_len",
-        "decode_row_buckets",
-        "prefill_token_buckets",
-        "prefill_row_buckets",
-        "data_parallel_size",
-    )
-    for name in same:
+    """ValueError unless a shared draft runner has the draft passes' step shapes and pools at
+    least as large as this engine's."""
+    for name in STEP_SHAPE_FIELDS:
         theirs, ours = getattr(shared, name), getattr(needed, name)
         if theirs != ours:
             raise ValueError(f"draft runner {name}={theirs} differs from this engine's {ours}")
-    for name in ("num_blocks", "num_slots"):
+    for name in POOL_SIZE_FIELDS:
         theirs, ours = getattr(shared, name), getattr(needed, name)
         if theirs < ours:
             raise ValueError(f"draft runner {name}={theirs} is below this engine's {ours}")

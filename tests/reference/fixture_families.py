@@ -1,4 +1,4 @@
-"""The ten fixture families of `make_fixtures.py`: each one's tiny random HF model (class and
+"""The fixture families of `make_fixtures.py`: each one's tiny random HF model (class and
 config), its two sequence lengths and its chunk schedules (`FAMILIES`)."""
 
 from __future__ import annotations
@@ -231,6 +231,78 @@ def qwen3_5_moe_odd() -> tuple[type, Any]:
     return transformers.Qwen3_5MoeForCausalLM, cfg
 
 
+def falcon_h1() -> tuple[type, Any]:
+    """Falcon-H1: 2 layers of attention + Mamba2 side by side, then a SwiGLU MLP. The Mamba2 half
+    has the gated group norm with the norm before the gate (2 groups), d_ssm from expand; every
+    muP multiplier is away from 1 (and each one different) so a folding error shows."""
+    cfg = transformers.FalconH1Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        mamba_d_ssm=None,
+        mamba_expand=2,
+        mamba_n_heads=8,
+        mamba_d_head="auto",
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_chunk_size=16,
+        mamba_rms_norm=True,
+        mamba_norm_before_gate=True,
+        rope_theta=1000.0,
+        embedding_multiplier=1.7,
+        lm_head_multiplier=0.6,
+        attention_in_multiplier=1.3,
+        attention_out_multiplier=0.8,
+        key_multiplier=0.7,
+        ssm_in_multiplier=1.25,
+        ssm_out_multiplier=0.9,
+        ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 0.7],
+        mlp_multipliers=[0.85, 1.15],
+        **IDS,
+    )
+    return transformers.FalconH1ForCausalLM, cfg
+
+
+def falcon_h1_odd() -> tuple[type, Any]:
+    """Falcon-H1, odd dims and the released checkpoints' Mamba2 settings (no norm: y * silu(z),
+    one group): attention 6 / 2 KV heads x head_dim 20 (not hidden / heads = 12); Mamba2
+    mamba_d_ssm 120 (not expand * hidden) = 5 heads x 24, d_state 12 (conv_dim 144), chunk 32;
+    MLP 96; other multipliers than falcon_h1's."""
+    cfg = transformers.FalconH1Config(
+        hidden_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=20,
+        intermediate_size=96,
+        mamba_d_ssm=120,
+        mamba_n_heads=5,
+        mamba_d_head=24,
+        mamba_n_groups=1,
+        mamba_d_state=12,
+        mamba_d_conv=4,
+        mamba_chunk_size=32,
+        mamba_rms_norm=False,
+        mamba_norm_before_gate=False,
+        rope_theta=5000.0,
+        embedding_multiplier=2.2,
+        lm_head_multiplier=0.45,
+        attention_in_multiplier=0.75,
+        attention_out_multiplier=1.4,
+        key_multiplier=1.6,
+        ssm_in_multiplier=0.8,
+        ssm_out_multiplier=1.3,
+        ssm_multipliers=[1.2, 0.7, 1.3, 0.6, 1.5],
+        mlp_multipliers=[1.25, 0.65],
+        **IDS,
+    )
+    return transformers.FalconH1ForCausalLM, cfg
+
+
 @dataclasses.dataclass(frozen=True)
 class Fixture:
     """One fixture: its model, its two sequence lengths and its chunk schedules.
@@ -264,4 +336,6 @@ FAMILIES: dict[str, Fixture] = {
     "qwen3_next_odd": Fixture(qwen3_next_odd, **_ODD),
     "qwen3_5_odd": Fixture(qwen3_5_odd, **_ODD),
     "qwen3_5_moe_odd": Fixture(qwen3_5_moe_odd, **_ODD),
+    "falcon_h1": Fixture(falcon_h1, **_SMALL),
+    "falcon_h1_odd": Fixture(falcon_h1_odd, **_ODD),
 }

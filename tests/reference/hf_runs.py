@@ -22,7 +22,8 @@ def perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
         for _, p in model.named_parameters():
             p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale)
         for name, b in model.named_buffers():
-            if "inv_freq" in name or not b.is_floating_point():
+            # Falcon-H1's mup_vector is rebuilt from config.json on load (it is not saved).
+            if "inv_freq" in name or "mup_vector" in name or not b.is_floating_point():
                 continue
             b.add_(torch.randn(b.shape, generator=gen, dtype=b.dtype) * scale)
 

@@ -59,7 +59,10 @@ def build(family: str, seqs: list[np.ndarray]) -> tuple[torch.nn.Module, list[in
             break
     else:
         raise AssertionError(f"{family}: every seed has a router near-tie (last {margin:.2e})")
-    recurrent = [i for i, t in enumerate(model.config.layer_types) if t == "linear_attention"]
+    # Falcon-H1's "hybrid" layers run a Mamba2 mixer beside their attention.
+    recurrent = [
+        i for i, t in enumerate(model.config.layer_types) if t in ("linear_attention", "hybrid")
+    ]
     return model, recurrent, margin
 
 

@@ -1,7 +1,8 @@
 """Model configuration: one frozen dataclass per layer kind, the hybrid pattern as data.
 
-A model is a stack of layers; each layer is an optional token mixer (attention, Mamba2 or Gated
-DeltaNet) and an optional feed-forward block (dense MLP or MoE), each pre-normed with a residual.
+A model is a stack of layers; each layer is an optional token mixer (attention, Mamba2, Gated
+DeltaNet, or attention and Mamba2 side by side) and an optional feed-forward block (dense MLP or
+MoE), each pre-normed with a residual.
 `jmamba.families` turns a Hugging Face `config.json` into a `ModelConfig`.
 """
 
@@ -13,6 +14,8 @@ import math
 
 GDN_CHUNK_SIZE = 64  # the Gated DeltaNet prefill chunk (fixed in every reference implementation)
 SCAN_ALGORITHMS = ("sequential", "parallel")  # the Mamba2 prefill scan kernels
+# How the Mamba2 output y meets its gate z (`Mamba2Config.gate_norm`).
+GATE_NORMS = ("gate_then_norm", "norm_then_gate", "gate_only")
 
 
 class Mixer(enum.StrEnum):
@@ -22,6 +25,17 @@ class Mixer(enum.StrEnum):
     ATTENTION = "attention"
     MAMBA2 = "mamba2"
     GDN = "gdn"
+    PARALLEL_HYBRID = "parallel_hybrid"  # attention and Mamba2 on the same input, outputs summed
+
+    @property
+    def uses_kv_cache(self) -> bool:
+        """Whether a layer of this kind keeps KV blocks."""
+        return self in (Mixer.ATTENTION, Mixer.PARALLEL_HYBRID)
+
+    @property
+    def uses_state(self) -> bool:
+        """Whether a layer of this kind keeps a recurrent state in a slot."""
+        return self in (Mixer.MAMBA2, Mixer.GDN, Mixer.PARALLEL_HYBRID)
 
 
 class Ffn(enum.StrEnum):
@@ -66,7 +80,13 @@ class AttentionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Mamba2Config:
-    """Mamba2 (SSD) mixer: in_proj -> [z | xBC | dt], conv(xBC), SSM, gated group norm, out_proj."""
+    """Mamba2 (SSD) mixer: in_proj -> [z | xBC | dt], conv(xBC), SSM, gated group norm, out_proj.
+
+    `gate_norm` is how the SSM output y meets the gate z before out_proj, the norm an RMSNorm over
+    groups of d_inner / n_groups channels with a weight of d_inner: "gate_then_norm"
+    `norm(y * silu(z))` (Mamba2, NemotronH), "norm_then_gate" `norm(y) * silu(z)`, "gate_only"
+    `y * silu(z)` with no norm (Falcon-H1 without `mamba_rms_norm`).
+    """
 
     num_heads: int
     head_dim: int
@@ -76,6 +96,7 @@ class Mamba2Config:
     chunk_size: int
     conv_bias: bool = True
     dt_limit: tuple[float, float] = (0.0, math.inf)
+    gate_norm: str = "gate_then_norm"
     # The prefill scan kernel (`pallas_kernels.ssd.chunk_scan`): a property of the model, never of
     # the batch, so a request's prefill output does not depend on what shares its step.
     scan_algorithm: str = "sequential"
@@ -90,6 +111,10 @@ class Mamba2Config:
             f"mamba num_heads={self.num_heads} must be a multiple of n_groups={self.n_groups}",
         )
         _require(self.d_conv >= 2, f"conv kernel d_conv={self.d_conv} must be >= 2")
+        _require(
+            self.gate_norm in GATE_NORMS,
+            f"gate_norm={self.gate_norm!r} must be one of {GATE_NORMS}",
+        )
 
     @property
     def d_inner(self) -> int:
@@ -182,13 +207,59 @@ class MoeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WeightMultipliers:
+    """Constant multipliers of a checkpoint (Falcon-H1's muP ones), folded into the weights at load
+    time (`jmamba.weights`): the model holds `multiplier x weight` and never reads these fields, so
+    a step pays nothing for them and all 1.0 (the default) is a plain checkpoint. Each scales the
+    output of one linear map of every layer that has it (the multiplier on a map's input is the
+    same as one on its output):
+
+      embedding: the embedding rows (and so the tied head, see `ModelConfig`).
+      lm_head: the logits (the lm_head kernel).
+      attention_in: q, k and v (their projection kernels).
+      attention_key: k, before RoPE, which is linear (k_proj).
+      attention_out: the attention output (o_proj).
+      mamba2_in: the whole Mamba2 in_proj output.
+      mamba2_segments: (z, x, B, C, dt), each segment of the Mamba2 in_proj output; x, B and C
+        before the conv, which is linear in them (its bias is not scaled), dt before dt_bias.
+      mamba2_out: the Mamba2 output (out_proj).
+      mlp_gate, mlp_down: the SwiGLU gate before its silu (gate_proj) and the MLP output
+        (down_proj).
+    """
+
+    embedding: float = 1.0
+    lm_head: float = 1.0
+    attention_in: float = 1.0
+    attention_key: float = 1.0
+    attention_out: float = 1.0
+    mamba2_in: float = 1.0
+    mamba2_segments: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    mamba2_out: float = 1.0
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(
+            len(self.mamba2_segments) == 5,
+            f"mamba2_segments={self.mamba2_segments} needs one multiplier per (z, x, B, C, dt)",
+        )
+        values = [v for v in dataclasses.astuple(self) if not isinstance(v, tuple)]
+        values += list(self.mamba2_segments)
+        _require(
+            all(math.isfinite(v) and v != 0.0 for v in values),
+            f"weight multipliers must be finite and non-zero, got {self}",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A hybrid language model: the per-layer pattern plus one config per layer kind in use.
 
     `norm_offset` is 1.0 for zero-centred RMSNorms (`x_hat * (1 + w)`, Qwen3-Next) and 0.0 for plain
     ones. `architecture` is the HF class name the config came from (it picks the weight names).
     `eos_token_ids` end generation (unless a request ignores EOS): those of config.json and of
-    generation_config.json when the checkpoint has one.
+    generation_config.json when the checkpoint has one. `multipliers` are folded into the weights
+    at load time; a tied head is the embedding, so it needs equal embedding and lm_head ones.
     """
 
     architecture: str
@@ -206,6 +277,7 @@ class ModelConfig:
     gdn: GDNConfig | None = None
     mlp: MlpConfig | None = None
     moe: MoeConfig | None = None
+    multipliers: WeightMultipliers = WeightMultipliers()
 
     def __post_init__(self) -> None:
         _require(
@@ -223,18 +295,24 @@ class ModelConfig:
             f"eos_token_ids {outside} are outside the vocabulary [0, {self.vocab_size})",
         )
         needs = {
-            Mixer.ATTENTION: "attention",
-            Mixer.MAMBA2: "mamba2",
-            Mixer.GDN: "gdn",
-            Ffn.MLP: "mlp",
-            Ffn.MOE: "moe",
+            Mixer.ATTENTION: ("attention",),
+            Mixer.MAMBA2: ("mamba2",),
+            Mixer.GDN: ("gdn",),
+            Mixer.PARALLEL_HYBRID: ("attention", "mamba2"),
+            Ffn.MLP: ("mlp",),
+            Ffn.MOE: ("moe",),
         }
         for kind in set(self.mixers) | set(self.ffns):
-            if kind in needs:
+            for name in needs.get(kind, ()):
                 _require(
-                    getattr(self, needs[kind]) is not None,
-                    f"layer kind {kind.value!r} is used but the {needs[kind]} config is missing",
+                    getattr(self, name) is not None,
+                    f"layer kind {kind.value!r} is used but the {name} config is missing",
                 )
+        _require(
+            not self.tie_word_embeddings or self.multipliers.embedding == self.multipliers.lm_head,
+            f"a tied lm_head is the embedding: its multiplier {self.multipliers.lm_head} must "
+            f"equal the embedding's {self.multipliers.embedding}",
+        )
 
     @property
     def num_layers(self) -> int:
@@ -242,17 +320,17 @@ class ModelConfig:
 
     @property
     def has_attention(self) -> bool:
-        return Mixer.ATTENTION in self.mixers
+        return any(kind.uses_kv_cache for kind in self.mixers)
 
     @property
     def has_recurrent_state(self) -> bool:
-        return Mixer.MAMBA2 in self.mixers or Mixer.GDN in self.mixers
+        return any(kind.uses_state for kind in self.mixers)
 
     @property
     def chunk_size(self) -> int:
         """Prefill chunks must end on absolute multiples of this (the recurrent kernels' chunk)."""
         sizes = [1]
-        if Mixer.MAMBA2 in self.mixers:
+        if Mixer.MAMBA2 in self.mixers or Mixer.PARALLEL_HYBRID in self.mixers:
             sizes.append(self.mamba2.chunk_size)
         if Mixer.GDN in self.mixers:
             sizes.append(GDN_CHUNK_SIZE)

@@ -21,8 +21,9 @@ from jmamba.layers.norms import RMSNorm
 from jmamba.mixers.attention import Attention, KVCache
 from jmamba.mixers.gated_deltanet import GatedDeltaNet, GDNState
 from jmamba.mixers.mamba2 import Mamba2, Mamba2State
+from jmamba.mixers.parallel_hybrid import ParallelHybrid, ParallelHybridCache
 
-LayerCache = KVCache | Mamba2State | GDNState | None
+LayerCache = KVCache | Mamba2State | GDNState | ParallelHybridCache | None
 
 
 def rows_or_zeros(table: jax.Array, index: jax.Array) -> jax.Array:
@@ -46,6 +47,10 @@ def _make_mixer(config: ModelConfig, kind: Mixer, rngs: nnx.Rngs) -> nnx.Module 
             return Mamba2(hidden, config.mamba2, eps, rngs=rngs)
         case Mixer.GDN:
             return GatedDeltaNet(hidden, config.gdn, eps, rngs=rngs)
+        case Mixer.PARALLEL_HYBRID:
+            return ParallelHybrid(
+                hidden, config.attention, config.mamba2, eps, config.norm_offset, rngs=rngs
+            )
         case Mixer.NONE:
             return None
 
@@ -135,6 +140,16 @@ class HybridLM(nnx.Module):
                     return Mamba2State.zeros(cfg.mamba2, num_slots, dtype, state_dtype)
                 case Mixer.GDN:
                     return GDNState.zeros(cfg.gdn, num_slots, dtype, state_dtype)
+                case Mixer.PARALLEL_HYBRID:
+                    return ParallelHybridCache.zeros(
+                        cfg.attention,
+                        cfg.mamba2,
+                        num_blocks=num_blocks,
+                        block_size=block_size,
+                        num_slots=num_slots,
+                        dtype=dtype,
+                        state_dtype=state_dtype,
+                    )
                 case Mixer.NONE:
                     return None
 

@@ -10,7 +10,9 @@ loader's inverse: a model written and read back has the same parameters, bit for
 A where checkpoints hold A_log = log(-A), which fp32 cannot invert exactly both ways: a checkpoint
 read and written back has its tensors bit for bit except such an A_log, which may move to another
 value of the same A; an A set other than through `a_from_log` (training, perturbation) comes
-back within 2 ulps.
+back within 2 ulps. The same holds for a weight with a constant multiplier folded in
+(`ModelConfig.multipliers`, Falcon-H1's muP ones): neighbouring fp32 values may fold to one
+parameter, so such a weight may come back as the neighbour of the checkpoint's.
 
 Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
 """
@@ -32,6 +34,7 @@ from safetensors.numpy import load_file, save_file
 
 from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.families import from_hf_config, load_hf_config, read_json
+from jmamba.folding import mamba2_in_proj_scale, scaled
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
 from jmamba.model import HybridLM
@@ -114,15 +117,32 @@ def _gdn_in_proj(prefix: str, cfg: ModelConfig) -> Source:
     )
 
 
+def _attention_sources(hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
+    mult = cfg.multipliers
+    scales = {
+        "q_proj": mult.attention_in,
+        "k_proj": mult.attention_in * mult.attention_key,
+        "v_proj": mult.attention_in,
+        "o_proj": mult.attention_out,
+    }
+    src = {(p, "kernel"): scaled(_linear(f"{hf}.{p}"), scale) for p, scale in scales.items()}
+    if cfg.attention.qk_norm:
+        src.update({(n, "weight"): _same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
+    return src
+
+
 def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
     match kind:
         case Mixer.MAMBA2:
             src = {
-                ("in_proj", "kernel"): _linear(f"{hf}.in_proj"),
+                ("in_proj", "kernel"): scaled(_linear(f"{hf}.in_proj"), mamba2_in_proj_scale(cfg)),
                 ("conv_weight",): _conv(f"{hf}.conv1d"),
-                ("norm", "weight"): _same(f"{hf}.norm.weight"),
-                ("out_proj", "kernel"): _linear(f"{hf}.out_proj"),
+                ("out_proj", "kernel"): scaled(
+                    _linear(f"{hf}.out_proj"), cfg.multipliers.mamba2_out
+                ),
             }
+            if cfg.mamba2.gate_norm != "gate_only":
+                src[("norm", "weight")] = _same(f"{hf}.norm.weight")
             if cfg.mamba2.conv_bias:
                 src[("conv_bias",)] = _same(f"{hf}.conv1d.bias")
             src.update({(p,): _same(f"{hf}.{p}") for p in ("dt_bias", "D")})
@@ -138,13 +158,13 @@ def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source
                 ("out_proj", "kernel"): _linear(f"{hf}.out_proj"),
             }
         case Mixer.ATTENTION:
-            src = {
-                (p, "kernel"): _linear(f"{hf}.{p}")
-                for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+            return _attention_sources(hf, cfg)
+        case Mixer.PARALLEL_HYBRID:  # Falcon-H1: `self_attn` and `mamba` inside the layer
+            halves = {
+                "attention": _attention_sources(f"{hf}.self_attn", cfg),
+                "mamba2": _mixer_sources(Mixer.MAMBA2, f"{hf}.mamba", cfg),
             }
-            if cfg.attention.qk_norm:
-                src.update({(n, "weight"): _same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
-            return src
+            return {(h, *k): v for h, src in halves.items() for k, v in src.items()}
     return {}
 
 
@@ -156,7 +176,9 @@ def _mlp_sources(hf: str, gated: bool) -> dict[Path_, Source]:
 def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
     match kind:
         case Ffn.MLP:
-            return _mlp_sources(hf, cfg.mlp.activation == "silu_gated")
+            scales = {"gate_proj": cfg.multipliers.mlp_gate, "down_proj": cfg.multipliers.mlp_down}
+            src = _mlp_sources(hf, cfg.mlp.activation == "silu_gated")
+            return {k: scaled(v, scales.get(k[0], 1.0)) for k, v in src.items()}
         case Ffn.MOE:
             moe = cfg.moe
             gated = moe.activation == "silu_gated"
@@ -183,6 +205,13 @@ def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
         layer = f"backbone.layers.{i}"
         return f"{layer}.norm", f"{layer}.mixer", f"{layer}.norm", f"{layer}.mixer"
     layer = f"model.layers.{i}"
+    if cfg.architecture == "FalconH1ForCausalLM":  # the mixer's two halves are named inside
+        return (
+            f"{layer}.input_layernorm",
+            layer,
+            f"{layer}.pre_ff_layernorm",
+            f"{layer}.feed_forward",
+        )
     mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "linear_attn"
     return (
         f"{layer}.input_layernorm",
@@ -192,15 +221,22 @@ def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
     )
 
 
+_FINAL_NORMS = {"FalconH1ForCausalLM": "model.final_layernorm.weight"}
+
+
 def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
     """Map every parameter path of `HybridLM(cfg)` to the HF tensors it is built from."""
     if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
         embed, final = "backbone.embeddings.weight", "backbone.norm_f.weight"
     else:
         embed, final = "model.embed_tokens.weight", "model.norm.weight"
-    src: dict[Path_, Source] = {("embed",): _same(embed), ("final_norm", "weight"): _same(final)}
+    final = _FINAL_NORMS.get(cfg.architecture, final)
+    src: dict[Path_, Source] = {
+        ("embed",): scaled(_same(embed), cfg.multipliers.embedding),
+        ("final_norm", "weight"): _same(final),
+    }
     if not cfg.tie_word_embeddings:
-        src[("lm_head", "kernel")] = _linear("lm_head")
+        src[("lm_head", "kernel")] = scaled(_linear("lm_head"), cfg.multipliers.lm_head)
     for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
         mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
         if mixer != Mixer.NONE:

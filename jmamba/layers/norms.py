@@ -30,18 +30,31 @@ class RMSNorm(nnx.Module):
 
 
 class GroupGatedRMSNorm(nnx.Module):
-    """Mamba2's gated norm: `rmsnorm_per_group(y * silu(z)) * w` (gate before the norm)."""
+    """Mamba2's gated norm: `rmsnorm_per_group(y * silu(z)) * w` (gate before the norm), or with
+    `norm_first` `rmsnorm_per_group(y) * w * silu(z)` (Falcon-H1's `mamba_norm_before_gate`)."""
 
-    def __init__(self, dim: int, group_size: int, eps: float):
+    def __init__(self, dim: int, group_size: int, eps: float, norm_first: bool = False):
         self.weight = Fp32Param(jnp.ones((dim,), jnp.float32))
         self.group_size = group_size
         self.eps = eps
+        self.norm_first = norm_first
+
+    def _normalize(self, x: jax.Array) -> jax.Array:
+        groups = x.reshape(*x.shape[:-1], -1, self.group_size)
+        return rms_normalize(groups, self.eps).reshape(x.shape) * self.weight[...]
 
     def __call__(self, y: jax.Array, z: jax.Array) -> jax.Array:
-        gated = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
-        groups = gated.reshape(*gated.shape[:-1], -1, self.group_size)
-        normed = rms_normalize(groups, self.eps).reshape(gated.shape)
-        return (normed * self.weight[...]).astype(y.dtype)
+        gate = jax.nn.silu(z.astype(jnp.float32))
+        if self.norm_first:
+            return (self._normalize(y) * gate).astype(y.dtype)
+        return self._normalize(y.astype(jnp.float32) * gate).astype(y.dtype)
+
+
+class SiluGate(nnx.Module):
+    """`y * silu(z)` in fp32: the gate of a Mamba2 mixer without a norm (no weight)."""
+
+    def __call__(self, y: jax.Array, z: jax.Array) -> jax.Array:
+        return (y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).astype(y.dtype)
 
 
 class HeadGatedRMSNorm(nnx.Module):

@@ -8,7 +8,7 @@ store A_log = log(-A)), B_t/C_t: B/C (shared by the heads of a group), D: skip, 
     [x | B | C]    = xBC
     h_t            = exp(Delta_t A) h_{t-1} + Delta_t x_t B_t^T,   Delta_t = softplus(dt + dt_bias)
     y_t            = h_t C_t + D x_t
-    out            = groupnorm(y * silu(z)) W_out
+    out            = groupnorm(y * silu(z)) W_out       (or groupnorm(y) * silu(z), or y * silu(z))
 
 The parameter is A itself (fp32, `a_from_log` at load), so a step computes no -exp(A_log); the
 writer maps it back with `log_from_a`. A, D, dt_bias, the conv taps and the norm weight stay fp32
@@ -29,7 +29,7 @@ from jmamba.config import Mamba2Config
 from jmamba.inputs import StepInputs
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
-from jmamba.layers.norms import GroupGatedRMSNorm
+from jmamba.layers.norms import GroupGatedRMSNorm, SiluGate
 from jmamba.mixers.boundary_states import kernel_rows, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
 from pallas_kernels import ops
@@ -82,6 +82,14 @@ class Mamba2State:
         )
 
 
+def gate_norm(cfg: Mamba2Config, eps: float) -> GroupGatedRMSNorm | SiluGate:
+    """The module `(y, z) -> gated y` of `cfg.gate_norm` (see `Mamba2Config`)."""
+    if cfg.gate_norm == "gate_only":
+        return SiluGate()
+    group_size = cfg.d_inner // cfg.n_groups
+    return GroupGatedRMSNorm(cfg.d_inner, group_size, eps, cfg.gate_norm == "norm_then_gate")
+
+
 class Mamba2(nnx.Module):
     """The Mamba2 token mixer: `(x, state, inputs) -> (y, new_state)`."""
 
@@ -100,7 +108,7 @@ class Mamba2(nnx.Module):
         a_log = np.log(np.arange(1, cfg.num_heads + 1, dtype=np.float32))
         self.A = Fp32Param(jnp.asarray(a_from_log(a_log)))
         self.D = Fp32Param(jnp.ones((cfg.num_heads,), jnp.float32))
-        self.norm = GroupGatedRMSNorm(cfg.d_inner, cfg.d_inner // cfg.n_groups, norm_eps)
+        self.norm = gate_norm(cfg, norm_eps)
         self.out_proj = Linear(cfg.d_inner, hidden, rngs=rngs)
 
     def _conv_args(self) -> tuple[jax.Array, jax.Array | None]:

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jmamba.config import Mixer
+from jmamba.mixers.parallel_hybrid import ParallelHybridCache
 from jmamba.model import HybridLM
 from jmamba.weights import load_pretrained
 from tests.jmamba.steps import Row, build
@@ -31,6 +32,7 @@ from tests.jmamba.steps import Row, build
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ORIGINAL = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 ODD = tuple(f"{name}_odd" for name in ORIGINAL)  # non-power-of-two dims, several kernel chunks
+FALCON_H1 = ("falcon_h1", "falcon_h1_odd")  # attention beside Mamba2 in every layer, muP weights
 BLOCK, NUM_SLOTS = 16, 8
 SLOT_A, SLOT_B = 3, 6
 SPARE_BLOCKS = 3  # never owned by a request: they only hold garbage
@@ -188,15 +190,21 @@ def run_chunked(fx: Fixture) -> tuple[list[Comparison], Any]:
 
 
 def recurrent_layers(fx: Fixture) -> list[int]:
-    """Our indices of the Mamba2 / GDN layers (HF's `recurrent_layers` must be the same)."""
-    return [i for i, m in enumerate(fx.model.config.mixers) if m in (Mixer.MAMBA2, Mixer.GDN)]
+    """Our indices of the layers with a recurrent state (HF's `recurrent_layers` must be the
+    same): Mamba2, GDN and parallel hybrid ones."""
+    return [i for i, m in enumerate(fx.model.config.mixers) if m.uses_state]
+
+
+def recurrent_state(cache: Any) -> Any:
+    """A recurrent layer's state: its cache, or a parallel hybrid layer's Mamba2 half."""
+    return cache.state if isinstance(cache, ParallelHybridCache) else cache
 
 
 def final_states(fx: Fixture, caches: Any) -> list[Comparison]:
     """Conv and recurrent states of a and b after the chunked run, ours beside HF's."""
     out = []
     for i in recurrent_layers(fx):
-        conv, rec = (np.asarray(x) for x in jax.tree.leaves(caches[i]))
+        conv, rec = (np.asarray(x) for x in jax.tree.leaves(recurrent_state(caches[i])))
         if fx.model.config.mixers[i] == Mixer.GDN:
             rec = rec.transpose(0, 1, 3, 2)  # ours [V, K] per head, HF [K, V]
         for slot, t in ((SLOT_A, "a"), (SLOT_B, "b")):
@@ -211,5 +219,5 @@ def null_slot_untouched(fx: Fixture, caches: Any) -> bool:
     return all(
         bool(np.isnan(np.asarray(leaf)[0]).all())
         for i in recurrent_layers(fx)
-        for leaf in jax.tree.leaves(caches[i])
+        for leaf in jax.tree.leaves(recurrent_state(caches[i]))
     )

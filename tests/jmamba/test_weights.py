@@ -90,6 +90,52 @@ def test_layer_pattern_comes_from_the_config_fields():
     assert qwen.attention.rotary_dim == 4 and qwen.norm_offset == 1.0
 
 
+def test_falcon_h1_config_fields():
+    """Every layer is attention beside Mamba2 plus an MLP; head_dim and mamba_d_ssm are read
+    (falling back to hidden / heads and expand * hidden), mamba_rms_norm and
+    mamba_norm_before_gate pick the gate norm, and the multipliers come along for the loader."""
+    falcon = from_hf_config(fixture_config("falcon_h1"))
+    assert falcon.mixers == (Mixer.PARALLEL_HYBRID,) * 2 and falcon.ffns == (Ffn.MLP,) * 2
+    assert falcon.has_attention and falcon.has_recurrent_state and falcon.chunk_size == 16
+    assert falcon.mamba2.d_inner == 128 and falcon.mamba2.gate_norm == "norm_then_gate"
+    assert falcon.attention.rotary_dim == 16 and falcon.attention.rope_theta == 1000.0
+    assert falcon.multipliers.mamba2_segments == (0.9, 1.1, 0.8, 1.2, 0.7)
+    assert (falcon.multipliers.mlp_gate, falcon.multipliers.mlp_down) == (0.85, 1.15)
+    odd = from_hf_config(fixture_config("falcon_h1_odd"))
+    assert odd.attention.head_dim == 20 and odd.mamba2.d_inner == 120  # not 12, not 144
+    assert odd.mamba2.gate_norm == "gate_only"
+    cfg = fixture_config("falcon_h1_odd")
+    cfg.update(mamba_rms_norm=True, mamba_norm_before_gate=False, mamba_d_head="auto")
+    del cfg["head_dim"]
+    edited = from_hf_config(cfg)
+    assert edited.mamba2.gate_norm == "gate_then_norm" and edited.mamba2.head_dim == 24
+    assert edited.attention.head_dim == 12
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(projectors_bias=True), "projectors_bias=True is not supported"),
+        (lambda c: c.update(mamba_proj_bias=True), "mamba_proj_bias=True is not supported"),
+        (lambda c: c.update(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+        (lambda c: c.update(mamba_d_head=16), r"mamba_n_heads\*mamba_d_head=80 must equal"),
+        (lambda c: c.pop("mamba_d_ssm"), "missing the required 'mamba_d_ssm'"),
+        (lambda c: c.update(ssm_multipliers=[1.0, 2.0]), "one multiplier per"),
+        (lambda c: c.update(key_multiplier=0.0), "must be finite and non-zero"),
+        (lambda c: c.update(tie_word_embeddings=True), "a tied lm_head is the embedding"),
+        (
+            lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
+            "rope_type='yarn' is not supported",
+        ),
+    ],
+)
+def test_falcon_h1_configs_we_cannot_run_raise(edit, message):
+    cfg = fixture_config("falcon_h1_odd")
+    edit(cfg)
+    with pytest.raises(ValueError, match=message):
+        from_hf_config(cfg)
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

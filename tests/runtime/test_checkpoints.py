@@ -1,6 +1,7 @@
 """The README's path for a downloaded checkpoint directory, on the transformers fixtures of every
 supported architecture: `LLM(directory)` and `jmamba generate --model directory` load it, the
-first greedy token is the argmax of transformers' logits, and dtype "auto" follows the weights."""
+first greedy token is the argmax of transformers' logits, and dtype "auto" follows the weights.
+Falcon-H1, whose layers hold both KV blocks and a state, also runs from a prefix-cache hit."""
 
 from __future__ import annotations
 
@@ -33,6 +34,34 @@ def test_checkpoint_directory_generates_transformers_greedy_token(name):
         [prompt], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False
     )
     assert output.token_ids == [int(np.argmax(expected["logits_full_a"][PROMPT_LEN - 1]))]
+
+
+def test_falcon_h1_prefill_after_a_prefix_hit_is_transformers():
+    """Falcon-H1 through the engine with the prefix cache: each layer holds KV blocks and a
+    Mamba2 state, and a hit needs both. A 44-token prompt after a 40-token one starts after the
+    cached 32 (the state block: lcm of block 16 and chunk 32); each first token and its logprob
+    are transformers'. One compiled step shape (prefill only), so a few seconds."""
+    expected = np.load(FIXTURES / "falcon_h1_odd" / "expected.npz")
+    seq_a = expected["seq_a"].tolist()
+    llm = LLM(
+        str(FIXTURES / "falcon_h1_odd"),
+        max_num_seqs=1,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        prefill_token_buckets=(64,),
+        prefix_caching="all",
+        validate_inputs=True,
+    )
+    params = SamplingParams(max_tokens=1, ignore_eos=True, logprobs=0)
+    for length in (40, 44):
+        (output,) = llm.generate([seq_a[:length]], params, use_tqdm=False)
+        logits = expected["logits_full_a"][length - 1].astype(np.float64)
+        token = int(np.argmax(logits))
+        log_prob = logits[token] - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        assert output.token_ids == [token]
+        assert abs(output.logprobs[0][token] - log_prob) < 1e-4
+    stats = llm.prefix_cache_stats
+    assert (stats.hits, stats.hit_tokens) == (1, 32)
 
 
 def bf16_copy(tmp_path: Path, name: str) -> Path:

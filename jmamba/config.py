@@ -223,8 +223,8 @@ class WeightMultipliers:
       mamba2_segments: (z, x, B, C, dt), each segment of the Mamba2 in_proj output; x, B and C
         before the conv, which is linear in them (its bias is not scaled), dt before dt_bias.
       mamba2_out: the Mamba2 output (out_proj).
-      mlp_gate, mlp_down: the SwiGLU gate before its silu (gate_proj) and the MLP output
-        (down_proj).
+      mlp_gate, mlp_down: the dense SwiGLU MLP's gate before its silu (gate_proj) and its output
+        (down_proj); MoE experts have none.
     """
 
     embedding: float = 1.0

@@ -11,10 +11,11 @@ Tensor parallelism (not built yet): both halves split by head over `tp` and shar
 Attention splits q_proj's columns by query head and k_proj / v_proj's by KV head (the KV cache on
 its kv-heads axis; KV heads replicated when there are fewer than `tp`), o_proj's rows by head.
 Mamba2 splits in_proj's z, x and dt columns by head and its B, C columns by group (n_groups a
-multiple of `tp`, else B and C replicated), the conv channels, A, D and dt_bias likewise, the
-norm weight by group (the group norm reduces inside a group only), out_proj's rows by head, and
-the state's conv channel and head axes. Each rank sums its two partial outputs before the one
-all-reduce of the layer.
+multiple of `tp`, else B and C replicated), the conv channels, A, D and dt_bias likewise,
+out_proj's rows by head, and the state's conv channel and head axes. The gated group norm's
+weight splits with its groups, which stay on one rank when n_groups is a multiple of `tp`;
+otherwise its mean of squares needs a reduction across ranks ("gate_only" has no norm). Each rank
+sums its two partial outputs before the one all-reduce of the layer.
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ class AttentionConfig:
 
     `rotary_dim` = 0 means no rotary embedding (NemotronH). `output_gate` is Qwen3-Next's
     per-head sigmoid gate packed into q_proj; `qk_norm` its per-head RMSNorm of q and k.
+    `softmax_scale` multiplies q k^T before the softmax: None is 1 / sqrt(head_dim), a number is
+    the checkpoint's own (Granite's `attention_multiplier`); `scale` is the one in use.
     """
 
     num_heads: int
@@ -52,6 +54,7 @@ class AttentionConfig:
     rope_theta: float = 10000.0
     output_gate: bool = False
     qk_norm: bool = False
+    softmax_scale: float | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -62,6 +65,15 @@ class AttentionConfig:
             0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0,
             f"rotary_dim={self.rotary_dim} must be even and in [0, head_dim={self.head_dim}]",
         )
+        _require(
+            self.softmax_scale is None or self.softmax_scale > 0,
+            f"softmax_scale={self.softmax_scale} must be > 0",
+        )
+
+    @property
+    def scale(self) -> float:
+        """The factor of q k^T before the softmax."""
+        return self.head_dim**-0.5 if self.softmax_scale is None else self.softmax_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +201,14 @@ class ModelConfig:
     ones. `architecture` is the HF class name the config came from (it picks the weight names).
     `eos_token_ids` end generation (unless a request ignores EOS): those of config.json and of
     generation_config.json when the checkpoint has one.
+
+    Three constant multipliers (Granite's muP-style scales; 1.0 in the other families, where they
+    change nothing): `embedding_multiplier` scales the embedding rows before the first layer,
+    `residual_multiplier` each mixer's and FFN's output before its residual add, and
+    `logits_multiplier` the logits (Granite: 1 / `logits_scaling`). They are fields rather than
+    factors folded into the weights because folding is not exactly invertible: `save_pretrained`
+    must give the checkpoint's tensors back bit for bit, and with tied embeddings one table serves
+    as both the embedding and the LM head.
     """
 
     architecture: str
@@ -201,6 +221,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     eos_token_ids: tuple[int, ...] = ()
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_multiplier: float = 1.0
     attention: AttentionConfig | None = None
     mamba2: Mamba2Config | None = None
     gdn: GDNConfig | None = None

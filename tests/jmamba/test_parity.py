@@ -25,7 +25,7 @@ TOL = 1e-4
 # Every fixture through the jnp references; three again through the Pallas kernels (interpret mode
 # on CPU), which checks how the mixers wire the kernels: Mamba2 + attention + MoE (odd dims), and
 # GDN with power-of-two and with odd dims (the kernels' own tests cover power-of-two Mamba2 shapes).
-CASES = [(f, "reference") for f in runs.ORIGINAL + runs.ODD] + [
+CASES = [(f, "reference") for f in runs.ORIGINAL + runs.ODD + runs.IBM] + [
     ("qwen3_next", "interpret"),
     ("nemotron_h_odd", "interpret"),
     ("qwen3_5_odd", "interpret"),

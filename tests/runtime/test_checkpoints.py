@@ -4,6 +4,7 @@ first greedy token is the argmax of transformers' logits, and dtype "auto" follo
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -19,8 +20,17 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.llm import LLM
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-ARCHITECTURES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+ARCHITECTURES = (
+    "mamba2",
+    "nemotron_h",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "bamba",
+    "granite_h",
+)
 PROMPT_LEN = 19
+GREEDY_TOKENS = 10
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -33,6 +43,30 @@ def test_checkpoint_directory_generates_transformers_greedy_token(name):
         [prompt], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False
     )
     assert output.token_ids == [int(np.argmax(expected["logits_full_a"][PROMPT_LEN - 1]))]
+
+
+@pytest.mark.parametrize("name", ["bamba_odd", "granite_h_odd"])
+def test_engine_decode_agrees_with_transformers_and_a_fresh_prefill(name):
+    """Greedy decoding through the engine (prefill, then decode steps on the state pools): the
+    first token is transformers' argmax, and a later token and its top logprobs are those of a
+    fresh prefill over the prompt and the tokens before it."""
+    expected = np.load(FIXTURES / name / "expected.npz")
+    prompt = expected["seq_a"][:PROMPT_LEN].tolist()
+    llm = LLM(str(FIXTURES / name), max_num_seqs=3, max_model_len=64)
+    params = SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True, logprobs=3)
+    (greedy,) = llm.generate([prompt], params, use_tqdm=False)
+    assert greedy.token_ids[0] == int(np.argmax(expected["logits_full_a"][PROMPT_LEN - 1]))
+    cuts = (4, GREEDY_TOKENS - 1)
+    fresh = llm.generate(
+        [prompt + greedy.token_ids[:k] for k in cuts],
+        dataclasses.replace(params, max_tokens=1),
+        use_tqdm=False,
+    )
+    for k, out in zip(cuts, fresh, strict=True):
+        assert out.token_ids == [greedy.token_ids[k]]
+        decoded, prefilled = greedy.logprobs[k], out.logprobs[0]
+        assert decoded.keys() == prefilled.keys()
+        assert all(abs(decoded[t] - prefilled[t]) < 1e-4 for t in decoded)
 
 
 def bf16_copy(tmp_path: Path, name: str) -> Path:

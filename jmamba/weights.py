@@ -361,8 +361,9 @@ def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str,
             else:
                 pieces.setdefault(name, {})[source.piece[1]] = part
     axes = {n: s.piece[0] for s in sources.values() if s.piece is not None for n in s.names}
-    for name, by_index in pieces.items():
-        tensors[name] = np.concatenate([by_index[i] for i in sorted(by_index)], axis=axes[name])
+    for name, by_index in pieces.items():  # concatenate may keep the pieces' Fortran order
+        joined = np.concatenate([by_index[i] for i in sorted(by_index)], axis=axes[name])
+        tensors[name] = np.ascontiguousarray(joined)
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")

@@ -20,15 +20,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.llm import LLM
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-ARCHITECTURES = (
-    "mamba2",
-    "nemotron_h",
-    "qwen3_next",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "bamba",
-    "granite_h",
-)
+ARCHITECTURES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 PROMPT_LEN = 19
 GREEDY_TOKENS = 10
 

@@ -3,8 +3,9 @@
 Fixtures are written by tests/reference/make_fixtures.py under transformers 5.23.0: five with
 power-of-two dims and 80 / 23 tokens, five `*_odd` ones with non-power-of-two head counts, head
 dims, groups and channel counts and 181 / 65 tokens (several kernel chunks plus a remainder, chunk
-boundaries off the kernel chunk grid). Our model loads the same safetensors and must reproduce HF's
-logits and final states within 1e-4 (fp32): for a full forward, and for chunked prefill followed by
+boundaries off the kernel chunk grid), and Bamba and Granite-4.0-H with one of each
+(`fixture_runs.IBM`). Our model loads the same safetensors and must reproduce HF's logits and
+final states within 1e-4 (fp32): for a full forward, and for chunked prefill followed by
 token-by-token decode with the states carried in our pools at non-trivial slots, with padding rows
 and tokens in every batch, garbage in every pool entry a request does not own, and NaN in the NULL
 slot and block (see tests/jmamba/fixture_runs.py).

@@ -44,7 +44,8 @@ class AttentionConfig:
     `rotary_dim` = 0 means no rotary embedding (NemotronH). `output_gate` is Qwen3-Next's
     per-head sigmoid gate packed into q_proj; `qk_norm` its per-head RMSNorm of q and k.
     `softmax_scale` multiplies q k^T before the softmax: None is 1 / sqrt(head_dim), a number is
-    the checkpoint's own (Granite's `attention_multiplier`); `scale` is the one in use.
+    the checkpoint's own (Granite's `attention_multiplier`); `scale` is the one in use (the same
+    on every tensor-parallel shard of the heads).
     """
 
     num_heads: int
@@ -208,7 +209,8 @@ class ModelConfig:
     `logits_multiplier` the logits (Granite: 1 / `logits_scaling`). They are fields rather than
     factors folded into the weights because folding is not exactly invertible: `save_pretrained`
     must give the checkpoint's tensors back bit for bit, and with tied embeddings one table serves
-    as both the embedding and the LM head.
+    as both the embedding and the LM head. Under tensor parallelism each is the same scalar on
+    every shard (scaling commutes with the shards' all-reduce or gather).
     """
 
     architecture: str

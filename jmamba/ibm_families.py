@@ -72,7 +72,7 @@ def _rotary_factor(cfg: HFConfig, default: float, fixed: bool) -> float:
     return factor
 
 
-def _attention(cfg: HFConfig, rotary_factor: float, softmax_scale: float | None):
+def _attention(cfg: HFConfig, rotary_factor: float, softmax_scale: float | None) -> AttentionConfig:
     """The attention layers: `head_dim` if given, else hidden_size / num_attention_heads; RoPE
     (default type only) on the first rotary_factor * head_dim dims, none when it is 0."""
     _check_no_bias(cfg, "attention_bias")

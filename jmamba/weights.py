@@ -2,15 +2,16 @@
 and write one back (`save_pretrained`).
 
 The tensor names are those transformers writes on disk (`save_pretrained` reverts its in-memory
-fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert, HF linear weights [out, in]
-(ours are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
+fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert (but Granite's stacked
+experts and fused gate | up, which transformers keeps on disk), HF linear weights [out, in] (ours
+are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
 used; otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source`
 says how it is built from its tensors and how it splits back into them, so the writer is the
 loader's inverse: a model written and read back has the same parameters, bit for bit. Mamba2 holds
 A where checkpoints hold A_log = log(-A), which fp32 cannot invert exactly both ways: a checkpoint
 read and written back has its tensors bit for bit except such an A_log, which may move to another
 value of the same A; an A set other than through `a_from_log` (training, perturbation) comes
-back within 2 ulps.
+back within 2 ulps. The files are read by `jmamba.safetensors_files`.
 
 Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
 """
@@ -212,7 +213,8 @@ def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
 
 
 # Bamba's and Granite-4.0-H's (FFN norm, FFN) under model.layers.{i}; their mixers are `mamba` or
-# `self_attn`. A Granite FFN spans two prefixes, its own: see _granite_ffn_sources.
+# `self_attn`. Granite's FFN is the layer itself: its MoE and shared MLP have a name each (see
+# _granite_ffn_sources).
 _IBM_LAYERS = {
     "BambaForCausalLM": ("pre_ff_layernorm", ".feed_forward"),
     "GraniteMoeHybridForCausalLM": ("post_attention_layernorm", ""),

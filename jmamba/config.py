@@ -57,6 +57,9 @@ class AttentionConfig:
 
     `rotary_dim` = 0 means no rotary embedding (NemotronH). `output_gate` is Qwen3-Next's
     per-head sigmoid gate packed into q_proj; `qk_norm` its per-head RMSNorm of q and k.
+    `softmax_scale` multiplies q k^T before the softmax: None is 1 / sqrt(head_dim), a number is
+    the checkpoint's own (Granite's `attention_multiplier`); `scale` is the one in use (the same
+    on every tensor-parallel shard of the heads).
     """
 
     num_heads: int
@@ -66,6 +69,7 @@ class AttentionConfig:
     rope_theta: float = 10000.0
     output_gate: bool = False
     qk_norm: bool = False
+    softmax_scale: float | None = None
 
     def __post_init__(self) -> None:
         _require(
@@ -76,6 +80,15 @@ class AttentionConfig:
             0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0,
             f"rotary_dim={self.rotary_dim} must be even and in [0, head_dim={self.head_dim}]",
         )
+        _require(
+            self.softmax_scale is None or self.softmax_scale > 0,
+            f"softmax_scale={self.softmax_scale} must be > 0",
+        )
+
+    @property
+    def scale(self) -> float:
+        """The factor of q k^T before the softmax."""
+        return self.head_dim**-0.5 if self.softmax_scale is None else self.softmax_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,8 +227,6 @@ class WeightMultipliers:
     output of one linear map of every layer that has it (the multiplier on a map's input is the
     same as one on its output):
 
-      embedding: the embedding rows (and so the tied head, see `ModelConfig`).
-      lm_head: the logits (the lm_head kernel).
       attention_in: q, k and v (their projection kernels).
       attention_key: k, before RoPE, which is linear (k_proj).
       attention_out: the attention output (o_proj).
@@ -227,8 +238,6 @@ class WeightMultipliers:
         (down_proj); MoE experts have none.
     """
 
-    embedding: float = 1.0
-    lm_head: float = 1.0
     attention_in: float = 1.0
     attention_key: float = 1.0
     attention_out: float = 1.0
@@ -258,8 +267,16 @@ class ModelConfig:
     `norm_offset` is 1.0 for zero-centred RMSNorms (`x_hat * (1 + w)`, Qwen3-Next) and 0.0 for plain
     ones. `architecture` is the HF class name the config came from (it picks the weight names).
     `eos_token_ids` end generation (unless a request ignores EOS): those of config.json and of
-    generation_config.json when the checkpoint has one. `multipliers` are folded into the weights
-    at load time; a tied head is the embedding, so it needs equal embedding and lm_head ones.
+    generation_config.json when the checkpoint has one.
+
+    Constant multipliers (muP-style scales of Granite-4.0-H and Falcon-H1; 1.0 elsewhere) come in
+    two kinds. Those at the model's boundaries are fields the step applies: `embedding_multiplier`
+    scales the embedding rows before the first layer, `residual_multiplier` each mixer's and FFN's
+    output before its residual add, `logits_multiplier` the logits (Granite: 1 / `logits_scaling`;
+    Falcon-H1: `lm_head_multiplier`). They stay fields because a tied head is the embedding table
+    itself, so neither scale can live in it. Those inside a layer's linear maps are `multipliers`,
+    folded into the weights at load time (`jmamba.folding`). Under tensor parallelism each is the
+    same scalar on every shard (scaling commutes with the shards' all-reduce or gather).
     """
 
     architecture: str
@@ -272,6 +289,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
     eos_token_ids: tuple[int, ...] = ()
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_multiplier: float = 1.0
     attention: AttentionConfig | None = None
     mamba2: Mamba2Config | None = None
     gdn: GDNConfig | None = None
@@ -308,11 +328,6 @@ class ModelConfig:
                     getattr(self, name) is not None,
                     f"layer kind {kind.value!r} is used but the {name} config is missing",
                 )
-        _require(
-            not self.tie_word_embeddings or self.multipliers.embedding == self.multipliers.lm_head,
-            f"a tied lm_head is the embedding: its multiplier {self.multipliers.lm_head} must "
-            f"equal the embedding's {self.multipliers.embedding}",
-        )
 
     @property
     def num_layers(self) -> int:

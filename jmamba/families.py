@@ -2,8 +2,9 @@
 
 The layer pattern comes from the config's own fields: `layers_block_type` (NemotronH), `layer_types`
 plus `mlp_only_layers` / `decoder_sparse_step` (Qwen3-Next), `layer_types` (Qwen3.5), nothing
-(Mamba2:every layer is a Mamba2 mixer; Falcon-H1: every layer is attention beside Mamba2, then an
-MLP).
+(Mamba2: every layer is a Mamba2 mixer; Falcon-H1: every layer is attention beside Mamba2, then an
+MLP); Bamba's and Granite-4.0-H's adapters are in `jmamba.ibm_families`, the field readers all
+adapters share in `jmamba.hf_fields`.
 """
 
 from __future__ import annotations
@@ -26,33 +27,8 @@ from jmamba.config import (
     MoeConfig,
     WeightMultipliers,
 )
-
-HFConfig = dict[str, Any]
-
-
-def _get(cfg: HFConfig, key: str, default: Any = ...) -> Any:
-    if key in cfg and cfg[key] is not None:
-        return cfg[key]
-    if default is ...:
-        arch = cfg.get("architectures", ["?"])[0]
-        raise ValueError(f"config.json of {arch} is missing the required field {key!r}")
-    return default
-
-
-def _decode_float(value: Any) -> float:
-    """config.json stores infinity as {"__float__": "Infinity"} (transformers 5.x)."""
-    if isinstance(value, dict) and "__float__" in value:
-        return float(value["__float__"])
-    return float(value)
-
-
-def _eos_ids(cfg: HFConfig, source: str = "config.json") -> tuple[int, ...]:
-    """`eos_token_id` (an int, a list of ints or absent) as a tuple of ids."""
-    eos = cfg.get("eos_token_id")
-    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
-    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
-        raise ValueError(f"eos_token_id={eos!r} in {source} must be an int id or a list of them")
-    return tuple(ids)
+from jmamba.hf_fields import HFConfig, _check_no_bias, _common, _decode_float, _eos_ids, _get
+from jmamba.ibm_families import bamba, granite_moe_hybrid
 
 
 def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
@@ -66,20 +42,6 @@ def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
     return int(head_dim * factor), theta
 
 
-def _common(cfg: HFConfig, mixers: list[Mixer], ffns: list[Ffn], **kwargs: Any) -> ModelConfig:
-    return ModelConfig(
-        architecture=cfg["architectures"][0],
-        vocab_size=int(_get(cfg, "vocab_size")),
-        hidden_size=int(_get(cfg, "hidden_size")),
-        mixers=tuple(mixers),
-        ffns=tuple(ffns),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-        eos_token_ids=_eos_ids(cfg),
-        **kwargs,
-    )
-
-
 def _mamba2_mixer(cfg: HFConfig, num_heads: int, head_dim: int, dt_limit: tuple[float, float]):
     return Mamba2Config(
         num_heads=num_heads,
@@ -91,12 +53,6 @@ def _mamba2_mixer(cfg: HFConfig, num_heads: int, head_dim: int, dt_limit: tuple[
         conv_bias=bool(cfg.get("use_conv_bias", True)),
         dt_limit=dt_limit,
     )
-
-
-def _check_no_bias(cfg: HFConfig, *keys: str) -> None:
-    for key in keys:
-        if cfg.get(key):
-            raise ValueError(f"{key}=True is not supported")
 
 
 def mamba2(cfg: HFConfig) -> ModelConfig:
@@ -304,8 +260,6 @@ def _falcon_multipliers(cfg: HFConfig) -> WeightMultipliers:
     segments = tuple(float(m) for m in _get(cfg, "ssm_multipliers", [1.0] * 5))
     gate, down = (float(m) for m in _get(cfg, "mlp_multipliers", [1.0, 1.0]))
     return WeightMultipliers(
-        embedding=scalar("embedding_multiplier"),
-        lm_head=scalar("lm_head_multiplier"),
         attention_in=scalar("attention_in_multiplier"),
         attention_key=scalar("key_multiplier"),
         attention_out=scalar("attention_out_multiplier"),
@@ -319,8 +273,9 @@ def _falcon_multipliers(cfg: HFConfig) -> WeightMultipliers:
 
 def falcon_h1(cfg: HFConfig) -> ModelConfig:
     """FalconH1ForCausalLM: every layer runs attention (full RoPE) and a Mamba2 mixer side by side
-    on one normed input and adds both to the residual, then a SwiGLU MLP; the muP multipliers are
-    folded into the weights at load time."""
+    on one normed input and adds both to the residual, then a SwiGLU MLP; the muP multipliers inside
+    the layers are folded into the weights at load time, the embedding's and the head's are
+    `ModelConfig` fields."""
     _check_no_bias(cfg, "attention_bias", "mlp_bias", "mamba_proj_bias", "projectors_bias")
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={cfg['hidden_act']!r} is not supported (only 'silu')")
@@ -343,6 +298,8 @@ def falcon_h1(cfg: HFConfig) -> ModelConfig:
         ),
         mamba2=_falcon_mamba2(cfg),
         mlp=MlpConfig(int(_get(cfg, "intermediate_size"))),
+        embedding_multiplier=float(_get(cfg, "embedding_multiplier", 1.0)),
+        logits_multiplier=float(_get(cfg, "lm_head_multiplier", 1.0)),
         multipliers=_falcon_multipliers(cfg),
     )
 
@@ -354,6 +311,8 @@ FAMILIES: dict[str, Callable[[HFConfig], ModelConfig]] = {
     "Qwen3_5ForCausalLM": qwen3_5,
     "Qwen3_5MoeForCausalLM": qwen3_5_moe,
     "FalconH1ForCausalLM": falcon_h1,
+    "BambaForCausalLM": bamba,
+    "GraniteMoeHybridForCausalLM": granite_moe_hybrid,
 }
 
 

@@ -68,10 +68,12 @@ def _make_ffn(config: ModelConfig, kind: Ffn, rngs: nnx.Rngs) -> nnx.Module | No
 
 
 class Layer(nnx.Module):
-    """`x += mixer(norm(x))`, then `x += ffn(norm(x))`, each part present or not."""
+    """`x += r * mixer(norm(x))`, then `x += r * ffn(norm(x))`, each part present or not; r is
+    `ModelConfig.residual_multiplier` (1.0 but in Granite)."""
 
     def __init__(self, config: ModelConfig, mixer: Mixer, ffn: Ffn, *, rngs: nnx.Rngs):
         norm = lambda: RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)  # noqa: E731
+        self.residual_multiplier = config.residual_multiplier
         self.mixer_norm = norm() if mixer != Mixer.NONE else None
         self.mixer = _make_mixer(config, mixer, rngs)
         self.ffn_norm = norm() if ffn != Ffn.NONE else None
@@ -85,10 +87,10 @@ class Layer(nnx.Module):
         if self.mixer is not None:
             with jax.named_scope(f"mixer_{type(self.mixer).__name__}"):
                 y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
-            x = x + y
+            x = x + y * self.residual_multiplier
         if self.ffn is not None:
             with jax.named_scope(f"ffn_{type(self.ffn).__name__}"):
-                x = x + self.ffn(self.ffn_norm(x))
+                x = x + self.ffn(self.ffn_norm(x)) * self.residual_multiplier
         return x, cache
 
 
@@ -159,7 +161,7 @@ class HybridLM(nnx.Module):
         self, inputs: StepInputs, caches: tuple[LayerCache, ...]
     ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
         """Run one step; returns fp32 logits at `inputs.logits_indices` and the new caches."""
-        x = rows_or_zeros(self.embed[...], inputs.token_ids)
+        x = rows_or_zeros(self.embed[...], inputs.token_ids) * self.config.embedding_multiplier
         new_caches = []
         for layer, cache in zip(self.layers, caches, strict=True):
             x, cache = layer(x, cache, inputs)
@@ -168,10 +170,11 @@ class HybridLM(nnx.Module):
             return self._logits(rows_or_zeros(x, inputs.logits_indices)), tuple(new_caches)
 
     def _logits(self, x: jax.Array) -> jax.Array:
-        """fp32 logits of the final-normed rows: the head GEMM emits fp32 (it accumulates in fp32
-        anyway), the sampler's dtype."""
+        """fp32 logits of the final-normed rows, times `logits_multiplier`: the head GEMM emits
+        fp32 (it accumulates in fp32 anyway), the sampler's dtype."""
         x = self.final_norm(x)
         head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
-        return jnp.dot(
+        logits = jnp.dot(
             x.astype(head.dtype), head, preferred_element_type=jnp.float32, precision=PRECISION
         )
+        return logits * self.config.logits_multiplier

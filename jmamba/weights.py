@@ -2,8 +2,9 @@
 and write one back (`save_pretrained`).
 
 The tensor names are those transformers writes on disk (`save_pretrained` reverts its in-memory
-fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert, HF linear weights [out, in]
-(ours are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
+fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert (but Granite's stacked
+experts and fused gate | up, which transformers keeps on disk), HF linear weights [out, in] (ours
+are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
 used; otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source`
 says how it is built from its tensors and how it splits back into them, so the writer is the
 loader's inverse: a model written and read back has the same parameters, bit for bit. Mamba2 holds
@@ -12,7 +13,8 @@ read and written back has its tensors bit for bit except such an A_log, which ma
 value of the same A; an A set other than through `a_from_log` (training, perturbation) comes
 back within 2 ulps. The same holds for a weight with a constant multiplier folded in
 (`ModelConfig.multipliers`, Falcon-H1's muP ones): neighbouring fp32 values may fold to one
-parameter, so such a weight may come back as the neighbour of the checkpoint's.
+parameter, so such a weight may come back as the neighbour of the checkpoint's. The files are read
+by `jmamba.safetensors_files`.
 
 Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
 """
@@ -20,7 +22,6 @@ Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `p
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,32 +30,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.families import from_hf_config, load_hf_config, read_json
+from jmamba.families import from_hf_config, load_hf_config
 from jmamba.folding import mamba2_in_proj_scale, scaled
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
 from jmamba.model import HybridLM
+from jmamba.safetensors_files import checkpoint_dtype, read_safetensors
 
 Path_ = tuple[str | int, ...]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # what models may be cast to
-# The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
-# checkpoints load as bfloat16 (the same size, float32's exponent range: no overflow in the
-# recurrent states' inputs); float64 ones as float32.
-_AUTO = {"F32": "float32", "F64": "float32", "BF16": "bfloat16", "F16": "bfloat16"}
 
 
 class Source(NamedTuple):
     """The HF tensors of one parameter: `build(*tensors)` is the parameter and `split(param)`
-    gives the tensors back, in the order of `names`."""
+    gives the tensors back, in the order of `names`. `piece` = (axis, index) when the tensors hold
+    this parameter as piece `index` along `axis` beside other parameters' pieces (Granite's fused
+    gate | up): `split` gives the piece and the writer concatenates the pieces in index order."""
 
     names: tuple[str, ...]
     build: Callable[..., np.ndarray]
     split: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+    piece: tuple[int, int] | None = None
 
 
 def _same(name: str) -> Source:
@@ -76,6 +76,20 @@ def _conv(name: str) -> Source:
 def _experts(prefix: str, proj: str, num_experts: int) -> Source:
     names = tuple(f"{prefix}.experts.{e}.{proj}.weight" for e in range(num_experts))
     return Source(names, lambda *ts: np.stack([t.T for t in ts]), lambda p: tuple(e.T for e in p))
+
+
+def _swapped(name: str) -> Source:
+    """A stack of linear weights [..., out, in] (Granite's experts), ours [..., in, out]."""
+    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
+    return Source((f"{name}.weight",), swap, lambda p: (swap(p),))
+
+
+def _half(name: str, index: int) -> Source:
+    """Half `index` (0: gate, 1: up) of a fused [gate | up] projection: Granite's `input_linear`,
+    [2I, H] (or [E, 2I, H] for the experts), whose first I output rows are the gate's."""
+    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
+    build = lambda t: swap(np.split(t, 2, axis=-2)[index])  # noqa: E731
+    return Source((f"{name}.weight",), build, lambda p: (swap(p),), piece=(-2, index))
 
 
 def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -168,12 +182,34 @@ def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source
     return {}
 
 
+def _granite_ffn_sources(kind: Ffn, hf: str) -> dict[Path_, Source]:
+    """Granite-4.0-H (`hf` the layer): the shared MLP (`shared_mlp`) alone, or beside the MoE
+    (`block_sparse_moe`, its experts stacked); both keep gate | up fused in `input_linear`."""
+    shared = {
+        ("gate_proj", "kernel"): _half(f"{hf}.shared_mlp.input_linear", 0),
+        ("up_proj", "kernel"): _half(f"{hf}.shared_mlp.input_linear", 1),
+        ("down_proj", "kernel"): _linear(f"{hf}.shared_mlp.output_linear"),
+    }
+    if kind != Ffn.MOE:
+        return shared
+    moe = f"{hf}.block_sparse_moe"
+    return {
+        ("router", "kernel"): _linear(f"{moe}.router.layer"),
+        ("gate_proj",): _half(f"{moe}.input_linear", 0),
+        ("up_proj",): _half(f"{moe}.input_linear", 1),
+        ("down_proj",): _swapped(f"{moe}.output_linear"),
+        **{("shared", *k): v for k, v in shared.items()},
+    }
+
+
 def _mlp_sources(hf: str, gated: bool) -> dict[Path_, Source]:
     projs = ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
     return {(p, "kernel"): _linear(f"{hf}.{p}") for p in projs}
 
 
 def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
+    if cfg.architecture == "GraniteMoeHybridForCausalLM":
+        return _granite_ffn_sources(kind, hf)
     match kind:
         case Ffn.MLP:
             scales = {"gate_proj": cfg.multipliers.mlp_gate, "down_proj": cfg.multipliers.mlp_down}
@@ -199,6 +235,15 @@ def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
     return {}
 
 
+# Bamba's and Granite-4.0-H's (FFN norm, FFN) under model.layers.{i}; their mixers are `mamba` or
+# `self_attn`. Granite's FFN is the layer itself: its MoE and shared MLP have a name each (see
+# _granite_ffn_sources).
+_IBM_LAYERS = {
+    "BambaForCausalLM": ("pre_ff_layernorm", ".feed_forward"),
+    "GraniteMoeHybridForCausalLM": ("post_attention_layernorm", ""),
+}
+
+
 def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
     """HF names of (mixer norm, mixer, ffn norm, ffn) of layer i."""
     if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
@@ -212,6 +257,10 @@ def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
             f"{layer}.pre_ff_layernorm",
             f"{layer}.feed_forward",
         )
+    if cfg.architecture in _IBM_LAYERS:
+        norm, ffn = _IBM_LAYERS[cfg.architecture]
+        mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "mamba"
+        return f"{layer}.input_layernorm", f"{layer}.{mixer}", f"{layer}.{norm}", f"{layer}{ffn}"
     mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "linear_attn"
     return (
         f"{layer}.input_layernorm",
@@ -221,7 +270,10 @@ def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
     )
 
 
-_FINAL_NORMS = {"FalconH1ForCausalLM": "model.final_layernorm.weight"}
+_FINAL_NORMS = {
+    "FalconH1ForCausalLM": "model.final_layernorm.weight",
+    "BambaForCausalLM": "model.final_layernorm.weight",
+}
 
 
 def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
@@ -232,11 +284,11 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
         embed, final = "model.embed_tokens.weight", "model.norm.weight"
     final = _FINAL_NORMS.get(cfg.architecture, final)
     src: dict[Path_, Source] = {
-        ("embed",): scaled(_same(embed), cfg.multipliers.embedding),
+        ("embed",): _same(embed),
         ("final_norm", "weight"): _same(final),
     }
     if not cfg.tie_word_embeddings:
-        src[("lm_head", "kernel")] = scaled(_linear("lm_head"), cfg.multipliers.lm_head)
+        src[("lm_head", "kernel")] = _linear("lm_head")
     for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
         mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
         if mixer != Mixer.NONE:
@@ -253,69 +305,6 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
                 {("layers", i, "ffn", *k): v for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()}
             )
     return src
-
-
-def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of `model.safetensors`, or of the shards listed in its `.index.json`."""
-    tensors: dict[str, np.ndarray] = {}
-    for path in _safetensors_files(Path(model_dir)):
-        tensors.update(_load_file(path))
-    return tensors
-
-
-def _safetensors_files(model_dir: Path) -> list[Path]:
-    """`model.safetensors`, or the shards its `model.safetensors.index.json` lists."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index} has no 'weight_map' object")
-        files = sorted(set(weight_map.values()))
-    elif (model_dir / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
-    for name in files:
-        if not (model_dir / name).is_file():
-            raise ValueError(
-                f"checkpoint shard {name} listed in the index is missing in {model_dir}"
-            )
-    return [model_dir / name for name in files]
-
-
-def _header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON)."""
-    with path.open("rb") as file:
-        try:
-            (length,) = struct.unpack("<Q", file.read(8))
-            header = json.loads(file.read(length))
-        except (struct.error, ValueError, UnicodeDecodeError):
-            raise ValueError(f"{path} is not a readable safetensors file") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} is not a readable safetensors file")
-    return header
-
-
-def _load_file(path: Path) -> dict[str, np.ndarray]:
-    try:
-        return load_file(path)
-    except SafetensorError as error:  # truncated or not a safetensors file at all
-        raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
-
-
-def checkpoint_dtype(model_dir: str | Path) -> str:
-    """The parameter dtype `dtype="auto"` gives a checkpoint: that of most of its floating-point
-    weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone.
-    """
-    counts: dict[str, int] = {}
-    for path in _safetensors_files(Path(model_dir)):
-        for name, entry in _header(path).items():
-            if name != "__metadata__" and entry.get("dtype") in _AUTO:
-                size = int(np.prod(entry.get("shape", [])))
-                counts[_AUTO[entry["dtype"]]] = counts.get(_AUTO[entry["dtype"]], 0) + size
-    if not counts:
-        raise ValueError(f"checkpoint {model_dir} has no floating-point tensors")
-    return max(counts, key=counts.__getitem__)
 
 
 def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -> jnp.dtype:
@@ -378,7 +367,7 @@ def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> H
             f"missing tensors {missing}; unexpected tensors {unexpected}"
         )
     for path, variable in flat:
-        names, build, _ = sources[path]
+        names, build = sources[path].names, sources[path].build
         value = np.asarray(build(*(tensors[n] for n in names)))
         if value.shape != variable.get_value().shape:
             raise ValueError(
@@ -402,10 +391,19 @@ def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str,
         )
     sources = tensor_sources(model.config)
     tensors: dict[str, np.ndarray] = {}
+    pieces: dict[str, dict[int, np.ndarray]] = {}
     for path, variable in nnx.to_flat_state(nnx.state(model)):
         source = sources[path]
         parts = source.split(np.asarray(variable.get_value()))
-        tensors.update(zip(source.names, map(np.ascontiguousarray, parts), strict=True))
+        for name, part in zip(source.names, parts, strict=True):
+            if source.piece is None:
+                tensors[name] = np.ascontiguousarray(part)
+            else:
+                pieces.setdefault(name, {})[source.piece[1]] = part
+    axes = {n: s.piece[0] for s in sources.values() if s.piece is not None for n in s.names}
+    for name, by_index in pieces.items():  # concatenate may keep the pieces' Fortran order
+        joined = np.concatenate([by_index[i] for i in sorted(by_index)], axis=axes[name])
+        tensors[name] = np.ascontiguousarray(joined)
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")

@@ -3,7 +3,8 @@
 q, k, v = x Wq, x Wk, x Wv                  (Qwen3-Next: Wq also yields a per-head output gate)
 q, k    = rmsnorm(q), rmsnorm(k)            (per head, when qk_norm)
 q, k    = rope(q, pos), rope(k, pos)        (first rotary_dim dims, when rotary_dim > 0)
-o       = softmax(q k^T / sqrt(d) + causal) v, over this row's cached keys
+o       = softmax(q k^T * scale + causal) v, over this row's cached keys (scale 1/sqrt(d) or
+          the checkpoint's own: Granite's attention_multiplier)
 y       = (o * sigmoid(gate)) Wo            (gate only when output_gate)
 """
 
@@ -94,7 +95,7 @@ class Attention(nnx.Module):
         q, k, v, gate = self._project(x, inputs.positions)
         k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, inputs.kv_slots, _live(inputs))
         q_decode, q_prefill = split_sections(q, inputs)
-        scale = cfg.head_dim**-0.5
+        scale = cfg.scale
         o_decode = jnp.zeros_like(q_decode)
         if inputs.decode.num_rows:  # each row reads only its own blocks, up to its length
             rows = inputs.decode

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from jmamba import from_hf_config, load_hf_config, load_pretrained
+from jmamba import HybridLM, from_hf_config, load_hf_config, load_pretrained
 from jmamba.config import Ffn, Mixer
+from jmamba.weights import save_pretrained
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -24,8 +26,6 @@ def copy_fixture(tmp_path: Path, family: str) -> Path:
 
 
 def params_of(model) -> dict:
-    from flax import nnx
-
     return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
 
 
@@ -101,6 +101,8 @@ def test_falcon_h1_config_fields():
     assert falcon.attention.rotary_dim == 16 and falcon.attention.rope_theta == 1000.0
     assert falcon.multipliers.mamba2_segments == (0.9, 1.1, 0.8, 1.2, 0.7)
     assert (falcon.multipliers.mlp_gate, falcon.multipliers.mlp_down) == (0.85, 1.15)
+    # The embedding's and the head's multipliers scale activations, so a tied head can differ.
+    assert (falcon.embedding_multiplier, falcon.logits_multiplier) == (1.7, 0.6)
     odd = from_hf_config(fixture_config("falcon_h1_odd"))
     assert odd.attention.head_dim == 20 and odd.mamba2.d_inner == 120  # not 12, not 144
     assert odd.mamba2.gate_norm == "gate_only"
@@ -122,7 +124,6 @@ def test_falcon_h1_config_fields():
         (lambda c: c.pop("mamba_d_ssm"), "missing the required 'mamba_d_ssm'"),
         (lambda c: c.update(ssm_multipliers=[1.0, 2.0]), "one multiplier per"),
         (lambda c: c.update(key_multiplier=0.0), "must be finite and non-zero"),
-        (lambda c: c.update(tie_word_embeddings=True), "a tied lm_head is the embedding"),
         (
             lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
             "rope_type='yarn' is not supported",
@@ -199,3 +200,62 @@ def test_truncated_safetensors_is_named(tmp_path, keep):
     with pytest.raises(ValueError, match="is not a readable safetensors file") as error:
         load_pretrained(target)
     assert str(path) in str(error.value)
+
+
+def test_bamba_and_granite_fields():
+    bamba = from_hf_config(fixture_config("bamba"))
+    assert bamba.mixers == (Mixer.MAMBA2, Mixer.MAMBA2, Mixer.ATTENTION, Mixer.MAMBA2)
+    assert bamba.ffns == (Ffn.MLP,) * 4 and bamba.attention.rotary_dim == 8  # half of 16
+    assert bamba.attention.scale == 16**-0.5 and bamba.residual_multiplier == 1.0
+    granite = from_hf_config(fixture_config("granite_h_odd"))
+    assert granite.mixers == (Mixer.MAMBA2, Mixer.ATTENTION, Mixer.MAMBA2)
+    assert granite.ffns == (Ffn.MOE,) * 3 and granite.attention.rotary_dim == 12  # whole head
+    assert granite.attention.scale == 1 / 12 and granite.logits_multiplier == 1 / 3
+    assert (granite.embedding_multiplier, granite.residual_multiplier) == (6.0, 0.3)
+    assert from_hf_config(fixture_config("granite_h")).attention.rotary_dim == 0  # "nope"
+    legacy = {**fixture_config("granite_h"), "layer_types": ["mamba", "attention"] * 2}
+    assert from_hf_config(legacy).mixers == (Mixer.MAMBA2, Mixer.ATTENTION) * 2
+
+
+def test_granite_without_experts_has_the_shared_mlp_alone(tmp_path):
+    """num_local_experts 0: a dense SwiGLU MLP per layer, read from `shared_mlp` (gate | up
+    fused in `input_linear`), written back the same way."""
+    config = {**fixture_config("granite_h"), "num_local_experts": 0}
+    model = HybridLM(from_hf_config(config), rngs=nnx.Rngs(0))
+    assert model.config.ffns == (Ffn.MLP,) * 4 and model.config.mlp.intermediate_size == 32
+    save_pretrained(model, tmp_path, config)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert not any("block_sparse_moe" in name for name in tensors)
+    fused = tensors["model.layers.0.shared_mlp.input_linear.weight"]  # [gate | up] rows
+    mlp = model.layers[0].ffn
+    np.testing.assert_array_equal(fused[:32], np.asarray(mlp.gate_proj.kernel[...]).T)
+    np.testing.assert_array_equal(fused[32:], np.asarray(mlp.up_proj.kernel[...]).T)
+    reloaded = params_of(load_pretrained(tmp_path))
+    assert all(np.array_equal(v, reloaded[k]) for k, v in params_of(model).items())
+
+
+@pytest.mark.parametrize(
+    "family, edit, message",
+    [
+        ("bamba", dict(attn_layer_indices=[2, 7]), r"attn_layer_indices \[7\] are outside"),
+        ("bamba", dict(mlp_bias=True), "mlp_bias=True is not supported"),
+        ("bamba", dict(mamba_proj_bias=True), "mamba_proj_bias=True is not supported"),
+        ("bamba", dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+        ("bamba", dict(partial_rotary_factor=1.0), "partial_rotary_factor=1.0 is not supported"),
+        ("bamba", dict(mamba_d_head=12), "mamba_n_heads\\*mamba_d_head=96 must equal"),
+        ("granite_h", dict(attention_bias=True), "attention_bias=True is not supported"),
+        ("granite_h", dict(position_embedding_type="alibi"), "position_embedding_type='alibi'"),
+        ("granite_h", dict(layer_types=["mamba"] * 3), "layer_types must list"),
+        ("granite_h", dict(layer_types=["mamba", "rnn"] * 2), "layer_types must list"),
+        ("granite_h", dict(logits_scaling=0), "logits_scaling=0 is not supported"),
+        ("granite_h_odd", dict(rope_parameters={"rope_type": "yarn"}), "rope_type='yarn'"),
+        (
+            "granite_h_odd",
+            dict(rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+            "partial_rotary_factor=0.5 is not supported",
+        ),
+    ],
+)
+def test_unsupported_bamba_and_granite_options_are_refused(family, edit, message):
+    with pytest.raises(ValueError, match=message):
+        from_hf_config({**fixture_config(family), **edit})

@@ -246,6 +246,20 @@ def falcon_h1() -> tuple[type, Any]:
         mamba_expand=2,
         mamba_n_heads=8,
         mamba_d_head="auto",
+
+
+def bamba() -> tuple[type, Any]:
+    """Bamba: Mamba2 layers 0, 1, 3 and attention at 2 (RoPE on half of each head: 8 of 16); a
+    SwiGLU MLP in every layer."""
+    cfg = transformers.BambaConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        attn_layer_indices=[2],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        mamba_n_heads=8,
+        mamba_d_head=16,
         mamba_n_groups=2,
         mamba_d_state=16,
         mamba_d_conv=4,
@@ -303,6 +317,94 @@ def falcon_h1_odd() -> tuple[type, Any]:
     return transformers.FalconH1ForCausalLM, cfg
 
 
+        **IDS,
+    )
+    return transformers.BambaForCausalLM, cfg
+
+
+def bamba_odd() -> tuple[type, Any]:
+    """Bamba, odd dims: attention first (6 / 2 heads x 12, rotary 6), then two Mamba2 layers of 6
+    heads x 24, d_state 20, 3 groups (conv_dim 264), chunk 32, no conv bias; MLP 96."""
+    cfg = transformers.BambaConfig(
+        hidden_size=72,
+        num_hidden_layers=3,
+        attn_layer_indices=[0],
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        mamba_n_heads=6,
+        mamba_d_head=24,
+        mamba_n_groups=3,
+        mamba_d_state=20,
+        mamba_d_conv=4,
+        mamba_chunk_size=32,
+        mamba_conv_bias=False,
+        **IDS,
+    )
+    return transformers.BambaForCausalLM, cfg
+
+
+def granite_h() -> tuple[type, Any]:
+    """Granite-4.0-H (GraniteMoeHybrid): Mamba2, attention without RoPE ("nope", as the hub's),
+    Mamba2, Mamba2; MoE (4 experts, top-2) + shared MLP in every layer; every multiplier away
+    from 1 (attention_multiplier 1/head_dim like the hub's, not 1/sqrt(head_dim))."""
+    cfg = transformers.GraniteMoeHybridConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        layer_types=["mamba", "attention", "mamba", "mamba"],
+        position_embedding_type="nope",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        intermediate_size=32,
+        shared_intermediate_size=32,
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_chunk_size=16,
+        embedding_multiplier=12.0,
+        residual_multiplier=0.22,
+        attention_multiplier=1 / 16,
+        logits_scaling=1.5,
+        **IDS,
+    )
+    return transformers.GraniteMoeHybridForCausalLM, cfg
+
+
+def granite_h_odd() -> tuple[type, Any]:
+    """Granite-4.0-H, odd dims: Mamba2 (3 heads x 48, d_state 20, 1 group, conv_dim 184, chunk
+    16), attention with RoPE over the whole head (6 / 3 heads x 12), Mamba2; MoE 6 experts top-3
+    (expert 40, shared 24); tied embeddings (so the embedding multiplier cannot be folded)."""
+    cfg = transformers.GraniteMoeHybridConfig(
+        hidden_size=72,
+        num_hidden_layers=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        position_embedding_type="rope",
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        num_local_experts=6,
+        num_experts_per_tok=3,
+        intermediate_size=40,
+        shared_intermediate_size=24,
+        mamba_n_heads=3,
+        mamba_d_head=48,
+        mamba_n_groups=1,
+        mamba_d_state=20,
+        mamba_d_conv=4,
+        mamba_chunk_size=16,
+        embedding_multiplier=6.0,
+        residual_multiplier=0.3,
+        attention_multiplier=1 / 12,
+        logits_scaling=3.0,
+        tie_word_embeddings=True,
+        **IDS,
+    )
+    return transformers.GraniteMoeHybridForCausalLM, cfg
+
+
 @dataclasses.dataclass(frozen=True)
 class Fixture:
     """One fixture: its model, its two sequence lengths and its chunk schedules.
@@ -338,4 +440,10 @@ FAMILIES: dict[str, Fixture] = {
     "qwen3_5_moe_odd": Fixture(qwen3_5_moe_odd, **_ODD),
     "falcon_h1": Fixture(falcon_h1, **_SMALL),
     "falcon_h1_odd": Fixture(falcon_h1_odd, **_ODD),
+
+
+    "bamba": Fixture(bamba, **_SMALL),
+    "bamba_odd": Fixture(bamba_odd, **_ODD),
+    "granite_h": Fixture(granite_h, **_SMALL),
+    "granite_h_odd": Fixture(granite_h_odd, **_ODD),
 }

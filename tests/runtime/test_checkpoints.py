@@ -5,6 +5,7 @@ Falcon-H1, whose layers hold both KV blocks and a state, also runs from a prefix
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from runtime.llm import LLM
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ARCHITECTURES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 PROMPT_LEN = 19
+GREEDY_TOKENS = 10
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
@@ -62,6 +64,30 @@ def test_falcon_h1_prefill_after_a_prefix_hit_is_transformers():
         assert abs(output.logprobs[0][token] - log_prob) < 1e-4
     stats = llm.prefix_cache_stats
     assert (stats.hits, stats.hit_tokens) == (1, 32)
+
+
+@pytest.mark.parametrize("name", ["bamba_odd", "granite_h_odd"])
+def test_engine_decode_agrees_with_transformers_and_a_fresh_prefill(name):
+    """Greedy decoding through the engine (prefill, then decode steps on the state pools): the
+    first token is transformers' argmax, and a later token and its top logprobs are those of a
+    fresh prefill over the prompt and the tokens before it."""
+    expected = np.load(FIXTURES / name / "expected.npz")
+    prompt = expected["seq_a"][:PROMPT_LEN].tolist()
+    llm = LLM(str(FIXTURES / name), max_num_seqs=3, max_model_len=64)
+    params = SamplingParams(max_tokens=GREEDY_TOKENS, ignore_eos=True, logprobs=3)
+    (greedy,) = llm.generate([prompt], params, use_tqdm=False)
+    assert greedy.token_ids[0] == int(np.argmax(expected["logits_full_a"][PROMPT_LEN - 1]))
+    cuts = (4, GREEDY_TOKENS - 1)
+    fresh = llm.generate(
+        [prompt + greedy.token_ids[:k] for k in cuts],
+        dataclasses.replace(params, max_tokens=1),
+        use_tqdm=False,
+    )
+    for k, out in zip(cuts, fresh, strict=True):
+        assert out.token_ids == [greedy.token_ids[k]]
+        decoded, prefilled = greedy.logprobs[k], out.logprobs[0]
+        assert decoded.keys() == prefilled.keys()
+        assert all(abs(decoded[t] - prefilled[t]) < 1e-4 for t in decoded)
 
 
 def bf16_copy(tmp_path: Path, name: str) -> Path:

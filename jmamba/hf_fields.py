@@ -1,0 +1,56 @@
+"""Reading a Hugging Face `config.json`: required fields, encoded floats, EOS ids, bias flags, and
+the `ModelConfig` fields every architecture shares. The adapters (`jmamba.families`,
+`jmamba.ibm_families`) build on these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jmamba.config import Ffn, Mixer, ModelConfig
+
+HFConfig = dict[str, Any]
+
+
+def _get(cfg: HFConfig, key: str, default: Any = ...) -> Any:
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if default is ...:
+        arch = cfg.get("architectures", ["?"])[0]
+        raise ValueError(f"config.json of {arch} is missing the required field {key!r}")
+    return default
+
+
+def _decode_float(value: Any) -> float:
+    """config.json stores infinity as {"__float__": "Infinity"} (transformers 5.x)."""
+    if isinstance(value, dict) and "__float__" in value:
+        return float(value["__float__"])
+    return float(value)
+
+
+def _eos_ids(cfg: HFConfig, source: str = "config.json") -> tuple[int, ...]:
+    """`eos_token_id` (an int, a list of ints or absent) as a tuple of ids."""
+    eos = cfg.get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        raise ValueError(f"eos_token_id={eos!r} in {source} must be an int id or a list of them")
+    return tuple(ids)
+
+
+def _common(cfg: HFConfig, mixers: list[Mixer], ffns: list[Ffn], **kwargs: Any) -> ModelConfig:
+    return ModelConfig(
+        architecture=cfg["architectures"][0],
+        vocab_size=int(_get(cfg, "vocab_size")),
+        hidden_size=int(_get(cfg, "hidden_size")),
+        mixers=tuple(mixers),
+        ffns=tuple(ffns),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        eos_token_ids=_eos_ids(cfg),
+        **kwargs,
+    )
+
+
+def _check_no_bias(cfg: HFConfig, *keys: str) -> None:
+    for key in keys:
+        if cfg.get(key):
+            raise ValueError(f"{key}=True is not supported")

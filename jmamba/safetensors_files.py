@@ -1,0 +1,84 @@
+"""Reading a checkpoint's safetensors files: one `model.safetensors` or the shards its
+`model.safetensors.index.json` lists, with errors naming the file, and the dtype most of the
+stored weights have (read from the headers alone)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
+
+from jmamba.families import read_json
+
+# The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
+# checkpoints load as bfloat16 (the same size, float32's exponent range: no overflow in the
+# recurrent states' inputs); float64 ones as float32.
+_AUTO = {"F32": "float32", "F64": "float32", "BF16": "bfloat16", "F16": "bfloat16"}
+
+
+def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
+    """All tensors of `model.safetensors`, or of the shards listed in its `.index.json`."""
+    tensors: dict[str, np.ndarray] = {}
+    for path in _safetensors_files(Path(model_dir)):
+        tensors.update(_load_file(path))
+    return tensors
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    """`model.safetensors`, or the shards its `model.safetensors.index.json` lists."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map' object")
+        files = sorted(set(weight_map.values()))
+    elif (model_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ValueError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+    for name in files:
+        if not (model_dir / name).is_file():
+            raise ValueError(
+                f"checkpoint shard {name} listed in the index is missing in {model_dir}"
+            )
+    return [model_dir / name for name in files]
+
+
+def _header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON)."""
+    with path.open("rb") as file:
+        try:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+        except (struct.error, ValueError, UnicodeDecodeError):
+            raise ValueError(f"{path} is not a readable safetensors file") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a readable safetensors file")
+    return header
+
+
+def _load_file(path: Path) -> dict[str, np.ndarray]:
+    try:
+        return load_file(path)
+    except SafetensorError as error:  # truncated or not a safetensors file at all
+        raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
+
+
+def checkpoint_dtype(model_dir: str | Path) -> str:
+    """The parameter dtype `dtype="auto"` gives a checkpoint: that of most of its floating-point
+    weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone.
+    """
+    counts: dict[str, int] = {}
+    for path in _safetensors_files(Path(model_dir)):
+        for name, entry in _header(path).items():
+            if name != "__metadata__" and entry.get("dtype") in _AUTO:
+                size = int(np.prod(entry.get("shape", [])))
+                counts[_AUTO[entry["dtype"]]] = counts.get(_AUTO[entry["dtype"]], 0) + size
+    if not counts:
+        raise ValueError(f"checkpoint {model_dir} has no floating-point tensors")
+    return max(counts, key=counts.__getitem__)

@@ -2,15 +2,20 @@
 and write one back (`save_pretrained`).
 
 The tensor names are those transformers writes on disk (`save_pretrained` reverts its in-memory
-fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert, HF linear weights [out, in]
-(ours are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
-used; otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source`
-says how it is built from its tensors and how it splits back into them, so the writer is the
-loader's inverse: a model written and read back has the same parameters, bit for bit. Mamba2 holds
-A where checkpoints hold A_log = log(-A), which fp32 cannot invert exactly both ways: a checkpoint
-read and written back has its tensors bit for bit except such an A_log, which may move to another
-value of the same A; an A set other than through `a_from_log` (training, perturbation) comes
-back within 2 ulps.
+fusions): NemotronH and Mamba2 under `backbone.`, the Qwen3.5 multimodal wrappers' text model under
+`model.language_model.`, one tensor per expert, HF linear weights [out, in] (ours are [in, out]).
+Packed expert tensors (`experts.gate_up_proj`, `experts.down_proj`: transformers' in-memory
+layout, in which the published Qwen3.5 MoE checkpoints are stored) are split into those per-expert
+tensors as they are read (`unpack_experts`). The tensors that are not the text model's are skipped
+with one log line (`skipped_tensors`: a wrapper's vision tower, Qwen3.5's multi-token-prediction
+head), as transformers skips them. Every parameter of the model must be found and every other
+tensor of the checkpoint used; otherwise a ValueError lists the missing and unexpected names.
+Each parameter's `Source` says how it is built from its tensors and how it splits back into them,
+so the writer is the loader's inverse: a model written and read back has the same parameters, bit
+for bit. Mamba2 holds A where checkpoints hold A_log = log(-A), which fp32 cannot invert exactly
+both ways: a checkpoint read and written back has its tensors bit for bit except such an A_log,
+which may move to another value of the same A; an A set other than through `a_from_log`
+(training, perturbation) comes back within 2 ulps.
 
 Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
 """
@@ -18,6 +23,8 @@ Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `p
 from __future__ import annotations
 
 import json
+import logging
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -31,12 +38,27 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.families import from_hf_config, load_hf_config, read_json
+from jmamba.families import WRAPPERS, from_hf_config, load_hf_config, read_json
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
 from jmamba.model import HybridLM
 
 Path_ = tuple[str | int, ...]
+logger = logging.getLogger(__name__)
+
+# The checkpoint tensors that are not the text model's, by architecture: (name prefix, what they
+# are). Loading skips them and says so in one log line; transformers skips the same ones
+# (`_keys_to_ignore_on_load_unexpected` of the Qwen3.5 classes). The published Qwen3.5
+# checkpoints hold the multi-token-prediction head (`mtp.*`, for speculative decoding) beside the
+# model, and the wrappers a vision tower.
+_MTP = ("mtp.", "multi-token-prediction")
+_VISION = ("model.visual.", "vision")
+SKIPPED: dict[str, tuple[tuple[str, str], ...]] = {
+    "Qwen3_5ForCausalLM": (_MTP,),
+    "Qwen3_5MoeForCausalLM": (_MTP,),
+    "Qwen3_5ForConditionalGeneration": (_VISION, _MTP),
+    "Qwen3_5MoeForConditionalGeneration": (_VISION, _MTP),
+}
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # what models may be cast to
 # The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
@@ -177,12 +199,20 @@ def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
     return {}
 
 
+def _model_prefix(cfg: ModelConfig) -> str:
+    """Where the text model's tensors are: `model.` (Qwen), `model.language_model.` (in a
+    multimodal wrapper), `backbone.` (Mamba2, NemotronH)."""
+    if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
+        return "backbone."
+    return "model.language_model." if cfg.architecture in WRAPPERS else "model."
+
+
 def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
     """HF names of (mixer norm, mixer, ffn norm, ffn) of layer i."""
     if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
         layer = f"backbone.layers.{i}"
         return f"{layer}.norm", f"{layer}.mixer", f"{layer}.norm", f"{layer}.mixer"
-    layer = f"model.layers.{i}"
+    layer = f"{_model_prefix(cfg)}layers.{i}"
     mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "linear_attn"
     return (
         f"{layer}.input_layernorm",
@@ -197,7 +227,8 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
     if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
         embed, final = "backbone.embeddings.weight", "backbone.norm_f.weight"
     else:
-        embed, final = "model.embed_tokens.weight", "model.norm.weight"
+        prefix = _model_prefix(cfg)
+        embed, final = f"{prefix}embed_tokens.weight", f"{prefix}norm.weight"
     src: dict[Path_, Source] = {("embed",): _same(embed), ("final_norm", "weight"): _same(final)}
     if not cfg.tie_word_embeddings:
         src[("lm_head", "kernel")] = _linear("lm_head")
@@ -217,6 +248,55 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
                 {("layers", i, "ffn", *k): v for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()}
             )
     return src
+
+
+def skipped_tensors(architecture: str, names: Any) -> dict[tuple[str, str], list[str]]:
+    """The tensors among `names` that a checkpoint of `architecture` holds beside its text model
+    (`SKIPPED`), by (prefix, what they are); only groups with tensors appear."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for group in SKIPPED.get(architecture, ()):
+        found = sorted(n for n in names if n.startswith(group[0]))
+        if found:
+            groups[group] = found
+    return groups
+
+
+def _skip_message(architecture: str, groups: dict[tuple[str, str], list[str]]) -> str:
+    parts = [
+        f"{len(names)} {what} tensor{'s' * (len(names) != 1)} ({prefix}*)"
+        for (prefix, what), names in groups.items()
+    ]
+    return f"skipped {' and '.join(parts)} of a {architecture} checkpoint"
+
+
+_PACKED = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
+
+
+def unpack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`tensors` with every packed expert tensor split into the per-expert tensors that
+    transformers' `save_pretrained` writes: `<p>.experts.gate_up_proj` [E, 2I, H] into
+    `<p>.experts.{e}.gate_proj.weight` (rows :I) and `<p>.experts.{e}.up_proj.weight` (rows I:),
+    [I, H] each; `<p>.experts.down_proj` [E, H, I] into `<p>.experts.{e}.down_proj.weight`. The
+    packed layout is transformers' in-memory one (`Qwen3_5MoeExperts`), the one in which the
+    published Qwen3.5 MoE checkpoints are stored. The parts are views of the packed arrays."""
+    out: dict[str, np.ndarray] = {}
+    for name, tensor in tensors.items():
+        match = _PACKED.fullmatch(name)
+        if match is None:
+            parts = {name: tensor}
+        elif tensor.ndim != 3 or (match[2] == "gate_up_proj" and tensor.shape[1] % 2):
+            raise ValueError(f"packed expert tensor {name} has shape {list(tensor.shape)}")
+        elif match[2] == "down_proj":
+            parts = {f"{match[1]}.{e}.down_proj.weight": t for e, t in enumerate(tensor)}
+        else:
+            gate, up = np.split(tensor, 2, axis=1)
+            parts = {f"{match[1]}.{e}.gate_proj.weight": t for e, t in enumerate(gate)}
+            parts.update({f"{match[1]}.{e}.up_proj.weight": t for e, t in enumerate(up)})
+        clash = sorted(parts.keys() & out.keys())
+        if clash:
+            raise ValueError(f"expert tensors both packed and one by one in a checkpoint: {clash}")
+        out.update(parts)
+    return out
 
 
 def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
@@ -269,11 +349,17 @@ def _load_file(path: Path) -> dict[str, np.ndarray]:
 
 def checkpoint_dtype(model_dir: str | Path) -> str:
     """The parameter dtype `dtype="auto"` gives a checkpoint: that of most of its floating-point
-    weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone.
+    weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone;
+    the tensors that loading skips (`SKIPPED`: a vision tower, an MTP head) do not count.
     """
     counts: dict[str, int] = {}
+    config = Path(model_dir) / "config.json"
+    archs = (read_json(config).get("architectures") or [""]) if config.is_file() else [""]
+    skipped = SKIPPED.get(archs[0], ())
     for path in _safetensors_files(Path(model_dir)):
         for name, entry in _header(path).items():
+            if name.startswith(tuple(prefix for prefix, _ in skipped)):
+                continue  # not the text model's (a vision tower, an MTP head)
             if name != "__metadata__" and entry.get("dtype") in _AUTO:
                 size = int(np.prod(entry.get("shape", [])))
                 counts[_AUTO[entry["dtype"]]] = counts.get(_AUTO[entry["dtype"]], 0) + size
@@ -325,10 +411,18 @@ def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
 def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> HybridLM:
     """Build `HybridLM` from a HF checkpoint directory as a model of `dtype`: "auto" (the
     checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"; each parameter in
-    `param_dtype(parameter, dtype)`, as `cast` gives."""
+    `param_dtype(parameter, dtype)`, as `cast` gives. A multimodal wrapper gives its text model;
+    the tensors it skips (`skipped_tensors`) are counted in one `logging` INFO line of this
+    module's logger ("skipped 33 vision tensors (model.visual.*) of a ... checkpoint")."""
     cfg = load_hf_config(model_dir)
     dtype = resolve_dtype(dtype, model_dir)
     tensors = read_safetensors(model_dir)
+    skipped = skipped_tensors(cfg.architecture, tensors)
+    if skipped:
+        logger.info(_skip_message(cfg.architecture, skipped))
+        for name in (n for names in skipped.values() for n in names):
+            del tensors[name]
+    tensors = unpack_experts(tensors)
     sources = tensor_sources(cfg)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
@@ -358,7 +452,9 @@ def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str,
     `model.config`) and `model.safetensors` with transformers' on-disk names, each tensor in its
     parameter's dtype (so a bf16 model writes its fp32 parameters in fp32; A as fp32 A_log).
     `load_pretrained` reads it back to the same parameters, bit for bit (for Mamba2's A: when it
-    came from a checkpoint or initialisation, see the module docstring).
+    came from a checkpoint or initialisation, see the module docstring). Experts are written one
+    tensor each (as transformers' `save_pretrained` writes them), packed ones included; a
+    multimodal wrapper's model is written without the tensors loading skipped (its vision tower).
     """
     if from_hf_config(hf_config) != model.config:
         raise ValueError(

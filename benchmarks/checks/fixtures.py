@@ -1,11 +1,12 @@
 """Every transformers fixture (tests/fixtures) through the compiled kernels, against HF's outputs.
 
-For each fixture, the five with power-of-two dims and the five `*_odd` ones: the full forward over
-both sequences, the chunked prefill + decode logits of the fixture's chunk schedule, and the final
-conv / recurrent states, each as one `Check` with its max |delta| (pass at <= 1e-4, fp32 weights;
-the model's fp32 matmuls run at HIGHEST precision, so the GPU needs no looser tolerance than the
-CPU). The runs are those of the CPU parity test (tests/jmamba/fixture_runs.py): three compiled step
-shapes per fixture. On a CPU the kernels run in interpret mode (`quick`: one fixture).
+For each fixture (the five with power-of-two dims, the five `*_odd` ones and the two Qwen3.5
+checkpoints as published, `*_vl`: `fixture_runs.ALL`): the full forward over both sequences, the
+chunked prefill + decode logits of the fixture's chunk schedule, and the final conv / recurrent
+states, each as one `Check` with its max |delta| (pass at <= 1e-4, fp32 weights; the model's fp32
+matmuls run at HIGHEST precision, so the GPU needs no looser tolerance than the CPU). The runs are
+those of the CPU parity test (tests/jmamba/fixture_runs.py): three compiled step shapes per
+fixture. On a CPU the kernels run in interpret mode (`quick`: one fixture).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def run(quick: bool, families: list[str] | None = None) -> list[Check]:
     raises is one failed check, the others still run."""
     use_kernels()
     checks: list[Check] = []
-    for name in families or (QUICK if quick else runs.ORIGINAL + runs.ODD):
+    for name in families or (QUICK if quick else runs.ALL):
         try:
             checks += check_fixture(name)
         except Exception as error:  # noqa: BLE001 - report it and go on with the next fixture

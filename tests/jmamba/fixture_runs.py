@@ -31,6 +31,9 @@ from tests.jmamba.steps import Row, build
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ORIGINAL = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 ODD = tuple(f"{name}_odd" for name in ORIGINAL)  # non-power-of-two dims, several kernel chunks
+# Qwen3.5 as published: the multimodal wrappers (vision tower skipped), odd dims, text-only input.
+VL = ("qwen3_5_vl", "qwen3_5_moe_vl")
+ALL = ORIGINAL + ODD + VL
 BLOCK, NUM_SLOTS = 16, 8
 SLOT_A, SLOT_B = 3, 6
 SPARE_BLOCKS = 3  # never owned by a request: they only hold garbage

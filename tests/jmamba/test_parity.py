@@ -3,11 +3,13 @@
 Fixtures are written by tests/reference/make_fixtures.py under transformers 5.23.0: five with
 power-of-two dims and 80 / 23 tokens, five `*_odd` ones with non-power-of-two head counts, head
 dims, groups and channel counts and 181 / 65 tokens (several kernel chunks plus a remainder, chunk
-boundaries off the kernel chunk grid). Our model loads the same safetensors and must reproduce HF's
-logits and final states within 1e-4 (fp32): for a full forward, and for chunked prefill followed by
-token-by-token decode with the states carried in our pools at non-trivial slots, with padding rows
-and tokens in every batch, garbage in every pool entry a request does not own, and NaN in the NULL
-slot and block (see tests/jmamba/fixture_runs.py).
+boundaries off the kernel chunk grid), and two Qwen3.5 checkpoints as published (`*_vl`: the
+multimodal wrapper, its vision tower skipped, HF's logits those of text-only input). Our model
+loads the same safetensors and must reproduce HF's logits and final states within 1e-4 (fp32): for
+a full forward, and for chunked prefill followed by token-by-token decode with the states carried
+in our pools at non-trivial slots, with padding rows and tokens in every batch, garbage in every
+pool entry a request does not own, and NaN in the NULL slot and block (see
+tests/jmamba/fixture_runs.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ TOL = 1e-4
 # Every fixture through the jnp references; three again through the Pallas kernels (interpret mode
 # on CPU), which checks how the mixers wire the kernels: Mamba2 + attention + MoE (odd dims), and
 # GDN with power-of-two and with odd dims (the kernels' own tests cover power-of-two Mamba2 shapes).
-CASES = [(f, "reference") for f in runs.ORIGINAL + runs.ODD] + [
+CASES = [(f, "reference") for f in runs.ALL] + [
     ("qwen3_next", "interpret"),
     ("nemotron_h_odd", "interpret"),
     ("qwen3_5_odd", "interpret"),

@@ -1,5 +1,5 @@
-"""The ten fixture families of `make_fixtures.py`: each one's tiny random HF model (class and
-config), its two sequence lengths and its chunk schedules (`FAMILIES`)."""
+"""The fixture families of `make_fixtures.py`: each one's tiny random HF model (class and config),
+its two sequence lengths and its chunk schedules (`FAMILIES`)."""
 
 from __future__ import annotations
 
@@ -231,6 +231,53 @@ def qwen3_5_moe_odd() -> tuple[type, Any]:
     return transformers.Qwen3_5MoeForCausalLM, cfg
 
 
+# A vision tower as small as Qwen3.5's can be: 2 blocks of width 24, 2x2 merge (out 40 = hidden).
+_VISION = dict(
+    depth=2,
+    hidden_size=24,
+    intermediate_size=40,
+    num_heads=2,
+    patch_size=4,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    out_hidden_size=40,
+    num_position_embeddings=16,
+)
+# The multimodal token ids lie past the vocabulary: the text-only sequences never hold them.
+_VISION_TOKENS = dict(
+    image_token_id=VOCAB,
+    video_token_id=VOCAB + 1,
+    vision_start_token_id=VOCAB + 2,
+    vision_end_token_id=VOCAB + 3,
+)
+
+
+def qwen3_5_vl() -> tuple[type, Any]:
+    """Qwen3.5 dense as published: `Qwen3_5ForConditionalGeneration` (text model under
+    `model.language_model.`, a vision tower under `model.visual.`), the text model of
+    `qwen3_5_odd` with `lm_head` tied to the embedding, as the small Qwen3.5 checkpoints are
+    (`tie_word_embeddings` at the top level, where transformers reads it, and in `text_config`)."""
+    text = dict(intermediate_size=96, tie_word_embeddings=True, **_gdn_odd(3, 6, 48, 80, 3))
+    cfg = transformers.Qwen3_5Config(
+        text_config=text, vision_config=_VISION, tie_word_embeddings=True, **_VISION_TOKENS
+    )
+    return transformers.Qwen3_5ForConditionalGeneration, cfg
+
+
+def qwen3_5_moe_vl() -> tuple[type, Any]:
+    """Qwen3.5 MoE as published: `Qwen3_5MoeForConditionalGeneration`, the text model of
+    `qwen3_5_moe_odd`, untied; written with its experts packed (see `Fixture.packed_experts`)."""
+    text = dict(
+        num_experts=6,
+        num_experts_per_tok=3,
+        moe_intermediate_size=40,
+        shared_expert_intermediate_size=24,
+        **_gdn_odd(1, 5, 40, 24, 2),
+    )
+    cfg = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=_VISION, **_VISION_TOKENS)
+    return transformers.Qwen3_5MoeForConditionalGeneration, cfg
+
+
 @dataclasses.dataclass(frozen=True)
 class Fixture:
     """One fixture: its model, its two sequence lengths and its chunk schedules.
@@ -244,6 +291,13 @@ class Fixture:
     len_b: int
     chunks_a: tuple[tuple[int, int], ...]
     chunks_b: tuple[tuple[int, int], ...]
+    # A multimodal wrapper: the text model's own class, whose logits on the wrapper's language-model
+    # weights must equal the wrapper's text-only logits (make_fixtures.check_text_model).
+    text_class: type | None = None
+    # Write the tensors under their in-memory names (experts packed as `experts.gate_up_proj`
+    # [E, 2I, H] and `experts.down_proj` [E, H, I], as the published Qwen3.5 MoE checkpoints hold
+    # them) instead of `save_pretrained`'s one tensor per expert.
+    packed_experts: bool = False
 
 
 # The five originals: 80 / 23 tokens, chunk ends on multiples of 16.
@@ -264,4 +318,8 @@ FAMILIES: dict[str, Fixture] = {
     "qwen3_next_odd": Fixture(qwen3_next_odd, **_ODD),
     "qwen3_5_odd": Fixture(qwen3_5_odd, **_ODD),
     "qwen3_5_moe_odd": Fixture(qwen3_5_moe_odd, **_ODD),
+    "qwen3_5_vl": Fixture(qwen3_5_vl, **_ODD, text_class=transformers.Qwen3_5ForCausalLM),
+    "qwen3_5_moe_vl": Fixture(
+        qwen3_5_moe_vl, **_ODD, text_class=transformers.Qwen3_5MoeForCausalLM, packed_experts=True
+    ),
 }

@@ -57,7 +57,7 @@ def run_in_processes(
     """Each section (per fixture for fixtures and batch) in a child process, `jobs` at a time."""
     from tests.jmamba import fixture_runs
 
-    every = families or fixture_runs.ORIGINAL + fixture_runs.ODD + fixture_runs.IBM
+    every = families or fixture_runs.ALL
     tasks = [(n, [f]) for n in names if n != "kernels" for f in every]
     tasks = ([("kernels", None)] if "kernels" in names else []) + tasks
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")

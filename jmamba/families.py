@@ -5,6 +5,10 @@ plus `mlp_only_layers` / `decoder_sparse_step` (Qwen3-Next), `layer_types` (Qwen
 (Mamba2: every layer is a Mamba2 mixer; Falcon-H1: every layer is attention beside Mamba2, then an
 MLP); Bamba's and Granite-4.0-H's adapters are in `jmamba.ibm_families`, the field readers all
 adapters share in `jmamba.hf_fields`.
+
+Qwen3.5 as published is a multimodal wrapper (`Qwen3_5ForConditionalGeneration`,
+`Qwen3_5MoeForConditionalGeneration`, see `WRAPPERS`): we read its text model, whose config is
+nested under `text_config` (see the function `text_config`).
 """
 
 from __future__ import annotations
@@ -209,7 +213,12 @@ def qwen3_next(cfg: HFConfig) -> ModelConfig:
 
 
 def qwen3_5(cfg: HFConfig) -> ModelConfig:
-    """Qwen3_5ForCausalLM (dense text model): every layer has a dense MLP."""
+    """Qwen3_5ForCausalLM (dense text model): every layer has a dense MLP.
+
+    Qwen3.5's rotary embedding is M-RoPE (`mrope_section`, `mrope_interleaved` in
+    `rope_parameters`): three position streams (time, height, width) interleaved over the rotary
+    frequencies. On text all three are the token's position, which makes it the plain RoPE we
+    apply, so those two fields are not read."""
     return _qwen_model(cfg, [Ffn.MLP] * len(_get(cfg, "layer_types")), None)
 
 
@@ -314,14 +323,51 @@ FAMILIES: dict[str, Callable[[HFConfig], ModelConfig]] = {
     "BambaForCausalLM": bamba,
     "GraniteMoeHybridForCausalLM": granite_moe_hybrid,
 }
+# Multimodal wrappers -> the class of their text model. We serve the text model: its config is the
+# wrapper's `text_config`, its tensors are under `model.language_model.` (`lm_head.` at the top),
+# and the vision tower's tensors are skipped (`jmamba.weights.skipped_tensors`). The
+# `ModelConfig.architecture` stays the wrapper's name, which picks those tensor names.
+WRAPPERS: dict[str, str] = {
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
+}
+# The wrapper's own fields that count for its text model, read as transformers reads them:
+# `tie_word_embeddings` ties `lm_head` to `model.language_model.embed_tokens` when the wrapper's
+# field says so (`PreTrainedModel.get_expanded_tied_weights_keys` reads the wrapper's config), and
+# `GenerationConfig.from_model_config` takes `eos_token_id` from the wrapper's config first and
+# from `text_config` only when the wrapper has none.
+_WRAPPER_FIELDS = ("tie_word_embeddings", "eos_token_id")
+
+
+def text_config(cfg: HFConfig) -> HFConfig:
+    """The config of the text model of a wrapper config.json (see `WRAPPERS`): its `text_config`,
+    with the wrapper's `tie_word_embeddings` and `eos_token_id` where the wrapper sets them (each
+    falls back to `text_config`'s own, or the default, when the wrapper has none) and the wrapper's
+    class as `architectures`. `vision_config` and the wrapper's multimodal token ids are not read.
+    Every other field (`vocab_size`, `max_position_embeddings`, `rope_parameters`, ...) is
+    `text_config`'s: transformers' `Qwen3_5Config` has no top-level copy of them."""
+    arch = cfg["architectures"][0]
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"config.json of {arch} has no 'text_config' object (the text model's)")
+    text = dict(text)
+    for key in _WRAPPER_FIELDS:
+        if cfg.get(key) is not None:
+            text[key] = cfg[key]
+    text["architectures"] = [arch]
+    return text
 
 
 def from_hf_config(cfg: HFConfig) -> ModelConfig:
-    """`ModelConfig` from a parsed HF `config.json`; unknown architectures raise ValueError."""
+    """`ModelConfig` from a parsed HF `config.json`; unknown architectures raise ValueError. A
+    multimodal wrapper (`WRAPPERS`) gives the `ModelConfig` of its text model."""
     archs = cfg.get("architectures") or []
+    if len(archs) == 1 and archs[0] in WRAPPERS:
+        return FAMILIES[WRAPPERS[archs[0]]](text_config(cfg))
     if len(archs) != 1 or archs[0] not in FAMILIES:
         raise ValueError(
-            f"architectures={archs} is not supported; expected one of {sorted(FAMILIES)}"
+            f"architectures={archs} is not supported; expected one of "
+            f"{sorted([*FAMILIES, *WRAPPERS])}"
         )
     return FAMILIES[archs[0]](cfg)
 

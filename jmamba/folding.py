@@ -14,8 +14,8 @@ import numpy as np
 
 from jmamba.config import ModelConfig
 
-if TYPE_CHECKING:  # weights.py imports this module
-    from jmamba.weights import Source
+if TYPE_CHECKING:  # tensor_sources.py imports this module
+    from jmamba.tensor_sources import Source
 
 
 def fold(tensor: np.ndarray, scale: np.ndarray) -> np.ndarray:

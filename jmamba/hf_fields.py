@@ -16,7 +16,9 @@ def _get(cfg: HFConfig, key: str, default: Any = ...) -> Any:
         return cfg[key]
     if default is ...:
         arch = cfg.get("architectures", ["?"])[0]
-        raise ValueError(f"config.json of {arch} is missing the required field {key!r}")
+        # A multimodal wrapper's fields are read from its text_config (families.text_config).
+        where = "the text_config of " if arch.endswith("ForConditionalGeneration") else ""
+        raise ValueError(f"{where}config.json of {arch} is missing the required field {key!r}")
     return default
 
 

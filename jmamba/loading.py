@@ -1,5 +1,6 @@
-"""Load a model by name: a built-in preset ("tiny-<name>") or a Hugging Face checkpoint directory,
-with its tokenizer when it has one."""
+"""Load a model by name: a checkpoint directory, a built-in preset ("tiny-<name>") or a Hugging Face
+hub id ("org/name", through huggingface_hub's cache: `jmamba.hub`), with its tokenizer when it
+has one."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from flax import nnx
 
-from jmamba import presets
+from jmamba import hub, presets
 from jmamba.model import HybridLM
 from jmamba.tokenizer import byte_tokenizer
 from jmamba.weights import cast, load_pretrained, resolve_dtype
@@ -17,14 +18,20 @@ PRESET_PREFIX = "tiny-"
 
 
 def load_model(model: str, seed: int = 0, dtype: str = "auto") -> tuple[HybridLM, Any]:
-    """Return (HybridLM, tokenizer or None) for a preset ("tiny-<name>") or an HF directory.
+    """Return (HybridLM, tokenizer or None) for `model`, resolved in this order: an existing local
+    directory (a HF checkpoint); a preset ("tiny-<name>"); a Hugging Face hub id ("org/name": its
+    config, tokenizer and safetensors files downloaded into huggingface_hub's cache, or found there
+    offline, see `jmamba.hub.snapshot`).
 
     A trained preset loads from its checkpoint directory like any checkpoint; a random-weight
     preset is built from `seed` and gets the presets' byte-level tokenizer. `dtype` is "auto"
     (the checkpoint's; float32 for a random-weight preset), "float32" or "bfloat16".
     """
     resolve_dtype(dtype)  # a bad name fails before anything loads
-    if model.startswith(PRESET_PREFIX) and not Path(model).exists():
+    path = Path(model)
+    if path.is_dir():
+        return _load_directory(path, model, dtype)
+    if model.startswith(PRESET_PREFIX) and not path.exists():
         name = model.removeprefix(PRESET_PREFIX)
         if name not in presets.names():
             raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
@@ -33,11 +40,15 @@ def load_model(model: str, seed: int = 0, dtype: str = "auto") -> tuple[HybridLM
             return load_pretrained(path, dtype), load_tokenizer(path)
         random = HybridLM(presets.tiny(name), rngs=nnx.Rngs(seed))
         return cast(random, dtype), _byte_tokenizer()
-    path = Path(model)
-    if not path.is_dir():
-        raise ValueError(
-            f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()}"
-        )
+    if hub.is_hub_id(model) and not path.exists():
+        return _load_directory(hub.snapshot(model), model, dtype)
+    raise ValueError(
+        f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()} nor "
+        "a Hugging Face hub id (org/name)"
+    )
+
+
+def _load_directory(path: Path, model: str, dtype: str) -> tuple[HybridLM, Any]:
     if not (path / "config.json").is_file():
         raise ValueError(f"checkpoint directory {model!r} has no config.json")
     if not list(path.glob("*.safetensors")):

@@ -1,6 +1,6 @@
 """Reading a checkpoint's safetensors files: one `model.safetensors` or the shards its
 `model.safetensors.index.json` lists, with errors naming the file, and the dtype most of the
-stored weights have (read from the headers alone)."""
+stored weights have (read from the headers alone, the skipped tensors left out)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
+from jmamba.checkpoint_tensors import SKIPPED
 from jmamba.families import read_json
 
 # The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
@@ -71,11 +72,17 @@ def _load_file(path: Path) -> dict[str, np.ndarray]:
 
 def checkpoint_dtype(model_dir: str | Path) -> str:
     """The parameter dtype `dtype="auto"` gives a checkpoint: that of most of its floating-point
-    weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone.
+    weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone;
+    the tensors that loading skips (`SKIPPED`: a vision tower, an MTP head) do not count.
     """
     counts: dict[str, int] = {}
+    config = Path(model_dir) / "config.json"
+    archs = (read_json(config).get("architectures") or [""]) if config.is_file() else [""]
+    skipped = tuple(prefix for prefix, _ in SKIPPED.get(archs[0], ()))
     for path in _safetensors_files(Path(model_dir)):
         for name, entry in _header(path).items():
+            if name.startswith(skipped):
+                continue  # not the text model's (a vision tower, an MTP head)
             if name != "__metadata__" and entry.get("dtype") in _AUTO:
                 size = int(np.prod(entry.get("shape", [])))
                 counts[_AUTO[entry["dtype"]]] = counts.get(_AUTO[entry["dtype"]], 0) + size

@@ -2,19 +2,19 @@
 and write one back (`save_pretrained`).
 
 The tensor names are those transformers writes on disk (`save_pretrained` reverts its in-memory
-fusions): NemotronH and Mamba2 under `backbone.`, one tensor per expert (but Granite's stacked
-experts and fused gate | up, which transformers keeps on disk), HF linear weights [out, in] (ours
-are [in, out]). Every parameter of the model must be found and every tensor of the checkpoint
-used; otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source`
-says how it is built from its tensors and how it splits back into them, so the writer is the
-loader's inverse: a model written and read back has the same parameters, bit for bit. Mamba2 holds
-A where checkpoints hold A_log = log(-A), which fp32 cannot invert exactly both ways: a checkpoint
-read and written back has its tensors bit for bit except such an A_log, which may move to another
-value of the same A; an A set other than through `a_from_log` (training, perturbation) comes
-back within 2 ulps. The same holds for a weight with a constant multiplier folded in
-(`ModelConfig.multipliers`, Falcon-H1's muP ones): neighbouring fp32 values may fold to one
-parameter, so such a weight may come back as the neighbour of the checkpoint's. The files are read
-by `jmamba.safetensors_files`.
+fusions); which tensor makes which parameter is `jmamba.tensor_sources`, what a checkpoint holds
+beside the model (a vision tower, an MTP head) or packs (experts) is `jmamba.checkpoint_tensors`,
+and the files are read by `jmamba.safetensors_files`. Every parameter of the model must be found
+and every tensor of the checkpoint but the skipped ones used; otherwise a ValueError lists the
+missing and unexpected names. Each parameter's `Source` says how it is built from its tensors and
+how it splits back into them, so the writer is the loader's inverse: a model written and read back
+has the same parameters, bit for bit. Mamba2 holds A where checkpoints hold A_log = log(-A), which
+fp32 cannot invert exactly both ways: a checkpoint read and written back has its tensors bit for
+bit except such an A_log, which may move to another value of the same A; an A set other than
+through `a_from_log` (training, perturbation) comes back within 2 ulps. The same holds for a
+weight with a constant multiplier folded in (`ModelConfig.multipliers`, Falcon-H1's muP ones):
+neighbouring fp32 values may fold to one parameter, so such a weight may come back as the
+neighbour of the checkpoint's.
 
 Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
 """
@@ -22,9 +22,9 @@ Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `p
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import logging
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,279 +32,16 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.checkpoint_tensors import skip_message, skipped_tensors, unpack_experts
 from jmamba.families import from_hf_config, load_hf_config
-from jmamba.folding import mamba2_in_proj_scale, scaled
 from jmamba.layers.fp32_param import Fp32Param
-from jmamba.mixers.mamba2 import a_from_log, log_from_a
 from jmamba.model import HybridLM
 from jmamba.safetensors_files import checkpoint_dtype, read_safetensors
+from jmamba.tensor_sources import tensor_sources
 
-Path_ = tuple[str | int, ...]
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # what models may be cast to
-
-
-class Source(NamedTuple):
-    """The HF tensors of one parameter: `build(*tensors)` is the parameter and `split(param)`
-    gives the tensors back, in the order of `names`. `piece` = (axis, index) when the tensors hold
-    this parameter as piece `index` along `axis` beside other parameters' pieces (Granite's fused
-    gate | up): `split` gives the piece and the writer concatenates the pieces in index order."""
-
-    names: tuple[str, ...]
-    build: Callable[..., np.ndarray]
-    split: Callable[[np.ndarray], tuple[np.ndarray, ...]]
-    piece: tuple[int, int] | None = None
-
-
-def _same(name: str) -> Source:
-    return Source((name,), lambda t: t, lambda p: (p,))
-
-
-def _linear(name: str) -> Source:
-    return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,))
-
-
-def _a_from_log(name: str) -> Source:
-    return Source((name,), a_from_log, lambda p: (log_from_a(p),))
-
-
-def _conv(name: str) -> Source:
-    return Source((f"{name}.weight",), lambda t: t[:, 0, :], lambda p: (p[:, None, :],))
-
-
-def _experts(prefix: str, proj: str, num_experts: int) -> Source:
-    names = tuple(f"{prefix}.experts.{e}.{proj}.weight" for e in range(num_experts))
-    return Source(names, lambda *ts: np.stack([t.T for t in ts]), lambda p: tuple(e.T for e in p))
-
-
-def _swapped(name: str) -> Source:
-    """A stack of linear weights [..., out, in] (Granite's experts), ours [..., in, out]."""
-    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
-    return Source((f"{name}.weight",), swap, lambda p: (swap(p),))
-
-
-def _half(name: str, index: int) -> Source:
-    """Half `index` (0: gate, 1: up) of a fused [gate | up] projection: Granite's `input_linear`,
-    [2I, H] (or [E, 2I, H] for the experts), whose first I output rows are the gate's."""
-    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
-    build = lambda t: swap(np.split(t, 2, axis=-2)[index])  # noqa: E731
-    return Source((f"{name}.weight",), build, lambda p: (swap(p),), piece=(-2, index))
-
-
-def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig) -> np.ndarray:
-    """Qwen3-Next packs q|k|v|z (and b|a) per key-head group; we use flat [q|k|v|z|b|a]."""
-    g = cfg.gdn
-    r = g.num_v_heads // g.num_k_heads
-    per_group = qkvz.reshape(g.num_k_heads, -1, qkvz.shape[-1])
-    q, k, v, z = np.split(
-        per_group, np.cumsum([g.head_k_dim, g.head_k_dim, r * g.head_v_dim]), axis=1
-    )
-    b, a = np.split(ba.reshape(g.num_k_heads, 2 * r, -1), [r], axis=1)
-    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-    return np.concatenate([flat(t) for t in (q, k, v, z, b, a)]).T
-
-
-def _interleave_qwen3_next(in_proj: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of `_deinterleave_qwen3_next`: our [in, q|k|v|z|b|a] -> HF (qkvz, ba)."""
-    g = cfg.gdn
-    sizes = [g.key_dim, g.key_dim, g.value_dim, g.value_dim, g.num_v_heads]
-    q, k, v, z, b, a = np.split(in_proj.T, np.cumsum(sizes), axis=0)
-    grouped = lambda t: t.reshape(g.num_k_heads, -1, t.shape[-1])  # noqa: E731
-    qkvz = np.concatenate([grouped(t) for t in (q, k, v, z)], axis=1)
-    ba = np.concatenate([grouped(b), grouped(a)], axis=1)
-    return qkvz.reshape(-1, qkvz.shape[-1]), ba.reshape(-1, ba.shape[-1])
-
-
-def _gdn_in_proj(prefix: str, cfg: ModelConfig) -> Source:
-    if cfg.architecture == "Qwen3NextForCausalLM":
-        return Source(
-            (f"{prefix}.in_proj_qkvz.weight", f"{prefix}.in_proj_ba.weight"),
-            lambda qkvz, ba: _deinterleave_qwen3_next(qkvz, ba, cfg),
-            lambda p: _interleave_qwen3_next(p, cfg),
-        )
-    g = cfg.gdn
-    names = tuple(f"{prefix}.in_proj_{p}.weight" for p in ("qkv", "z", "b", "a"))
-    ends = np.cumsum([g.conv_dim, g.value_dim, g.num_v_heads])
-    return Source(
-        names, lambda *ts: np.concatenate(ts).T, lambda p: tuple(np.split(p.T, ends, axis=0))
-    )
-
-
-def _attention_sources(hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
-    mult = cfg.multipliers
-    scales = {
-        "q_proj": mult.attention_in,
-        "k_proj": mult.attention_in * mult.attention_key,
-        "v_proj": mult.attention_in,
-        "o_proj": mult.attention_out,
-    }
-    src = {(p, "kernel"): scaled(_linear(f"{hf}.{p}"), scale) for p, scale in scales.items()}
-    if cfg.attention.qk_norm:
-        src.update({(n, "weight"): _same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
-    return src
-
-
-def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
-    match kind:
-        case Mixer.MAMBA2:
-            src = {
-                ("in_proj", "kernel"): scaled(_linear(f"{hf}.in_proj"), mamba2_in_proj_scale(cfg)),
-                ("conv_weight",): _conv(f"{hf}.conv1d"),
-                ("out_proj", "kernel"): scaled(
-                    _linear(f"{hf}.out_proj"), cfg.multipliers.mamba2_out
-                ),
-            }
-            if cfg.mamba2.gate_norm != "gate_only":
-                src[("norm", "weight")] = _same(f"{hf}.norm.weight")
-            if cfg.mamba2.conv_bias:
-                src[("conv_bias",)] = _same(f"{hf}.conv1d.bias")
-            src.update({(p,): _same(f"{hf}.{p}") for p in ("dt_bias", "D")})
-            src[("A",)] = _a_from_log(f"{hf}.A_log")
-            return src
-        case Mixer.GDN:
-            return {
-                ("in_proj", "kernel"): _gdn_in_proj(hf, cfg),
-                ("conv_weight",): _conv(f"{hf}.conv1d"),
-                ("dt_bias",): _same(f"{hf}.dt_bias"),
-                ("A_log",): _same(f"{hf}.A_log"),
-                ("norm", "weight"): _same(f"{hf}.norm.weight"),
-                ("out_proj", "kernel"): _linear(f"{hf}.out_proj"),
-            }
-        case Mixer.ATTENTION:
-            return _attention_sources(hf, cfg)
-        case Mixer.PARALLEL_HYBRID:  # Falcon-H1: `self_attn` and `mamba` inside the layer
-            halves = {
-                "attention": _attention_sources(f"{hf}.self_attn", cfg),
-                "mamba2": _mixer_sources(Mixer.MAMBA2, f"{hf}.mamba", cfg),
-            }
-            return {(h, *k): v for h, src in halves.items() for k, v in src.items()}
-    return {}
-
-
-def _granite_ffn_sources(kind: Ffn, hf: str) -> dict[Path_, Source]:
-    """Granite-4.0-H (`hf` the layer): the shared MLP (`shared_mlp`) alone, or beside the MoE
-    (`block_sparse_moe`, its experts stacked); both keep gate | up fused in `input_linear`."""
-    shared = {
-        ("gate_proj", "kernel"): _half(f"{hf}.shared_mlp.input_linear", 0),
-        ("up_proj", "kernel"): _half(f"{hf}.shared_mlp.input_linear", 1),
-        ("down_proj", "kernel"): _linear(f"{hf}.shared_mlp.output_linear"),
-    }
-    if kind != Ffn.MOE:
-        return shared
-    moe = f"{hf}.block_sparse_moe"
-    return {
-        ("router", "kernel"): _linear(f"{moe}.router.layer"),
-        ("gate_proj",): _half(f"{moe}.input_linear", 0),
-        ("up_proj",): _half(f"{moe}.input_linear", 1),
-        ("down_proj",): _swapped(f"{moe}.output_linear"),
-        **{("shared", *k): v for k, v in shared.items()},
-    }
-
-
-def _mlp_sources(hf: str, gated: bool) -> dict[Path_, Source]:
-    projs = ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
-    return {(p, "kernel"): _linear(f"{hf}.{p}") for p in projs}
-
-
-def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
-    if cfg.architecture == "GraniteMoeHybridForCausalLM":
-        return _granite_ffn_sources(kind, hf)
-    match kind:
-        case Ffn.MLP:
-            scales = {"gate_proj": cfg.multipliers.mlp_gate, "down_proj": cfg.multipliers.mlp_down}
-            src = _mlp_sources(hf, cfg.mlp.activation == "silu_gated")
-            return {k: scaled(v, scales.get(k[0], 1.0)) for k, v in src.items()}
-        case Ffn.MOE:
-            moe = cfg.moe
-            gated = moe.activation == "silu_gated"
-            src = {("router", "kernel"): _linear(f"{hf}.gate")}
-            for proj in (
-                ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
-            ):
-                src[(proj,)] = _experts(hf, proj, moe.num_experts)
-            shared = "shared_expert" if moe.shared_gate else "shared_experts"
-            src.update(
-                {("shared", *k): v for k, v in _mlp_sources(f"{hf}.{shared}", gated).items()}
-            )
-            if moe.shared_gate:
-                src[("shared_gate", "kernel")] = _linear(f"{hf}.shared_expert_gate")
-            if moe.router == "sigmoid_grouped":
-                src[("router_bias",)] = _same(f"{hf}.gate.e_score_correction_bias")
-            return src
-    return {}
-
-
-# Bamba's and Granite-4.0-H's (FFN norm, FFN) under model.layers.{i}; their mixers are `mamba` or
-# `self_attn`. Granite's FFN is the layer itself: its MoE and shared MLP have a name each (see
-# _granite_ffn_sources).
-_IBM_LAYERS = {
-    "BambaForCausalLM": ("pre_ff_layernorm", ".feed_forward"),
-    "GraniteMoeHybridForCausalLM": ("post_attention_layernorm", ""),
-}
-
-
-def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
-    """HF names of (mixer norm, mixer, ffn norm, ffn) of layer i."""
-    if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
-        layer = f"backbone.layers.{i}"
-        return f"{layer}.norm", f"{layer}.mixer", f"{layer}.norm", f"{layer}.mixer"
-    layer = f"model.layers.{i}"
-    if cfg.architecture == "FalconH1ForCausalLM":  # the mixer's two halves are named inside
-        return (
-            f"{layer}.input_layernorm",
-            layer,
-            f"{layer}.pre_ff_layernorm",
-            f"{layer}.feed_forward",
-        )
-    if cfg.architecture in _IBM_LAYERS:
-        norm, ffn = _IBM_LAYERS[cfg.architecture]
-        mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "mamba"
-        return f"{layer}.input_layernorm", f"{layer}.{mixer}", f"{layer}.{norm}", f"{layer}{ffn}"
-    mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "linear_attn"
-    return (
-        f"{layer}.input_layernorm",
-        f"{layer}.{mixer}",
-        f"{layer}.post_attention_layernorm",
-        f"{layer}.mlp",
-    )
-
-
-_FINAL_NORMS = {
-    "FalconH1ForCausalLM": "model.final_layernorm.weight",
-    "BambaForCausalLM": "model.final_layernorm.weight",
-}
-
-
-def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
-    """Map every parameter path of `HybridLM(cfg)` to the HF tensors it is built from."""
-    if cfg.architecture in ("Mamba2ForCausalLM", "NemotronHForCausalLM"):
-        embed, final = "backbone.embeddings.weight", "backbone.norm_f.weight"
-    else:
-        embed, final = "model.embed_tokens.weight", "model.norm.weight"
-    final = _FINAL_NORMS.get(cfg.architecture, final)
-    src: dict[Path_, Source] = {
-        ("embed",): _same(embed),
-        ("final_norm", "weight"): _same(final),
-    }
-    if not cfg.tie_word_embeddings:
-        src[("lm_head", "kernel")] = _linear("lm_head")
-    for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
-        mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
-        if mixer != Mixer.NONE:
-            src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
-            src.update(
-                {
-                    ("layers", i, "mixer", *k): v
-                    for k, v in _mixer_sources(mixer, mixer_hf, cfg).items()
-                }
-            )
-        if ffn != Ffn.NONE:
-            src[("layers", i, "ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
-            src.update(
-                {("layers", i, "ffn", *k): v for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()}
-            )
-    return src
 
 
 def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -> jnp.dtype:
@@ -350,10 +87,18 @@ def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
 def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> HybridLM:
     """Build `HybridLM` from a HF checkpoint directory as a model of `dtype`: "auto" (the
     checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"; each parameter in
-    `param_dtype(parameter, dtype)`, as `cast` gives."""
+    `param_dtype(parameter, dtype)`, as `cast` gives. A multimodal wrapper gives its text model;
+    the tensors it skips (`skipped_tensors`) are counted in one `logging` INFO line of this
+    module's logger ("skipped 33 vision tensors (model.visual.*) of a ... checkpoint")."""
     cfg = load_hf_config(model_dir)
     dtype = resolve_dtype(dtype, model_dir)
     tensors = read_safetensors(model_dir)
+    skipped = skipped_tensors(cfg.architecture, tensors)
+    if skipped:
+        logger.info(skip_message(cfg.architecture, skipped))
+        for name in (n for names in skipped.values() for n in names):
+            del tensors[name]
+    tensors = unpack_experts(tensors)
     sources = tensor_sources(cfg)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
@@ -383,7 +128,9 @@ def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str,
     `model.config`) and `model.safetensors` with transformers' on-disk names, each tensor in its
     parameter's dtype (so a bf16 model writes its fp32 parameters in fp32; A as fp32 A_log).
     `load_pretrained` reads it back to the same parameters, bit for bit (for Mamba2's A: when it
-    came from a checkpoint or initialisation, see the module docstring).
+    came from a checkpoint or initialisation, see the module docstring). Experts are written one
+    tensor each (as transformers' `save_pretrained` writes them), packed ones included; a
+    multimodal wrapper's model is written without the tensors loading skipped (its vision tower).
     """
     if from_hf_config(hf_config) != model.config:
         raise ValueError(

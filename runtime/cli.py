@@ -29,14 +29,15 @@ def _parser() -> argparse.ArgumentParser:
         "generate",
         help="generate text for one or more prompts",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Generate with a built-in preset or a Hugging Face checkpoint directory "
-        "(config.json + *.safetensors [+ tokenizer.json]). Without --prompt or --prompt-ids the "
-        f"prompt is {DEFAULT_TEXT_PROMPT!r}.",
+        description="Generate with a built-in preset, a Hugging Face checkpoint directory "
+        "(config.json + *.safetensors [+ tokenizer.json]) or a Hugging Face hub id (org/name, "
+        "downloaded into huggingface_hub's cache; offline with HF_HUB_OFFLINE=1). Without "
+        f"--prompt or --prompt-ids the prompt is {DEFAULT_TEXT_PROMPT!r}.",
     )
     gen.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"a preset ({', '.join(PRESETS)}) or a checkpoint directory",
+        help=f"a preset ({', '.join(PRESETS)}), a checkpoint directory or a hub id org/name",
     )
     gen.add_argument(
         "--dtype",

@@ -141,7 +141,7 @@ def run(quick: bool, families: list[str] | None = None) -> list[Check]:
     """Every fixture model (or `families`) with 64 prompts (`quick`: one model, 4 prompts, 2
     tokens each)."""
     use_kernels()
-    names = families or (("mamba2",) if quick else runs.ORIGINAL + runs.ODD + runs.IBM)
+    names = families or (("mamba2",) if quick else runs.ALL)
     setup = Setup(num_prompts=4, max_tokens=2) if quick else Setup()
     checks = []
     for name in names:

@@ -1,13 +1,13 @@
 """Every transformers fixture (tests/fixtures) through the compiled kernels, against HF's outputs.
 
-For each fixture, the five with power-of-two dims, the five `*_odd` ones, Falcon-H1's two
-(attention beside Mamba2 in every layer, muP multipliers folded into the weights) and the four
-Bamba / Granite-4.0-H ones (`fixture_runs.IBM`): the full forward over both sequences, the chunked
-prefill + decode logits of the fixture's chunk schedule, and the final conv / recurrent states,
-each as one `Check` with its max |delta| (pass at <= 1e-4, fp32 weights; the model's fp32 matmuls
-run at HIGHEST precision, so the GPU needs no looser tolerance than the CPU). The runs are those of
-the CPU parity test (tests/jmamba/fixture_runs.py): three compiled step shapes per fixture. On a CPU
-the kernels run in interpret mode (`quick`: one fixture).
+For each fixture of `fixture_runs.ALL` (the five with power-of-two dims, the five `*_odd` ones,
+Falcon-H1's two with attention beside Mamba2 in every layer and muP multipliers, the four Bamba /
+Granite-4.0-H ones and the two Qwen3.5 checkpoints as published, `*_vl`): the full forward over
+both sequences, the chunked prefill + decode logits of the fixture's chunk schedule, and the final
+conv / recurrent states, each as one `Check` with its max |delta| (pass at <= 1e-4, fp32 weights;
+the model's fp32 matmuls run at HIGHEST precision, so the GPU needs no looser tolerance than the
+CPU). The runs are those of the CPU parity test (tests/jmamba/fixture_runs.py): three compiled step
+shapes per fixture. On a CPU the kernels run in interpret mode (`quick`: one fixture).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(quick: bool, families: list[str] | None = None) -> list[Check]:
     raises is one failed check, the others still run."""
     use_kernels()
     checks: list[Check] = []
-    for name in families or (QUICK if quick else runs.ORIGINAL + runs.ODD + runs.FALCON_H1 + runs.IBM):
+    for name in families or (QUICK if quick else runs.ALL):
         try:
             checks += check_fixture(name)
         except Exception as error:  # noqa: BLE001 - report it and go on with the next fixture

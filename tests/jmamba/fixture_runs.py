@@ -34,6 +34,9 @@ ORIGINAL = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 ODD = tuple(f"{name}_odd" for name in ORIGINAL)  # non-power-of-two dims, several kernel chunks
 FALCON_H1 = ("falcon_h1", "falcon_h1_odd")  # attention beside Mamba2 in every layer, muP weights
 IBM = ("bamba", "bamba_odd", "granite_h", "granite_h_odd")  # Mamba2 + attention; Granite with MoE
+# Qwen3.5 as published: the multimodal wrappers (vision tower skipped), odd dims, text-only input.
+VL = ("qwen3_5_vl", "qwen3_5_moe_vl")
+ALL = ORIGINAL + ODD + FALCON_H1 + IBM + VL
 BLOCK, NUM_SLOTS = 16, 8
 SLOT_A, SLOT_B = 3, 6
 SPARE_BLOCKS = 3  # never owned by a request: they only hold garbage

@@ -4,12 +4,14 @@ Fixtures are written by tests/reference/make_fixtures.py under transformers 5.23
 power-of-two dims and 80 / 23 tokens, five `*_odd` ones with non-power-of-two head counts, head
 dims, groups and channel counts and 181 / 65 tokens (several kernel chunks plus a remainder, chunk
 boundaries off the kernel chunk grid), Falcon-H1's pair (`falcon_h1`, `falcon_h1_odd`: attention
-beside Mamba2 in every layer, every muP multiplier away from 1), and Bamba and Granite-4.0-H with
-one of each (`fixture_runs.IBM`). Our model loads the same safetensors and must reproduce HF's
-logits and final states within 1e-4 (fp32): for a full forward, and for chunked prefill followed by
-token-by-token decode with the states carried in our pools at non-trivial slots, with padding rows
-and tokens in every batch, garbage in every pool entry a request does not own, and NaN in the NULL
-slot and block (see tests/jmamba/fixture_runs.py).
+beside Mamba2 in every layer, every muP multiplier away from 1), Bamba and Granite-4.0-H with one
+of each (`fixture_runs.IBM`), and two Qwen3.5 checkpoints as published (`*_vl`: the multimodal
+wrapper, its vision tower skipped, HF's logits those of text-only input). Our model loads the same
+safetensors and must reproduce HF's logits and final states within 1e-4 (fp32): for a full
+forward, and for chunked prefill followed by token-by-token decode with the states carried in our
+pools at non-trivial slots, with padding rows and tokens in every batch, garbage in every pool
+entry a request does not own, and NaN in the NULL slot and block (see
+tests/jmamba/fixture_runs.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ TOL = 1e-4
 # on CPU), which checks how the mixers wire the kernels: Mamba2 + attention + MoE (odd dims), GDN
 # with power-of-two and with odd dims (the kernels' own tests cover power-of-two Mamba2 shapes),
 # and the parallel attention + Mamba2 layer (odd dims, Mamba2 without a norm).
-CASES = [(f, "reference") for f in runs.ORIGINAL + runs.ODD + runs.FALCON_H1 + runs.IBM] + [
+CASES = [(f, "reference") for f in runs.ALL] + [
     ("qwen3_next", "interpret"),
     ("nemotron_h_odd", "interpret"),
     ("qwen3_5_odd", "interpret"),

@@ -1,5 +1,5 @@
-"""The fixture families of `make_fixtures.py`: each one's tiny random HF model (class and
-config), its two sequence lengths and its chunk schedules (`FAMILIES`)."""
+"""The fixture families of `make_fixtures.py`: each one's tiny random HF model (class and config),
+its two sequence lengths and its chunk schedules (`FAMILIES`)."""
 
 from __future__ import annotations
 
@@ -231,6 +231,53 @@ def qwen3_5_moe_odd() -> tuple[type, Any]:
     return transformers.Qwen3_5MoeForCausalLM, cfg
 
 
+# A vision tower as small as Qwen3.5's can be: 2 blocks of width 24, 2x2 merge (out 40 = hidden).
+_VISION = dict(
+    depth=2,
+    hidden_size=24,
+    intermediate_size=40,
+    num_heads=2,
+    patch_size=4,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    out_hidden_size=40,
+    num_position_embeddings=16,
+)
+# The multimodal token ids lie past the vocabulary: the text-only sequences never hold them.
+_VISION_TOKENS = dict(
+    image_token_id=VOCAB,
+    video_token_id=VOCAB + 1,
+    vision_start_token_id=VOCAB + 2,
+    vision_end_token_id=VOCAB + 3,
+)
+
+
+def qwen3_5_vl() -> tuple[type, Any]:
+    """Qwen3.5 dense as published: `Qwen3_5ForConditionalGeneration` (text model under
+    `model.language_model.`, a vision tower under `model.visual.`), the text model of
+    `qwen3_5_odd` with `lm_head` tied to the embedding, as the small Qwen3.5 checkpoints are
+    (`tie_word_embeddings` at the top level, where transformers reads it, and in `text_config`)."""
+    text = dict(intermediate_size=96, tie_word_embeddings=True, **_gdn_odd(3, 6, 48, 80, 3))
+    cfg = transformers.Qwen3_5Config(
+        text_config=text, vision_config=_VISION, tie_word_embeddings=True, **_VISION_TOKENS
+    )
+    return transformers.Qwen3_5ForConditionalGeneration, cfg
+
+
+def qwen3_5_moe_vl() -> tuple[type, Any]:
+    """Qwen3.5 MoE as published: `Qwen3_5MoeForConditionalGeneration`, the text model of
+    `qwen3_5_moe_odd`, untied; written with its experts packed (see `Fixture.packed_experts`)."""
+    text = dict(
+        num_experts=6,
+        num_experts_per_tok=3,
+        moe_intermediate_size=40,
+        shared_expert_intermediate_size=24,
+        **_gdn_odd(1, 5, 40, 24, 2),
+    )
+    cfg = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=_VISION, **_VISION_TOKENS)
+    return transformers.Qwen3_5MoeForConditionalGeneration, cfg
+
+
 def falcon_h1() -> tuple[type, Any]:
     """Falcon-H1: 2 layers of attention + Mamba2 side by side, then a SwiGLU MLP. The Mamba2 half
     has the gated group norm with the norm before the gate (2 groups), d_ssm from expand; every
@@ -246,20 +293,6 @@ def falcon_h1() -> tuple[type, Any]:
         mamba_expand=2,
         mamba_n_heads=8,
         mamba_d_head="auto",
-
-
-def bamba() -> tuple[type, Any]:
-    """Bamba: Mamba2 layers 0, 1, 3 and attention at 2 (RoPE on half of each head: 8 of 16); a
-    SwiGLU MLP in every layer."""
-    cfg = transformers.BambaConfig(
-        hidden_size=64,
-        num_hidden_layers=4,
-        attn_layer_indices=[2],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        mamba_n_heads=8,
-        mamba_d_head=16,
         mamba_n_groups=2,
         mamba_d_state=16,
         mamba_d_conv=4,
@@ -317,6 +350,22 @@ def falcon_h1_odd() -> tuple[type, Any]:
     return transformers.FalconH1ForCausalLM, cfg
 
 
+def bamba() -> tuple[type, Any]:
+    """Bamba: Mamba2 layers 0, 1, 3 and attention at 2 (RoPE on half of each head: 8 of 16); a
+    SwiGLU MLP in every layer."""
+    cfg = transformers.BambaConfig(
+        hidden_size=64,
+        num_hidden_layers=4,
+        attn_layer_indices=[2],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_chunk_size=16,
         **IDS,
     )
     return transformers.BambaForCausalLM, cfg
@@ -418,6 +467,13 @@ class Fixture:
     len_b: int
     chunks_a: tuple[tuple[int, int], ...]
     chunks_b: tuple[tuple[int, int], ...]
+    # A multimodal wrapper: the text model's own class, whose logits on the wrapper's language-model
+    # weights must equal the wrapper's text-only logits (make_fixtures.check_text_model).
+    text_class: type | None = None
+    # Write the tensors under their in-memory names (experts packed as `experts.gate_up_proj`
+    # [E, 2I, H] and `experts.down_proj` [E, H, I], as the published Qwen3.5 MoE checkpoints hold
+    # them) instead of `save_pretrained`'s one tensor per expert.
+    packed_experts: bool = False
 
 
 # The five originals: 80 / 23 tokens, chunk ends on multiples of 16.
@@ -440,10 +496,12 @@ FAMILIES: dict[str, Fixture] = {
     "qwen3_5_moe_odd": Fixture(qwen3_5_moe_odd, **_ODD),
     "falcon_h1": Fixture(falcon_h1, **_SMALL),
     "falcon_h1_odd": Fixture(falcon_h1_odd, **_ODD),
-
-
     "bamba": Fixture(bamba, **_SMALL),
     "bamba_odd": Fixture(bamba_odd, **_ODD),
     "granite_h": Fixture(granite_h, **_SMALL),
     "granite_h_odd": Fixture(granite_h_odd, **_ODD),
+    "qwen3_5_vl": Fixture(qwen3_5_vl, **_ODD, text_class=transformers.Qwen3_5ForCausalLM),
+    "qwen3_5_moe_vl": Fixture(
+        qwen3_5_moe_vl, **_ODD, text_class=transformers.Qwen3_5MoeForCausalLM, packed_experts=True
+    ),
 }

@@ -11,6 +11,10 @@ MoE router correction-bias buffer) so no weight sits at its trivial init value, 
 cached chunked-prefill + decode logits, and the conv / recurrent states of every recurrent layer
 after the chunked run. See tests/reference/README.md for the array meanings and layouts.
 
+The multimodal wrappers (`qwen3_5_vl`, `qwen3_5_moe_vl`) record the logits of text-only input (no
+pixel values); `check_text_model` asserts they are those of the text model's own `...ForCausalLM`
+on the wrapper's language-model weights.
+
 The families are defined in fixture_families.py, the HF forwards in hf_runs.py and the MoE routing
 gap in router_margins.py (beside this file, imported by name: the script runs from any directory).
 """
@@ -32,6 +36,7 @@ from fixture_families import FAMILIES  # noqa: E402
 from hf_runs import chunked_logits, full_logits, make_tokens, perturb, recurrent_states  # noqa: E402
 from router_margins import MIN_MARGIN, routing_margin  # noqa: E402
 from safetensors import safe_open  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 torch.set_num_threads(1)  # thread oversubscription makes tiny models 100x slower on this box
 transformers.logging.set_verbosity_error()  # silence the "falling back to PyTorch" warnings
@@ -60,9 +65,8 @@ def build(family: str, seqs: list[np.ndarray]) -> tuple[torch.nn.Module, list[in
     else:
         raise AssertionError(f"{family}: every seed has a router near-tie (last {margin:.2e})")
     # Falcon-H1's "hybrid" layers run a Mamba2 mixer beside their attention.
-    recurrent = [
-        i for i, t in enumerate(model.config.layer_types) if t in ("linear_attention", "hybrid")
-    ]
+    layer_types = model.config.get_text_config().layer_types
+    recurrent = [i for i, t in enumerate(layer_types) if t in ("linear_attention", "hybrid")]
     return model, recurrent, margin
 
 
@@ -76,6 +80,9 @@ def make_family(family: str) -> dict[str, float]:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     (out_dir / "generation_config.json").unlink(missing_ok=True)
+    if spec.packed_experts:  # the in-memory names: experts packed, as published
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
 
     arrays: dict[str, np.ndarray] = {"seq_a": seq_a, "seq_b": seq_b}
     for tag, seq, chunks in (("a", seq_a, spec.chunks_a), ("b", seq_b, spec.chunks_b)):
@@ -90,7 +97,33 @@ def make_family(family: str) -> dict[str, float]:
     arrays["recurrent_layers"] = np.asarray(recurrent, dtype=np.int32)
     np.savez(out_dir / "expected.npz", **arrays)
     check_reload(model, out_dir, seq_b, arrays["logits_full_b"])
+    if spec.text_class is not None:
+        diffs["text"] = check_text_model(model, spec.text_class, arrays)
     return diffs
+
+
+def check_text_model(model: torch.nn.Module, text_class: type, arrays: dict) -> float:
+    """The wrapper's recorded text-only logits are those of `text_class` (the text model's own
+    `...ForCausalLM`) on the wrapper's language-model weights; returns the max difference."""
+    text_config = model.config.get_text_config()
+    text_config.tie_word_embeddings = model.config.tie_word_embeddings
+    text = text_class(text_config).float().eval()
+    renamed = {}
+    for name, tensor in model.state_dict().items():
+        if name.startswith("model.language_model."):
+            renamed["model." + name.removeprefix("model.language_model.")] = tensor
+        elif name == "lm_head.weight":
+            renamed[name] = tensor
+    missing, unexpected = text.load_state_dict(renamed, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if text_config.tie_word_embeddings:
+        assert text.lm_head.weight.data_ptr() == text.model.embed_tokens.weight.data_ptr()
+    diff = max(
+        float(np.abs(full_logits(text, arrays[f"seq_{tag}"]) - arrays[f"logits_full_{tag}"]).max())
+        for tag in ("a", "b")
+    )
+    assert diff <= 1e-6, f"{text_class.__name__} differs from the wrapper's logits by {diff:.2e}"
+    return diff
 
 
 def check_reload(model: torch.nn.Module, out_dir: Path, seq: np.ndarray, ref: np.ndarray) -> None:
@@ -126,9 +159,11 @@ def main(argv: list[str]) -> None:
     for family in families:
         diffs = make_family(family)
         sizes = {p.name: p.stat().st_size for p in sorted((FIXTURES / family).iterdir())}
+        text = f"text-model={diffs['text']:.1e}  " if "text" in diffs else ""
         print(
             f"{family:15s} chunked-vs-full a={diffs['a']:.2e} b={diffs['b']:.2e} "
-            f"route-gap={diffs['margin']:.1e}  " + " ".join(f"{k}={v}" for k, v in sizes.items())
+            f"route-gap={diffs['margin']:.1e}  {text}"
+            + " ".join(f"{k}={v}" for k, v in sizes.items())
         )
         if show:
             for row in tensor_listing(FIXTURES / family / "model.safetensors"):

@@ -1,7 +1,9 @@
 """The README's path for a downloaded checkpoint directory, on the transformers fixtures of every
 supported architecture: `LLM(directory)` and `jmamba generate --model directory` load it, the
 first greedy token is the argmax of transformers' logits, and dtype "auto" follows the weights.
-Falcon-H1, whose layers hold both KV blocks and a state, also runs from a prefix-cache hit."""
+Falcon-H1, whose layers hold both KV blocks and a state, also runs from a prefix-cache hit.
+A hub id (`--model org/name`) loads from huggingface_hub's cache (offline, laid out by
+tests/jmamba/hub_cache.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,19 @@ from jmamba import checkpoint_dtype
 from runtime.cli import main
 from runtime.core.sampling_params import SamplingParams
 from runtime.llm import LLM
+from tests.jmamba.hub_cache import add_fixture
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-ARCHITECTURES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe")
+# One fixture per architecture; `*_vl` are Qwen3.5 as published (the multimodal wrappers).
+ARCHITECTURES = (
+    "mamba2",
+    "nemotron_h",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_5_vl",
+    "qwen3_5_moe_vl",
+)
 PROMPT_LEN = 19
 GREEDY_TOKENS = 10
 
@@ -141,3 +153,29 @@ def test_cli_dtype_and_a_random_preset_in_bfloat16(capsys):
 def test_unsupported_dtypes_are_named(dtype):
     with pytest.raises(ValueError, match=f"dtype={dtype!r} must be one of"):
         LLM("tiny-mamba2", dtype=dtype)
+
+
+def test_cli_generates_from_a_hub_id_in_the_cache(tmp_path, monkeypatch, capsys):
+    """`jmamba generate --model org/name` with the published-layout Qwen3.5 fixture in an offline
+    hub cache: transformers' greedy token."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    add_fixture(tmp_path / "hub", "jmamba-tests/qwen3_5-moe-vl", FIXTURES / "qwen3_5_moe_vl")
+    expected = np.load(FIXTURES / "qwen3_5_moe_vl" / "expected.npz")
+    prompt = expected["seq_a"][:PROMPT_LEN].tolist()
+    argv = ["generate", "--model", "jmamba-tests/qwen3_5-moe-vl", "--max-tokens", "1"]
+    argv += ["--ignore-eos", "--prompt-ids", ",".join(map(str, prompt)), "--max-model-len", "64"]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"[0] output: [{int(np.argmax(expected['logits_full_a'][PROMPT_LEN - 1]))}]" in out
+    assert "model: jmamba-tests/qwen3_5-moe-vl (Qwen3_5MoeForConditionalGeneration" in out
+
+
+def test_cli_names_the_cache_for_a_hub_id_it_lacks(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["generate", "--model", "org/absent", "--max-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jmamba: error: model='org/absent': HF_HUB_OFFLINE is set")
+    assert str(tmp_path / "hub") in err and "--model /path/to/dir" in err

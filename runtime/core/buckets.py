@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from typing import Literal
 
 import numpy as np
 
@@ -124,6 +125,22 @@ class BucketPolicy:
     def decode_buckets(self) -> list[Bucket]:
         """The decode-only variants, compiled by warm-up."""
         return [Bucket(rows, w, 0, 0) for rows in self.decode_rows for w in self.widths]
+
+    def warmup_buckets(self, prefill: bool | Literal["alone"]) -> list[Bucket]:
+        """The buckets `Engine.warmup` compiles: the decode-only ones; with "alone" also the
+        prefill-only ones; with True every bucket."""
+        if prefill is True:
+            return self.all_buckets()
+        alone = self.prefill_only_buckets() if prefill == "alone" else []
+        return self.decode_buckets() + alone
+
+    def prefill_only_buckets(self) -> list[Bucket]:
+        """The steps of prefills alone (no decode row): a request arriving at an idle engine."""
+        return [
+            Bucket(0, 1, tokens, rows)
+            for tokens in self.prefill_tokens
+            for rows in self.prefill_rows
+        ]
 
     def all_buckets(self) -> list[Bucket]:
         """Every bucket `bucket_for` can return: the decode-only ones, then each prefill shape

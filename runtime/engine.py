@@ -334,9 +334,9 @@ class Engine:
 
     def warmup(self, *, prefill: bool | Literal["alone"] = False, progress: bool = False) -> None:
         """Compile step variants now instead of on first use: the decode-only ones; with
-        `prefill="alone"` also those of prefills without decode rows (what an idle server's first
-        requests need); with `prefill=True` every variant the config can use. `progress` shows a
-        bar. The seconds spent are in `runner.compile_seconds`, apart from the steps' run time."""
+        `prefill="alone"` also those of one prefill row alone (a request arriving at an idle
+        server); with `prefill=True` every variant the config can use. `progress` shows a bar.
+        The seconds spent are in `runner.compile_seconds`, apart from the steps' run time."""
         if self._in_flight is not None:  # its tokens would be overwritten on the device
             raise RuntimeError(
                 "warmup() while a dispatched step is not retired: call it before the first "

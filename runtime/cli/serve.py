@@ -1,8 +1,8 @@
 """`jmamba serve`: an OpenAI-compatible HTTP server for one model (runtime/serve/).
 
 The model loads first; the server then listens at once and answers `/health` 503 while the
-engine thread compiles the step variants a server needs from the start (decode steps and
-prefills alone; with a bar on stderr; JAX's persistent compilation cache keeps them for the next
+engine thread compiles the step variants a server needs from the start (decode steps and one
+prefill row alone; with a bar on stderr; JAX's persistent compilation cache keeps them for the next
 start), 200 once they are compiled.
 """
 
@@ -43,8 +43,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "--warmup",
         choices=sorted(WARMUPS),
         default="alone",
-        help="step variants compiled before /health says ready: decode steps, also prefills "
-        "alone (what an idle server's first requests need), or every variant",
+        help="step variants compiled before /health says ready: decode steps, also one "
+        "prefill row alone (a request arriving at an idle server), or every variant",
     )
     serve.add_argument(
         "--log-level",

@@ -10,14 +10,14 @@ import argparse
 import sys
 import time
 
-from runtime.cli import generate, serve
+from runtime.cli import bench, generate, serve
 
 
 def parser() -> argparse.ArgumentParser:
     """The `jmamba` argument parser, every command registered."""
     top = argparse.ArgumentParser(prog="jmamba")
     commands = top.add_subparsers(dest="command", required=True)
-    for command in (generate, serve):
+    for command in (generate, serve, bench):
         command.add_command(commands)
     return top
 

@@ -58,6 +58,11 @@ class _EngineCollector(Collector):
                 "Share of looked-up prompt tokens a hit skipped.",
                 cache.token_hit_rate,
             )
+        yield CounterMetricFamily(
+            "jmamba_compile_seconds",
+            "Seconds spent compiling step variants (start-up and first uses).",
+            engine.runner.total_compile_seconds + engine.drafter.total_compile_seconds,
+        )
         spec = engine.stats.speculation
         yield CounterMetricFamily("jmamba_spec_drafted", "Drafts verified.", spec.num_drafted)
         yield CounterMetricFamily("jmamba_spec_accepted", "Drafts accepted.", spec.num_accepted)

@@ -11,6 +11,7 @@ OpenAI-style 400s and the next request is served.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import openai
 import pytest
 
 from runtime import LLM, SamplingParams
+from runtime.cli import main
 
 ROOT = Path(__file__).parents[2]
 MODEL = "tiny-stdlib"
@@ -207,3 +209,17 @@ def test_invalid_json_models_and_health(server: str):
     models = httpx.get(f"{server}/v1/models", timeout=10).json()
     assert [card["id"] for card in models["data"]] == [MODEL]
     assert httpx.get(f"{server}/health", timeout=10).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("workload", ["random", "shared-prefix", "chat"])
+def test_bench_against_the_server_prints_its_table(server: str, workload: str, capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--url", server, "--workload", workload, "--num-requests", "6"]
+    argv += ["--concurrency", "3", "--prompt-chars", "40", "--answer-tokens", "6", "--turns", "2"]
+    assert main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"jmamba bench: {workload}, concurrency 3, seed " in printed
+    assert "TTFT ms" in printed and "TPOT ms" in printed and "latency ms" in printed
+    numbers = json.loads(out.read_text())
+    assert numbers["requests"] == 6 and numbers["output_tokens_per_s"] > 0
+    assert 0 < numbers["ttft_ms_p50"] <= numbers["latency_ms_p50"]

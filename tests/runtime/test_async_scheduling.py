@@ -270,3 +270,8 @@ def test_penalized_tokens_equal_a_full_recompute_loop_with_and_without_async():
     sampled = outputs[False]["4"], outputs[True]["4"]
     assert sampled[0].token_ids == sampled[1].token_ids
     assert_logprobs_close(sampled[1].logprobs, sampled[0].logprobs)
+    tokens = sampled[0].token_ids
+    for t, token in enumerate(tokens):  # logprobs are the raw distribution's, unpenalized
+        logits = naive_logits("mamba2", prompts[4] + tokens[:t])
+        raw = logits[token] - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        assert abs(sampled[0].logprobs[t][token] - raw) < 1e-4, t

@@ -54,6 +54,24 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=None, help="seed of every prompt's sampling (default: derived)"
     )
     sampling.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        help="minus this for each token already output",
+    )
+    sampling.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="minus this times how often each token was output",
+    )
+    sampling.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divide (positive) or multiply (negative) the logits of prompt and output tokens",
+    )
+    sampling.add_argument(
         "--logprobs",
         type=int,
         default=None,
@@ -101,6 +119,9 @@ def _sampling_params(args: argparse.Namespace) -> SamplingParams:
         ignore_eos=args.ignore_eos,
         stop=tuple(args.stop or ()),
         logprobs=args.logprobs,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
     )
 
 

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from runtime.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16  # most completions one request may ask for
-PENALTIES = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 
 
 class BadRequest(ValueError):
@@ -76,20 +75,10 @@ class _Sampling(BaseModel):
             if isinstance(self.stop, str)
             else tuple(self.stop),
             logprobs=logprobs,
-            **self._penalties(),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
         )
-
-    def _penalties(self) -> dict[str, float]:
-        """The penalty fields of `SamplingParams` (refused until the sampler applies them)."""
-        asked = {
-            name: getattr(self, name)
-            for name, neutral in PENALTIES.items()
-            if getattr(self, name) != neutral
-        }
-        if asked:
-            name = next(iter(asked))
-            raise BadRequest(f"{name} is not supported yet", name)
-        return {}
 
     @property
     def include_usage(self) -> bool:

@@ -186,6 +186,7 @@ def metrics(server: str) -> dict[str, float]:
         ({"model": MODEL, "prompt": "x", "temperature": "hot"}, "temperature"),
         ({"model": MODEL, "prompt": "x", "n": 0}, "n"),
         ({"model": MODEL, "prompt": "x", "echo": True}, "echo"),
+        ({"model": MODEL, "prompt": "x", "presence_penalty": 3}, "presence_penalty"),
     ],
 )
 def test_bad_bodies_get_400_and_the_server_goes_on(server: str, body: dict, param: str | None):

@@ -80,6 +80,8 @@ def build_draft_model(size: str) -> HybridLM:
 class OracleDrafter:
     """UPPER BOUND drafter: proposes the next K tokens of a known continuation (`truth`)."""
 
+    total_compile_seconds = 0.0
+
     def __init__(self, truth: dict[str, list[int]], k: int) -> None:
         self.truth, self.k = truth, k
         self._proposals: dict[Request, list[int]] = {}

@@ -78,3 +78,12 @@ def _byte_tokenizer() -> Any:
         return byte_tokenizer()
     except ImportError:
         return None
+
+
+def checkpoint_dir(model: str) -> Path | None:
+    """The directory `load_model(model)` reads: a trained preset's or the given one; None for a
+    random-weight preset (it has no files)."""
+    if model.startswith(PRESET_PREFIX) and not Path(model).exists():
+        name = model.removeprefix(PRESET_PREFIX)
+        return presets.path(name) if name in presets.trained_names() else None
+    return Path(model)

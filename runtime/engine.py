@@ -16,7 +16,7 @@ import collections
 import dataclasses
 import gc
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from flax import nnx
@@ -34,14 +34,14 @@ from runtime.core.scheduler import Scheduler
 from runtime.device.distributed import agree_max
 from runtime.device.model_runner import DispatchedStep, ModelRunner
 from runtime.observe.step_record import ScheduleRecord, StepRecord
-from runtime.observe.step_stats import RankStats, StepStats, StepTimer
+from runtime.observe.step_stats import StepStats, StepTimer
 from runtime.observe.view import EngineView
 from runtime.outputs.processor import OutputProcessor, Sampled, sampled_items, stream_deltas
 from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.prefix_cache import slot_planner
 from runtime.router import LeastOutstandingWork, Router
 from runtime.speculative.drafter import make_drafter
-from runtime.speculative.verify import SpeculationStats, verified_tokens
+from runtime.speculative.verify import verified_tokens
 
 
 class Engine:
@@ -84,23 +84,12 @@ class Engine:
         self.router = router or LeastOutstandingWork()
         self.buckets = BucketPolicy(self.config)
         self.drafter = make_drafter(self.config, model, len(self.ranks), draft_model, draft_runner)
-        self.stats = StepStats(
-            ranks=[
-                RankStats(prefix_cache=s.slots.stats, speculation=SpeculationStats())
-                for s in self.schedulers
-            ]
-        )
+        self.stats = StepStats.of_ranks([s.slots.stats for s in self.schedulers])
         self.last_bucket: Bucket | None = None
         self.last_schedules: list[Schedule] = []
         self.last_batches: list[StepBatch] = []
-        model_config = self.model_config
-        self.requests = RequestTable(
-            self.config.seed,
-            model_config.eos_token_ids,
-            model_config.vocab_size,
-            self.config.max_model_len,
-        )
-        self._timer = StepTimer(self.runner)
+        self.requests = RequestTable.of(self.config, self.model_config)
+        self._timer = StepTimer([self.runner, self.drafter])
         self._num_launched = 0
         self._in_flight: _Launched | None = None  # asynchronous scheduling: dispatched, unretired
         self.tokenizer = tokenizer
@@ -329,24 +318,31 @@ class Engine:
         """Step until every request of this process is finished, yielding what each step added
         to each request (new tokens, new text, logprobs; the final delta of a request carries its
         `RequestOutput`). Requests added meanwhile are served too."""
+        while self.has_unfinished:
+            yield from self.step_deltas()
+
+    def step_deltas(self) -> list[StreamDelta]:
+        """Run one step (`step`) and return what it added to each request: a `StreamDelta` per
+        request given tokens (a finished request's last one carries its output). What a server's
+        engine loop calls."""
         self._streaming = True
         try:
-            while self.has_unfinished:
-                self.step()
-                yield from self.last_deltas
+            self.step()
         finally:
             self._streaming = False
+        return self.last_deltas
 
-    def warmup(self, *, prefill: bool = False, progress: bool = False) -> None:
-        """Compile every decode-only step variant now, with `prefill` every variant the config
-        can use (the rest compile on first use); `progress` shows a bar. The seconds spent are
-        in `runner.compile_seconds`, apart from the steps' run time."""
+    def warmup(self, *, prefill: bool | Literal["alone"] = False, progress: bool = False) -> None:
+        """Compile step variants now instead of on first use: the decode-only ones; with
+        `prefill="alone"` also those of one prefill row alone (a request arriving at an idle
+        server); with `prefill=True` every variant the config can use. `progress` shows a bar.
+        The seconds spent are in `runner.compile_seconds`, apart from the steps' run time."""
         if self._in_flight is not None:  # its tokens would be overwritten on the device
             raise RuntimeError(
                 "warmup() while a dispatched step is not retired: call it before the first "
                 "step, or step until has_unfinished is False"
             )
-        buckets = self.buckets.all_buckets() if prefill else self.buckets.decode_buckets()
+        buckets = self.buckets.warmup_buckets(prefill)
         self.runner.warmup(buckets, carry=self.config.async_scheduling, progress=progress)
         self.drafter.warmup()
         self._freeze_gc()

@@ -6,11 +6,12 @@ Plain `tqdm` (not `tqdm.auto`): in Jupyter, `tqdm.auto` wants ipywidgets and war
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from tqdm import tqdm
 
-from jmamba.loading import load_model
+from jmamba.chat_template import ChatTemplate, load_chat_template
+from jmamba.loading import checkpoint_dir, load_model
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device import compile_cache
@@ -19,7 +20,10 @@ from runtime.observe.step_stats import StepStats
 from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.prefix_cache import PrefixCacheStats
 
-DEFAULT_MODEL = "tiny-stdlib"  # the trained preset: it writes Python-looking text
+DEFAULT_MODEL = "tiny-stdlib"
+Conversation = Sequence[
+    Mapping[str, str]
+]  # [{"role": ..., "content": ...}, ...]  # the trained preset: it writes Python-looking text
 
 
 class LLM:
@@ -64,6 +68,7 @@ class LLM:
         start = time.perf_counter()
         self.name = model
         self.model, self.tokenizer = load_model(model, seed=config.seed, dtype=dtype)
+        self.chat_template = load_chat_template(checkpoint_dir(model))
         self.load_seconds = time.perf_counter() - start
         self.engine = Engine(self.model, config, tokenizer=self.tokenizer)
         if warmup:
@@ -109,6 +114,34 @@ class LLM:
                     )
                     bar.update(1)
         return [outputs[i] for i in ids]
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Answer one conversation ([{"role", "content"}, ...]) or several: each is rendered
+        with the checkpoint's chat template (`render_chat`) and generated for; outputs in order."""
+        conversations = [messages] if _is_conversation(messages) else list(messages)
+        prompts = [self.render_chat(conversation) for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def render_chat(self, messages: Conversation) -> str:
+        """The prompt text of a conversation, the assistant's turn opened. ValueError when the
+        checkpoint has no chat template or the template refuses the messages."""
+        template = self.require_chat_template()
+        return template.render([dict(m) for m in messages], add_generation_prompt=True)
+
+    def require_chat_template(self) -> ChatTemplate:
+        """The chat template, or a ValueError saying where one would be read from."""
+        if self.chat_template is None:
+            raise ValueError(
+                f"{self.name!r} has no chat template (chat_template.jinja, or chat_template in "
+                "tokenizer_config.json): send a plain prompt instead"
+            )
+        return self.chat_template
 
     def stream(
         self,
@@ -158,3 +191,8 @@ class LLM:
             f"max_num_seqs={self.engine.config.max_num_seqs}, "
             f"max_model_len={self.engine.config.max_model_len})"
         )
+
+
+def _is_conversation(messages: object) -> bool:
+    """Whether `messages` is one conversation (a list of message dicts), not a list of them."""
+    return isinstance(messages, Sequence) and bool(messages) and isinstance(messages[0], Mapping)

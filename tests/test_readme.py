@@ -1,25 +1,120 @@
-"""The README's Python snippets run verbatim, in order, in one namespace (each builds on the
-last), from a working directory outside the repository. Their `max_tokens` are already small."""
+"""The README's snippets run and show what its text says.
+
+Python blocks run verbatim, in order, in one namespace (each builds on the last), from a working
+directory outside the repository; the one that talks to a server (`openai.OpenAI(...)`) runs in
+the server test instead. Shell blocks run through bash from the repository root with this
+interpreter standing for `.venv/bin/` (the install steps before `&&` are what CI itself just ran,
+and the test command is CI itself); `jmamba serve` starts in the background on a free port
+(standing for the README's 8000) and the curl and client blocks run against it.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
-README = Path(__file__).parents[1] / "README.md"
+import pytest
+
+from tests.runtime.test_serve import free_port, wait_ready
+
+ROOT = Path(__file__).parents[1]
+README = ROOT / "README.md"
+TEST_COMMAND = "scripts/venv test && .venv/bin/pytest"  # CI runs exactly this
+README_PORT = "8000"
 
 
-def python_blocks(text: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+def blocks(language: str) -> list[str]:
+    text = README.read_text()
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def talks_to_server(block: str) -> bool:
+    return "openai.OpenAI(" in block or "curl " in block or "jmamba serve" in block
+
+
+def shell_commands() -> list[str]:
+    """Every command line of the shell blocks (continuations joined), install steps dropped."""
+    commands = []
+    for block in blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if line and line != TEST_COMMAND:
+                commands.append(re.sub(r"^scripts/venv( \w+)? && ", "", line))
+    return commands
+
+
+def run_shell(command: str, port: str = README_PORT) -> str:
+    """`command` through bash, with this interpreter for `.venv/bin/jmamba`; its stdout."""
+    command = command.replace(".venv/bin/jmamba", f'"{sys.executable}" -m runtime.cli')
+    command = command.replace(f":{README_PORT}", f":{port}")
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
+    return done.stdout
 
 
 def test_readme_python_snippets_run(tmp_path, monkeypatch, capsys):
-    blocks = python_blocks(README.read_text())
-    assert len(blocks) >= 4
+    local = [block for block in blocks("python") if not talks_to_server(block)]
+    assert len(local) >= 4
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__readme__"}
-    for number, block in enumerate(blocks):
+    for number, block in enumerate(local):
         exec(compile(block, f"README.md python block {number}", "exec"), namespace)
     out = capsys.readouterr().out
     assert "LLM('tiny-stdlib'" in out and "Request('0', waiting, prompt=4" in out
     assert namespace["outs"][0].finish_reason in ("length", "stop")
+
+
+# What each `jmamba generate` command of the README must print, by a word of the command.
+PROMISES = {
+    '--prompt "def "': "[0] output:",
+    "--prefix-caching": "prefix cache (all): 1/2 requests hit",
+    "ngram": "speculative decoding (ngram)",
+    "draft_model": "speculative decoding (draft_model)",
+}
+
+
+@pytest.mark.parametrize("word", sorted(PROMISES))
+def test_readme_generate_commands_do_what_the_text_says(word: str):
+    matching = [c for c in shell_commands() if "jmamba generate" in c and word in c]
+    assert len(matching) == 1, f"one README command with {word!r}: {matching}"
+    assert PROMISES[word] in run_shell(matching[0])
+
+
+def test_every_readme_shell_command_is_run_by_a_test():
+    for command in shell_commands():
+        covered = "jmamba serve" in command or "curl " in command
+        covered |= "jmamba generate" in command and any(word in command for word in PROMISES)
+        assert covered, f"no test runs the README command {command!r}"
+
+
+def test_readme_server_blocks_answer():
+    (serve,) = [c for c in shell_commands() if "jmamba serve" in c]
+    port = str(free_port())
+    argv = serve.replace(".venv/bin/jmamba", f'"{sys.executable}" -m runtime.cli')
+    argv = argv.replace(f"--port {README_PORT}", f"--port {port}")
+    with tempfile.TemporaryFile() as log:
+        env = os.environ | {"PYTHONPATH": str(ROOT)}
+        server = subprocess.Popen(
+            ["bash", "-c", f"exec {argv}"], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", server, log)
+            (curl,) = [c for c in shell_commands() if c.startswith("curl ")]
+            answer = json.loads(run_shell(curl, port))
+            assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 16
+            (client,) = [b for b in blocks("python") if talks_to_server(b)]
+            client = client.replace(f":{README_PORT}/", f":{port}/")
+            namespace: dict = {}
+            exec(compile(client, "README.md client block", "exec"), namespace)
+            assert namespace["answer"].choices[0].message.content is not None
+        finally:
+            server.terminate()
+            server.wait(timeout=30)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from typing import Literal
 
 import numpy as np
 
@@ -124,6 +125,19 @@ class BucketPolicy:
     def decode_buckets(self) -> list[Bucket]:
         """The decode-only variants, compiled by warm-up."""
         return [Bucket(rows, w, 0, 0) for rows in self.decode_rows for w in self.widths]
+
+    def warmup_buckets(self, prefill: bool | Literal["alone"]) -> list[Bucket]:
+        """The buckets `Engine.warmup` compiles: the decode-only ones; with "alone" also those of
+        a lone prefill row; with True every bucket."""
+        if prefill is True:
+            return self.all_buckets()
+        alone = self.lone_prefill_buckets() if prefill == "alone" else []
+        return self.decode_buckets() + alone
+
+    def lone_prefill_buckets(self) -> list[Bucket]:
+        """The steps of one prefill row and nothing else: a request arriving at an idle engine
+        (its first chunk, whatever its length)."""
+        return [Bucket(0, 1, tokens, self.prefill_rows[0]) for tokens in self.prefill_tokens]
 
     def all_buckets(self) -> list[Bucket]:
         """Every bucket `bucket_for` can return: the decode-only ones, then each prefill shape

@@ -18,6 +18,14 @@ import numpy as np
 from jmamba.step_inputs import DecodeRows, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
+from runtime.core.penalties import (
+    PenaltyHistory,
+    PenaltyRow,
+    check_penalties,
+    penalty_inputs,
+    widened_penalties,
+)
+from runtime.core.request import PENALIZED, Request
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.core.schedule import RowSequence, Schedule, ScheduledRequest
 
@@ -66,6 +74,9 @@ class StepBatch:
             published_blocks=published_blocks,
         )
         self.validate_token_sources(num_carried)
+        if self.sampling.penalties is not None:
+            fed_lanes = self.token_sources[np.asarray(self.inputs.logits_indices)]
+            check_penalties(self.sampling.penalties, fed_lanes, vocab_size)
 
     def validate_token_sources(self, num_carried: int) -> None:
         """ValueError unless every non-NULL source is a live decode lane's, within the
@@ -146,7 +157,7 @@ class _Arrays:
             self.token_ids, self.positions, self.kv_slots, decode, prefill, self.logits_indices
         )
 
-    def sampling(self, masks: Masks) -> SamplingInputs:
+    def sampling(self, masks: Masks, penalized: list[PenaltyRow]) -> SamplingInputs:
         width = mask_width(max((len(ids) for _, ids in masks), default=0))
         masked_ids = np.zeros((self.temperature.size, width), np.int32)
         num_masked = np.zeros(self.temperature.size, np.int32)
@@ -161,6 +172,7 @@ class _Arrays:
             self.counters,
             masked_ids,
             num_masked,
+            penalty_inputs(penalized, self.temperature.size),
         )
 
     def set_sampling(self, row: int, item: ScheduledRequest) -> None:
@@ -200,7 +212,7 @@ def build_step(
     `state_block_size` > 0 (prefix caching on) gives prefill rows their boundary slots.
     """
     a = _Arrays(bucket, max_blocks, state_block_size)
-    sample_rows, masks = _fill_decode(a, schedule.decodes, bucket.width, block_size)
+    sample_rows, masks, penalized = _fill_decode(a, schedule.decodes, bucket.width, block_size)
     num_decode_lanes = bucket.num_decode_rows * bucket.width
     offset = 0
     for j, item in enumerate(schedule.prefills):
@@ -227,31 +239,34 @@ def build_step(
         sample_rows.append(num_decode_lanes + j)
         if request.masked_token_ids:
             masks.append((num_decode_lanes + j, request.masked_token_ids))
+        if request.sampling_row[PENALIZED]:  # a prefill row's tokens are all on the host
+            penalized.append((num_decode_lanes + j, _history(request), False))
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
-    sampling = a.sampling(masks)
+    sampling = a.sampling(masks, penalized)
     rows = np.asarray(sample_rows, np.int64)
     return StepBatch(a.step_inputs(), sampling, SamplingMode.of(sampling), rows, a.token_sources)
 
 
 def _fill_decode(
     a: _Arrays, decodes: list[ScheduledRequest], width: int, block_size: int
-) -> tuple[list[int], Masks]:
+) -> tuple[list[int], Masks, list[PenaltyRow]]:
     """Fill the decode section with whole-array writes (this is the per-step hot path).
 
     One Python pass gathers what changes per step into one table, another each request's fixed
     sampling values (`Request.sampling_row`); the rest is numpy.
-    Returns each row's last live lane and the masks of the lanes still short of `min_tokens` (lane
-    t of a row samples output number len(outputs) + t: its counter and its mask follow that).
+    Returns each row's last live lane, the masks of the lanes still short of `min_tokens` (lane
+    t of a row samples output number len(outputs) + t: its counter and its mask follow that) and
+    the penalized lanes.
     """
     n = len(decodes)
     if n == 0:
-        return [], []
+        return [], [], []
     requests = [item.request for item in decodes]
     table = np.array(
         [_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True)], np.int64
     )
     query_lens, starts, reads, writes, num_blocks, counters, first_tokens, sources = table.T
-    params = np.array([r.sampling_row for r in requests], np.float64)  # [n, 5]
+    params = np.array([r.sampling_row for r in requests], np.float64)  # [n, 6]
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
     a.d_read[:n] = reads
@@ -277,7 +292,7 @@ def _fill_decode(
         a.d_write[lane_rows, lane_columns] = np.fromiter(lane_slots, np.int32, num_lanes)
     if num_lanes == n:  # one token per row: whole columns of the tables, no gather
         rows, lanes, index = np.arange(n), 0, np.arange(0, n * width, width)
-        columns = params.T  # temperature, top_k, top_p, seed, min_tokens of each lane
+        columns = params.T  # temperature, top_k, top_p, seed, min_tokens, penalized per lane
         a.token_ids[index] = first_tokens
         a.token_sources[index] = sources
     else:
@@ -298,7 +313,21 @@ def _fill_decode(
     sample_rows = np.arange(n) * width + query_lens - 1  # each row's last live lane
     short = np.nonzero(outputs < columns[4])[0]  # fewer outputs than min_tokens
     masks = [(int(index[i]), decodes[rows[i]].request.stop_ids) for i in short]
-    return sample_rows.tolist(), [(row, ids) for row, ids in masks if ids]
+    penalized = np.flatnonzero(columns[PENALIZED])  # usually none: one numpy pass, no Python
+    if penalized.size:
+        # Lane 0 of a row whose token comes from the previous step (a source) feeds an output
+        # the host has not appended yet: the device counts it.
+        pending = (sources[rows] != 0) & (lanes == 0)
+        penalties = [(int(index[i]), decodes[rows[i]].request, pending[i]) for i in penalized]
+    else:
+        penalties = []
+    masks = [(row, ids) for row, ids in masks if ids]
+    return sample_rows.tolist(), masks, [(i, _history(r), bool(p)) for i, r, p in penalties]
+
+
+def _history(request: Request) -> PenaltyHistory:
+    """A penalized request's history, caught up with the outputs the host has."""
+    return request.penalty_history.caught_up(request.output_token_ids)
 
 
 def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -331,20 +360,24 @@ def _decode_scalars(item: ScheduledRequest, request: RowSequence) -> tuple[int, 
 
 def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
     """`batch` for a sampler that computes at least what it needs (the mode data-parallel ranks
-    agreed on): `masked_ids` widened to `mode.mask_width` with dead (ignored) columns."""
+    agreed on): `masked_ids` widened to `mode.mask_width` with dead (ignored) columns, the
+    penalty tables to `mode.penalty_width` with neutral ones."""
     if mode == batch.mode:
         return batch
     need = batch.mode.as_array()
     if (mode.as_array() < need).any():
         raise ValueError(f"sampling mode {mode} computes less than this batch needs: {batch.mode}")
-    ids = batch.sampling.masked_ids
+    sampling = batch.sampling
+    ids = sampling.masked_ids
     wider = np.pad(ids, ((0, 0), (0, mode.mask_width - ids.shape[1])))
-    return dataclasses.replace(batch, sampling=batch.sampling._replace(masked_ids=wider), mode=mode)
+    penalties = widened_penalties(sampling.penalties, ids.shape[0], mode.penalty_width)
+    sampling = sampling._replace(masked_ids=wider, penalties=penalties)
+    return dataclasses.replace(batch, sampling=sampling, mode=mode)
 
 
 def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks, state_block_size)
     return StepBatch(
-        a.step_inputs(), a.sampling([]), SamplingMode(), np.zeros(0, np.int64), a.token_sources
+        a.step_inputs(), a.sampling([], []), SamplingMode(), np.zeros(0, np.int64), a.token_sources
     )

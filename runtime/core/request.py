@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 from runtime.core import checks
+from runtime.core.penalties import PenaltyHistory
 from runtime.core.sampling_inputs import SamplingNeeds
 from runtime.core.sampling_params import SamplingParams
 
@@ -42,7 +43,9 @@ class Request:
 
     `sampling_row` holds the builder's fixed per-row sampling values (`sampling_row`) and
     `sampling_needs` what the request asks of the sampler, both computed once instead of read
-    from the sampling params at every step.
+    from the sampling params at every step. `penalty_history` (only with presence, frequency or
+    repetition penalties; else None) lists its prompt's distinct tokens and counts its outputs
+    (`runtime.core.penalties`).
 
     Asynchronous scheduling (`EngineConfig.async_scheduling`): `num_pending` counts tokens a
     dispatched step samples that the host has not seen yet (0 or 1); `pending_row` is the logits
@@ -74,12 +77,15 @@ class Request:
     logprobs: list[dict[int, float]] | None = None
     sampling_row: tuple[float, ...] = dataclasses.field(init=False, repr=False, default=())
     sampling_needs: SamplingNeeds = dataclasses.field(init=False, repr=False, default=None)
+    penalty_history: PenaltyHistory | None = dataclasses.field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self.num_prefill_tokens = len(self.prompt_token_ids)
         params = self.sampling_params
         self.sampling_row = sampling_row(params, self.seed)
         self.sampling_needs = SamplingNeeds.of(params)
+        if params.is_penalized:
+            self.penalty_history = PenaltyHistory(self.prompt_token_ids, params)
         eos = () if params.ignore_eos else self.eos_token_ids
         self.stop_ids = tuple(dict.fromkeys((*params.stop_token_ids, *eos)))
         if params.logprobs is not None and self.logprobs is None:
@@ -181,10 +187,15 @@ def checked_request(
     return prompt, params
 
 
+PENALIZED = 5  # the column of `sampling_row` saying the request has a `penalty_history`
+
+
 def sampling_row(params: SamplingParams, seed: int) -> tuple[float, ...]:
-    """(temperature, top_k, top_p, seed, min_tokens): what the builder writes into a request's
-    sampling rows every step, fixed for its life (all exact in float64)."""
-    return (params.temperature, params.top_k, params.top_p, seed, params.min_tokens)
+    """(temperature, top_k, top_p, seed, min_tokens, penalized): what the builder writes into a
+    request's sampling rows every step, fixed for its life (all exact in float64); `penalized`
+    (column PENALIZED, 1 or 0) picks the rows whose penalty history it reads."""
+    penalized = float(params.is_penalized)
+    return (params.temperature, params.top_k, params.top_p, seed, params.min_tokens, penalized)
 
 
 def _short_list(ids: list[int], limit: int = 6) -> str:

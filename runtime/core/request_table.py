@@ -6,7 +6,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from jmamba.config import ModelConfig
 from runtime.core import checks
+from runtime.core.config import EngineConfig
 from runtime.core.request import Request, checked_request
 from runtime.core.sampling_params import SamplingParams
 
@@ -31,6 +33,13 @@ class RequestTable:
         self._requests: dict[str, Request] = {}
         self._ranks: dict[str, int] = {}
         self._counter = itertools.count()
+
+    @classmethod
+    def of(cls, config: EngineConfig, model_config: ModelConfig) -> RequestTable:
+        """The table of an engine with `config` serving a model of `model_config`."""
+        return cls(
+            config.seed, model_config.eos_token_ids, model_config.vocab_size, config.max_model_len
+        )
 
     def check(
         self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams | None

@@ -14,6 +14,33 @@ from typing import NamedTuple
 import numpy as np
 
 MIN_MASK_WIDTH = 4  # masked-id columns come in powers of two from here, to bound the variants
+MIN_PENALTY_WIDTH = 32  # penalty-table columns likewise (a short prompt and output fit in one)
+
+
+class PenaltyInputs(NamedTuple):
+    """Per-logits-row presence / frequency / repetition penalties (a pytree), present only in
+    steps whose mode has a `penalty_width` P. Each penalized row lists the distinct tokens of its
+    request's prompt and known outputs once; padding columns (id 0, count 0, not in the prompt)
+    and rows without penalties (values 0, 0, 1: neutral) change nothing.
+
+    Attributes:
+      token_ids: [N, P] int32 the row's distinct prompt and output tokens.
+      output_counts: [N, P] int32 how many of the request's known outputs are that token.
+      in_prompt: [N, P] bool whether the prompt holds it.
+      presence: [N] float32 presence penalty (0: none).
+      frequency: [N] float32 frequency penalty (0: none).
+      repetition: [N] float32 repetition penalty (1: none).
+      pending: [N] bool the token this row was fed is an output the host has not seen yet (an
+        asynchronous engine's decode row): the device counts it as one more output.
+    """
+
+    token_ids: np.ndarray
+    output_counts: np.ndarray
+    in_prompt: np.ndarray
+    presence: np.ndarray
+    frequency: np.ndarray
+    repetition: np.ndarray
+    pending: np.ndarray
 
 
 class SamplingInputs(NamedTuple):
@@ -29,6 +56,8 @@ class SamplingInputs(NamedTuple):
       masked_ids: [N, M] int32 token ids the row may not produce now (its stop ids while it has
         fewer than `min_tokens` outputs); entries past `num_masked` are 0 and ignored.
       num_masked: [N] int32 live entries of `masked_ids`.
+      penalties: the rows' `PenaltyInputs` in a step whose mode has a `penalty_width`, else None
+        (no leaf: a step without penalties packs and computes nothing for them).
     """
 
     temperature: np.ndarray
@@ -38,6 +67,7 @@ class SamplingInputs(NamedTuple):
     counters: np.ndarray
     masked_ids: np.ndarray
     num_masked: np.ndarray
+    penalties: PenaltyInputs | None = None
 
 
 class TokenLogprobs(NamedTuple):
@@ -69,6 +99,8 @@ class SamplingMode:
         are the tokens alone.
       top_logprobs: K, the top log-probability columns (a power of two >= the largest k asked,
         or 0); rows keep their own first k.
+      penalty_width: P, the columns of the `PenaltyInputs` tables (a power of two >= the most
+        distinct tokens a penalized row's request holds); 0 when no row is penalized.
     """
 
     sampled: bool = False
@@ -76,22 +108,20 @@ class SamplingMode:
     mask_width: int = 0
     logprobs: bool = False
     top_logprobs: int = 0
+    penalty_width: int = 0
 
-    NUM_FIELDS = 5
+    NUM_FIELDS = 6
 
     def as_array(self) -> np.ndarray:
         """[NUM_FIELDS] int32: data-parallel ranks agree on one mode by the elementwise max (a mode
         that computes more than a row needs gives that row the same token)."""
-        return np.array(
-            [self.sampled, self.filtered, self.mask_width, self.logprobs, self.top_logprobs],
-            np.int32,
-        )
+        fields = (self.sampled, self.filtered, self.mask_width, self.logprobs)
+        return np.array([*fields, self.top_logprobs, self.penalty_width], np.int32)
 
     @classmethod
     def from_array(cls, values: np.ndarray) -> SamplingMode:
-        return cls(
-            bool(values[0]), bool(values[1]), int(values[2]), bool(values[3]), int(values[4])
-        )
+        sampled, filtered, mask, logprobs, top, penalty = values.tolist()
+        return cls(bool(sampled), bool(filtered), mask, bool(logprobs), top, penalty)
 
     @classmethod
     def of_requests(cls, requests) -> SamplingMode:
@@ -110,12 +140,14 @@ class SamplingMode:
                 default=0,
             )
         asked = [need.logprobs for need in needs if need.logprobs is not None]
+        penalized = any(need.penalized for need in needs)
         return cls(
             any(need.sampled for need in needs),
             any(need.filtered for need in needs),
             mask_width(longest_mask),
             bool(asked),
             top_logprobs_width(max(asked, default=0)),
+            penalty_width(_most_penalized_tokens(requests)) if penalized else 0,
         )
 
     @classmethod
@@ -124,7 +156,26 @@ class SamplingMode:
         `of_requests` does, and `runtime.core.builder.with_mode` widens a batch's mode to it)."""
         sampled_rows = inputs.temperature > 0.0
         filtering_rows = sampled_rows & ((inputs.top_k > 0) | (inputs.top_p < 1.0))
-        return cls(bool(sampled_rows.any()), bool(filtering_rows.any()), inputs.masked_ids.shape[1])
+        penalties = inputs.penalties
+        return cls(
+            bool(sampled_rows.any()),
+            bool(filtering_rows.any()),
+            inputs.masked_ids.shape[1],
+            penalty_width=0 if penalties is None else penalties.token_ids.shape[1],
+        )
+
+
+def _most_penalized_tokens(requests) -> int:
+    """The most distinct prompt and known output tokens of a penalized request of `requests`
+    (what its `PenaltyHistory`, caught up with its outputs, holds)."""
+    return max(
+        (
+            r.penalty_history.caught_up(r.output_token_ids).num_columns
+            for r in requests
+            if r.sampling_needs.penalized
+        ),
+        default=0,
+    )
 
 
 class SamplingNeeds(NamedTuple):
@@ -136,19 +187,21 @@ class SamplingNeeds(NamedTuple):
       filtered: sampled with top_k > 0 or top_p < 1.
       logprobs: the `logprobs` it asks for (None: none).
       min_tokens: while it has fewer outputs, its stop ids are masked.
+      penalized: some presence, frequency or repetition penalty applies.
     """
 
     sampled: bool
     filtered: bool
     logprobs: int | None
     min_tokens: int
+    penalized: bool = False
 
     @classmethod
     def of(cls, params) -> SamplingNeeds:
         """The needs of a request with these `SamplingParams`."""
         sampled = params.temperature > 0.0
         filtered = sampled and (params.top_k > 0 or params.top_p < 1.0)
-        return cls(sampled, filtered, params.logprobs, params.min_tokens)
+        return cls(sampled, filtered, params.logprobs, params.min_tokens, params.is_penalized)
 
 
 def mask_width(num_masked: int) -> int:
@@ -157,6 +210,17 @@ def mask_width(num_masked: int) -> int:
         return 0
     width = MIN_MASK_WIDTH
     while width < num_masked:
+        width *= 2
+    return width
+
+
+def penalty_width(num_tokens: int) -> int:
+    """Columns of the penalty tables for a step whose most penalized row lists `num_tokens`
+    distinct tokens (0 if no row is penalized: a penalized row always has its prompt's)."""
+    if num_tokens == 0:
+        return 0
+    width = MIN_PENALTY_WIDTH
+    while width < num_tokens:
         width *= 2
     return width
 

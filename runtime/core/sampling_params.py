@@ -7,6 +7,7 @@ import dataclasses
 from runtime.core import checks
 
 MAX_LOGPROBS = 20  # most alternatives `logprobs=k` may ask for per token
+MAX_ADDITIVE_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI allows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,16 @@ class SamplingParams:
         log-probability of the sampled token and of the k most likely tokens, computed on the
         device from the model's raw next-token distribution (log-softmax of the logits before
         temperature, top-k/top-p and min_tokens masking).
+      presence_penalty: OpenAI's: subtracted from the logit of every token the OUTPUT holds
+        already (once, however often); in [-2, 2], 0 means none. Positive values push towards
+        new tokens.
+      frequency_penalty: OpenAI's: subtracted from the logit of every token once per time the
+        OUTPUT holds it already; in [-2, 2], 0 means none.
+      repetition_penalty: HF's / vLLM's: every token that occurs in the PROMPT or the output has
+        its logit divided by it when positive, multiplied by it otherwise; > 0, 1 means none.
+        The three penalties apply on the device before the min_tokens mask, temperature,
+        top-k/top-p and the greedy argmax (repetition first, then frequency and presence, as
+        vLLM); `logprobs` stay those of the raw distribution.
     """
 
     temperature: float = 0.0
@@ -51,6 +62,9 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         max_tokens = checks.integer("max_tokens", self.max_tokens, low=1)
@@ -69,10 +83,35 @@ class SamplingParams:
             "logprobs": None
             if self.logprobs is None
             else checks.integer("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS),
+            **self._checked_penalties(),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised: numpy scalars become Python's
 
+    def _checked_penalties(self) -> dict[str, float]:
+        """The three penalties, checked: additive ones in [-2, 2], the repetition one > 0."""
+        bound = MAX_ADDITIVE_PENALTY
+        return {
+            "presence_penalty": checks.real(
+                "presence_penalty", self.presence_penalty, low=-bound, high=bound
+            ),
+            "frequency_penalty": checks.real(
+                "frequency_penalty", self.frequency_penalty, low=-bound, high=bound
+            ),
+            "repetition_penalty": checks.real(
+                "repetition_penalty", self.repetition_penalty, low=0.0, low_open=True
+            ),
+        }
+
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def is_penalized(self) -> bool:
+        """Some penalty changes logits (a request without one pays nothing for them)."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )

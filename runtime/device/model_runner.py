@@ -49,7 +49,7 @@ from runtime.core.config import EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.device.packing import Layout, layout_of, pack, unpack
-from runtime.device.sampler import accept_drafts, logprobs, sample
+from runtime.device.sampler import accept_drafts, fed_tokens, logprobs, sample
 from runtime.device.step_buffers import StepBuffers, StepOutputs
 
 
@@ -83,7 +83,7 @@ def _rank_step(
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
     logits, caches = model(inputs, caches)
     with jax.named_scope("sampler"):
-        tokens = sample(logits, sampling, mode)
+        tokens = sample(logits, sampling, mode, fed_tokens(inputs))
         token_logprobs = None
         if mode.logprobs:
             computed = logprobs(logits, tokens, mode.top_logprobs)

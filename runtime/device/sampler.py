@@ -1,12 +1,13 @@
-"""Token sampling on device, inside the jitted step: greedy, temperature, top-k, top-p, seeds,
-and masking of the stop tokens of rows short of their `min_tokens`; and, when a step asks for
-them, log-probabilities (`logprobs`).
+"""Token sampling on device, inside the jitted step: presence / frequency / repetition penalties,
+greedy, temperature, top-k, top-p, seeds, and masking of the stop tokens of rows short of their
+`min_tokens`; and, when a step asks for them, log-probabilities (`logprobs`, of the raw logits).
 
 Each row draws with its own key `fold_in(key(seed), counter)` where `counter` is the index of the
 token being generated, so a request's random stream depends on nothing else in the batch. Sampling
 is Gumbel-max over the filtered, temperature-scaled logits. What runs is fixed by the static
-`SamplingMode` the host decided for the step (the mask only if some row masks, the random draw only
-if some row samples, the sort only if some sampled row filters): no branch waits on the device.
+`SamplingMode` the host decided for the step (the penalties only if some row is penalized, the mask
+only if some row masks, the random draw only if some row samples, the sort only if some sampled row
+filters): no branch waits on the device.
 
 Speculative decode rows (`accept_drafts`): lane t's token is sampled exactly as above (its counter
 is the output index it would produce) and the draft d that lane t + 1 fed is accepted iff the
@@ -25,19 +26,33 @@ import jax
 import jax.numpy as jnp
 
 from jmamba.inputs import StepInputs
-from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, TokenLogprobs
+from runtime.core.sampling_inputs import (
+    PenaltyInputs,
+    SamplingInputs,
+    SamplingMode,
+    TokenLogprobs,
+)
 
 
-def sample(logits: jax.Array, params: SamplingInputs, mode: SamplingMode) -> jax.Array:
+def sample(
+    logits: jax.Array,
+    params: SamplingInputs,
+    mode: SamplingMode,
+    fed: jax.Array | None = None,
+) -> jax.Array:
     """Pick one token per row.
 
     Args:
       logits: [N, vocab] float32.
-      params: `SamplingInputs` with [N] fields (and [N, M] `masked_ids`).
+      params: `SamplingInputs` with [N] fields (and [N, M] `masked_ids`, [N, P] penalty tables).
       mode: static; must be `SamplingMode.of(params)` (or a superset of what the rows need).
+      fed: [N] int32 the token each logits row was fed (`fed_tokens`), counted as one more
+        output where `params.penalties.pending`; None when no row's is pending.
     Returns:
-      [N] int32 token ids (argmax of the masked logits for rows with temperature 0).
+      [N] int32 token ids (argmax of the penalized, masked logits for rows with temperature 0).
     """
+    if mode.penalty_width:
+        logits = penalize(logits, params.penalties, fed)
     if mode.mask_width:
         logits = _mask(logits, params.masked_ids, params.num_masked)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -54,6 +69,44 @@ def sample(logits: jax.Array, params: SamplingInputs, mode: SamplingMode) -> jax
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
     sampled = jnp.argmax(scaled + gumbel, axis=-1).astype(jnp.int32)
     return jnp.where(is_greedy, greedy, sampled)
+
+
+def fed_tokens(inputs: StepInputs) -> jax.Array:
+    """[N] int32 the token each logits row was fed (after an asynchronous step's token sources
+    are applied): the penalties count a pending one as an output."""
+    return inputs.token_ids[inputs.logits_indices]
+
+
+def penalize(
+    logits: jax.Array, penalties: PenaltyInputs, fed: jax.Array | None = None
+) -> jax.Array:
+    """Rows' logits after their repetition, then frequency and presence penalties (vLLM's order).
+
+    A token the row's prompt or outputs hold has its logit divided by the repetition penalty
+    when positive, multiplied by it otherwise; then every token loses frequency x its output
+    count and presence x (count > 0). Rows without penalties come back bit for bit.
+    """
+    rows = jnp.arange(logits.shape[0])
+    # Scatter-adds, so padding columns (id 0 adding count 0, not in the prompt) change nothing.
+    counts = _row_histogram(logits.shape, penalties.token_ids, penalties.output_counts)
+    if fed is not None:
+        counts = counts.at[rows, fed].add(penalties.pending.astype(jnp.int32))
+    in_prompt = _row_histogram(logits.shape, penalties.token_ids, penalties.in_prompt) > 0
+    seen = in_prompt | (counts > 0)
+    repetition = penalties.repetition[:, None]
+    repeated = jnp.where(logits > 0, logits / repetition, logits * repetition)
+    penalized = jnp.where(seen, repeated, logits)
+    penalized -= penalties.frequency[:, None] * counts.astype(logits.dtype)
+    penalized -= penalties.presence[:, None] * (counts > 0).astype(logits.dtype)
+    # Rows without penalties keep their logits exactly (no x / 1.0 or - 0.0 rounding question).
+    neutral = (penalties.repetition == 1.0) & (penalties.frequency == 0) & (penalties.presence == 0)
+    return jnp.where(neutral[:, None], logits, penalized)
+
+
+def _row_histogram(shape: tuple[int, int], ids: jax.Array, weights: jax.Array) -> jax.Array:
+    """[N, vocab] int32: each row's `weights` [N, P] summed at its `ids` [N, P]."""
+    rows = jnp.arange(shape[0])[:, None]
+    return jnp.zeros(shape, jnp.int32).at[rows, ids].add(weights.astype(jnp.int32))
 
 
 def logprobs(logits: jax.Array, tokens: jax.Array, width: int) -> TokenLogprobs:

@@ -39,6 +39,11 @@ class StepStats:
     compile_seconds: float = 0.0
     ranks: list[RankStats] = dataclasses.field(default_factory=list)
 
+    @classmethod
+    def of_ranks(cls, prefix_caches: list[PrefixCacheStats | None]) -> StepStats:
+        """Zeroed stats of ranks whose prefix caches count into `prefix_caches` (None: off)."""
+        return cls(ranks=[RankStats(prefix_cache=cache) for cache in prefix_caches])
+
     @property
     def speculation(self) -> SpeculationStats:
         """Acceptance counters summed over ranks (`acceptance_rate`, `mean_acceptance_length`;
@@ -70,35 +75,41 @@ class StepStats:
 
 
 class CompileClock(Protocol):
-    """What a timer reads of the model runner: its running total of compile seconds."""
+    """What a timer reads of whatever compiles during a step (the model runner, the drafter's
+    runner): its running total of compile seconds."""
 
     @property
     def total_compile_seconds(self) -> float: ...
 
 
 class StepTimer:
-    """One engine step's wall time split three ways: device (the runner calls made through
-    `device`, less what they spent compiling), compile, and host (the rest, at `stop`)."""
+    """One engine step's wall time split three ways: compile (whatever any of `clocks` compiled
+    during the step, the drafter's passes included), device (the runner calls made through
+    `device`, less what they compiled), and host (the rest, at `stop`)."""
 
-    def __init__(self, runner: CompileClock) -> None:
-        self._runner = runner
-        self._start = 0.0
+    def __init__(self, clocks: list[CompileClock]) -> None:
+        self._clocks = clocks
+        self._start = self._compiled_at_start = 0.0
         self.host_seconds = self.device_seconds = self.compile_seconds = 0.0
 
     def start(self) -> None:
         self._start = time.perf_counter()
+        self._compiled_at_start = self._compiled()
         self.device_seconds = self.compile_seconds = 0.0
 
     def device(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`call(*args, **kwargs)` (a runner's dispatch or fetch), timed as device time."""
-        compiled_before = self._runner.total_compile_seconds
+        compiled_before = self._compiled()
         start = time.perf_counter()
         result = call(*args, **kwargs)
-        compiled = self._runner.total_compile_seconds - compiled_before
-        self.compile_seconds += compiled
+        compiled = self._compiled() - compiled_before
         self.device_seconds += time.perf_counter() - start - compiled
         return result
 
     def stop(self) -> None:
         elapsed = time.perf_counter() - self._start
+        self.compile_seconds = self._compiled() - self._compiled_at_start
         self.host_seconds = elapsed - self.device_seconds - self.compile_seconds
+
+    def _compiled(self) -> float:
+        return sum(clock.total_compile_seconds for clock in self._clocks)

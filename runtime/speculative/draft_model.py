@@ -113,6 +113,10 @@ class DraftModelDrafter:
         for rank in self.ranks:
             rank.release_done()
 
+    @property
+    def total_compile_seconds(self) -> float:
+        return self.runner.total_compile_seconds
+
     def warmup(self) -> None:
         """Compile the draft model's decode-only passes."""
         self.runner.warmup(

@@ -42,9 +42,15 @@ class Drafter(Protocol):
     def warmup(self) -> None:
         """Compile what proposing will run."""
 
+    @property
+    def total_compile_seconds(self) -> float:
+        """Seconds the drafter spent compiling so far (counted apart from run time)."""
+
 
 class NoDrafts:
     """The drafter of an engine without speculative decoding: it never proposes."""
+
+    total_compile_seconds = 0.0
 
     def check(self, params: SamplingParams) -> None:
         """Every request can be served."""

@@ -45,6 +45,8 @@ class NgramDrafter:
     """Drafts by prompt lookup. The lookup runs when the scheduler asks how many drafts a row
     wants; `propose` hands each row with lanes the first k tokens of its proposal."""
 
+    total_compile_seconds = 0.0  # nothing runs on the device
+
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self._proposals: dict[Request, list[int]] = {}  # this step's lookups

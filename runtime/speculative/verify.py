@@ -8,7 +8,7 @@ lane a becomes the request's state slot (`SlotPlanner.keep_lane`): rollback by s
 state copy. Attention KV of rejected positions is simply overwritten later.
 
 Drafters hand their proposals to the rows through `with_drafts`; `check_verifiable` says which
-sampling params verification serves (no log-probabilities).
+sampling params verification serves (no log-probabilities, no penalties).
 """
 
 from __future__ import annotations
@@ -111,9 +111,20 @@ def with_drafts(schedule: Schedule, proposals: dict[Request, list[int]]) -> Sche
 
 def check_verifiable(params: SamplingParams) -> None:
     """ValueError for what a speculative engine does not compute: log-probabilities (lanes are
-    verified on the device without them)."""
+    verified on the device without them) and penalties (each lane's history would have to hold
+    the drafts before it, which the penalty tables do not)."""
     if params.logprobs is not None:
         raise ValueError(
             f"logprobs={params.logprobs}: log-probabilities are not computed with speculative "
             "decoding (ask for them on an engine without `speculative`)"
+        )
+    if params.is_penalized:
+        penalties = (
+            f"presence_penalty={params.presence_penalty}, "
+            f"frequency_penalty={params.frequency_penalty}, "
+            f"repetition_penalty={params.repetition_penalty}"
+        )
+        raise ValueError(
+            f"{penalties}: penalties are not applied with speculative decoding (ask for them on "
+            "an engine without `speculative`)"
         )

@@ -119,6 +119,13 @@ def _whole_sequence_inputs(tokens: list[int], max_len: int) -> StepInputs:
     return StepInputs(padded, positions, kv_slots.astype(np.int32), decode, prefill, i32([n - 1]))
 
 
+def naive_logits(family: str, tokens: list[int], max_len: int = MAX_MODEL_LEN) -> np.ndarray:
+    """[vocab] float64 next-token logits after `tokens`, by full recompute: fresh caches, the
+    whole sequence as one prefill row (one compiled forward per family and `max_len`)."""
+    forward = _naive_forward(family, max_len)
+    return np.array(forward(_whole_sequence_inputs(tokens, max_len)), np.float64)
+
+
 def naive_greedy(
     family: str,
     prompt: list[int],
@@ -133,10 +140,10 @@ def naive_greedy(
     are generated (before that their logits are -inf), or at `max_len` tokens in all (a multiple
     of BLOCK_SIZE; one compiled forward per family and length).
     """
-    forward, tokens = _naive_forward(family, max_len), list(prompt)
+    tokens = list(prompt)
     stop_ids = jmamba.presets.tiny(family).eos_token_ids if stop_ids is None else stop_ids
     for step in range(min(max_tokens, max_len - len(prompt))):
-        logits = np.array(forward(_whole_sequence_inputs(tokens, max_len)), np.float64)
+        logits = naive_logits(family, tokens, max_len)
         if step < min_tokens:
             logits[list(stop_ids)] = -np.inf
         tokens.append(int(np.argmax(logits)))

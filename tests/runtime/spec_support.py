@@ -113,6 +113,8 @@ class Oracle:
     drafts to propose and how many of them are right (the rest are off by one). It records what
     it planned, so a test can compute how many drafts the engine must accept."""
 
+    total_compile_seconds = 0.0
+
     def __init__(self, truth: dict[str, list[int]], k: int, seed: int = 0) -> None:
         self.truth, self.k = truth, k
         self.rng = np.random.default_rng(seed)

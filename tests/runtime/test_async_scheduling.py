@@ -20,7 +20,14 @@ from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
-from tests.runtime.conftest import base_config, make_engine, model_and_runner, naive_greedy
+from tests.runtime.conftest import (
+    base_config,
+    make_engine,
+    model_and_runner,
+    naive_greedy,
+    naive_logits,
+)
+from tests.runtime.test_penalties import reference_logits
 
 PARAMS = (
     SamplingParams(max_tokens=7),
@@ -204,3 +211,67 @@ def test_warmup_compiles_the_variants_an_asynchronous_engine_dispatches():
     while engine.has_unfinished:
         engine.step()
     assert set(engine.runner.variants) == warmed
+
+
+PENALIZED = (  # each penalized greedy request's tokens differ from its unpenalized ones
+    SamplingParams(max_tokens=10, ignore_eos=True, frequency_penalty=-2.0, repetition_penalty=1.8),
+    SamplingParams(max_tokens=10, ignore_eos=True, presence_penalty=-2.0, frequency_penalty=0.7),
+    SamplingParams(max_tokens=6, ignore_eos=True),  # no penalties, in penalized steps
+    SamplingParams(
+        max_tokens=9,
+        ignore_eos=True,
+        presence_penalty=1.0,
+        frequency_penalty=0.5,
+        repetition_penalty=1.5,
+    ),
+    SamplingParams(max_tokens=12, temperature=0.9, seed=5, presence_penalty=2.0, logprobs=1),
+)
+
+
+def naive_penalized_greedy(prompt: list[int], params: SamplingParams) -> list[int]:
+    """Greedy tokens of mamba2 by full recompute, each step's logits penalized from the
+    definitions (test_penalties.reference_logits) by the prompt and the outputs so far."""
+    tokens = list(prompt)
+    for _ in range(params.max_tokens):
+        logits = reference_logits(
+            naive_logits("mamba2", tokens),
+            prompt,
+            tokens[len(prompt) :],
+            params.presence_penalty,
+            params.frequency_penalty,
+            params.repetition_penalty,
+        )
+        tokens.append(int(np.argmax(logits)))
+    return tokens[len(prompt) :]
+
+
+def test_penalized_tokens_equal_a_full_recompute_loop_with_and_without_async():
+    """Greedy requests with penalties (and one without, in the same steps) get the tokens of a
+    penalized full-recompute loop, synchronously and asynchronously (where each decode row's
+    newest output is still on the device when its step is built); a sampled penalized request
+    gets the same tokens and logprobs both ways."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 256, n).tolist() for n in (6, 9, 4, 11, 2)]
+    outputs = {}
+    for async_scheduling in (False, True):
+        engine = text_engine("mamba2", async_scheduling)
+        for i, (prompt, params) in enumerate(zip(prompts, PENALIZED, strict=True)):
+            engine.add_request(prompt, params, request_id=i)
+        outputs[async_scheduling] = {}
+        while engine.has_unfinished:
+            outputs[async_scheduling] |= {o.request_id: o for o in engine.step()}
+        variants = engine.runner.variants  # the module's runner: other tests' variants too
+        assert {v.mode.penalty_width for v in variants if v.carry == async_scheduling} >= {32}
+    for i in range(4):
+        want = naive_penalized_greedy(prompts[i], PENALIZED[i])
+        assert outputs[False][str(i)].token_ids == outputs[True][str(i)].token_ids == want, i
+        unpenalized = naive_greedy("mamba2", prompts[i], PENALIZED[i].max_tokens, stop_ids=())
+        assert (want == unpenalized) == (i == 2), i  # the penalties bite where they are asked
+    sampled = outputs[False]["4"], outputs[True]["4"]
+    assert sampled[0].token_ids == sampled[1].token_ids
+    assert_logprobs_close(sampled[1].logprobs, sampled[0].logprobs)
+    tokens = sampled[0].token_ids
+    for t, token in enumerate(tokens):  # logprobs are the raw distribution's, unpenalized
+        logits = naive_logits("mamba2", prompts[4] + tokens[:t])
+        raw = logits[token] - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        assert abs(sampled[0].logprobs[t][token] - raw) < 1e-4, t

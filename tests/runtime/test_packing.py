@@ -6,13 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from runtime.core.sampling_inputs import SamplingInputs
+from runtime.core.sampling_inputs import PenaltyInputs, SamplingInputs
 from runtime.device.packing import layout_of, pack, unpack
 from tests.runtime.test_builder import mixed_batch
 
 
 def test_round_trip_of_a_built_step():
-    """Every leaf (int32, bool, float32, uint32) comes back with its shape, dtype and bits."""
+    """Every leaf (int32, bool, float32, uint32) comes back with its shape, dtype and bits, the
+    penalty tables' included."""
     _, _, batch = mixed_batch()
     rng = np.random.default_rng(0)
     n = batch.sampling.temperature.shape[0]
@@ -24,6 +25,15 @@ def test_round_trip_of_a_built_step():
         rng.integers(0, 9, n).astype(np.int32),
         rng.integers(0, 50, (n, 4)).astype(np.int32),
         rng.integers(0, 5, n).astype(np.int32),
+        PenaltyInputs(
+            rng.integers(0, 50, (n, 32)).astype(np.int32),
+            rng.integers(0, 9, (n, 32)).astype(np.int32),
+            rng.random((n, 32)) < 0.5,
+            rng.uniform(-2, 2, n).astype(np.float32),
+            rng.uniform(-2, 2, n).astype(np.float32),
+            rng.uniform(0.5, 2, n).astype(np.float32),
+            rng.random(n) < 0.5,
+        ),
     )
     tree = (batch.inputs, sampling)
     layout = layout_of(tree)

@@ -109,6 +109,16 @@ def test_draft_model_equal_to_target_accepts_every_draft(family):
     assert_pools_empty(engine)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_speculative_engine_refuses_penalties(method):
+    """Each lane's penalties would have to count the drafts before it: refused, like logprobs,
+    and the engine queues nothing."""
+    engine = spec_engine("mamba2", method, 2, draft="target:mamba2")
+    with pytest.raises(ValueError, match="frequency_penalty=0.5.*speculative decoding"):
+        engine.add_request([1, 2, 3], SamplingParams(frequency_penalty=0.5))
+    assert not engine.has_unfinished
+
+
 def test_sampled_requests_get_the_same_tokens_with_and_without_drafts():
     """Lane t samples output len(outputs) + t from the request's own (seed, index) stream, and a
     draft is accepted iff it equals that sample: drafts change nothing but the step count."""

@@ -1,0 +1,37 @@
+"""The `jmamba` command: `generate` (prompts from the command line), `serve` (an OpenAI-compatible
+HTTP server) and `bench` (a serving benchmark). Each command is a module here that registers its
+options (`add_command`) and runs (`run`); the engine options they share are in
+`engine_options.py`. Argument parsing loads no jax, so `--help` and argument errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from runtime.cli import bench, generate, serve
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `jmamba` argument parser, every command registered."""
+    top = argparse.ArgumentParser(prog="jmamba")
+    commands = top.add_subparsers(dest="command", required=True)
+    for command in (generate, serve, bench):
+        command.add_command(commands)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a `jmamba` command; a bad argument or input is one line on stderr and exit code 2."""
+    started = time.perf_counter()
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args, started)
+    except ValueError as error:
+        print(f"jmamba: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

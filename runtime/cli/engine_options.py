@@ -1,0 +1,166 @@
+"""The engine options every `jmamba` command takes (model, budgets, prefix caching, speculative
+decoding, multi-host), as argparse groups and as the keyword arguments of `LLM`.
+
+Argument parsing loads no jax: `--help` and argument errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import jmamba.presets
+from runtime.core.config import DEFAULT_PREFIX_CACHING, PREFIX_CACHING_MODES
+from runtime.core.speculative_config import METHODS, SpeculativeConfig
+
+PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]
+DEFAULT_MODEL = "tiny-stdlib"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each option's default to its help, unless the default is None (the help says what
+    None means) or the help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8) -> None:
+    """The model and the engine's budgets, prefix caching, speculative decoding and multi-host
+    options (`engine_options` turns them into `LLM`'s keyword arguments)."""
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a preset ({', '.join(PRESETS)}), a checkpoint directory or a hub id org/name",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="parameter dtype; auto: the checkpoint's",
+    )
+    budgets = parser.add_argument_group("engine budgets (per data-parallel rank)")
+    budgets.add_argument(
+        "--max-num-seqs", type=int, default=max_num_seqs, help="most requests in one step"
+    )
+    budgets.add_argument(
+        "--max-model-len", type=int, default=512, help="longest prompt + output of a request"
+    )
+    budgets.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per step (default: from the model's chunk size)",
+    )
+    budgets.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="ranks of the data-parallel mesh (one device each)",
+    )
+    budgets.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule each step while the previous one runs on the device (same tokens; "
+        "default: on unless speculative decoding is)",
+    )
+    _add_prefix_caching(parser)
+    _add_speculative(parser)
+    _add_multi_host(parser)
+
+
+def _add_prefix_caching(parser: argparse.ArgumentParser) -> None:
+    cache = parser.add_argument_group("prefix caching (per rank)")
+    cache.add_argument(
+        "--prefix-caching",
+        choices=PREFIX_CACHING_MODES,
+        default=None,
+        help=f"cache KV blocks and recurrent states of prompt prefixes (default: "
+        f"{DEFAULT_PREFIX_CACHING} where the config can cache, else off)",
+    )
+    cache.add_argument(
+        "--state-block-size",
+        type=int,
+        default=None,
+        help="tokens per cached recurrent state, a multiple of the chunk and KV block sizes "
+        "(default: their least common multiple)",
+    )
+    cache.add_argument(
+        "--max-cached-states",
+        type=int,
+        default=None,
+        help="state slots the cache may hold beside the running requests' (default: "
+        "max(max_num_seqs, 16))",
+    )
+
+
+def _add_speculative(parser: argparse.ArgumentParser) -> None:
+    spec = parser.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--speculative-method",
+        choices=METHODS,
+        default=None,
+        help="propose drafts by prompt lookup (ngram) or with a draft model (default: none)",
+    )
+    spec.add_argument("--num-speculative-tokens", type=int, default=3, help="K, drafts per step")
+    spec.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram")
+    spec.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: longest n-gram")
+    spec.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft_model: preset (tiny-<family>) or HF dir with the target's vocabulary",
+    )
+
+
+def _add_multi_host(parser: argparse.ArgumentParser) -> None:
+    multi = parser.add_argument_group(
+        "multi-host (every process runs the same command with its own prompts)"
+    )
+    multi.add_argument(
+        "--coordinator-address", default=None, help="host:port of process 0 (default: one host)"
+    )
+    multi.add_argument("--num-processes", type=int, default=1, help="processes in all")
+    multi.add_argument("--process-id", type=int, default=0, help="this process's index")
+
+
+def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
+    """The `SpeculativeConfig` the options ask for (None without `--speculative-method`)."""
+    if args.speculative_method is None:
+        if args.draft_model is not None:
+            raise ValueError("--draft-model needs --speculative-method draft_model")
+        return None
+    return SpeculativeConfig(
+        args.speculative_method,
+        args.num_speculative_tokens,
+        args.prompt_lookup_min,
+        args.prompt_lookup_max,
+        args.draft_model,
+    )
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`LLM`'s keyword arguments from the parsed engine options (the model name apart)."""
+    return dict(
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        data_parallel_size=args.data_parallel_size,
+        prefix_caching=args.prefix_caching,
+        state_block_size=args.state_block_size,
+        max_cached_states=args.max_cached_states,
+        async_scheduling=args.async_scheduling,
+        speculative=speculative_config(args),
+    )
+
+
+def initialize_multi_host(args: argparse.Namespace) -> None:
+    """Join the multi-host run the options name (loads jax; nothing for a single host)."""
+    if args.coordinator_address:
+        from runtime.device.distributed import initialize  # loads jax: once the options are good
+
+        initialize(args.coordinator_address, args.num_processes, args.process_id)

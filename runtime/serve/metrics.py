@@ -1,0 +1,119 @@
+"""`/metrics`: the server's Prometheus metrics (`prometheus_client`, one registry per server).
+
+Read from the engine at scrape time: running and waiting requests, KV blocks and state slots in
+use, prefix-cache lookups, hits
+and token hit rate, speculative drafts proposed and accepted, the latest step's wall time.
+Observed by the handlers as requests finish: time to first token, time per output token (after
+the first), end-to-end latency, requests by finish reason, prompt and generated tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from runtime.serve.async_engine import AsyncEngine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class _EngineCollector(Collector):
+    """Gauges and counters read from the engine when Prometheus scrapes."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.engine.engine
+        running = sum(len(s.running) for s in engine.schedulers)
+        waiting = sum(len(s.waiting) for s in engine.schedulers)
+        yield GaugeMetricFamily("jmamba_requests_running", "Requests being served.", running)
+        yield GaugeMetricFamily("jmamba_requests_waiting", "Requests queued.", waiting)
+        yield GaugeMetricFamily(
+            "jmamba_step_seconds", "Wall time of the latest engine step.", self.engine.step_seconds
+        )
+        blocks = sum(s.block_pool.num_used for s in engine.schedulers)
+        slots = sum(s.slot_pool.num_used for s in engine.schedulers)
+        yield GaugeMetricFamily(
+            "jmamba_kv_blocks_used", "KV blocks held (by requests or the prefix cache).", blocks
+        )
+        yield GaugeMetricFamily(
+            "jmamba_state_slots_used", "State slots held (by requests or the prefix cache).", slots
+        )
+        cache = engine.stats.prefix_cache
+        if cache is not None:
+            yield CounterMetricFamily(
+                "jmamba_prefix_cache_lookups", "Admissions looked up.", cache.lookups
+            )
+            yield CounterMetricFamily(
+                "jmamba_prefix_cache_hits", "Admissions that hit a prefix.", cache.hits
+            )
+            yield GaugeMetricFamily(
+                "jmamba_prefix_cache_hit_rate",
+                "Share of looked-up prompt tokens a hit skipped.",
+                cache.token_hit_rate,
+            )
+        yield CounterMetricFamily(
+            "jmamba_compile_seconds",
+            "Seconds spent compiling step variants (start-up and first uses).",
+            engine.runner.total_compile_seconds + engine.drafter.total_compile_seconds,
+        )
+        spec = engine.stats.speculation
+        yield CounterMetricFamily("jmamba_spec_drafted", "Drafts verified.", spec.num_drafted)
+        yield CounterMetricFamily("jmamba_spec_accepted", "Drafts accepted.", spec.num_accepted)
+
+
+class Metrics:
+    """The server's registry and the histograms and counters its handlers observe."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine))
+        self.ttft = Histogram(
+            "jmamba_time_to_first_token_seconds",
+            "Time from a request's arrival to its first token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "jmamba_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            buckets=_TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "jmamba_request_latency_seconds",
+            "Time from a request's arrival to its last token.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "jmamba_requests_finished",
+            "Completions finished, by reason.",
+            ["finish_reason"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "jmamba_prompt_tokens", "Prompt tokens received.", registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "jmamba_generation_tokens", "Tokens generated.", registry=self.registry
+        )
+
+    def finish(self, reason: str, ttft: float | None, latency: float, num_tokens: int) -> None:
+        """Count one finished completion."""
+        self.finished.labels(reason).inc()
+        self.generation_tokens.inc(num_tokens)
+        self.latency.observe(latency)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if num_tokens > 1:
+                self.tpot.observe((latency - ttft) / (num_tokens - 1))
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,171 @@
+"""A request's choices in flight: their delta streams merged into one, and what they become, a
+whole response object or the server-sent chunks of a streamed one (`/v1/completions` and
+`/v1/chat/completions` shapes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from runtime.outputs.request_output import StreamDelta
+from runtime.serve.async_engine import EngineError
+from runtime.serve.metrics import Metrics
+from runtime.serve.protocol import error_body
+from runtime.serve.responses import (
+    Choice,
+    Decoder,
+    chat_logprobs,
+    completion_logprobs,
+    envelope,
+    usage,
+)
+
+
+async def merged(
+    streams: list[AsyncIterator[StreamDelta]],
+) -> AsyncIterator[tuple[int, StreamDelta]]:
+    """(stream index, delta) as the streams produce them, until every one ends; an error of one
+    ends them all. Closing this iterator (a client that left) closes every stream, which aborts
+    its request."""
+    queue: asyncio.Queue[tuple[int, StreamDelta | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[StreamDelta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((index, delta))
+        except EngineError as error:
+            await queue.put((index, error))
+        finally:
+            await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Completion:
+    """The choices of one request (n per prompt, in order) and their timing for the metrics;
+    `prompt_tokens` counts each prompt once, as OpenAI's usage does."""
+
+    def __init__(
+        self,
+        response_id: str,
+        model_name: str,
+        streams: list[AsyncIterator[StreamDelta]],
+        prompt_tokens: int,
+        include_usage: bool,
+        logprobs_k: int | None,
+        metrics: Metrics,
+        decoder: Decoder,
+    ) -> None:
+        self.response_id, self.model_name = response_id, model_name
+        self.streams, self.prompt_tokens = streams, prompt_tokens
+        self.include_usage, self.logprobs_k = include_usage, logprobs_k
+        self.metrics, self.decoder = metrics, decoder
+        self.choices = [Choice(i) for i in range(len(streams))]
+        self._arrival = time.perf_counter()
+        self._first: dict[int, float] = {}
+
+    async def collect(self, chat: bool) -> dict[str, Any]:
+        """The whole response object once every choice has finished."""
+        async for index, delta in merged(self.streams):
+            self._add(index, delta)
+        kind = "chat.completion" if chat else "text_completion"
+        response = envelope(kind, self.response_id, self.model_name)
+        response["choices"] = [self._choice(choice, chat) for choice in self.choices]
+        response["usage"] = self._usage()
+        return response
+
+    async def sse(self, chat: bool) -> AsyncIterator[str]:
+        """Server-sent events: a chunk per choice per engine step, then the usage chunk when
+        asked for, then `[DONE]`; an engine failure ends the stream with an error event."""
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        try:
+            if chat:  # the role comes first, as OpenAI's chunks do
+                yield _event(self._chunk(kind, [self._role(c.index) for c in self.choices]))
+            async for index, delta in merged(self.streams):
+                self._add(index, delta)
+                yield _event(self._chunk(kind, [self._delta_choice(index, delta, chat)]))
+            if self.include_usage:
+                final = self._chunk(kind, [])
+                final["usage"] = self._usage()
+                yield _event(final)
+        except EngineError as error:
+            yield _event(error_body(str(error), kind="server_error"))
+        yield "data: [DONE]\n\n"
+
+    def _add(self, index: int, delta: StreamDelta) -> None:
+        self.choices[index].add(delta)
+        now = time.perf_counter()
+        if delta.token_ids and index not in self._first:
+            self._first[index] = now
+        if delta.finished:
+            first = self._first.get(index)
+            choice = self.choices[index]
+            self.metrics.finish(
+                choice.finish_reason or "abort",
+                None if first is None else first - self._arrival,
+                now - self._arrival,
+                len(choice.token_ids),
+            )
+
+    def _choice(self, choice: Choice, chat: bool) -> dict[str, Any]:
+        logprobs = self._logprobs(choice.token_ids, choice.logprobs, chat)
+        entry: dict[str, Any] = {"index": choice.index, "logprobs": logprobs}
+        if chat:
+            entry["message"] = {"role": "assistant", "content": choice.text}
+        else:
+            entry["text"] = choice.text
+        entry["finish_reason"] = choice.finish_reason
+        return entry
+
+    def _delta_choice(self, index: int, delta: StreamDelta, chat: bool) -> dict[str, Any]:
+        logprobs = self._logprobs(delta.token_ids, delta.logprobs or [], chat)
+        entry: dict[str, Any] = {"index": index, "logprobs": logprobs}
+        if chat:
+            entry["delta"] = {"content": delta.text or ""}
+        else:
+            entry["text"] = delta.text or ""
+        entry["finish_reason"] = delta.finish_reason
+        return entry
+
+    def _role(self, index: int) -> dict[str, Any]:
+        return {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "finish_reason": None,
+        }
+
+    def _logprobs(self, token_ids: list[int], logprobs: list, chat: bool) -> dict[str, Any] | None:
+        if self.logprobs_k is None:
+            return None
+        build = chat_logprobs if chat else completion_logprobs
+        return build(token_ids, logprobs, self.logprobs_k, self.decoder)
+
+    def _chunk(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk = envelope(kind, self.response_id, self.model_name)
+        chunk["choices"] = choices
+        return chunk
+
+    def _usage(self) -> dict[str, int]:
+        generated = sum(len(choice.token_ids) for choice in self.choices)
+        return usage(self.prompt_tokens, generated)
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"

@@ -24,7 +24,7 @@ from flax import nnx
 from runtime.core import checks
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import StepBatch, build_dummy, build_step, with_mode
-from runtime.core.config import EngineConfig
+from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.request import FinishReason, Request
 from runtime.core.request_table import RequestTable
 from runtime.core.sampling_inputs import SamplingMode
@@ -332,18 +332,27 @@ class Engine:
             self._streaming = False
         return self.last_deltas
 
-    def warmup(self, *, prefill: bool | Literal["alone"] = False, progress: bool = False) -> None:
-        """Compile step variants now instead of on first use: the decode-only ones; with
-        `prefill="alone"` also those of one prefill row alone (a request arriving at an idle
-        server); with `prefill=True` every variant the config can use. `progress` shows a bar.
-        The seconds spent are in `runner.compile_seconds`, apart from the steps' run time."""
+    def warmup(
+        self,
+        *,
+        prefill: bool | Literal["alone"] = False,
+        sampled: bool = False,
+        progress: bool = False,
+        workers: int = COMPILE_WORKERS,
+    ) -> None:
+        """Compile step variants now instead of on first use, `workers` at once: the decode-only
+        ones; with `prefill="alone"` also one prefill row alone's (a request arriving at an idle
+        server); with `prefill=True` every variant. Each greedy, and with `sampled` also with plain
+        temperature sampling (an OpenAI client's default). `progress` shows a bar. The seconds
+        spent are in `runner.compile_seconds`, apart from the steps' run time."""
         if self._in_flight is not None:  # its tokens would be overwritten on the device
             raise RuntimeError(
                 "warmup() while a dispatched step is not retired: call it before the first "
                 "step, or step until has_unfinished is False"
             )
-        buckets = self.buckets.warmup_buckets(prefill)
-        self.runner.warmup(buckets, carry=self.config.async_scheduling, progress=progress)
+        buckets, carry = self.buckets.warmup_buckets(prefill), self.config.async_scheduling
+        modes = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
+        self.runner.warmup(buckets, modes=modes, carry=carry, progress=progress, workers=workers)
         self.drafter.warmup()
         self._freeze_gc()
 

@@ -3,7 +3,9 @@
 `HttpTarget` streams `/v1/completions` from a running `jmamba serve` (greedy, `ignore_eos` so
 answers have the asked length, usage in the last chunk); `EngineTarget` runs the same requests
 on an engine thread in this process (no HTTP: the server's own overhead is the difference).
-Time to first token is taken when the first chunk with text (or tokens) arrives.
+Time to first token is taken when the first chunk of generated tokens arrives, whether or not
+its text is empty (a byte-level tokenizer holds back an incomplete UTF-8 character, and a
+model's special tokens have no text).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class HttpTarget:
                 )
             async for chunk in _events(reply):
                 for choice in chunk.get("choices", []):
-                    if choice.get("text") and first is None:
+                    if first is None:  # the server streams a chunk per step with new tokens
                         first = time.perf_counter()
                     text += choice.get("text", "")
                 usage = chunk.get("usage") or usage

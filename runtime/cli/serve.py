@@ -18,6 +18,7 @@ from runtime.cli.engine_options import (
     engine_options,
     initialize_multi_host,
 )
+from runtime.core.config import COMPILE_WORKERS
 
 WARMUPS = {"decode": False, "alone": "alone", "all": True}  # --warmup -> Engine.warmup(prefill=)
 
@@ -48,6 +49,12 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "prefill row alone (a request arriving at an idle server), or every variant",
     )
     serve.add_argument(
+        "--compile-workers",
+        type=int,
+        default=COMPILE_WORKERS,
+        help="step variants the warm-up compiles at once",
+    )
+    serve.add_argument(
         "--log-level",
         default="warning",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -73,7 +80,7 @@ def run(args: argparse.Namespace, started: float) -> int:
     llm = LLM(args.model, **engine_options(args))
     name = args.served_model_name or args.model
     warmup = WARMUPS[args.warmup]
-    app = build_app(llm, name, startup=lambda: _compile(llm, warmup))
+    app = build_app(llm, name, startup=lambda: _compile(llm, warmup, args.compile_workers))
     loaded = time.perf_counter() - started
     print(
         f"jmamba serve: {name} loaded in {loaded:.1f} s; http://{args.host}:{args.port}/v1 "
@@ -85,9 +92,9 @@ def run(args: argparse.Namespace, started: float) -> int:
     return 0
 
 
-def _compile(llm, warmup: bool | str) -> None:
+def _compile(llm, warmup: bool | str, workers: int) -> None:
     start = time.perf_counter()
-    llm.engine.warmup(prefill=warmup, progress=True)
+    llm.engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)
     print(
         f"jmamba serve: ready, {llm.engine.num_variants} step variants compiled in "
         f"{time.perf_counter() - start:.1f} s",

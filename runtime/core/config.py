@@ -59,6 +59,11 @@ def default_token_budget(chunk_size: int, max_num_seqs: int) -> int:
     return powers_of_two_up_to(needed)[-1]
 
 
+# Threads compiling step variants at once in a warm-up (`ModelRunner.warmup`: XLA compiles without
+# the GIL; more than a few gain little, each compile already uses several cores).
+COMPILE_WORKERS = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Engine budgets, pool sizes and bucket tables.

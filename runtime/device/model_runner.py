@@ -30,6 +30,7 @@ launches the step's recorded CUDA graph as it is instead of recording it again.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import time
@@ -45,7 +46,7 @@ from tqdm import tqdm
 from jmamba.inputs import StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.builder import StepBatch, build_dummy
-from runtime.core.config import EngineConfig
+from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.distributed import AXIS, DataParallelMesh, make_mesh
 from runtime.device.packing import Layout, layout_of, pack, unpack
@@ -288,19 +289,46 @@ class ModelRunner:
             for i, batch in enumerate(batches)
         ]
 
-    def warmup(self, buckets: list[Bucket], *, carry: bool = False, progress: bool = False) -> None:
-        """Compile `buckets` (greedy sampling; `carry`: the variants an asynchronous engine
-        dispatches), running each once on all-padding steps (which change no live slot and feed
-        no token); `progress` shows a bar with the compile seconds so far."""
-        with tqdm(buckets, desc="compile", unit="variant", disable=not progress) as bar:
-            for bucket in bar:
-                dummy = build_dummy(
-                    bucket,
-                    max_blocks=self.config.max_blocks_per_seq,
-                    state_block_size=self.config.boundary_block_size,
-                )
-                self.fetch(self.dispatch(bucket, [dummy] * len(self.local_ranks), carry=carry))
-                bar.set_postfix_str(f"{self.total_compile_seconds:.1f} s compiling")
+    def warmup(
+        self,
+        buckets: list[Bucket],
+        *,
+        modes: tuple[SamplingMode, ...] = (SamplingMode(),),
+        carry: bool = False,
+        progress: bool = False,
+        workers: int = COMPILE_WORKERS,
+    ) -> None:
+        """Compile `buckets` in each sampling mode of `modes` (`carry`: the variants an
+        asynchronous engine dispatches), then run each once on all-padding steps (which change no
+        live slot and feed no token); `progress` shows a bar with the compile seconds so far.
+
+        Variants are lowered one by one (Python, under the GIL) and compiled by `workers` threads
+        at once (XLA compiles without the GIL), so each variant's `compile_seconds` is its own and
+        their sum can exceed the wall time of the warm-up."""
+        steps = [
+            (bucket, dataclasses.replace(self._dummy(bucket), mode=mode))
+            for bucket in buckets
+            for mode in modes
+        ]
+        todo = {VariantKey(bucket, batch.mode, carry): batch for bucket, batch in steps}
+        todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
+        with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
+            with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+                lowered = [(key, self._lower(key, batch)) for key, batch in todo.items()]
+                futures = [pool.submit(self._finish_compile, key, *low) for key, low in lowered]
+                for future in concurrent.futures.as_completed(futures):
+                    future.result()
+                    bar.update()
+                    bar.set_postfix_str(f"{self.total_compile_seconds:.1f} s compiling")
+        for bucket, batch in steps:
+            self.fetch(self.dispatch(bucket, [batch] * len(self.local_ranks), carry=carry))
+
+    def _dummy(self, bucket: Bucket) -> StepBatch:
+        return build_dummy(
+            bucket,
+            max_blocks=self.config.max_blocks_per_seq,
+            state_block_size=self.config.boundary_block_size,
+        )
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
         layout = self._layouts[key]
@@ -322,6 +350,11 @@ class ModelRunner:
         return jax.jit(zeros, out_shardings=jax.tree.map(lambda _: self.mesh.by_rank, shapes))()
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
+        return self._finish_compile(key, *self._lower(key, batch))
+
+    def _lower(self, key: VariantKey, batch: StepBatch) -> tuple[Any, float]:
+        """The variant `key` lowered (its layout and output buffers registered): (lowered, the
+        seconds it took)."""
         start = time.perf_counter()
         self._layouts[key] = layout_of(_packed_tree(batch, key.carry))
         packed = self._packed(key, [batch] * len(self.local_ranks))
@@ -337,10 +370,16 @@ class ModelRunner:
             *static, self._param_leaves, self.caches, packed, None, carried
         )
         outputs = self.buffers.add_variant(key, packed, outputs)
-        compiled = self._jitted.lower(
+        lowered = self._jitted.lower(
             *static, self._param_leaves, self.caches, packed, outputs, carried
-        ).compile()
-        self.compile_seconds[key] = time.perf_counter() - start
+        )
+        return lowered, time.perf_counter() - start
+
+    def _finish_compile(self, key: VariantKey, lowered: Any, lowering_seconds: float) -> Any:
+        """Compile a lowered variant (thread-safe: `warmup` runs several at once)."""
+        start = time.perf_counter()
+        compiled = lowered.compile()
+        self.compile_seconds[key] = lowering_seconds + time.perf_counter() - start
         self._compiled[key] = compiled
         return compiled
 

@@ -213,6 +213,26 @@ def test_warmup_compiles_the_variants_an_asynchronous_engine_dispatches():
     assert set(engine.runner.variants) == warmed
 
 
+def test_warmup_with_sampling_covers_a_sampled_request_arriving_at_an_idle_engine():
+    """What a server warms (`prefill="alone"`, `sampled=True`, several variants compiling at
+    once): greedy and sampled variants of every warmed bucket, so a temperature-1 request (an
+    OpenAI client's default) arriving at the idle engine compiles nothing."""
+    model, _ = model_and_runner("mamba2")
+    config = dataclasses.replace(base_config("mamba2"), async_scheduling=True)
+    engine = Engine(model, config, runner=ModelRunner(model, config))
+    engine.warmup(prefill="alone", sampled=True)
+    warmed = set(engine.runner.variants)
+    buckets = engine.buckets.warmup_buckets("alone")
+    assert {(bucket, mode.sampled) for bucket, mode, _ in warmed} == {
+        (bucket, sampled) for bucket in buckets for sampled in (False, True)
+    }
+    assert engine.runner.compile_seconds.keys() == warmed
+    engine.add_request([1, 2, 3, 4, 5], SamplingParams(max_tokens=4, temperature=1.0, seed=3))
+    while engine.has_unfinished:
+        engine.step()
+    assert set(engine.runner.variants) == warmed
+
+
 PENALIZED = (  # each penalized greedy request's tokens differ from its unpenalized ones
     SamplingParams(max_tokens=10, ignore_eos=True, frequency_penalty=-2.0, repetition_penalty=1.8),
     SamplingParams(max_tokens=10, ignore_eos=True, presence_penalty=-2.0, frequency_penalty=0.7),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import shutil
@@ -94,12 +93,15 @@ class Server:
         command = [sys.executable, "-m", "runtime.cli", "serve", "--model", str(model)]
         command += ["--port", str(self.port), *engine_args]
         self.started = time.perf_counter()
-        self.process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        self.log = Path(tempfile.mkstemp(prefix="serve_", suffix=".log")[1])
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(command, env=env, stderr=log)
 
     def wait_ready(self, limit: float = 600.0) -> float:
         while time.perf_counter() - self.started < limit:
             if self.process.poll() is not None:
-                raise RuntimeError(f"jmamba serve exited with {self.process.returncode}")
+                tail = self.log.read_text()[-3000:]
+                raise RuntimeError(f"jmamba serve exited with {self.process.returncode}:\n{tail}")
             if get(f"{self.url}/health") == 200:
                 return time.perf_counter() - self.started
             time.sleep(0.05)
@@ -114,21 +116,26 @@ def start_up(model: Path, cache: Path, engine_args: list[str], label: str) -> Se
     server = Server(model, cache, engine_args)
     ready = server.wait_ready()
     first = first_token_seconds(server.url)
+    said = [line for line in server.log.read_text().splitlines() if "jmamba serve:" in line]
     print(f"start-up {label}: ready {ready:.1f} s, first token {first:.3f} s after ready")
-    RESULTS.setdefault("startup", {})[label] = {"ready_s": ready, "first_token_s": first}
+    print("  " + "\n  ".join(said))
+    RESULTS.setdefault("startup", {})[label] = {
+        "ready_s": ready,
+        "first_token_s": first,
+        "server_said": said,
+    }
     return server
 
 
 async def run_workload(target, spec, concurrency: int, seed: int) -> dict[str, float]:
-    """One bench run as `jmamba bench` does it, but warmed at the run's own concurrency (so the
-    batch shapes it reaches are compiled before it is timed): warm-up sessions, then the measured
-    ones, a different workload seed for each."""
+    """One bench run as `jmamba bench` does it, but with a whole rehearsal first: the same
+    workload at the same concurrency with another seed, so the step shapes the run reaches are
+    mostly compiled before it is timed (what still compiles is reported)."""
     from runtime.bench.report import summary
     from runtime.bench.runner import run_sessions
     from runtime.bench.workloads import sessions
 
-    warm = dataclasses.replace(spec, num_requests=max(4, concurrency))
-    await run_sessions(target, sessions(warm, seed + 1), concurrency=concurrency)
+    await run_sessions(target, sessions(spec, seed + 1), concurrency=concurrency)
     compiled = await target.compile_seconds()
     start = time.perf_counter()
     records = await run_sessions(target, sessions(spec, seed), concurrency=concurrency)
@@ -152,7 +159,7 @@ def spec_of(workload: str, num_requests: int, max_model_len: int):
 async def bench_all(target, args, label: str) -> None:
     for workload in args.workloads.split(","):
         for concurrency in (int(c) for c in args.concurrency.split(",")):
-            requests = args.num_requests or max(16, 2 * concurrency)
+            requests = args.num_requests or max(16, 4 * concurrency)
             spec = spec_of(workload, requests, args.max_model_len)
             result = await run_workload(target, spec, concurrency, seed=1234 + concurrency)
             RESULTS.setdefault("bench", []).append(
@@ -201,29 +208,34 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--workloads", default="random,shared-prefix")
     parser.add_argument(
-        "--num-requests", type=int, default=0, help="per run (0: max(16, 2 x concurrency))"
+        "--num-requests", type=int, default=0, help="per run (0: max(16, 4 x concurrency))"
     )
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--work", default=None, help="checkpoint and caches (default: a temp dir)")
+    parser.add_argument("--parts", default="startup,bench", help="startup, bench or both")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench_serve_"))
     model, cache = work / "model", work / "cache"
-    started = time.perf_counter()
-    write_checkpoint(args.size, model)
-    print(f"checkpoint {args.size} written in {time.perf_counter() - started:.1f} s")
+    if not (model / "config.json").is_file():
+        started = time.perf_counter()
+        write_checkpoint(args.size, model)
+        print(f"checkpoint {args.size} written in {time.perf_counter() - started:.1f} s")
     engine_args = ["--max-model-len", str(args.max_model_len)]
     engine_args += ["--max-num-seqs", str(args.max_num_seqs)]
-    start_up(
-        model, work / "cache1", engine_args + ["--compile-workers", "1"], "cold, 1 compiler"
-    ).stop()
-    start_up(model, cache, engine_args, "cold").stop()
-    server = start_up(model, cache, engine_args, "warm")
-    try:
-        asyncio.run(bench_http(server.url, args))
-    finally:
-        server.stop()
-    asyncio.run(bench_engine(model, cache, args))
+    parts = args.parts.split(",")
+    if "startup" in parts:
+        one = engine_args + ["--compile-workers", "1"]
+        start_up(model, work / "cache_one_worker", one, "cold, 1 compiler").stop()
+        start_up(model, cache, engine_args, "cold").stop()
+    if "bench" in parts:
+        server = start_up(model, cache, engine_args, "warm")
+        try:
+            asyncio.run(bench_http(server.url, args))
+        finally:
+            server.stop()
+        asyncio.run(bench_engine(model, cache, args))
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
 

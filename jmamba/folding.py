@@ -99,8 +99,10 @@ def lora_unfold(params: list[np.ndarray], products: list[np.ndarray]) -> np.ndar
     """The shared kernel W (in `params[0]`'s dtype) whose fold with every use site's adapter
     product gives that site's parameter: `_folded_as(W, products[j]) == params[j]` for every j
     where one exists (always, for parameters the loader folded from one W); elsewhere one that
-    gives the first site's. The candidates lie around the middle of the interval of reals each
-    site allows (its parameter minus its product, +- half a step of the parameter's dtype)."""
+    gives the first site's, or failing that (no W of the dtype may give it) the nearest to the
+    first site's parameter minus its product. The candidates lie around the middle of the
+    interval of reals each site allows (its parameter minus its product, +- half a step of the
+    parameter's dtype)."""
     dtype = params[0].dtype
     low, high = np.full(params[0].shape, -np.inf), np.full(params[0].shape, np.inf)
     for param, product in zip(params, products, strict=True):

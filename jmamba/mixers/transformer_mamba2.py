@@ -41,8 +41,12 @@ adapter as loaded, and each shared kernel as the one tensor W whose fold with ev
 adapter gives that site's parameter bit for bit (`jmamba.folding.lora_unfold`). That W is the
 checkpoint's own unless several tensors fold to the same parameters (where |B A| >> |W| the fold
 rounds away W's last bits); the writer then picks another of them, so a written model reloads to
-the same parameters but its shared kernel may differ from the checkpoint's in those bits. A model
-whose use sites were changed so that no one W fits them all writes the W of the first use site.
+the same parameters but its shared kernel may differ from the checkpoint's in those bits (by at
+most one step of the parameter's dtype). Parameters that are not the fold of one W (a fresh model,
+one changed after loading, or one cast to bf16 after loading in fp32, whose adapters are rounded
+after the fold) cannot all come back: the writer writes the W nearest to the first use site's
+parameter minus its adapter, which reads back as that parameter or within a step or two of it,
+and the block's later use sites come back as that W with their own adapters folded in.
 The other shared tensors (norms, o_proj, down_proj) are copied unchanged and written from the
 first use site.
 

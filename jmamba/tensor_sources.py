@@ -349,11 +349,11 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
         mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
         if mixer.reads_embeddings:  # it norms its own inputs: no mixer_norm
             mixer_src = _transformer_mamba2_sources(cfg, i)
-        elif mixer != Mixer.NONE:
-            src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
-            mixer_src = _mixer_sources(mixer, mixer_hf, cfg)
-        if mixer != Mixer.NONE:
-            src.update({("layers", i, "mixer", *k): v for k, v in mixer_src.items()})
+        else:
+            mixer_src = _mixer_sources(mixer, mixer_hf, cfg)  # none for Mixer.NONE
+            if mixer != Mixer.NONE:
+                src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
+        src.update({("layers", i, "mixer", *k): v for k, v in mixer_src.items()})
         if ffn != Ffn.NONE:
             src[("layers", i, "ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
             src.update(

@@ -11,7 +11,8 @@ With x the residual stream entering the layer and e the token embeddings of the 
 The block has no residual of its own, and t reaches the residual stream only through the Mamba2
 mixer's input; so the mixer norms its own inputs and reads the embeddings (`Mixer.reads_embeddings`:
 `jmamba.model.Layer` hands it x and e instead of a normed x). Its state is the attention's KV
-blocks and the Mamba2 state slot (`ParallelHybridCache`: the same two states as Falcon-H1's layer).
+blocks and the Mamba2 state slot (`ParallelHybridCache`: the same two states as Falcon-H1's
+layer); each use site of a shared block keeps KV blocks of its own, as transformers' cache does.
 
 Shared weights, folded per use site. A Zamba2 checkpoint holds `num_mem_blocks` transformer blocks
 (`jmamba.config.SharedBlockConfig`); the j-th hybrid layer uses block j % num_mem_blocks, plus its
@@ -34,25 +35,26 @@ graph and running the adapters unfolded would save that memory for about 6% more
 (r / H); we chose plain per-layer parameters because the loader, `cast`, the writer and tensor
 parallelism then treat this kind like every other.
 
-The adapters are kept beside their kernels (`LoraFactors`, zero for a fresh model; per site
-r (H + 2I), plus 12 r H with attention adapters: 33 M / 27 M / 54-125 M parameters for the three
-models), never read by the step, so that `save_pretrained` writes the checkpoint back: each
-adapter as loaded, and each shared kernel as the one tensor W whose fold with every use site's
-adapter gives that site's parameter bit for bit (`jmamba.folding.lora_unfold`). That W is the
-checkpoint's own unless several tensors fold to the same parameters (where |B A| >> |W| the fold
-rounds away W's last bits); the writer then picks another of them, so a written model reloads to
-the same parameters but its shared kernel may differ from the checkpoint's in those bits (by at
-most one step of the parameter's dtype). Parameters that are not the fold of one W (a fresh model,
-one changed after loading, or one cast to bf16 after loading in fp32, whose adapters are rounded
-after the fold) cannot all come back: the writer writes the W nearest to the first use site's
-parameter minus its adapter, which reads back as that parameter or within a step or two of it,
-and the block's later use sites come back as that W with their own adapters folded in.
-The other shared tensors (norms, o_proj, down_proj) are copied unchanged and written from the
-first use site.
+The adapters are kept beside their kernels (`LoraFactors`, zero for a fresh model; per site r (H +
+2I), plus 12 r H with attention adapters: 33 M parameters for the 1.2B with them, 27 M for the 2.7B
+without, 54 M or 125 M for the 7B without or with), never read by the step, so that
+`save_pretrained` writes the checkpoint back: each adapter as loaded, and each shared kernel as the
+one tensor W whose fold with every use site's adapter gives that site's parameter bit for bit
+(`jmamba.folding.lora_unfold`). That W is the checkpoint's own unless several tensors fold to the
+same parameters (where |B A| >> |W| the fold rounds away W's last bits); the writer then picks
+another of them, so a written model reloads to the same parameters but its shared kernel may differ
+from the checkpoint's in those bits (by at most one step of the parameter's dtype). Parameters that
+are not the fold of one W (a fresh model, one changed after loading, or one cast to bf16 after
+loading in fp32, whose adapters are rounded after the fold) cannot all come back: the writer writes
+the W nearest to the first use site's parameter minus its adapter, which reads back as that
+parameter or within a step or two of it, and the block's later use sites come back as that W with
+their own adapters folded in. The other shared tensors (norms, o_proj, down_proj) are copied
+unchanged and written from the first use site.
 
 Tensor parallelism (not built yet; one all-reduce per part, three per layer): the attention splits
-q_proj's, k_proj's and v_proj's columns by head (Zamba2 has as many KV heads as query heads) and
-o_proj's rows by head, the KV cache its kv-heads axis; the MLP splits gate_up's columns by
+q_proj's columns by query head, k_proj's and v_proj's by KV head (replicated where there are fewer
+than `tp`; with attention adapters there are as many as query heads) and o_proj's rows by head,
+the KV cache its kv-heads axis; the MLP splits gate_up's columns by
 intermediate channel, gate and up alike (the kernel viewed as [H, 2, I], its last axis split) and
 down_proj's rows the same way. The 2H norm, `linear` [H, H] and the mamba norm act on the replicated
 residual stream and stay replicated, as do the LoRA factors (or they stay on the host: the step

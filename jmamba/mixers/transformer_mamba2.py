@@ -35,9 +35,9 @@ graph and running the adapters unfolded would save that memory for about 6% more
 (r / H); we chose plain per-layer parameters because the loader, `cast`, the writer and tensor
 parallelism then treat this kind like every other.
 
-The adapters are kept beside their kernels (`LoraFactors`, zero for a fresh model; per site r (H +
-2I), plus 12 r H with attention adapters: 33 M parameters for the 1.2B with them, 27 M for the 2.7B
-without, 54 M or 125 M for the 7B without or with), never read by the step, so that
+The adapters are kept beside their kernels (`LoraFactors`, zero for a fresh model; per site
+r (H + 2I), plus 12 r H with attention adapters: 33 M parameters for the 1.2B with them, 27 M for
+the 2.7B without, 54 M or 125 M for the 7B without or with), never read by the step, so that
 `save_pretrained` writes the checkpoint back: each adapter as loaded, and each shared kernel as the
 one tensor W whose fold with every use site's adapter gives that site's parameter bit for bit
 (`jmamba.folding.lora_unfold`). That W is the checkpoint's own unless several tensors fold to the

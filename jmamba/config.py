@@ -321,6 +321,10 @@ class ModelConfig:
     itself, so neither scale can live in it. Those inside a layer's linear maps are `multipliers`,
     folded into the weights at load time (`jmamba.folding`). Under tensor parallelism each is the
     same scalar on every shard (scaling commutes with the shards' all-reduce or gather).
+
+    One config per layer kind in use: `attention`, `mamba2`, `gdn` for the mixers (a parallel
+    hybrid layer uses `attention` and `mamba2`; a transformer + Mamba2 layer those and
+    `shared_block`, its block's MLP and adapters), `mlp`, `moe` for the FFNs.
     """
 
     architecture: str

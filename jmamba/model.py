@@ -1,7 +1,9 @@
 """`HybridLM`: embedding, a stack of layers whose kinds are data, final norm, LM head.
 
 Each layer is an optional token mixer and an optional feed-forward block, each pre-normed with a
-residual connection. The model is a pure function of its inputs and caches:
+residual connection; every layer also gets the token embeddings, which only a mixer kind that
+reads them uses (`Mixer.reads_embeddings`: Zamba2's transformer block over [x | embeddings]). The
+model is a pure function of its inputs and caches:
 `logits, caches = model(inputs, caches)`; the runtime splits it once (`nnx.split`) and jits
 `step(params, caches, inputs)` with the caches donated.
 """

@@ -26,9 +26,7 @@ class Mixer(enum.StrEnum):
     MAMBA2 = "mamba2"
     GDN = "gdn"
     PARALLEL_HYBRID = "parallel_hybrid"  # attention and Mamba2 on the same input, outputs summed
-    # Zamba2's hybrid layer: a transformer block over [x | embeddings] whose output joins the input
-    # of a Mamba2 mixer (`jmamba.mixers.transformer_mamba2`).
-    TRANSFORMER_MAMBA2 = "transformer_mamba2"
+    TRANSFORMER_MAMBA2 = "transformer_mamba2"  # Zamba2's: a transformer block feeding Mamba2
 
     @property
     def uses_kv_cache(self) -> bool:
@@ -321,10 +319,7 @@ class ModelConfig:
     itself, so neither scale can live in it. Those inside a layer's linear maps are `multipliers`,
     folded into the weights at load time (`jmamba.folding`). Under tensor parallelism each is the
     same scalar on every shard (scaling commutes with the shards' all-reduce or gather).
-
-    One config per layer kind in use: `attention`, `mamba2`, `gdn` for the mixers (a parallel
-    hybrid layer uses `attention` and `mamba2`; a transformer + Mamba2 layer those and
-    `shared_block`, its block's MLP and adapters), `mlp`, `moe` for the FFNs.
+    One config per layer kind in use (`__post_init__`'s `needs` says which kind reads which).
     """
 
     architecture: str

@@ -1,8 +1,8 @@
 """Model configuration: one frozen dataclass per layer kind, the hybrid pattern as data.
 
 A model is a stack of layers; each layer is an optional token mixer (attention, Mamba2, Gated
-DeltaNet, or attention and Mamba2 side by side) and an optional feed-forward block (dense MLP or
-MoE), each pre-normed with a residual.
+DeltaNet, attention and Mamba2 side by side, or a transformer block feeding a Mamba2 mixer) and an
+optional feed-forward block (dense MLP or MoE), each pre-normed with a residual.
 `jmamba.families` turns a Hugging Face `config.json` into a `ModelConfig`.
 """
 
@@ -26,16 +26,28 @@ class Mixer(enum.StrEnum):
     MAMBA2 = "mamba2"
     GDN = "gdn"
     PARALLEL_HYBRID = "parallel_hybrid"  # attention and Mamba2 on the same input, outputs summed
+    TRANSFORMER_MAMBA2 = "transformer_mamba2"  # Zamba2's: a transformer block feeding Mamba2
 
     @property
     def uses_kv_cache(self) -> bool:
         """Whether a layer of this kind keeps KV blocks."""
-        return self in (Mixer.ATTENTION, Mixer.PARALLEL_HYBRID)
+        return self in (Mixer.ATTENTION, Mixer.PARALLEL_HYBRID, Mixer.TRANSFORMER_MAMBA2)
 
     @property
     def uses_state(self) -> bool:
         """Whether a layer of this kind keeps a recurrent state in a slot."""
-        return self in (Mixer.MAMBA2, Mixer.GDN, Mixer.PARALLEL_HYBRID)
+        return self in (Mixer.MAMBA2, Mixer.GDN, Mixer.PARALLEL_HYBRID, Mixer.TRANSFORMER_MAMBA2)
+
+    @property
+    def uses_mamba2(self) -> bool:
+        """Whether a layer of this kind runs a Mamba2 mixer (and so its prefill chunks)."""
+        return self in (Mixer.MAMBA2, Mixer.PARALLEL_HYBRID, Mixer.TRANSFORMER_MAMBA2)
+
+    @property
+    def reads_embeddings(self) -> bool:
+        """Whether the mixer takes the un-normed residual stream and the token embeddings (and
+        norms its inputs itself) instead of the layer's normed input."""
+        return self == Mixer.TRANSFORMER_MAMBA2
 
 
 class Ffn(enum.StrEnum):
@@ -98,7 +110,8 @@ class Mamba2Config:
     `gate_norm` is how the SSM output y meets the gate z before out_proj, the norm an RMSNorm over
     groups of d_inner / n_groups channels with a weight of d_inner: "gate_then_norm"
     `norm(y * silu(z))` (Mamba2, NemotronH), "norm_then_gate" `norm(y) * silu(z)`, "gate_only"
-    `y * silu(z)` with no norm (Falcon-H1 without `mamba_rms_norm`).
+    `y * silu(z)` with no norm (Falcon-H1 without `mamba_rms_norm`). `gate_norm_eps` is that
+    norm's epsilon, None for the model's `norm_eps` (Zamba2 fixes it at 1e-5).
     """
 
     num_heads: int
@@ -110,6 +123,7 @@ class Mamba2Config:
     conv_bias: bool = True
     dt_limit: tuple[float, float] = (0.0, math.inf)
     gate_norm: str = "gate_then_norm"
+    gate_norm_eps: float | None = None
     # The prefill scan kernel (`pallas_kernels.ssd.chunk_scan`): a property of the model, never of
     # the batch, so a request's prefill output does not depend on what shares its step.
     scan_algorithm: str = "sequential"
@@ -220,6 +234,34 @@ class MoeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SharedBlockConfig:
+    """The transformer block of a `Mixer.TRANSFORMER_MAMBA2` layer (Zamba2's shared block).
+
+    Over the concatenation [x | embeddings] (2 x hidden wide): RMSNorm, attention
+    (`ModelConfig.attention`, its output hidden wide), RMSNorm, a gated MLP whose gate and up
+    projections are one [hidden, 2 x intermediate_size] kernel (`activation`: "gelu" or "silu" on
+    the gate). The checkpoint holds `num_blocks` such blocks, the j-th TRANSFORMER_MAMBA2 layer
+    using block j % num_blocks, with a rank-`adapter_rank` LoRA adapter of its own on gate | up
+    and, when `attention_adapters`, on q, k and v; the loader folds each adapter into its layer's
+    copy of the block (`jmamba.mixers.transformer_mamba2`).
+    """
+
+    num_blocks: int
+    intermediate_size: int
+    adapter_rank: int
+    attention_adapters: bool
+    activation: str = "gelu"
+
+    def __post_init__(self) -> None:
+        _require(self.num_blocks >= 1, f"num_mem_blocks={self.num_blocks} must be >= 1")
+        _require(self.adapter_rank >= 1, f"adapter_rank={self.adapter_rank} must be >= 1")
+        _require(
+            self.activation in ("gelu", "silu"),
+            f"shared block activation={self.activation!r} must be 'gelu' or 'silu'",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class WeightMultipliers:
     """Constant multipliers of a checkpoint (Falcon-H1's muP ones), folded into the weights at load
     time (`jmamba.weights`): the model holds `multiplier x weight` and never reads these fields, so
@@ -277,6 +319,7 @@ class ModelConfig:
     itself, so neither scale can live in it. Those inside a layer's linear maps are `multipliers`,
     folded into the weights at load time (`jmamba.folding`). Under tensor parallelism each is the
     same scalar on every shard (scaling commutes with the shards' all-reduce or gather).
+    One config per layer kind in use (`__post_init__`'s `needs` says which kind reads which).
     """
 
     architecture: str
@@ -297,6 +340,7 @@ class ModelConfig:
     gdn: GDNConfig | None = None
     mlp: MlpConfig | None = None
     moe: MoeConfig | None = None
+    shared_block: SharedBlockConfig | None = None
     multipliers: WeightMultipliers = WeightMultipliers()
 
     def __post_init__(self) -> None:
@@ -319,6 +363,7 @@ class ModelConfig:
             Mixer.MAMBA2: ("mamba2",),
             Mixer.GDN: ("gdn",),
             Mixer.PARALLEL_HYBRID: ("attention", "mamba2"),
+            Mixer.TRANSFORMER_MAMBA2: ("attention", "mamba2", "shared_block"),
             Ffn.MLP: ("mlp",),
             Ffn.MOE: ("moe",),
         }
@@ -345,7 +390,7 @@ class ModelConfig:
     def chunk_size(self) -> int:
         """Prefill chunks must end on absolute multiples of this (the recurrent kernels' chunk)."""
         sizes = [1]
-        if Mixer.MAMBA2 in self.mixers or Mixer.PARALLEL_HYBRID in self.mixers:
+        if any(kind.uses_mamba2 for kind in self.mixers):
             sizes.append(self.mamba2.chunk_size)
         if Mixer.GDN in self.mixers:
             sizes.append(GDN_CHUNK_SIZE)

@@ -3,8 +3,8 @@
 The layer pattern comes from the config's own fields: `layers_block_type` (NemotronH), `layer_types`
 plus `mlp_only_layers` / `decoder_sparse_step` (Qwen3-Next), `layer_types` (Qwen3.5), nothing
 (Mamba2: every layer is a Mamba2 mixer; Falcon-H1: every layer is attention beside Mamba2, then an
-MLP); Bamba's and Granite-4.0-H's adapters are in `jmamba.ibm_families`, the field readers all
-adapters share in `jmamba.hf_fields`.
+MLP); Bamba's and Granite-4.0-H's adapters are in `jmamba.ibm_families`, Zamba2's in
+`jmamba.zamba_family`, the field readers all adapters share in `jmamba.hf_fields`.
 
 Qwen3.5 as published is a multimodal wrapper (`Qwen3_5ForConditionalGeneration`,
 `Qwen3_5MoeForConditionalGeneration`, see `WRAPPERS`): we read its text model, whose config is
@@ -33,6 +33,7 @@ from jmamba.config import (
 )
 from jmamba.hf_fields import HFConfig, _check_no_bias, _common, _decode_float, _eos_ids, _get
 from jmamba.ibm_families import bamba, granite_moe_hybrid
+from jmamba.zamba_family import zamba2
 
 
 def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
@@ -322,6 +323,7 @@ FAMILIES: dict[str, Callable[[HFConfig], ModelConfig]] = {
     "FalconH1ForCausalLM": falcon_h1,
     "BambaForCausalLM": bamba,
     "GraniteMoeHybridForCausalLM": granite_moe_hybrid,
+    "Zamba2ForCausalLM": zamba2,
 }
 # Multimodal wrappers -> the class of their text model. We serve the text model: its config is the
 # wrapper's `text_config`, its tensors are under `model.language_model.` (`lm_head.` at the top),

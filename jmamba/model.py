@@ -1,7 +1,9 @@
 """`HybridLM`: embedding, a stack of layers whose kinds are data, final norm, LM head.
 
 Each layer is an optional token mixer and an optional feed-forward block, each pre-normed with a
-residual connection. The model is a pure function of its inputs and caches:
+residual connection; every layer also gets the token embeddings, which only a mixer kind that
+reads them uses (`Mixer.reads_embeddings`: Zamba2's transformer block over [x | embeddings]). The
+model is a pure function of its inputs and caches:
 `logits, caches = model(inputs, caches)`; the runtime splits it once (`nnx.split`) and jits
 `step(params, caches, inputs)` with the caches donated.
 """
@@ -22,6 +24,7 @@ from jmamba.mixers.attention import Attention, KVCache
 from jmamba.mixers.gated_deltanet import GatedDeltaNet, GDNState
 from jmamba.mixers.mamba2 import Mamba2, Mamba2State
 from jmamba.mixers.parallel_hybrid import ParallelHybrid, ParallelHybridCache
+from jmamba.mixers.transformer_mamba2 import TransformerMamba2
 
 LayerCache = KVCache | Mamba2State | GDNState | ParallelHybridCache | None
 
@@ -51,6 +54,10 @@ def _make_mixer(config: ModelConfig, kind: Mixer, rngs: nnx.Rngs) -> nnx.Module 
             return ParallelHybrid(
                 hidden, config.attention, config.mamba2, eps, config.norm_offset, rngs=rngs
             )
+        case Mixer.TRANSFORMER_MAMBA2:
+            return TransformerMamba2(
+                hidden, config.attention, config.mamba2, config.shared_block, eps, rngs=rngs
+            )
         case Mixer.NONE:
             return None
 
@@ -69,24 +76,31 @@ def _make_ffn(config: ModelConfig, kind: Ffn, rngs: nnx.Rngs) -> nnx.Module | No
 
 class Layer(nnx.Module):
     """`x += r * mixer(norm(x))`, then `x += r * ffn(norm(x))`, each part present or not; r is
-    `ModelConfig.residual_multiplier` (1.0 but in Granite)."""
+    `ModelConfig.residual_multiplier` (1.0 but in Granite). A mixer that reads the embeddings
+    (`Mixer.reads_embeddings`) gets x itself and the embeddings, and norms its inputs itself."""
 
     def __init__(self, config: ModelConfig, mixer: Mixer, ffn: Ffn, *, rngs: nnx.Rngs):
         norm = lambda: RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)  # noqa: E731
         self.residual_multiplier = config.residual_multiplier
-        self.mixer_norm = norm() if mixer != Mixer.NONE else None
+        self.reads_embeddings = mixer.reads_embeddings
+        has_norm = mixer != Mixer.NONE and not mixer.reads_embeddings
+        self.mixer_norm = norm() if has_norm else None
         self.mixer = _make_mixer(config, mixer, rngs)
         self.ffn_norm = norm() if ffn != Ffn.NONE else None
         self.ffn = _make_ffn(config, ffn, rngs)
 
     def __call__(
-        self, x: jax.Array, cache: LayerCache, inputs: StepInputs
+        self, x: jax.Array, cache: LayerCache, inputs: StepInputs, embeddings: jax.Array
     ) -> tuple[jax.Array, LayerCache]:
+        """x and embeddings [T, hidden] (the embeddings as the first layer got them)."""
         # Named scopes tag every HLO op with its part, so a profile splits the step's device time
         # by part (benchmarks/profile_engine.py); they cost nothing at run time.
         if self.mixer is not None:
             with jax.named_scope(f"mixer_{type(self.mixer).__name__}"):
-                y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
+                if self.reads_embeddings:
+                    y, cache = self.mixer(x, embeddings, cache, inputs)
+                else:
+                    y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
             x = x + y * self.residual_multiplier
         if self.ffn is not None:
             with jax.named_scope(f"ffn_{type(self.ffn).__name__}"):
@@ -142,7 +156,7 @@ class HybridLM(nnx.Module):
                     return Mamba2State.zeros(cfg.mamba2, num_slots, dtype, state_dtype)
                 case Mixer.GDN:
                     return GDNState.zeros(cfg.gdn, num_slots, dtype, state_dtype)
-                case Mixer.PARALLEL_HYBRID:
+                case Mixer.PARALLEL_HYBRID | Mixer.TRANSFORMER_MAMBA2:
                     return ParallelHybridCache.zeros(
                         cfg.attention,
                         cfg.mamba2,
@@ -162,9 +176,10 @@ class HybridLM(nnx.Module):
     ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
         """Run one step; returns fp32 logits at `inputs.logits_indices` and the new caches."""
         x = rows_or_zeros(self.embed[...], inputs.token_ids) * self.config.embedding_multiplier
+        embeddings = x  # every layer gets them; only `Mixer.reads_embeddings` kinds read them
         new_caches = []
         for layer, cache in zip(self.layers, caches, strict=True):
-            x, cache = layer(x, cache, inputs)
+            x, cache = layer(x, cache, inputs, embeddings)
             new_caches.append(cache)
         with jax.named_scope("lm_head"):
             return self._logits(rows_or_zeros(x, inputs.logits_indices)), tuple(new_caches)

@@ -5,7 +5,8 @@ NemotronH and Mamba2 live under `backbone.`, the Qwen3.5 multimodal wrappers' te
 `model.language_model.`, the rest under `model.`; one tensor per expert (but Granite's stacked
 experts and fused gate | up, which transformers keeps on disk); HF linear weights are [out, in],
 ours [in, out]. Falcon-H1's constant multipliers inside a layer are folded into the weights here
-(`jmamba.folding`).
+(`jmamba.folding`), and so are Zamba2's LoRA adapters, into each use site's copy of a shared
+transformer block (`jmamba.mixers.transformer_mamba2`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.families import WRAPPERS
-from jmamba.folding import mamba2_in_proj_scale, scaled
+from jmamba.folding import lora_fold, lora_product, lora_unfold, mamba2_in_proj_scale, scaled
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
 
 Path_ = tuple[str | int, ...]
@@ -27,12 +28,16 @@ class Source(NamedTuple):
     """The HF tensors of one parameter: `build(*tensors)` is the parameter and `split(param)`
     gives the tensors back, in the order of `names`. `piece` = (axis, index) when the tensors hold
     this parameter as piece `index` along `axis` beside other parameters' pieces (Granite's fused
-    gate | up): `split` gives the piece and the writer concatenates the pieces in index order."""
+    gate | up): `split` gives the piece and the writer concatenates the pieces in index order.
+    `joint` lists other parameters whose values `split` needs after this one's,
+    `split(param, *joint values)` (a Zamba2 shared kernel: every use site's folded copy and
+    adapter)."""
 
     names: tuple[str, ...]
     build: Callable[..., np.ndarray]
-    split: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+    split: Callable[..., tuple[np.ndarray, ...]]
     piece: tuple[int, int] | None = None
+    joint: tuple[Path_, ...] = ()
 
 
 def _same(name: str) -> Source:
@@ -243,6 +248,8 @@ def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
             f"{layer}.pre_ff_layernorm",
             f"{layer}.feed_forward",
         )
+    if cfg.architecture == _ZAMBA2:  # no FFN; hybrid layers: _transformer_mamba2_sources
+        return f"{layer}.input_layernorm", f"{layer}.mamba", "", ""
     if cfg.architecture in _IBM_LAYERS:
         norm, ffn = _IBM_LAYERS[cfg.architecture]
         mixer = "self_attn" if cfg.mixers[i] == Mixer.ATTENTION else "mamba"
@@ -256,9 +263,74 @@ def _layer_names(cfg: ModelConfig, i: int) -> tuple[str, str, str, str]:
     )
 
 
+_ZAMBA2 = "Zamba2ForCausalLM"
+# Zamba2's adapted kernels of a shared block: (our module path, our adapter, HF kernel, HF adapter
+# list prefix), under the block's `shared_transformer.`; q, k, v only with attention adapters.
+_ADAPTED_ATTENTION = tuple(
+    (("attention", f"{p}_proj"), f"{p}_adapter", f"self_attn.{p}_proj", f"self_attn.linear_{p}")
+    for p in "qkv"
+)
+_ADAPTED_MLP = (("mlp", "gate_up_proj"), "gate_up_adapter", *(["feed_forward.gate_up_proj"] * 2))
+
+
+def _shared_kernel(
+    weight: str, lora: tuple[str, str], joint: tuple[Path_, ...], own: int
+) -> Source:
+    """A shared kernel at one use site with the site's adapter `lora` (down, up) folded in; `joint`
+    holds (kernel, down, up) of every use site of the block, this one at position `own`."""
+
+    def split(_: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, ...]:
+        kernels, downs, ups = values[0::3], values[1::3], values[2::3]
+        shared = lora_unfold(
+            list(kernels), [lora_product(d, u) for d, u in zip(downs, ups, strict=True)]
+        )
+        return shared.T, downs[own].T, ups[own].T
+
+    build = lambda w, a, b: lora_fold(w.T, a.T, b.T)  # noqa: E731
+    return Source((f"{weight}.weight", *lora), build, split, joint=joint)
+
+
+def _transformer_mamba2_sources(cfg: ModelConfig, i: int) -> dict[Path_, Source]:
+    """Zamba2's hybrid layer i: the j-th hybrid layer uses shared block j % num_mem_blocks, whose
+    tensors (and every use site's adapters, numbered j) lie under the block's first use site; the
+    layer's own `linear` and Mamba2 mixer (`mamba_decoder`) under it."""
+    hybrid = [k for k, m in enumerate(cfg.mixers) if m == Mixer.TRANSFORMER_MAMBA2]
+    block = cfg.shared_block
+    j = hybrid.index(i)
+    sites = hybrid[j % block.num_blocks :: block.num_blocks]
+    shared, layer = f"model.layers.{sites[0]}.shared_transformer", f"model.layers.{i}"
+    src = {
+        ("block_norm", "weight"): _same(f"{shared}.input_layernorm.weight"),
+        ("attention", "o_proj", "kernel"): _linear(f"{shared}.self_attn.o_proj"),
+        ("ffn_norm", "weight"): _same(f"{shared}.pre_ff_layernorm.weight"),
+        ("mlp", "down_proj", "kernel"): _linear(f"{shared}.feed_forward.down_proj"),
+        ("linear", "kernel"): _linear(f"{layer}.linear"),
+        ("mamba_norm", "weight"): _same(f"{layer}.mamba_decoder.input_layernorm.weight"),
+    }
+    mamba = _mixer_sources(Mixer.MAMBA2, f"{layer}.mamba_decoder.mamba", cfg)
+    src.update({("mamba2", *k): v for k, v in mamba.items()})
+    adapted = (*_ADAPTED_ATTENTION, _ADAPTED_MLP) if block.attention_adapters else (_ADAPTED_MLP,)
+    if not block.attention_adapters:
+        src.update({(*m, "kernel"): _linear(f"{shared}.{w}") for m, _, w, _ in _ADAPTED_ATTENTION})
+    for module, adapter, weight, lora in adapted:
+        names = tuple(f"{shared}.{lora}_adapter_list.{j}.{k}" for k in (0, 1))
+        joint = tuple(
+            ("layers", s, "mixer", *path)
+            for s in sites
+            for path in ((*module, "kernel"), (adapter, "down"), (adapter, "up"))
+        )
+        own = sites.index(i)
+        src[(*module, "kernel")] = _shared_kernel(
+            f"{shared}.{weight}", tuple(f"{n}.weight" for n in names), joint, own
+        )
+        src[(adapter, "down")], src[(adapter, "up")] = (_linear(n) for n in names)
+    return src
+
+
 _FINAL_NORMS = {
     "FalconH1ForCausalLM": "model.final_layernorm.weight",
     "BambaForCausalLM": "model.final_layernorm.weight",
+    "Zamba2ForCausalLM": "model.final_layernorm.weight",
 }
 
 
@@ -275,14 +347,13 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
         src[("lm_head", "kernel")] = _linear("lm_head")
     for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
         mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
-        if mixer != Mixer.NONE:
-            src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
-            src.update(
-                {
-                    ("layers", i, "mixer", *k): v
-                    for k, v in _mixer_sources(mixer, mixer_hf, cfg).items()
-                }
-            )
+        if mixer.reads_embeddings:  # it norms its own inputs: no mixer_norm
+            mixer_src = _transformer_mamba2_sources(cfg, i)
+        else:
+            mixer_src = _mixer_sources(mixer, mixer_hf, cfg)  # none for Mixer.NONE
+            if mixer != Mixer.NONE:
+                src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
+        src.update({("layers", i, "mixer", *k): v for k, v in mixer_src.items()})
         if ffn != Ffn.NONE:
             src[("layers", i, "ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
             src.update(

@@ -131,20 +131,23 @@ def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str,
     came from a checkpoint or initialisation, see the module docstring). Experts are written one
     tensor each (as transformers' `save_pretrained` writes them), packed ones included; a
     multimodal wrapper's model is written without the tensors loading skipped (its vision tower).
+    Zamba2's shared blocks, copied into each use site with its adapter folded in, are written
+    once (`jmamba.mixers.transformer_mamba2` says what comes back).
     """
     if from_hf_config(hf_config) != model.config:
         raise ValueError(
             f"hf_config describes {from_hf_config(hf_config)}, not the model's {model.config}"
         )
     sources = tensor_sources(model.config)
+    values = {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
     tensors: dict[str, np.ndarray] = {}
     pieces: dict[str, dict[int, np.ndarray]] = {}
-    for path, variable in nnx.to_flat_state(nnx.state(model)):
+    for path, value in values.items():
         source = sources[path]
-        parts = source.split(np.asarray(variable.get_value()))
+        parts = source.split(value, *(values[p] for p in source.joint))
         for name, part in zip(source.names, parts, strict=True):
-            if source.piece is None:
-                tensors[name] = np.ascontiguousarray(part)
+            if source.piece is None:  # a tensor several parameters copy: the first one's
+                tensors.setdefault(name, np.ascontiguousarray(part))
             else:
                 pieces.setdefault(name, {})[source.piece[1]] = part
     axes = {n: s.piece[0] for s in sources.values() if s.piece is not None for n in s.names}

@@ -2,7 +2,8 @@
 
 For each fixture of `fixture_runs.ALL` (the five with power-of-two dims, the five `*_odd` ones,
 Falcon-H1's two with attention beside Mamba2 in every layer and muP multipliers, the four Bamba /
-Granite-4.0-H ones and the two Qwen3.5 checkpoints as published, `*_vl`): the full forward over
+Granite-4.0-H ones, the two Qwen3.5 checkpoints as published, `*_vl`, and Zamba2's two with
+shared transformer blocks feeding Mamba2): the full forward over
 both sequences, the chunked prefill + decode logits of the fixture's chunk schedule, and the final
 conv / recurrent states, each as one `Check` with its max |delta| (pass at <= 1e-4, fp32 weights;
 the model's fp32 matmuls run at HIGHEST precision, so the GPU needs no looser tolerance than the

@@ -1,4 +1,5 @@
-"""Dense feed-forward blocks: SwiGLU (gate, up, down) and NemotronH's relu^2 (up, down)."""
+"""Dense feed-forward blocks: SwiGLU (gate, up, down), NemotronH's relu^2 (up, down), and a
+gated MLP with gate and up in one kernel (Zamba2's shared block, whose LoRA adapter spans both)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,20 @@ class MLP(nnx.Module):
         if self.gated:
             return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(relu2(self.up_proj(x)))
+
+
+_GATE_ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=False), "silu": jax.nn.silu}
+
+
+class GateUpMLP(nnx.Module):
+    """`down(act(g) * u)` with `[g | u] = x gate_up`: gate_up [hidden, 2 x intermediate] (the gate's
+    columns first), down [intermediate, hidden]; `activation` "gelu" (exact, erf) or "silu"."""
+
+    def __init__(self, hidden: int, intermediate: int, activation: str, *, rngs: nnx.Rngs):
+        self.activation = activation
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, rngs=rngs)
+        self.down_proj = Linear(intermediate, hidden, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(_GATE_ACTIVATIONS[self.activation](gate) * up)

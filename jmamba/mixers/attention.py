@@ -52,7 +52,8 @@ class KVCache:
 
 
 class Attention(nnx.Module):
-    """Multi-head (grouped-query) attention reading and writing a paged KV cache."""
+    """Multi-head (grouped-query) attention reading and writing a paged KV cache: [T, hidden] in,
+    [T, out_features] out (`hidden` where None; Zamba2's block maps 2 x hidden to hidden)."""
 
     def __init__(
         self,
@@ -62,13 +63,14 @@ class Attention(nnx.Module):
         norm_offset: float,
         *,
         rngs: nnx.Rngs,
+        out_features: int | None = None,
     ):
         self.cfg = cfg
         q_width = cfg.num_heads * cfg.head_dim * (2 if cfg.output_gate else 1)
         self.q_proj = Linear(hidden, q_width, rngs=rngs)
         self.k_proj = Linear(hidden, cfg.num_kv_heads * cfg.head_dim, rngs=rngs)
         self.v_proj = Linear(hidden, cfg.num_kv_heads * cfg.head_dim, rngs=rngs)
-        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, hidden, rngs=rngs)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, out_features or hidden, rngs=rngs)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, norm_eps, norm_offset)
             self.k_norm = RMSNorm(cfg.head_dim, norm_eps, norm_offset)

@@ -108,7 +108,7 @@ class Mamba2(nnx.Module):
         a_log = np.log(np.arange(1, cfg.num_heads + 1, dtype=np.float32))
         self.A = Fp32Param(jnp.asarray(a_from_log(a_log)))
         self.D = Fp32Param(jnp.ones((cfg.num_heads,), jnp.float32))
-        self.norm = gate_norm(cfg, norm_eps)
+        self.norm = gate_norm(cfg, norm_eps if cfg.gate_norm_eps is None else cfg.gate_norm_eps)
         self.out_proj = Linear(cfg.d_inner, hidden, rngs=rngs)
 
     def _conv_args(self) -> tuple[jax.Array, jax.Array | None]:

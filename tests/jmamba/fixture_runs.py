@@ -36,7 +36,10 @@ FALCON_H1 = ("falcon_h1", "falcon_h1_odd")  # attention beside Mamba2 in every l
 IBM = ("bamba", "bamba_odd", "granite_h", "granite_h_odd")  # Mamba2 + attention; Granite with MoE
 # Qwen3.5 as published: the multimodal wrappers (vision tower skipped), odd dims, text-only input.
 VL = ("qwen3_5_vl", "qwen3_5_moe_vl")
-ALL = ORIGINAL + ODD + FALCON_H1 + IBM + VL
+# Zamba2: Mamba2 layers and hybrid ones (2 shared transformer blocks, each used at 2+ layers, LoRA
+# adapters on q, k, v and gate | up at every use site).
+ZAMBA2 = ("zamba2", "zamba2_odd")
+ALL = ORIGINAL + ODD + FALCON_H1 + IBM + VL + ZAMBA2
 BLOCK, NUM_SLOTS = 16, 8
 SLOT_A, SLOT_B = 3, 6
 SPARE_BLOCKS = 3  # never owned by a request: they only hold garbage
@@ -195,12 +198,13 @@ def run_chunked(fx: Fixture) -> tuple[list[Comparison], Any]:
 
 def recurrent_layers(fx: Fixture) -> list[int]:
     """Our indices of the layers with a recurrent state (HF's `recurrent_layers` must be the
-    same): Mamba2, GDN and parallel hybrid ones."""
+    same): Mamba2, GDN, parallel hybrid and transformer + Mamba2 ones."""
     return [i for i, m in enumerate(fx.model.config.mixers) if m.uses_state]
 
 
 def recurrent_state(cache: Any) -> Any:
-    """A recurrent layer's state: its cache, or a parallel hybrid layer's Mamba2 half."""
+    """A recurrent layer's state: its cache, or the Mamba2 half of a layer that also keeps KV
+    blocks (parallel hybrid, transformer + Mamba2)."""
     return cache.state if isinstance(cache, ParallelHybridCache) else cache
 
 

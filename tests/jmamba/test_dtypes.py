@@ -23,7 +23,16 @@ FAMILIES = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_f
 # Written out here, apart from the `Fp32Param` declarations they check: the parameters fp32 math
 # reads, by their path in the model.
 FP32_LEAVES = {"A", "A_log", "D", "dt_bias", "conv_weight", "conv_bias", "router_bias"}
-NORMS = {"mixer_norm", "ffn_norm", "final_norm", "norm", "q_norm", "k_norm"}
+NORMS = {
+    "mixer_norm",
+    "ffn_norm",
+    "final_norm",
+    "norm",
+    "q_norm",
+    "k_norm",
+    "block_norm",
+    "mamba_norm",
+}
 
 
 def wants_fp32(path: tuple) -> bool:

@@ -6,7 +6,9 @@ dims, groups and channel counts and 181 / 65 tokens (several kernel chunks plus 
 boundaries off the kernel chunk grid), Falcon-H1's pair (`falcon_h1`, `falcon_h1_odd`: attention
 beside Mamba2 in every layer, every muP multiplier away from 1), Bamba and Granite-4.0-H with one
 of each (`fixture_runs.IBM`), and two Qwen3.5 checkpoints as published (`*_vl`: the multimodal
-wrapper, its vision tower skipped, HF's logits those of text-only input). Our model loads the same
+wrapper, its vision tower skipped, HF's logits those of text-only input), and Zamba2's pair (a
+shared transformer block over [x | embeddings] feeding Mamba2, two blocks each used at two or more
+layers, every use site's LoRA adapters folded into its copy). Our model loads the same
 safetensors and must reproduce HF's logits and final states within 1e-4 (fp32): for a full
 forward, and for chunked prefill followed by token-by-token decode with the states carried in our
 pools at non-trivial slots, with padding rows and tokens in every batch, garbage in every pool
@@ -29,12 +31,14 @@ TOL = 1e-4
 # Every fixture through the jnp references; four again through the Pallas kernels (interpret mode
 # on CPU), which checks how the mixers wire the kernels: Mamba2 + attention + MoE (odd dims), GDN
 # with power-of-two and with odd dims (the kernels' own tests cover power-of-two Mamba2 shapes),
-# and the parallel attention + Mamba2 layer (odd dims, Mamba2 without a norm).
+# the parallel attention + Mamba2 layer (odd dims, Mamba2 without a norm), and Zamba2's transformer
+# block feeding Mamba2 (odd dims, RoPE, the block first).
 CASES = [(f, "reference") for f in runs.ALL] + [
     ("qwen3_next", "interpret"),
     ("nemotron_h_odd", "interpret"),
     ("qwen3_5_odd", "interpret"),
     ("falcon_h1_odd", "interpret"),
+    ("zamba2_odd", "interpret"),
 ]
 
 

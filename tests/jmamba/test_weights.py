@@ -12,7 +12,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from jmamba import HybridLM, from_hf_config, load_hf_config, load_pretrained
-from jmamba.config import Ffn, Mixer
+from jmamba.config import Ffn, Mixer, SharedBlockConfig
 from jmamba.weights import save_pretrained
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -259,3 +259,59 @@ def test_granite_without_experts_has_the_shared_mlp_alone(tmp_path):
 def test_unsupported_bamba_and_granite_options_are_refused(family, edit, message):
     with pytest.raises(ValueError, match=message):
         from_hf_config({**fixture_config(family), **edit})
+
+
+def test_zamba2_config_fields():
+    """Mamba2 and hybrid layers from `layers_block_type` (the legacy "mamba" name too); the shared
+    blocks' attention on 2 x hidden, head_dim 2 x hidden / heads, softmax scale
+    (head_dim / 2)^-1/2, RoPE only with `use_mem_rope`; the block's fields; the Mamba2 mixers'
+    head_dim from mamba_expand x hidden / n_mamba_heads, dt clamped at time_step_min and the gated
+    norm's eps 1e-5 whatever rms_norm_eps says; the head tied."""
+    zamba = from_hf_config(fixture_config("zamba2"))
+    m, h = Mixer.MAMBA2, Mixer.TRANSFORMER_MAMBA2
+    assert zamba.mixers == (m, h, h, m, h, h) and zamba.ffns == (Ffn.NONE,) * 6
+    assert zamba.has_attention and zamba.has_recurrent_state and zamba.chunk_size == 16
+    assert zamba.attention.head_dim == 32 and zamba.attention.scale == 16**-0.5
+    assert zamba.attention.rotary_dim == 0 and zamba.tie_word_embeddings
+    assert zamba.shared_block == SharedBlockConfig(2, 128, 8, True, "gelu")
+    assert zamba.mamba2.head_dim == 16 and zamba.mamba2.dt_limit == (0.001, float("inf"))
+    odd = from_hf_config(fixture_config("zamba2_odd"))
+    assert odd.mixers[:2] == (h, m) and odd.mamba2.n_groups == 1 and odd.mamba2.d_state == 12
+    assert odd.attention.rotary_dim == 24 and odd.attention.rope_theta == 5000.0
+    assert odd.norm_eps == 1e-6 and odd.mamba2.gate_norm_eps == 1e-5
+    cfg = fixture_config("zamba2")
+    del cfg["intermediate_size"]
+    cfg.update(
+        layers_block_type=["mamba", "hybrid"] * 3,
+        use_shared_attention_adapter=False,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        use_long_context=True,
+    )
+    edited = from_hf_config(cfg)
+    assert edited.mixers == (m, h) * 3 and edited.attention.num_kv_heads == 2
+    assert edited.shared_block == SharedBlockConfig(2, 256, 8, False, "silu")  # 4 x hidden
+    assert edited.max_position_embeddings == 16384
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (dict(add_bias_linear=True), "add_bias_linear=True is not supported"),
+        (dict(tie_word_embeddings=False), "tie_word_embeddings=False is not supported"),
+        (dict(use_shared_mlp_adapter=False), "use_shared_mlp_adapter=False is not supported"),
+        (dict(hidden_act="relu"), "hidden_act='relu' is not supported"),
+        (dict(num_key_value_heads=2), "use_shared_attention_adapter needs num_key_value_heads=2"),
+        (dict(num_attention_heads=6), "use_shared_attention_adapter needs .* dividing"),
+        (dict(n_mamba_heads=5), "n_mamba_heads=5 must divide mamba_expand"),
+        (dict(layers_block_type=["mamba", "attention"] * 3), "layers_block_type must list"),
+        (dict(layers_block_type=["hybrid"] * 5), "layers_block_type must list"),
+        (dict(layers_block_type=None), "missing 'layers_block_type'"),
+        (dict(num_mem_blocks=0), "num_mem_blocks=0 must be >= 1"),
+        (dict(use_mem_rope=True, rope_parameters={"rope_type": "yarn"}), "rope_type='yarn'"),
+    ],
+)
+def test_zamba2_configs_we_cannot_run_raise(edit, message):
+    cfg = {**fixture_config("zamba2"), **edit}
+    with pytest.raises(ValueError, match=message):
+        from_hf_config(cfg)

@@ -454,6 +454,62 @@ def granite_h_odd() -> tuple[type, Any]:
     return transformers.GraniteMoeHybridForCausalLM, cfg
 
 
+def zamba2() -> tuple[type, Any]:
+    """Zamba2: Mamba2, then hybrid layers 1, 2, 4, 5 (a shared transformer block feeding the
+    layer's Mamba2 mixer) using 2 shared blocks in turn (block 0 at 1 and 4, block 1 at 2 and 5);
+    LoRA adapters of rank 8 on q, k, v and gate | up at every use site; attention 4 heads x 32 on
+    2 x hidden, no RoPE; Mamba2 8 heads x 16, N 16, 2 groups, chunk 16; tied head (transformers
+    ties the shared blocks only when it ties the head)."""
+    cfg = transformers.Zamba2Config(
+        hidden_size=64,
+        num_hidden_layers=6,
+        layers_block_type=["mamba", "hybrid", "hybrid", "mamba", "hybrid", "hybrid"],
+        num_mem_blocks=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        adapter_rank=8,
+        use_shared_attention_adapter=True,
+        use_mem_rope=False,
+        n_mamba_heads=8,
+        mamba_expand=2,
+        mamba_d_state=16,
+        mamba_ngroups=2,
+        mamba_d_conv=4,
+        chunk_size=16,
+        **IDS,
+    )
+    return transformers.Zamba2ForCausalLM, cfg
+
+
+def zamba2_odd() -> tuple[type, Any]:
+    """Zamba2, odd dims: hybrid first, 5 hybrid layers over 2 shared blocks (block 0 at 0, 3, 6;
+    block 1 at 2, 5), adapters of rank 5 everywhere; attention 5 heads x 24 on 2 x 60 with RoPE
+    (theta 5000); Mamba2 5 heads x 24, N 12, 1 group (conv_dim 144), chunk 32; MLP 84;
+    rms_norm_eps 1e-6 (the Mamba2 gated norm keeps 1e-5); tied head, as published."""
+    cfg = transformers.Zamba2Config(
+        hidden_size=60,
+        num_hidden_layers=7,
+        layers_block_type=["hybrid", "mamba", "hybrid", "hybrid", "mamba", "hybrid", "hybrid"],
+        num_mem_blocks=2,
+        num_attention_heads=5,
+        intermediate_size=84,
+        adapter_rank=5,
+        use_shared_attention_adapter=True,
+        use_mem_rope=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+        n_mamba_heads=5,
+        mamba_expand=2,
+        mamba_d_state=12,
+        mamba_ngroups=1,
+        mamba_d_conv=4,
+        chunk_size=32,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        **IDS,
+    )
+    return transformers.Zamba2ForCausalLM, cfg
+
+
 @dataclasses.dataclass(frozen=True)
 class Fixture:
     """One fixture: its model, its two sequence lengths and its chunk schedules.
@@ -500,6 +556,8 @@ FAMILIES: dict[str, Fixture] = {
     "bamba_odd": Fixture(bamba_odd, **_ODD),
     "granite_h": Fixture(granite_h, **_SMALL),
     "granite_h_odd": Fixture(granite_h_odd, **_ODD),
+    "zamba2": Fixture(zamba2, **_SMALL),
+    "zamba2_odd": Fixture(zamba2_odd, **_ODD),
     "qwen3_5_vl": Fixture(qwen3_5_vl, **_ODD, text_class=transformers.Qwen3_5ForCausalLM),
     "qwen3_5_moe_vl": Fixture(
         qwen3_5_moe_vl, **_ODD, text_class=transformers.Qwen3_5MoeForCausalLM, packed_experts=True

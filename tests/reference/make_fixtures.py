@@ -64,7 +64,8 @@ def build(family: str, seqs: list[np.ndarray]) -> tuple[torch.nn.Module, list[in
             break
     else:
         raise AssertionError(f"{family}: every seed has a router near-tie (last {margin:.2e})")
-    # Falcon-H1's "hybrid" layers run a Mamba2 mixer beside their attention.
+    # Falcon-H1's "hybrid" layers run a Mamba2 mixer beside their attention, Zamba2's after a
+    # shared transformer block.
     layer_types = model.config.get_text_config().layer_types
     recurrent = [i for i, t in enumerate(layer_types) if t in ("linear_attention", "hybrid")]
     return model, recurrent, margin

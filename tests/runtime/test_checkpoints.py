@@ -1,7 +1,8 @@
 """The README's path for a downloaded checkpoint directory, on the transformers fixtures of every
 supported architecture: `LLM(directory)` and `jmamba generate --model directory` load it, the
 first greedy token is the argmax of transformers' logits, and dtype "auto" follows the weights.
-Falcon-H1, whose layers hold both KV blocks and a state, also runs from a prefix-cache hit.
+Falcon-H1, whose layers hold both KV blocks and a state, also runs from a prefix-cache hit; Bamba,
+Granite-4.0-H and Zamba2 decode greedily through the engine.
 A hub id (`--model org/name`) loads from huggingface_hub's cache (offline, laid out by
 tests/jmamba/hub_cache.py)."""
 
@@ -78,7 +79,7 @@ def test_falcon_h1_prefill_after_a_prefix_hit_is_transformers():
     assert (stats.hits, stats.hit_tokens) == (1, 32)
 
 
-@pytest.mark.parametrize("name", ["bamba_odd", "granite_h_odd"])
+@pytest.mark.parametrize("name", ["bamba_odd", "granite_h_odd", "zamba2_odd"])
 def test_engine_decode_agrees_with_transformers_and_a_fresh_prefill(name):
     """Greedy decoding through the engine (prefill, then decode steps on the state pools): the
     first token is transformers' argmax, and a later token and its top logprobs are those of a

@@ -214,7 +214,11 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--json", default=None)
     parser.add_argument("--work", default=None, help="checkpoint and caches (default: a temp dir)")
-    parser.add_argument("--parts", default="startup,bench", help="startup, bench or both")
+    parser.add_argument(
+        "--parts",
+        default="startup,bench,engine",
+        help="startup (cold starts), bench (over HTTP), engine (the same in this process)",
+    )
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_serve_"))
     model, cache = work / "model", work / "cache"
@@ -235,7 +239,12 @@ def main() -> None:
             asyncio.run(bench_http(server.url, args))
         finally:
             server.stop()
-        asyncio.run(bench_engine(model, cache, args))
+            failures = server.log.read_text().split("engine step failed")
+            if len(failures) > 1:  # the server's log holds the first failure's traceback
+                print(f"the server failed {len(failures) - 1} steps; the first:")
+                print(failures[1][:4000])
+        if "engine" in parts:
+            asyncio.run(bench_engine(model, cache, args))
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
 

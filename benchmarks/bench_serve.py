@@ -223,8 +223,13 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_serve_"))
     model, cache = work / "model", work / "cache"
     if not (model / "config.json").is_file():
+        # In a process of its own, on the CPU: JAX here would hold most of the GPU's memory (its
+        # preallocation) for the rest of the run, and the server would run out of it.
         started = time.perf_counter()
-        write_checkpoint(args.size, model)
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+        code = "import sys; from pathlib import Path; from benchmarks.bench_serve import "
+        code += "write_checkpoint as w; w(sys.argv[1], Path(sys.argv[2]))"
+        subprocess.run([sys.executable, "-c", code, args.size, str(model)], env=env, check=True)
         print(f"checkpoint {args.size} written in {time.perf_counter() - started:.1f} s")
     engine_args = ["--max-model-len", str(args.max_model_len)]
     engine_args += ["--max-num-seqs", str(args.max_num_seqs)]

@@ -101,6 +101,9 @@ def _named_param(message: str) -> str | None:
 def _add_routes(app: FastAPI, served: Served) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
+        if served.engine.failure is not None:
+            failed = {"status": "failed", "error": str(served.engine.failure)}
+            return JSONResponse(failed, status_code=503)
         if served.engine.ready.is_set():
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "starting"}, status_code=503)

@@ -8,8 +8,12 @@ disconnects). The thread drains the inbox, steps while any request is unfinished
 step's deltas to their queues on the event loop, and sleeps on an event when idle.
 
 A request that the engine refuses when the thread adds it (it is checked before it is queued, so
-this means a bug) gets an `EngineError` in its queue; an exception inside a step fails every live
-request the same way and the thread goes on serving new ones.
+this means a bug) gets an `EngineError` in its queue. An exception inside a step (a bug, or the
+device out of memory) fails every live request the same way and retires the engine for good
+(`failure`): the step may have consumed the donated caches, so no later step could be trusted.
+The server then answers `/health` 503 with the cause and refuses new requests, so that whatever
+supervises it restarts it (vLLM's engine does the same on a dead engine), instead of streaming
+empty answers from a broken one.
 """
 
 from __future__ import annotations
@@ -56,11 +60,13 @@ class AsyncEngine:
       ready: set once the start-up work (compiling the step variants) is done: until then the
         server answers 503.
       step_seconds: wall time of the latest engine step (for metrics).
+      failure: the exception of the step that retired the engine, or None while it serves.
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.step_seconds = 0.0
+        self.failure: Exception | None = None
         self.ready = threading.Event()
         self._startup: Callable[[], None] | None = None
         self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
@@ -89,10 +95,15 @@ class AsyncEngine:
 
     def submit(self, prompt: list[int], params: SamplingParams) -> tuple[str, AsyncIterator]:
         """Queue a request whose prompt and params `Engine.check_request` accepted; returns its
-        id and an async iterator over its deltas (ending with the delta that finishes it)."""
+        id and an async iterator over its deltas (ending with the delta that finishes it).
+        Raises `EngineError` once a failed step has retired the engine."""
+        if self.failure is not None:
+            raise EngineError(f"the engine failed and serves no more (restart it): {self.failure}")
         request_id = f"req-{next(self._ids)}"
         stream: asyncio.Queue[StreamDelta | EngineError] = asyncio.Queue()
         self._streams[request_id] = stream
+        if self.failure is not None:  # it failed after the check above: no thread will answer
+            stream.put_nowait(EngineError(f"engine step failed: {self.failure}"))
         self._inbox.put(_Add(request_id, prompt, params))
         self._wake.set()
         return request_id, self._deltas(request_id, stream)
@@ -132,10 +143,11 @@ class AsyncEngine:
             start = time.perf_counter()
             try:
                 deltas = self.engine.step_deltas()
-            except Exception as error:  # a bug must not kill the server: fail its requests
+            except Exception as error:  # fail its requests, say why, take no more
                 log.exception("engine step failed")
+                self.failure = error
                 self._fail_all(error)
-                continue
+                return
             self.step_seconds = time.perf_counter() - start
             for delta in deltas:
                 self._hand_over(delta.request_id, delta)
@@ -155,9 +167,8 @@ class AsyncEngine:
                 self._hand_over(message.request_id, EngineError(str(error)))
 
     def _fail_all(self, error: Exception) -> None:
-        """After a failed step: abort every live request and fail its stream."""
+        """After a failed step: fail every live request's stream (and any queued one's)."""
         for request_id in list(self._streams):
-            self.engine.abort(request_id)
             self._hand_over(request_id, EngineError(f"engine step failed: {error}"))
 
     def _hand_over(self, request_id: str, item: StreamDelta | EngineError) -> None:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.layers.linear import Linear
+from jmamba.shard_rules import Segment, ShardRule, split
 
 
 def relu2(x: jax.Array) -> jax.Array:
@@ -27,3 +28,13 @@ class MLP(nnx.Module):
         if self.gated:
             return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(relu2(self.up_proj(x)))
+
+
+def mlp_tp_rules(field: str, intermediate: int, gated: bool) -> dict[tuple[str, ...], ShardRule]:
+    """Column-parallel gate and up (their `intermediate` channels over tp), row-parallel down;
+    `field` names the config field of `intermediate` in errors."""
+    channels = Segment(field, intermediate)
+    rules = {("up_proj", "kernel"): split(1, channels), ("down_proj", "kernel"): split(0, channels)}
+    if gated:
+        rules[("gate_proj", "kernel")] = split(1, channels)
+    return rules

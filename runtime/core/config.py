@@ -30,6 +30,7 @@ STEP_SHAPE_FIELDS = (
     "prefill_token_buckets",
     "prefill_row_buckets",
     "data_parallel_size",
+    "tensor_parallel_size",
 )
 POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
@@ -87,6 +88,11 @@ class EngineConfig:
       data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
         max_num_seqs and max_num_batched_tokens above is per rank: each rank has its own scheduler,
         its own KV blocks and state slots (each with its own NULL block and slot 0).
+      tensor_parallel_size: devices each rank's model is split over (tensor and expert
+        parallelism, `jmamba.sharding`): the mesh has data_parallel_size x tensor_parallel_size
+        devices. Pool sizes count requests' blocks and slots as before; each device holds its
+        shard of every one (its KV heads, its state heads). The model's head, group, channel and
+        expert counts must split (a ValueError names the field and the sizes that work).
       seed: seeds the sampling of requests that set no seed of their own.
       validate_inputs: check every step's `StepInputs` against the invariants of
         docs/architecture.md ("Sentinels and invariants"); for debugging and tests.
@@ -132,6 +138,7 @@ class EngineConfig:
     prefill_token_buckets: tuple[int, ...] | None = None
     prefill_row_buckets: tuple[int, ...] | None = None
     data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
     seed: int = 0
     validate_inputs: bool = False
     step_records: int = 256
@@ -149,6 +156,7 @@ class EngineConfig:
         checks.integer("block_size", self.block_size, low=1)
         checks.integer("seed", self.seed, low=0)
         checks.integer("data_parallel_size", self.data_parallel_size, low=1)
+        checks.integer("tensor_parallel_size", self.tensor_parallel_size, low=1)
         checks.flag("validate_inputs", self.validate_inputs)
         checks.integer("step_records", self.step_records, low=0)
         checks.flag("freeze_gc", self.freeze_gc)

@@ -73,7 +73,13 @@ def _parser() -> argparse.ArgumentParser:
         "--data-parallel-size",
         type=int,
         default=1,
-        help="ranks of the data-parallel mesh (one device each)",
+        help="ranks of the data-parallel mesh (tensor-parallel-size devices each)",
+    )
+    gen.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="devices each rank's model is split over (heads, channels, experts, vocabulary)",
     )
     gen.add_argument(
         "--async-scheduling",
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=args.max_model_len,
             max_num_batched_tokens=args.max_num_batched_tokens,
             data_parallel_size=args.data_parallel_size,
+            tensor_parallel_size=args.tensor_parallel_size,
             prefix_caching=args.prefix_caching,
             state_block_size=args.state_block_size,
             max_cached_states=args.max_cached_states,

@@ -22,6 +22,7 @@ from runtime.core.config import EngineConfig, min_token_budget
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
+from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
 from tests.jmamba.fixture_runs import FIXTURES
 
@@ -52,18 +53,27 @@ def engine_config(model: ModelConfig, dp: int, tp: int) -> EngineConfig:
     )
 
 
-def run(name: str, dp: int, tp: int) -> tuple[list[list[int]], list[np.ndarray]]:
-    """Greedy tokens of every prompt and each step's logits of the engine on a dp x tp mesh."""
+def serve(
+    name: str, dp: int, tp: int, params: list[SamplingParams]
+) -> tuple[list[RequestOutput], list[np.ndarray]]:
+    """Every prompt's output, with `params[i]`, and each step's logits of the engine on a
+    dp x tp mesh."""
     model = fixture_model(name)
     engine = Engine(model, engine_config(model.config, dp, tp), keep_logits=True)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in PROMPT_LENS]
-    ids = [engine.add_request(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts]
+    ids = [engine.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
     outputs, logits = {}, []
     while engine.has_unfinished:
-        outputs |= {o.request_id: o.token_ids for o in engine.step()}
+        outputs |= {o.request_id: o for o in engine.step()}
         logits.append(engine.runner.last_logits)
     return [outputs[i] for i in ids], logits
+
+
+def run(name: str, dp: int, tp: int) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Greedy tokens of every prompt and each step's logits."""
+    outputs, logits = serve(name, dp, tp, [SamplingParams(max_tokens=MAX_TOKENS)] * 6)
+    return [o.token_ids for o in outputs], logits
 
 
 @per_module
@@ -95,6 +105,24 @@ def test_dp2_tp2_tokens_equal_one_device():
     an idle rank)."""
     tokens, _ = run("mamba2", 2, 2)
     assert tokens == one_device("mamba2")[0]
+
+
+def test_sampling_and_logprobs_see_the_whole_vocabulary_across_shards():
+    """Seeded temperature / top-k / top-p sampling with logprobs on 4 shards: the tokens and
+    log-probabilities (top 3 of the 128 ids) of one device."""
+    params = [
+        SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0.9, top_k=40, top_p=0.9, seed=i, logprobs=3
+        )
+        for i in range(len(PROMPT_LENS))
+    ]
+    ours, _ = serve("mamba2", 1, 4, params)
+    theirs, _ = serve("mamba2", 1, 1, params)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids
+        for mine, one in zip(a.logprobs, b.logprobs, strict=True):
+            assert mine.keys() == one.keys()
+            assert all(abs(mine[t] - one[t]) <= LOGITS_TOLERANCE for t in mine)
 
 
 def test_a_head_count_that_does_not_split_names_the_field_and_the_sizes_that_work():

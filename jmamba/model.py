@@ -132,7 +132,7 @@ class HybridLM(nnx.Module):
 
     @property
     def dtype(self) -> jnp.dtype:
-        return self.embed[...].dtype
+        return jnp.dtype(self.embed.get_value().dtype)  # also of a model of shapes only
 
     def init_caches(
         self,

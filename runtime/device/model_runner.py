@@ -54,7 +54,7 @@ from runtime.core.config import EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.distributed import AXIS, DeviceMesh, make_mesh
 from runtime.device.packing import Layout, layout_of, pack, unpack
-from runtime.device.placement import cache_shardings, place_params, zero_caches
+from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
 from runtime.device.sampler import accept_drafts, logprobs, sample
 from runtime.device.step_buffers import StepBuffers, StepOutputs
 
@@ -180,10 +180,19 @@ class ModelRunner:
       compile_seconds: time spent compiling, per `VariantKey`.
     """
 
-    def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
+    def __init__(
+        self,
+        model: nnx.Module,
+        config: EngineConfig,
+        *,
+        keep_logits: bool = False,
+        params: ParamSource = place_params,
+    ):
+        """`params` puts each device's parameter shard on it: `place_params` slices `model`'s
+        values; `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
         self.config = config = config.resolved(model.config.chunk_size)
         self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
-        placed = place_params(model, self.mesh)
+        placed = params(model, self.mesh)
         self.graphdef, self._param_treedef = placed.graphdef, placed.treedef
         self._param_leaves, self._num_params = placed.leaves, placed.num_params
         self._shard_model = placed.shard_model

@@ -7,12 +7,18 @@ array `[T, *local shape]` split over `tp` on its first axis and replicated over 
 on one device. A parameter every shard holds whole (a norm weight) is one copy per device, as
 without tensor parallelism. One shard (T = 1) is the same code: `[1, *shape]` on every device.
 
+How the values reach the devices is the runner's `ParamSource`: `place_params` slices a whole
+model's values (a loaded checkpoint); `RandomShards` makes random values on each shard, for bench
+models too large for one device (the whole model is then shapes only).
+
 Caches: each pool array is split over `dp` on its pool axis (rank r owns entries
 `[r n, (r + 1) n)`) and over `tp` on its head or channel axis (`HybridLM.cache_tp_axes`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -44,13 +50,25 @@ class PlacedParams(NamedTuple):
     num_params: int
 
 
+ParamSource = Callable[[HybridLM, DeviceMesh], PlacedParams]  # how parameters reach the mesh
+
+
+def _shard_model(model: HybridLM, shards: int, dtype: Any) -> HybridLM:
+    """One shard of `model` in `dtype`, as shapes only."""
+    local = shard_config(model.config, shards)
+    return nnx.eval_shape(lambda: cast(HybridLM(local, rngs=nnx.Rngs(0)), dtype))
+
+
+def _num_params(model: HybridLM) -> int:
+    return sum(int(np.prod(np.shape(leaf))) for leaf in jax.tree.leaves(nnx.state(model)))
+
+
 def place_params(model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
     """Slice every parameter of the whole `model` (on the host or a device) for the mesh's tp
     shards and place each slice on its devices."""
     shards = mesh.tp_size
-    local = shard_config(model.config, shards)
-    shard_model = nnx.eval_shape(lambda: cast(HybridLM(local, rngs=nnx.Rngs(0)), model.dtype))
-    graphdef, abstract = nnx.split(shard_model)
+    shard_model = _shard_model(model, shards, model.dtype)
+    graphdef, abstract = nnx.split(_shard_model(model, shards, model.dtype))  # filled below
     flat = nnx.to_flat_state(abstract)
     variables = dict(flat)
     whole = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model))}
@@ -60,8 +78,31 @@ def place_params(model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
             raise ValueError(f"shard of {path} is {values[0].shape}, the shard model's {expected}")
         variables[path].set_value(_on_shards(values, mesh))
     leaves, treedef = jax.tree.flatten(nnx.from_flat_state(flat))
-    num_params = sum(int(np.size(v)) for v in whole.values())
-    return PlacedParams(graphdef, treedef, leaves, shard_model, num_params)
+    return PlacedParams(graphdef, treedef, leaves, shard_model, _num_params(model))
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomShards:
+    """A `ParamSource` of random weights in `dtype`, made on each shard by one jitted call (shard
+    t from key t of `seed`): no device ever holds more than its shard, and the whole model may be
+    shapes only (`nnx.eval_shape`). The values are not those of the whole model's initialiser."""
+
+    seed: int = 0
+    dtype: str = "bfloat16"
+
+    def __call__(self, model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
+        shards = mesh.tp_size
+        shard_model = _shard_model(model, shards, self.dtype)
+        local = shard_model.config
+
+        def make(key: jax.Array) -> Any:
+            return nnx.split(cast(HybridLM(local, rngs=nnx.Rngs(params=key)), self.dtype))[1]
+
+        keys = jax.random.split(jax.random.key(self.seed), shards)
+        state = jax.jit(jax.vmap(make), out_shardings=mesh.by_shard)(keys)
+        graphdef, _ = nnx.split(shard_model)
+        leaves, treedef = jax.tree.flatten(state)
+        return PlacedParams(graphdef, treedef, leaves, shard_model, _num_params(model))
 
 
 def _on_shards(values: list[np.ndarray], mesh: DeviceMesh) -> jax.Array:

@@ -10,17 +10,21 @@ group spans two shards), Falcon-H1's parallel hybrid layer, and a vocabulary of 
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from jmamba.config import ModelConfig
 from jmamba.model import HybridLM
 from jmamba.shard_rules import Segment, split
-from jmamba.sharding import shard_config, tensor_parallel_sizes
+from jmamba.sharding import param_rules, shard_config, tensor_parallel_sizes
 from jmamba.weights import load_pretrained
 from runtime.core.config import EngineConfig, min_token_budget
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.distributed import make_mesh
 from runtime.device.model_runner import ModelRunner
+from runtime.device.placement import RandomShards, place_params
 from runtime.engine import Engine
 from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
@@ -133,6 +137,27 @@ def test_a_head_count_that_does_not_split_names_the_field_and_the_sizes_that_wor
     config = engine_config(model.config, 1, 3)
     with pytest.raises(ValueError, match="tensor_parallel_size=3 cannot split"):
         ModelRunner(model, config)
+
+
+def test_each_device_holds_its_own_shard_of_each_parameter():
+    """Placed from a whole model: device (r, t) holds shard t's slice, cut by the parameter's
+    rule; made at random per shard: the same shapes, the whole model never built."""
+    model = fixture_model("qwen3_next")
+    mesh = make_mesh(2, 2)
+    placed = place_params(model, mesh)
+    rules = param_rules(model.config)
+    whole = dict(nnx.to_flat_state(nnx.state(model)))
+    flat = nnx.to_flat_state(jax.tree.unflatten(placed.treedef, placed.leaves))
+    for path, leaf in flat:
+        for shard in leaf.get_value().addressable_shards:
+            t = shard.index[0].start
+            expected = rules[path].take(np.asarray(whole[path].get_value()), t, 2)
+            assert shard.data.shape == (1, *expected.shape), path
+            np.testing.assert_array_equal(np.asarray(shard.data)[0], expected)
+    abstract = nnx.eval_shape(lambda: HybridLM(model.config, rngs=nnx.Rngs(0)))
+    made = RandomShards(seed=1, dtype="bfloat16")(abstract, mesh)
+    assert [a.shape for a in made.leaves] == [a.shape for a in placed.leaves]
+    assert made.num_params == placed.num_params == sum(v.size for v in jax.tree.leaves(whole))
 
 
 def test_segments_split_share_and_pad():

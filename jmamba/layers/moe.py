@@ -66,7 +66,7 @@ class MoE(nnx.Module):
         self.cfg = cfg
         self.tp = tp
         i = cfg.intermediate_size
-        e = Segment("moe.num_experts", cfg.num_experts).local_units(tp.size)  # this shard's
+        e = Segment("moe.num_experts", cfg.num_experts).local_units(tp.size)  # this shard's experts
         self.router = Linear(hidden, cfg.num_experts, rngs=rngs, param=Fp32Param)
         if cfg.router == "sigmoid_grouped":
             self.router_bias = Fp32Param(jnp.zeros((cfg.num_experts,), jnp.float32))
@@ -95,9 +95,8 @@ class MoE(nnx.Module):
         """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) over this shard's experts, as fp32
         [T, hidden] (every expert in a whole model)."""
         num_tokens, k = ids.shape
-        local = self.up_proj[...].shape[
-            0
-        ]  # experts on this shard: global ids first .. first + local
+        # This shard's experts are global ids first .. first + local - 1.
+        local = self.up_proj[...].shape[0]
         flat = ids.reshape(-1) - self.tp.index() * local
         flat = jnp.where((flat >= 0) & (flat < local), flat, local)  # others' pairs: past the end
         order = jnp.argsort(flat, stable=True)  # (token, choice) pairs grouped by expert

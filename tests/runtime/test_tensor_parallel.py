@@ -4,8 +4,8 @@ Transformers fixtures run on one device and split over tp = 2, 3 or 4 (and dp = 
 greedy tokens equal, fp32 logits within 1e-5 at every step. The fixtures cover head counts that
 divide and ones that need sharing: Qwen3-Next's 2 KV heads and 2 Gated DeltaNet key heads on 4
 shards with its 4 experts and shared expert, Mamba2's 2 B/C groups on 4 shards (the gated norm's
-group spans two shards), Falcon-H1's parallel hybrid layer, and a vocabulary of 128 on 3 shards
-(the last one padded).
+group spans two shards), Falcon-H1's parallel hybrid layer, and (sampled, with logprobs) odd
+dims with a vocabulary of 128 on 3 shards (the last one padded).
 """
 
 from __future__ import annotations
@@ -91,7 +91,6 @@ def one_device(name: str) -> tuple[list[list[int]], list[np.ndarray]]:
         ("qwen3_next", 4),  # 2 KV heads, 2 GDN key heads on 4 shards; 4 experts
         ("mamba2", 4),  # 2 groups on 4 shards: a norm group over 2 shards
         ("falcon_h1", 2),  # attention beside Mamba2, one all-reduce
-        ("mamba2_odd", 3),  # odd dims; vocabulary 128 on 3 shards (the last one padded)
     ],
 )
 def test_tensor_parallel_tokens_and_logits_equal_one_device(name, tp):
@@ -112,16 +111,17 @@ def test_dp2_tp2_tokens_equal_one_device():
 
 
 def test_sampling_and_logprobs_see_the_whole_vocabulary_across_shards():
-    """Seeded temperature / top-k / top-p sampling with logprobs on 4 shards: the tokens and
-    log-probabilities (top 3 of the 128 ids) of one device."""
+    """Seeded temperature / top-k / top-p sampling with logprobs on 3 shards of a model with odd
+    dims (its vocabulary of 128 in slices of 43, the last one padded): the tokens and
+    log-probabilities (top 3) of one device."""
     params = [
         SamplingParams(
             max_tokens=MAX_TOKENS, temperature=0.9, top_k=40, top_p=0.9, seed=i, logprobs=3
         )
         for i in range(len(PROMPT_LENS))
     ]
-    ours, _ = serve("mamba2", 1, 4, params)
-    theirs, _ = serve("mamba2", 1, 1, params)
+    ours, _ = serve("mamba2_odd", 1, 3, params)
+    theirs, _ = serve("mamba2_odd", 1, 1, params)
     for a, b in zip(ours, theirs, strict=True):
         assert a.token_ids == b.token_ids
         for mine, one in zip(a.logprobs, b.logprobs, strict=True):

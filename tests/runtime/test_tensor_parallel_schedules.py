@@ -61,7 +61,7 @@ request_strategy = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=max(settings.default.max_examples // 10, 3))
+@settings(max_examples=max(settings.default.max_examples // 15, 3))
 @given(
     requests=st.lists(request_strategy, min_size=1, max_size=5),
     async_scheduling=st.booleans(),

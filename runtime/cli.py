@@ -82,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
         help="devices each rank's model is split over (heads, channels, experts, vocabulary)",
     )
     gen.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="fraction of each GPU's memory for parameters and pools: sizes the KV blocks "
+        "(default: enough blocks for max-num-seqs requests of max-model-len)",
+    )
+    gen.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -192,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             data_parallel_size=args.data_parallel_size,
             tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
             prefix_caching=args.prefix_caching,
             state_block_size=args.state_block_size,
             max_cached_states=args.max_cached_states,

@@ -53,6 +53,7 @@ from runtime.core.builder import StepBatch, build_dummy
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.distributed import AXIS, DeviceMesh, make_mesh
+from runtime.device.memory import pool_memory
 from runtime.device.packing import Layout, layout_of, pack, unpack
 from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
 from runtime.device.sampler import accept_drafts, logprobs, sample
@@ -190,7 +191,7 @@ class ModelRunner:
     ):
         """`params` puts each device's parameter shard on it: `place_params` slices `model`'s
         values; `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
-        self.config = config = config.resolved(model.config.chunk_size)
+        self.config = config = config.resolved(model.config.chunk_size, pool_memory(model, config))
         self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
         placed = params(model, self.mesh)
         self.graphdef, self._param_treedef = placed.graphdef, placed.treedef

@@ -53,7 +53,7 @@ class PlacedParams(NamedTuple):
 ParamSource = Callable[[HybridLM, DeviceMesh], PlacedParams]  # how parameters reach the mesh
 
 
-def _shard_model(model: HybridLM, shards: int, dtype: Any) -> HybridLM:
+def shard_model_shapes(model: HybridLM, shards: int, dtype: Any) -> HybridLM:
     """One shard of `model` in `dtype`, as shapes only."""
     local = shard_config(model.config, shards)
     return nnx.eval_shape(lambda: cast(HybridLM(local, rngs=nnx.Rngs(0)), dtype))
@@ -67,8 +67,8 @@ def place_params(model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
     """Slice every parameter of the whole `model` (on the host or a device) for the mesh's tp
     shards and place each slice on its devices."""
     shards = mesh.tp_size
-    shard_model = _shard_model(model, shards, model.dtype)
-    graphdef, abstract = nnx.split(_shard_model(model, shards, model.dtype))  # filled below
+    shard_model = shard_model_shapes(model, shards, model.dtype)
+    graphdef, abstract = nnx.split(shard_model_shapes(model, shards, model.dtype))  # filled below
     flat = nnx.to_flat_state(abstract)
     variables = dict(flat)
     whole = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model))}
@@ -92,7 +92,7 @@ class RandomShards:
 
     def __call__(self, model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
         shards = mesh.tp_size
-        shard_model = _shard_model(model, shards, self.dtype)
+        shard_model = shard_model_shapes(model, shards, self.dtype)
         local = shard_model.config
 
         def make(key: jax.Array) -> Any:

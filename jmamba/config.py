@@ -127,6 +127,9 @@ class Mamba2Config:
     # The prefill scan kernel (`pallas_kernels.ssd.chunk_scan`): a property of the model, never of
     # the batch, so a request's prefill output does not depend on what shares its step.
     scan_algorithm: str = "sequential"
+    # In the config of a tensor-parallel shard: how many shards one gated-norm group spans (more
+    # than 1 when there are fewer groups than shards, `jmamba.sharding`); 1 in a whole model.
+    norm_group_shards: int = 1
 
     def __post_init__(self) -> None:
         _require(
@@ -342,6 +345,9 @@ class ModelConfig:
     moe: MoeConfig | None = None
     shared_block: SharedBlockConfig | None = None
     multipliers: WeightMultipliers = WeightMultipliers()
+    # The tensor-parallel shards this config is one of (`jmamba.sharding.shard_config`: its layer
+    # configs hold one shard's heads, groups and channels); 1 is a whole model.
+    num_shards: int = 1
 
     def __post_init__(self) -> None:
         _require(
@@ -377,6 +383,12 @@ class ModelConfig:
     @property
     def num_layers(self) -> int:
         return len(self.mixers)
+
+    @property
+    def vocab_per_shard(self) -> int:
+        """Embedding rows (and logits) of one shard: the vocabulary split over `num_shards`, the
+        last shard's rows padded with zeros."""
+        return -(-self.vocab_size // self.num_shards)
 
     @property
     def has_attention(self) -> bool:

@@ -12,12 +12,14 @@ from flax import nnx
 from jmamba import hub, presets
 from jmamba.model import HybridLM
 from jmamba.tokenizer import byte_tokenizer
-from jmamba.weights import cast, load_pretrained, resolve_dtype
+from jmamba.weights import cast, load_pretrained, on_host, resolve_dtype
 
 PRESET_PREFIX = "tiny-"
 
 
-def load_model(model: str, seed: int = 0, dtype: str = "auto") -> tuple[HybridLM, Any]:
+def load_model(
+    model: str, seed: int = 0, dtype: str = "auto", *, host: bool = False
+) -> tuple[HybridLM, Any]:
     """Return (HybridLM, tokenizer or None) for `model`, resolved in this order: an existing local
     directory (a HF checkpoint); a preset ("tiny-<name>"); a Hugging Face hub id ("org/name": its
     config, tokenizer and safetensors files downloaded into huggingface_hub's cache, or found there
@@ -25,35 +27,36 @@ def load_model(model: str, seed: int = 0, dtype: str = "auto") -> tuple[HybridLM
 
     A trained preset loads from its checkpoint directory like any checkpoint; a random-weight
     preset is built from `seed` and gets the presets' byte-level tokenizer. `dtype` is "auto"
-    (the checkpoint's; float32 for a random-weight preset), "float32" or "bfloat16".
+    (the checkpoint's; float32 for a random-weight preset), "float32" or "bfloat16". `host`: the
+    parameters stay in host memory (numpy), for a runner to place shard by shard.
     """
     resolve_dtype(dtype)  # a bad name fails before anything loads
     path = Path(model)
     if path.is_dir():
-        return _load_directory(path, model, dtype)
+        return _load_directory(path, model, dtype, host)
     if model.startswith(PRESET_PREFIX) and not path.exists():
         name = model.removeprefix(PRESET_PREFIX)
         if name not in presets.names():
             raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
         if name in presets.trained_names():
             path = presets.path(name)
-            return load_pretrained(path, dtype), load_tokenizer(path)
-        random = HybridLM(presets.tiny(name), rngs=nnx.Rngs(seed))
-        return cast(random, dtype), _byte_tokenizer()
+            return load_pretrained(path, dtype, host=host), load_tokenizer(path)
+        random = cast(HybridLM(presets.tiny(name), rngs=nnx.Rngs(seed)), dtype)
+        return (on_host(random) if host else random), _byte_tokenizer()
     if hub.is_hub_id(model) and not path.exists():
-        return _load_directory(hub.snapshot(model), model, dtype)
+        return _load_directory(hub.snapshot(model), model, dtype, host)
     raise ValueError(
         f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()} nor "
         "a Hugging Face hub id (org/name)"
     )
 
 
-def _load_directory(path: Path, model: str, dtype: str) -> tuple[HybridLM, Any]:
+def _load_directory(path: Path, model: str, dtype: str, host: bool) -> tuple[HybridLM, Any]:
     if not (path / "config.json").is_file():
         raise ValueError(f"checkpoint directory {model!r} has no config.json")
     if not list(path.glob("*.safetensors")):
         raise ValueError(f"checkpoint directory {model!r} has no *.safetensors files")
-    return load_pretrained(path, dtype), load_tokenizer(path)
+    return load_pretrained(path, dtype, host=host), load_tokenizer(path)
 
 
 def preset_names() -> list[str]:

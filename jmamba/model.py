@@ -6,6 +6,12 @@ reads them uses (`Mixer.reads_embeddings`: Zamba2's transformer block over [x | 
 model is a pure function of its inputs and caches:
 `logits, caches = model(inputs, caches)`; the runtime splits it once (`nnx.split`) and jits
 `step(params, caches, inputs)` with the caches donated.
+
+The same code runs one tensor-parallel shard of a model: built from the config of one of T
+shards (`jmamba.sharding.shard_config`), inside `jax.shard_map` over mesh axis `tp`, each layer
+all-reduces its mixer's and FFN's partial outputs, the embedding and the LM head hold one slice
+of the vocabulary, and every shard returns the whole vocabulary's logits (gathered). The
+collectives go through `TensorParallel`, the identity in a whole model.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from jmamba.mixers.gated_deltanet import GatedDeltaNet, GDNState
 from jmamba.mixers.mamba2 import Mamba2, Mamba2State
 from jmamba.mixers.parallel_hybrid import ParallelHybrid, ParallelHybridCache
 from jmamba.mixers.transformer_mamba2 import TransformerMamba2
+from jmamba.tensor_parallel import TensorParallel
 
 LayerCache = KVCache | Mamba2State | GDNState | ParallelHybridCache | None
 
@@ -41,18 +48,20 @@ def rows_or_zeros(table: jax.Array, index: jax.Array) -> jax.Array:
     return table.at[index].get(mode="fill", fill_value=0)
 
 
-def _make_mixer(config: ModelConfig, kind: Mixer, rngs: nnx.Rngs) -> nnx.Module | None:
+def _make_mixer(
+    config: ModelConfig, kind: Mixer, rngs: nnx.Rngs, tp: TensorParallel
+) -> nnx.Module | None:
     hidden, eps = config.hidden_size, config.norm_eps
     match kind:
         case Mixer.ATTENTION:
             return Attention(hidden, config.attention, eps, config.norm_offset, rngs=rngs)
         case Mixer.MAMBA2:
-            return Mamba2(hidden, config.mamba2, eps, rngs=rngs)
+            return Mamba2(hidden, config.mamba2, eps, rngs=rngs, tp=tp)
         case Mixer.GDN:
             return GatedDeltaNet(hidden, config.gdn, eps, rngs=rngs)
         case Mixer.PARALLEL_HYBRID:
             return ParallelHybrid(
-                hidden, config.attention, config.mamba2, eps, config.norm_offset, rngs=rngs
+                hidden, config.attention, config.mamba2, eps, config.norm_offset, rngs=rngs, tp=tp
             )
         case Mixer.TRANSFORMER_MAMBA2:
             return TransformerMamba2(
@@ -62,14 +71,16 @@ def _make_mixer(config: ModelConfig, kind: Mixer, rngs: nnx.Rngs) -> nnx.Module 
             return None
 
 
-def _make_ffn(config: ModelConfig, kind: Ffn, rngs: nnx.Rngs) -> nnx.Module | None:
+def _make_ffn(
+    config: ModelConfig, kind: Ffn, rngs: nnx.Rngs, tp: TensorParallel
+) -> nnx.Module | None:
     match kind:
         case Ffn.MLP:
             return MLP(
                 config.hidden_size, config.mlp.intermediate_size, config.mlp.activation, rngs=rngs
             )
         case Ffn.MOE:
-            return MoE(config.hidden_size, config.moe, rngs=rngs)
+            return MoE(config.hidden_size, config.moe, rngs=rngs, tp=tp)
         case Ffn.NONE:
             return None
 
@@ -77,17 +88,20 @@ def _make_ffn(config: ModelConfig, kind: Ffn, rngs: nnx.Rngs) -> nnx.Module | No
 class Layer(nnx.Module):
     """`x += r * mixer(norm(x))`, then `x += r * ffn(norm(x))`, each part present or not; r is
     `ModelConfig.residual_multiplier` (1.0 but in Granite). A mixer that reads the embeddings
-    (`Mixer.reads_embeddings`) gets x itself and the embeddings, and norms its inputs itself."""
+    (`Mixer.reads_embeddings`) gets x itself and the embeddings, and norms its inputs itself. In a
+    tensor-parallel shard the mixer and the FFN each return this shard's partial output (their
+    last projection is row-parallel), summed over the shards by one all-reduce each."""
 
     def __init__(self, config: ModelConfig, mixer: Mixer, ffn: Ffn, *, rngs: nnx.Rngs):
         norm = lambda: RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)  # noqa: E731
+        self.tp = TensorParallel(config.num_shards)
         self.residual_multiplier = config.residual_multiplier
         self.reads_embeddings = mixer.reads_embeddings
         has_norm = mixer != Mixer.NONE and not mixer.reads_embeddings
         self.mixer_norm = norm() if has_norm else None
-        self.mixer = _make_mixer(config, mixer, rngs)
+        self.mixer = _make_mixer(config, mixer, rngs, self.tp)
         self.ffn_norm = norm() if ffn != Ffn.NONE else None
-        self.ffn = _make_ffn(config, ffn, rngs)
+        self.ffn = _make_ffn(config, ffn, rngs, self.tp)
 
     def __call__(
         self, x: jax.Array, cache: LayerCache, inputs: StepInputs, embeddings: jax.Array
@@ -101,19 +115,21 @@ class Layer(nnx.Module):
                     y, cache = self.mixer(x, embeddings, cache, inputs)
                 else:
                     y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
-            x = x + y * self.residual_multiplier
+            x = x + self.tp.all_reduce(y) * self.residual_multiplier
         if self.ffn is not None:
             with jax.named_scope(f"ffn_{type(self.ffn).__name__}"):
-                x = x + self.ffn(self.ffn_norm(x)) * self.residual_multiplier
+                x = x + self.tp.all_reduce(self.ffn(self.ffn_norm(x))) * self.residual_multiplier
         return x, cache
 
 
 class HybridLM(nnx.Module):
-    """A hybrid causal language model over the token layout of `StepInputs`."""
+    """A hybrid causal language model over the token layout of `StepInputs` (or one
+    tensor-parallel shard of one: `config.num_shards` > 1)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        embed = jax.random.normal(rngs.params(), (config.vocab_size, config.hidden_size))
+        self.tp = TensorParallel(config.num_shards)
+        embed = jax.random.normal(rngs.params(), (config.vocab_per_shard, config.hidden_size))
         self.embed = nnx.Param(embed.astype(jnp.float32))
         self.layers = nnx.List(
             [
@@ -125,12 +141,12 @@ class HybridLM(nnx.Module):
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, rngs=rngs)
+            else Linear(config.hidden_size, config.vocab_per_shard, rngs=rngs)
         )
 
     @property
     def dtype(self) -> jnp.dtype:
-        return self.embed[...].dtype
+        return jnp.dtype(self.embed.get_value().dtype)  # also of a model of shapes only
 
     def init_caches(
         self,
@@ -171,11 +187,23 @@ class HybridLM(nnx.Module):
 
         return tuple(cache_for(kind) for kind in cfg.mixers)
 
+    def cache_tp_axes(self) -> tuple:
+        """Per layer, the caches' pytree with, at each array, the axis tensor parallelism splits
+        (its heads or channels), as `init_caches` lays them out."""
+        axes = {
+            Mixer.ATTENTION: KVCache.tp_axes,
+            Mixer.MAMBA2: Mamba2State.tp_axes,
+            Mixer.GDN: GDNState.tp_axes,
+            Mixer.PARALLEL_HYBRID: ParallelHybridCache.tp_axes,
+        }
+        return tuple(axes[kind]() if kind in axes else None for kind in self.config.mixers)
+
     def __call__(
         self, inputs: StepInputs, caches: tuple[LayerCache, ...]
     ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
-        """Run one step; returns fp32 logits at `inputs.logits_indices` and the new caches."""
-        x = rows_or_zeros(self.embed[...], inputs.token_ids) * self.config.embedding_multiplier
+        """Run one step; returns fp32 logits at `inputs.logits_indices` (the whole vocabulary,
+        on every shard) and the new caches."""
+        x = self._embed(inputs.token_ids) * self.config.embedding_multiplier
         embeddings = x  # every layer gets them; only `Mixer.reads_embeddings` kinds read them
         new_caches = []
         for layer, cache in zip(self.layers, caches, strict=True):
@@ -184,12 +212,21 @@ class HybridLM(nnx.Module):
         with jax.named_scope("lm_head"):
             return self._logits(rows_or_zeros(x, inputs.logits_indices)), tuple(new_caches)
 
+    def _embed(self, token_ids: jax.Array) -> jax.Array:
+        """[T, hidden] embedding rows; a shard holds the rows of one vocabulary slice and
+        contributes zeros for the other ids (so the all-reduce is the lookup)."""
+        first = self.tp.index() * self.config.vocab_per_shard
+        return self.tp.all_reduce(rows_or_zeros(self.embed[...], token_ids - first))
+
     def _logits(self, x: jax.Array) -> jax.Array:
         """fp32 logits of the final-normed rows, times `logits_multiplier`: the head GEMM emits
-        fp32 (it accumulates in fp32 anyway), the sampler's dtype."""
+        fp32 (it accumulates in fp32 anyway), the sampler's dtype. A shard computes the logits of
+        its vocabulary slice; the slices are gathered, so the sampler sees the whole vocabulary
+        (the padding of the last slice cut off)."""
         x = self.final_norm(x)
         head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
         logits = jnp.dot(
             x.astype(head.dtype), head, preferred_element_type=jnp.float32, precision=PRECISION
         )
+        logits = self.tp.all_gather(logits, axis=-1)[:, : self.config.vocab_size]
         return logits * self.config.logits_multiplier

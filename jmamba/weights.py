@@ -84,10 +84,14 @@ def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
     return nnx.merge(graphdef, jax.tree.map(to_dtype, state, is_leaf=is_variable))
 
 
-def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> HybridLM:
+def load_pretrained(
+    model_dir: str | Path, dtype: str | jnp.dtype = "auto", *, host: bool = False
+) -> HybridLM:
     """Build `HybridLM` from a HF checkpoint directory as a model of `dtype`: "auto" (the
     checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"; each parameter in
-    `param_dtype(parameter, dtype)`, as `cast` gives. A multimodal wrapper gives its text model;
+    `param_dtype(parameter, dtype)`, as `cast` gives. `host`: the parameters stay numpy arrays in
+    host memory, never on a device (a runner then places each tensor-parallel shard of them on its
+    own device: `runtime.device.placement`). A multimodal wrapper gives its text model;
     the tensors it skips (`skipped_tensors`) are counted in one `logging` INFO line of this
     module's logger ("skipped 33 vision tensors (model.visual.*) of a ... checkpoint")."""
     cfg = load_hf_config(model_dir)
@@ -119,8 +123,16 @@ def load_pretrained(model_dir: str | Path, dtype: str | jnp.dtype = "auto") -> H
                 f"tensor(s) {list(names)} give shape {value.shape} for parameter "
                 f"{'.'.join(map(str, path))}, expected {variable.get_value().shape}"
             )
-        variable.set_value(jnp.asarray(value, dtype=param_dtype(variable, dtype)))
+        as_array = np.asarray if host else jnp.asarray
+        variable.set_value(as_array(value, dtype=param_dtype(variable, dtype)))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def on_host(model: HybridLM) -> HybridLM:
+    """`model` with its parameters copied to host memory (numpy), as `load_pretrained(host=True)`
+    gives them."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.device_get(state))
 
 
 def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler
 from runtime.device.distributed import agree_max
+from runtime.device.memory import pool_memory
 from runtime.device.model_runner import DispatchedStep, ModelRunner
 from runtime.observe.step_record import ScheduleRecord, StepRecord
 from runtime.observe.step_stats import StepStats, StepTimer
@@ -55,7 +56,8 @@ class Engine:
 
     With a `tokenizer` (a `tokenizers.Tokenizer`) outputs carry text and requests may use stop
     strings. For looking inside: `records` (the latest steps as `StepRecord`s), `request(id)`,
-    `inspect` (schedulers, last schedule and batch, block and slot owners), `stats`.
+    `inspect` (schedulers, last schedule and batch, block and slot owners), `stats`,
+    `pool_memory` (one device's bytes that sized the KV pool, when `gpu_memory_utilization` did).
     """
 
     def __init__(
@@ -76,7 +78,9 @@ class Engine:
         loaded from `config.speculative.draft_model`) and `draft_runner` may share its compiled
         steps and caches likewise."""
         self.model_config = model.config
-        self.config = (config or EngineConfig()).resolved(self.model_config.chunk_size)
+        config = config or EngineConfig()
+        self.pool_memory = pool_memory(model, config)  # None unless blocks are sized from memory
+        self.config = config.resolved(self.model_config.chunk_size, self.pool_memory)
         self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)
         self.config.check_same_shapes(self.runner.config, "the shared runner")
         self.ranks = self.runner.local_ranks

@@ -30,7 +30,8 @@ class LLM:
     """Offline generation: `LLM("tiny-stdlib").generate(["def "], SamplingParams())`.
 
     Attributes:
-      model / tokenizer: the loaded `HybridLM` and its `tokenizers.Tokenizer` (or None).
+      model / tokenizer: the loaded `HybridLM` (parameters in host memory) and its
+        `tokenizers.Tokenizer` (or None).
       engine: the `Engine` serving it (step it directly, or look inside it).
       load_seconds: time spent loading the model.
     """
@@ -50,7 +51,9 @@ class LLM:
         decode-only ones, "all" every one the config can use; `async_scheduling` (the
         `EngineConfig` field) None: on unless speculative decoding is (step N + 1 is scheduled
         while N runs, same outputs); `engine_options` are the other `EngineConfig` fields
-        (max_num_seqs, max_model_len, prefix_caching, state_block_size, max_cached_states, ...).
+        (max_num_seqs, max_model_len, prefix_caching, state_block_size, max_cached_states,
+        data_parallel_size, tensor_parallel_size, ...). The model's parameters stay in host
+        memory (`model`); the engine's runner copies each device's shard of them to it.
         JAX's persistent compilation cache is turned on (`runtime.device.compile_cache`;
         JMAMBA_COMPILE_CACHE=off)."""
         if warmup not in (False, True, "all"):
@@ -67,10 +70,15 @@ class LLM:
         compile_cache.enable()
         start = time.perf_counter()
         self.name = model
-        self.model, self.tokenizer = load_model(model, seed=config.seed, dtype=dtype)
+        # On the host: the runner places each device's tensor-parallel shard (no device ever
+        # holds the whole model unless it runs it whole).
+        self.model, self.tokenizer = load_model(model, seed=config.seed, dtype=dtype, host=True)
         self.chat_template = load_chat_template(checkpoint_dir(model))
         self.load_seconds = time.perf_counter() - start
         self.engine = Engine(self.model, config, tokenizer=self.tokenizer)
+        if self.engine.pool_memory is not None:  # sized from memory: say what fits
+            resolved = self.engine.config
+            print(self.engine.pool_memory.describe(resolved.num_blocks, resolved.num_slots))
         if warmup:
             self.engine.warmup(prefill=warmup == "all", progress=True)
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.layers.linear import Linear
+from jmamba.shard_rules import Segment, ShardRule, split
 
 
 def relu2(x: jax.Array) -> jax.Array:
@@ -45,3 +46,13 @@ class GateUpMLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)
         return self.down_proj(_GATE_ACTIVATIONS[self.activation](gate) * up)
+
+
+def mlp_tp_rules(field: str, intermediate: int, gated: bool) -> dict[tuple[str, ...], ShardRule]:
+    """Column-parallel gate and up (their `intermediate` channels over tp), row-parallel down;
+    `field` names the config field of `intermediate` in errors."""
+    channels = Segment(field, intermediate)
+    rules = {("up_proj", "kernel"): split(1, channels), ("down_proj", "kernel"): split(0, channels)}
+    if gated:
+        rules[("gate_proj", "kernel")] = split(1, channels)
+    return rules

@@ -6,6 +6,14 @@ only the experts that have pairs, where XLA's ragged_dot reads all of them): eac
 only its top-k experts' weights (Qwen3-Next routes 10 of 512); fp32 operands get full-precision
 fp32 dots. The per-choice outputs are put back in token order and summed over the k choices in a
 fixed order (a gather, not a scatter-add, so the sum is deterministic).
+
+Expert parallelism: each tensor-parallel shard holds `num_experts / T` experts and the whole
+router. Every shard routes every token (the same choices on each), then runs the grouped matmuls
+over the (token, choice) pairs of its own experts only; the pairs of other shards' experts sort
+past the last group, whose rows the grouped matmul leaves zero. Its partial sum, plus its share of
+the column- then row-parallel shared expert, reaches the other shards in the layer's one
+all-reduce (`jmamba.model.Layer`): tokens never move between shards, each shard reads all of them
+(they are replicated over tp anyway), and no all-to-all is needed.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from flax import nnx
 from jmamba.config import MoeConfig
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
-from jmamba.layers.mlp import MLP, relu2
+from jmamba.layers.mlp import MLP, mlp_tp_rules, relu2
+from jmamba.shard_rules import REPLICATED, Segment, ShardRule, split
+from jmamba.tensor_parallel import WHOLE, TensorParallel
 from pallas_kernels import ops
 
 
@@ -52,12 +62,14 @@ def _sigmoid_grouped_topk(
 class MoE(nnx.Module):
     """Routed experts (SwiGLU or relu^2) plus a shared expert, optionally sigmoid-gated (Qwen)."""
 
-    def __init__(self, hidden: int, cfg: MoeConfig, *, rngs: nnx.Rngs):
+    def __init__(self, hidden: int, cfg: MoeConfig, *, rngs: nnx.Rngs, tp: TensorParallel = WHOLE):
         self.cfg = cfg
-        e, i = cfg.num_experts, cfg.intermediate_size
-        self.router = Linear(hidden, e, rngs=rngs, param=Fp32Param)
+        self.tp = tp
+        i = cfg.intermediate_size
+        e = Segment("moe.num_experts", cfg.num_experts).local_units(tp.size)  # this shard's experts
+        self.router = Linear(hidden, cfg.num_experts, rngs=rngs, param=Fp32Param)
         if cfg.router == "sigmoid_grouped":
-            self.router_bias = Fp32Param(jnp.zeros((e,), jnp.float32))
+            self.router_bias = Fp32Param(jnp.zeros((cfg.num_experts,), jnp.float32))
 
         def expert_weights(shape: tuple[int, ...]) -> nnx.Param:
             fan_in = shape[1]
@@ -80,11 +92,15 @@ class MoE(nnx.Module):
         return _sigmoid_grouped_topk(logits, self.router_bias[...], self.cfg)
 
     def experts(self, x: jax.Array, weights: jax.Array, ids: jax.Array) -> jax.Array:
-        """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), as fp32 [T, hidden]."""
+        """sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) over this shard's experts, as fp32
+        [T, hidden] (every expert in a whole model)."""
         num_tokens, k = ids.shape
-        flat = ids.reshape(-1)
+        # This shard's experts are global ids first .. first + local - 1.
+        local = self.up_proj[...].shape[0]
+        flat = ids.reshape(-1) - self.tp.index() * local
+        flat = jnp.where((flat >= 0) & (flat < local), flat, local)  # others' pairs: past the end
         order = jnp.argsort(flat, stable=True)  # (token, choice) pairs grouped by expert
-        group_sizes = jnp.bincount(flat, length=self.cfg.num_experts).astype(jnp.int32)
+        group_sizes = jnp.bincount(flat, length=local).astype(jnp.int32)
         xs = x[order // k]
 
         def grouped(a: jax.Array, w: nnx.Param) -> jax.Array:
@@ -106,3 +122,19 @@ class MoE(nnx.Module):
         if self.cfg.shared_gate:
             shared = jax.nn.sigmoid(self.shared_gate(x).astype(jnp.float32)) * shared
         return (routed + shared).astype(x.dtype)
+
+
+def moe_tp_rules(cfg: MoeConfig) -> dict[tuple[str, ...], ShardRule]:
+    """Experts over tp (expert parallelism), the router whole, the shared expert as an MLP
+    (column- then row-parallel), its gate whole."""
+    experts = split(0, Segment("moe.num_experts", cfg.num_experts))
+    gated = cfg.activation == "silu_gated"
+    rules = {("router", "kernel"): REPLICATED, ("up_proj",): experts, ("down_proj",): experts}
+    if gated:
+        rules[("gate_proj",)] = experts
+    if cfg.router == "sigmoid_grouped":
+        rules[("router_bias",)] = REPLICATED
+    if cfg.shared_gate:
+        rules[("shared_gate", "kernel")] = REPLICATED
+    shared = mlp_tp_rules("moe.shared_intermediate_size", cfg.shared_intermediate_size, gated)
+    return rules | {("shared", *path): rule for path, rule in shared.items()}

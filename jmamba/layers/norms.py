@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.layers.fp32_param import Fp32Param
+from jmamba.tensor_parallel import WHOLE, TensorParallel
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -31,17 +32,37 @@ class RMSNorm(nnx.Module):
 
 class GroupGatedRMSNorm(nnx.Module):
     """Mamba2's gated norm: `rmsnorm_per_group(y * silu(z)) * w` (gate before the norm), or with
-    `norm_first` `rmsnorm_per_group(y) * w * silu(z)` (Falcon-H1's `mamba_norm_before_gate`)."""
+    `norm_first` `rmsnorm_per_group(y) * w * silu(z)` (Falcon-H1's `mamba_norm_before_gate`).
 
-    def __init__(self, dim: int, group_size: int, eps: float, norm_first: bool = False):
+    In a tensor-parallel shard whose norm group spans `span` shards (fewer groups than shards),
+    the shard holds `group_size` of the group's `span * group_size` channels: the sums of squares
+    of the `span` shards are added (`TensorParallel.sum_over_span`), so the statistics are those
+    of the whole model.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        group_size: int,
+        eps: float,
+        norm_first: bool = False,
+        *,
+        tp: TensorParallel = WHOLE,
+        span: int = 1,
+    ):
         self.weight = Fp32Param(jnp.ones((dim,), jnp.float32))
         self.group_size = group_size
         self.eps = eps
         self.norm_first = norm_first
+        self.tp = tp
+        self.span = span
 
     def _normalize(self, x: jax.Array) -> jax.Array:
-        groups = x.reshape(*x.shape[:-1], -1, self.group_size)
-        return rms_normalize(groups, self.eps).reshape(x.shape) * self.weight[...]
+        groups = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, self.group_size)
+        sum_sq = self.tp.sum_over_span(jnp.sum(groups * groups, axis=-1, keepdims=True), self.span)
+        mean_sq = sum_sq / (self.group_size * self.span)
+        normed = groups * jax.lax.rsqrt(mean_sq + self.eps)
+        return normed.reshape(x.shape) * self.weight[...]
 
     def __call__(self, y: jax.Array, z: jax.Array) -> jax.Array:
         gate = jax.nn.silu(z.astype(jnp.float32))

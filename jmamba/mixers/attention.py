@@ -27,6 +27,7 @@ from jmamba.mixers.token_layout import (
     prefill_token_rows,
     split_sections,
 )
+from jmamba.shard_rules import REPLICATED, Segment, ShardRule, split
 from pallas_kernels import ops
 
 
@@ -49,6 +50,45 @@ class KVCache:
     ) -> KVCache:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+    @classmethod
+    def tp_axes(cls) -> KVCache:
+        """The axis of each array that tensor parallelism splits: the KV heads."""
+        return cls(2, 2)
+
+
+def _heads(cfg: AttentionConfig) -> tuple[Segment, Segment]:
+    """Query heads (each with its output gate) and KV heads, as units of the projections."""
+    q_width = cfg.head_dim * (2 if cfg.output_gate else 1)  # per head: [q | gate]
+    return (
+        Segment("attention.num_heads", cfg.num_heads, q_width),
+        Segment("attention.num_kv_heads", cfg.num_kv_heads, cfg.head_dim, replicable=True),
+    )
+
+
+def attention_shard(cfg: AttentionConfig, shards: int) -> AttentionConfig:
+    """The config of one of `shards` tensor-parallel shards: its query heads, and its KV heads
+    (the one its query heads read when there are fewer KV heads than shards)."""
+    heads, kv_heads = _heads(cfg)
+    return dataclasses.replace(
+        cfg, num_heads=heads.local_units(shards), num_kv_heads=kv_heads.local_units(shards)
+    )
+
+
+def attention_tp_rules(cfg: AttentionConfig) -> dict[tuple[str, ...], ShardRule]:
+    """Query heads over tp (q_proj's columns, o_proj's rows: row-parallel), KV heads over tp or
+    replicated (k_proj, v_proj), the per-head q/k norms whole."""
+    heads, kv_heads = _heads(cfg)
+    o_rows = dataclasses.replace(heads, unit_size=cfg.head_dim)
+    rules = {
+        ("q_proj", "kernel"): split(1, heads),
+        ("k_proj", "kernel"): split(1, kv_heads),
+        ("v_proj", "kernel"): split(1, kv_heads),
+        ("o_proj", "kernel"): split(0, o_rows),
+    }
+    if cfg.qk_norm:
+        rules |= {("q_norm", "weight"): REPLICATED, ("k_norm", "weight"): REPLICATED}
+    return rules
 
 
 class Attention(nnx.Module):

@@ -30,6 +30,7 @@ from jmamba.layers.linear import Linear
 from jmamba.layers.norms import HeadGatedRMSNorm
 from jmamba.mixers.boundary_states import kernel_rows, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
+from jmamba.shard_rules import REPLICATED, Segment, ShardRule, split
 from pallas_kernels import ops
 
 
@@ -54,6 +55,43 @@ class GDNState:
             jnp.zeros((num_slots, cfg.conv_dim, cfg.d_conv - 1), dtype),
             jnp.zeros((num_slots, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), state_dtype),
         )
+
+    @classmethod
+    def tp_axes(cls) -> GDNState:
+        """The axis of each array that tensor parallelism splits: conv channels, value heads."""
+        return cls(1, 1)
+
+
+def _heads(cfg: GDNConfig) -> tuple[Segment, Segment]:
+    """Key heads (head_k_dim channels each) and value heads (head_v_dim each)."""
+    return (
+        Segment("gdn.num_k_heads", cfg.num_k_heads, cfg.head_k_dim, replicable=True),
+        Segment("gdn.num_v_heads", cfg.num_v_heads, cfg.head_v_dim),
+    )
+
+
+def gdn_shard(cfg: GDNConfig, shards: int) -> GDNConfig:
+    """The config of one of `shards` tensor-parallel shards: its value heads, and its key heads
+    (the one its value heads read when there are fewer key heads than shards)."""
+    k_heads, v_heads = _heads(cfg)
+    return dataclasses.replace(
+        cfg, num_k_heads=k_heads.local_units(shards), num_v_heads=v_heads.local_units(shards)
+    )
+
+
+def gdn_tp_rules(cfg: GDNConfig) -> dict[tuple[str, ...], ShardRule]:
+    """Value heads over tp with their v and z channels, gates, conv channels and out_proj rows
+    (row-parallel); key heads (q and k channels) over tp or replicated; the per-head norm whole."""
+    k_heads, v_heads = _heads(cfg)
+    per_head = dataclasses.replace(v_heads, unit_size=1)
+    return {
+        ("in_proj", "kernel"): split(1, k_heads, k_heads, v_heads, v_heads, per_head, per_head),
+        ("conv_weight",): split(0, k_heads, k_heads, v_heads),  # [q | k | v]
+        ("dt_bias",): split(0, per_head),
+        ("A_log",): split(0, per_head),
+        ("norm", "weight"): REPLICATED,
+        ("out_proj", "kernel"): split(0, v_heads),
+    }
 
 
 class GatedDeltaNet(nnx.Module):

@@ -32,6 +32,8 @@ from jmamba.layers.linear import Linear
 from jmamba.layers.norms import GroupGatedRMSNorm, SiluGate
 from jmamba.mixers.boundary_states import kernel_rows, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
+from jmamba.shard_rules import Segment, ShardRule, split
+from jmamba.tensor_parallel import WHOLE, TensorParallel
 from pallas_kernels import ops
 
 
@@ -81,19 +83,83 @@ class Mamba2State:
             jnp.zeros((num_slots, cfg.num_heads, cfg.head_dim, cfg.d_state), ssm_dtype),
         )
 
+    @classmethod
+    def tp_axes(cls) -> Mamba2State:
+        """The axis of each array that tensor parallelism splits: conv channels, SSM heads."""
+        return cls(1, 1)
 
-def gate_norm(cfg: Mamba2Config, eps: float) -> GroupGatedRMSNorm | SiluGate:
-    """The module `(y, z) -> gated y` of `cfg.gate_norm` (see `Mamba2Config`)."""
+
+def _units(cfg: Mamba2Config) -> tuple[Segment, Segment, Segment]:
+    """Heads (head_dim channels each), B or C groups (d_state each) and heads as scalars."""
+    heads = Segment("mamba2.num_heads", cfg.num_heads, cfg.head_dim)
+    groups = Segment("mamba2.n_groups", cfg.n_groups, cfg.d_state, replicable=True)
+    return heads, groups, dataclasses.replace(heads, unit_size=1)
+
+
+def mamba2_shard(cfg: Mamba2Config, shards: int) -> Mamba2Config:
+    """The config of one of `shards` tensor-parallel shards: its heads, and its B/C groups (the
+    one its heads use when there are fewer groups than shards; the gated norm's group then spans
+    shards / n_groups shards)."""
+    heads, groups, _ = _units(cfg)
+    local_groups = groups.local_units(shards)
+    return dataclasses.replace(
+        cfg,
+        num_heads=heads.local_units(shards),
+        n_groups=local_groups,
+        norm_group_shards=max(1, shards // cfg.n_groups),
+    )
+
+
+def mamba2_tp_rules(cfg: Mamba2Config) -> dict[tuple[str, ...], ShardRule]:
+    """SSM heads over tp with their conv channels, A, D and dt_bias; B/C groups over tp or
+    replicated; the gated norm's weight with its heads; out_proj row-parallel."""
+    heads, groups, scalars = _units(cfg)
+    conv = split(0, heads, groups, groups)  # [x | B | C]
+    rules = {
+        ("in_proj", "kernel"): split(1, heads, heads, groups, groups, scalars),  # z x B C dt
+        ("conv_weight",): conv,
+        ("dt_bias",): split(0, scalars),
+        ("A",): split(0, scalars),
+        ("D",): split(0, scalars),
+        ("out_proj", "kernel"): split(0, heads),
+    }
+    if cfg.conv_bias:
+        rules[("conv_bias",)] = conv
+    if cfg.gate_norm != "gate_only":
+        rules[("norm", "weight")] = split(0, heads)
+    return rules
+
+
+def gate_norm(
+    cfg: Mamba2Config, eps: float, tp: TensorParallel = WHOLE
+) -> GroupGatedRMSNorm | SiluGate:
+    """The module `(y, z) -> gated y` of `cfg.gate_norm` (see `Mamba2Config`); `tp` sums the
+    squares of a norm group that spans `cfg.norm_group_shards` shards."""
     if cfg.gate_norm == "gate_only":
         return SiluGate()
     group_size = cfg.d_inner // cfg.n_groups
-    return GroupGatedRMSNorm(cfg.d_inner, group_size, eps, cfg.gate_norm == "norm_then_gate")
+    return GroupGatedRMSNorm(
+        cfg.d_inner,
+        group_size,
+        eps,
+        cfg.gate_norm == "norm_then_gate",
+        tp=tp,
+        span=cfg.norm_group_shards,
+    )
 
 
 class Mamba2(nnx.Module):
     """The Mamba2 token mixer: `(x, state, inputs) -> (y, new_state)`."""
 
-    def __init__(self, hidden: int, cfg: Mamba2Config, norm_eps: float, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden: int,
+        cfg: Mamba2Config,
+        norm_eps: float,
+        *,
+        rngs: nnx.Rngs,
+        tp: TensorParallel = WHOLE,
+    ):
         self.cfg = cfg
         self.in_proj = Linear(
             hidden, 2 * cfg.d_inner + 2 * cfg.n_groups * cfg.d_state + cfg.num_heads, rngs=rngs
@@ -108,7 +174,7 @@ class Mamba2(nnx.Module):
         a_log = np.log(np.arange(1, cfg.num_heads + 1, dtype=np.float32))
         self.A = Fp32Param(jnp.asarray(a_from_log(a_log)))
         self.D = Fp32Param(jnp.ones((cfg.num_heads,), jnp.float32))
-        self.norm = gate_norm(cfg, norm_eps if cfg.gate_norm_eps is None else cfg.gate_norm_eps)
+        self.norm = gate_norm(cfg, norm_eps if cfg.gate_norm_eps is None else cfg.gate_norm_eps, tp)
         self.out_proj = Linear(cfg.d_inner, hidden, rngs=rngs)
 
     def _conv_args(self) -> tuple[jax.Array, jax.Array | None]:

@@ -7,15 +7,9 @@ layer's KV blocks, the Mamba2 half its state slot, so a request needs both (and 
 needs the KV blocks and the state of the same prefix). Falcon-H1's multipliers on the two outputs
 (and on their inputs) are folded into the weights at load time (`jmamba.config.WeightMultipliers`).
 
-Tensor parallelism (not built yet): both halves split by head over `tp` and share one all-reduce.
-Attention splits q_proj's columns by query head and k_proj / v_proj's by KV head (the KV cache on
-its kv-heads axis; KV heads replicated when there are fewer than `tp`), o_proj's rows by head.
-Mamba2 splits in_proj's z, x and dt columns by head and its B, C columns by group (n_groups a
-multiple of `tp`, else B and C replicated), the conv channels, A, D and dt_bias likewise,
-out_proj's rows by head, and the state's conv channel and head axes. The gated group norm's
-weight splits with its groups, which stay on one rank when n_groups is a multiple of `tp`;
-otherwise its mean of squares needs a reduction across ranks ("gate_only" has no norm). Each rank
-sums its two partial outputs before the one all-reduce of the layer.
+Tensor parallelism: both halves split by head over `tp` as they do alone
+(`attention_tp_rules`, `mamba2_tp_rules`) and share one all-reduce: each shard returns the sum of
+its two partial outputs and the layer (`jmamba.model.Layer`) all-reduces it once.
 """
 
 from __future__ import annotations
@@ -28,8 +22,10 @@ from flax import nnx
 
 from jmamba.config import AttentionConfig, Mamba2Config
 from jmamba.inputs import StepInputs
-from jmamba.mixers.attention import Attention, KVCache
-from jmamba.mixers.mamba2 import Mamba2, Mamba2State
+from jmamba.mixers.attention import Attention, KVCache, attention_tp_rules
+from jmamba.mixers.mamba2 import Mamba2, Mamba2State, mamba2_tp_rules
+from jmamba.shard_rules import ShardRule
+from jmamba.tensor_parallel import WHOLE, TensorParallel
 
 
 @jax.tree_util.register_dataclass
@@ -62,6 +58,19 @@ class ParallelHybridCache:
             Mamba2State.zeros(mamba2, num_slots, dtype, state_dtype),
         )
 
+    @classmethod
+    def tp_axes(cls) -> ParallelHybridCache:
+        """The axis of each array that tensor parallelism splits (each half's own)."""
+        return cls(KVCache.tp_axes(), Mamba2State.tp_axes())
+
+
+def parallel_hybrid_tp_rules(
+    attention: AttentionConfig, mamba2: Mamba2Config
+) -> dict[tuple[str, ...], ShardRule]:
+    """Each half's rules under its name."""
+    halves = {"attention": attention_tp_rules(attention), "mamba2": mamba2_tp_rules(mamba2)}
+    return {(half, *path): rule for half, rules in halves.items() for path, rule in rules.items()}
+
 
 class ParallelHybrid(nnx.Module):
     """`(x, cache, inputs) -> (attention(x) + mamba2(x), new cache)`."""
@@ -75,9 +84,10 @@ class ParallelHybrid(nnx.Module):
         norm_offset: float,
         *,
         rngs: nnx.Rngs,
+        tp: TensorParallel = WHOLE,
     ):
         self.attention = Attention(hidden, attention, norm_eps, norm_offset, rngs=rngs)
-        self.mamba2 = Mamba2(hidden, mamba2, norm_eps, rngs=rngs)
+        self.mamba2 = Mamba2(hidden, mamba2, norm_eps, rngs=rngs, tp=tp)
 
     def __call__(
         self, x: jax.Array, cache: ParallelHybridCache, inputs: StepInputs

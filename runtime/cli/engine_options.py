@@ -59,7 +59,20 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         "--data-parallel-size",
         type=int,
         default=1,
-        help="ranks of the data-parallel mesh (one device each)",
+        help="ranks of the data-parallel mesh (tensor-parallel-size devices each)",
+    )
+    budgets.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="devices each rank's model is split over (heads, channels, experts, vocabulary)",
+    )
+    budgets.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="fraction of each GPU's memory for parameters and pools: sizes the KV blocks "
+        "(default: enough blocks for max-num-seqs requests of max-model-len)",
     )
     budgets.add_argument(
         "--async-scheduling",
@@ -150,6 +163,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         data_parallel_size=args.data_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         prefix_caching=args.prefix_caching,
         state_block_size=args.state_block_size,
         max_cached_states=args.max_cached_states,

@@ -6,6 +6,7 @@ import dataclasses
 import math
 
 from runtime.core import checks
+from runtime.core.pool_memory import PoolMemory
 from runtime.core.speculative_config import (
     SpeculativeConfig,
     default_num_slots,
@@ -30,6 +31,7 @@ STEP_SHAPE_FIELDS = (
     "prefill_token_buckets",
     "prefill_row_buckets",
     "data_parallel_size",
+    "tensor_parallel_size",
 )
 POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
@@ -77,7 +79,13 @@ class EngineConfig:
       max_model_len: longest sequence (prompt + generated tokens) a request may reach.
       block_size: tokens per attention KV block.
       num_blocks: KV blocks per attention layer, block 0 (NULL) included; None sizes the pool so
-        that every request can reach max_model_len.
+        that every request can reach max_model_len, or, with gpu_memory_utilization, from memory.
+      gpu_memory_utilization: fraction of each device's memory the parameters and pools may take
+        (vLLM's 0.9 leaves room for the step's activations): with num_blocks None, the KV blocks
+        are what it leaves beside the parameter shard and the state slots
+        (`runtime.core.pool_memory`), a ValueError when not even one request of max_model_len
+        fits. None (the default): num_blocks as above. Needs a device that reports its memory
+        (a GPU; not the CPU).
       num_slots: recurrent-state slots per recurrent layer, slot 0 (NULL) included: one per
         running request, with speculative decoding 1 + K fresh lane slots per decode row during
         a step (the state after each lane, kept or given back after verification), plus the
@@ -92,6 +100,11 @@ class EngineConfig:
       data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
         max_num_seqs and max_num_batched_tokens above is per rank: each rank has its own scheduler,
         its own KV blocks and state slots (each with its own NULL block and slot 0).
+      tensor_parallel_size: devices each rank's model is split over (tensor and expert
+        parallelism, `jmamba.sharding`): the mesh has data_parallel_size x tensor_parallel_size
+        devices. Pool sizes count requests' blocks and slots as before; each device holds its
+        shard of every one (its KV heads, its state heads). The model's head, group, channel and
+        expert counts must split (a ValueError names the field and the sizes that work).
       seed: seeds the sampling of requests that set no seed of their own.
       validate_inputs: check every step's `StepInputs` against the invariants of
         docs/architecture.md ("Sentinels and invariants"); for debugging and tests.
@@ -137,6 +150,8 @@ class EngineConfig:
     prefill_token_buckets: tuple[int, ...] | None = None
     prefill_row_buckets: tuple[int, ...] | None = None
     data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
     seed: int = 0
     validate_inputs: bool = False
     step_records: int = 256
@@ -154,19 +169,20 @@ class EngineConfig:
         checks.integer("block_size", self.block_size, low=1)
         checks.integer("seed", self.seed, low=0)
         checks.integer("data_parallel_size", self.data_parallel_size, low=1)
+        checks.integer("tensor_parallel_size", self.tensor_parallel_size, low=1)
         checks.flag("validate_inputs", self.validate_inputs)
         checks.integer("step_records", self.step_records, low=0)
         checks.flag("freeze_gc", self.freeze_gc)
         if self.max_num_batched_tokens is not None:
             checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, low=1)
-        blocks = self.num_blocks if self.num_blocks is not None else self._default_num_blocks
-        object.__setattr__(self, "num_blocks", checks.integer("num_blocks", blocks, low=2))
-        if self.num_blocks - 1 < self.max_blocks_per_seq:
-            raise ValueError(
-                f"num_blocks={self.num_blocks} must be >= {self.max_blocks_per_seq + 1}: one "
-                f"request of max_model_len={self.max_model_len} needs "
-                f"{self.max_blocks_per_seq} blocks of block_size={self.block_size} + NULL"
-            )
+        utilization = self.gpu_memory_utilization
+        if utilization is not None and not (
+            isinstance(utilization, float) and 0 < utilization <= 1
+        ):
+            raise ValueError(f"gpu_memory_utilization={utilization!r} must be a float in (0, 1]")
+        if not self.sizes_blocks_from_memory:
+            blocks = self.num_blocks
+            self._set_num_blocks(self._default_num_blocks if blocks is None else blocks)
         speculative = SpeculativeConfig.of(self.speculative)
         object.__setattr__(self, "speculative", speculative)
         checks.flag("async_scheduling", self.async_scheduling)
@@ -185,14 +201,30 @@ class EngineConfig:
         if tokens is not None:
             self._set_buckets("prefill_token_buckets", powers_of_two_up_to(tokens, 8), tokens)
 
-    def resolved(self, chunk_size: int) -> EngineConfig:
-        """This config with every None derived for a model of `chunk_size`: the prefix caching
-        mode, state_block_size, max_cached_states, num_slots and the token budget (a config
-        resolved once resolves to itself).
+    def _set_num_blocks(self, blocks: int) -> None:
+        object.__setattr__(self, "num_blocks", checks.integer("num_blocks", blocks, low=2))
+        if self.num_blocks - 1 < self.max_blocks_per_seq:
+            raise ValueError(
+                f"num_blocks={self.num_blocks} must be >= {self.max_blocks_per_seq + 1}: one "
+                f"request of max_model_len={self.max_model_len} needs "
+                f"{self.max_blocks_per_seq} blocks of block_size={self.block_size} + NULL"
+            )
 
-        Raises ValueError when state_block_size is not a multiple of `chunk_size`, or when an
+    @property
+    def sizes_blocks_from_memory(self) -> bool:
+        """Whether `resolved` takes num_blocks from device memory (gpu_memory_utilization set,
+        num_blocks not given)."""
+        return self.gpu_memory_utilization is not None and self.num_blocks is None
+
+    def resolved(self, chunk_size: int, memory: PoolMemory | None = None) -> EngineConfig:
+        """This config with every None derived for a model of `chunk_size`: the prefix caching
+        mode, state_block_size, max_cached_states, num_slots, the token budget and, with
+        gpu_memory_utilization, num_blocks from `memory` (a config resolved once resolves to
+        itself).
+
+        Raises ValueError when state_block_size is not a multiple of `chunk_size`, when an
         explicitly named prefix caching mode cannot work with this config (never a silent
-        downgrade).
+        downgrade), or when num_blocks comes from memory and `memory` is None or too small.
         """
         unit = math.lcm(chunk_size, self.block_size)
         sbs = self.state_block_size or unit
@@ -217,6 +249,15 @@ class EngineConfig:
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = default_token_budget(sbs if mode == "align" else chunk_size, seqs)
+        blocks = self.num_blocks
+        if self.sizes_blocks_from_memory:
+            if memory is None:
+                raise ValueError(
+                    f"gpu_memory_utilization={self.gpu_memory_utilization} needs a device that "
+                    "reports its memory (the CPU does not): give num_blocks instead"
+                )
+            needed = max(self.max_blocks_per_seq + 1, 2)
+            blocks = memory.num_blocks(self.gpu_memory_utilization, slots, needed)
         return dataclasses.replace(
             self,
             prefix_caching=mode,
@@ -224,6 +265,7 @@ class EngineConfig:
             max_cached_states=cached,
             num_slots=slots,
             max_num_batched_tokens=budget,
+            num_blocks=blocks,
         )
 
     def check_same_shapes(self, other: EngineConfig, whose: str) -> None:

@@ -1,13 +1,17 @@
 """`ModelRunner`: the model split once, one compiled SPMD step per variant, caches donated.
 
-The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)` of one rank,
-run on every rank of the data-parallel mesh at once through `jax.shard_map`: parameters are
-replicated, every cache pool is split on its pool axis (rank r owns blocks / slots
-`[r * n, (r + 1) * n)` of the global array and sees them as its own `[0, n)`, 0 being its NULL
-entry), and the packed inputs are stacked `[ranks, words]`, one row per rank. A rank with no work is
+The step is the pure function `(params, caches, inputs, sampling) -> (tokens, caches)` of one
+device, run on every device of the `(dp, tp)` mesh at once through `jax.shard_map`: each device
+holds its tensor-parallel shard of the parameters (`placement.py`: stacked `[tp, ...]`, split over
+`tp`, replicated over `dp`), every cache pool is split on its pool axis over `dp` (rank r owns
+blocks / slots `[r * n, (r + 1) * n)` of the global array and sees them as its own `[0, n)`, 0
+being its NULL entry) and on its head axis over `tp`, and the packed inputs are stacked
+`[ranks, words]`, one row per rank, the same on every shard of the rank. A rank with no work is
 given an all-padding row (the idle-rank dummy step): it runs the same program and, by
-docs/architecture.md section 5 invariant 6, writes nothing but NULL entries. With one device this
-is a mesh of one rank.
+docs/architecture.md section 5 invariant 6, writes nothing but NULL entries. The shard model
+reaches the other shards of its rank through its collectives (`jmamba.tensor_parallel`) and
+returns the whole vocabulary's logits, so sampling is the same on every shard. With one device
+this is a 1 x 1 mesh.
 
 Sampling runs inside the step, so only int32 token ids (and, per speculative decode lane, whether
 it accepted the next lane's draft; in a variant whose sampling mode asks for them, the sampled and
@@ -44,12 +48,15 @@ from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from jmamba.inputs import StepInputs
+from jmamba.tensor_parallel import TP_AXIS
 from runtime.core.buckets import Bucket
 from runtime.core.builder import StepBatch, build_dummy
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
-from runtime.device.distributed import AXIS, DataParallelMesh, make_mesh
+from runtime.device.distributed import AXIS, DeviceMesh, make_mesh
+from runtime.device.memory import pool_memory
 from runtime.device.packing import Layout, layout_of, pack, unpack
+from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
 from runtime.device.sampler import accept_drafts, fed_tokens, logprobs, sample
 from runtime.device.step_buffers import StepBuffers, StepOutputs
 
@@ -74,14 +81,16 @@ def _rank_step(
     packed,
     previous,
 ):
-    """One rank's step on its own shard: packed [1, words] and the previous step's tokens
-    [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities (when `mode.logprobs`), logits
-    (when `keep_logits`), caches, this step's tokens [1, C] for the next step. A step that carries
-    no tokens (`previous` None: a synchronous engine's) packs no token sources."""
+    """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
+    the previous step's tokens [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities
+    (when `mode.logprobs`), logits (when `keep_logits`), caches, this step's tokens [1, C] for the
+    next step. A step that carries no tokens (`previous` None: a synchronous engine's) packs no
+    token sources."""
     inputs, sampling, *sources = unpack(packed[0], layout)
     if previous is not None:
         inputs = _with_previous_tokens(inputs, sources[0], previous[0])
-    model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, param_leaves))
+    shard_params = [leaf[0] for leaf in param_leaves]
+    model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
     logits, caches = model(inputs, caches)
     with jax.named_scope("sampler"):
         tokens = sample(logits, sampling, mode, fed_tokens(inputs))
@@ -109,7 +118,8 @@ def _with_previous_tokens(
 
 
 def _spmd_step(
-    mesh: DataParallelMesh,
+    mesh: DeviceMesh,
+    cache_specs,
     graphdef,
     param_treedef,
     keep_logits: bool,
@@ -121,18 +131,19 @@ def _spmd_step(
     outputs,
     carried,
 ):
-    """The step over all ranks: -> (caches, StepOutputs, carried). `outputs` (the variant's
-    buffers, or None when only shapes are asked for) is never read: donated, it gives the new
-    outputs their addresses (`runtime.device.step_buffers`)."""
+    """The step over all devices: -> (caches, StepOutputs, carried). `cache_specs`: each cache
+    array's `PartitionSpec`. `outputs` (the variant's buffers, or None when only shapes are asked
+    for) is never read: donated, it gives the new outputs their addresses
+    (`runtime.device.step_buffers`)."""
     del outputs
     by_rank = P(AXIS)
-    cache_specs = jax.tree.map(lambda _: by_rank, caches)
+    param_specs = [P(TP_AXIS)] * len(param_leaves)
     step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
     logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
     tokens, token_logprobs, logits, caches, carried = jax.shard_map(
         step,
         mesh=mesh.mesh,
-        in_specs=(P(), cache_specs, by_rank, None if carried is None else by_rank),
+        in_specs=(param_specs, cache_specs, by_rank, None if carried is None else by_rank),
         out_specs=(
             by_rank,
             logprob_specs,
@@ -160,29 +171,49 @@ class ModelRunner:
     """Holds params and caches on the mesh; compiles and runs one SPMD step per variant.
 
     Attributes:
-      mesh: the data-parallel mesh (`config.data_parallel_size` ranks).
-      caches: the device caches, every pool `[ranks * pool size, ...]` split by rank (replaced,
-        not mutated, by every step: the old ones are donated).
+      mesh: the `(dp, tp)` mesh (`config.data_parallel_size` ranks of
+        `config.tensor_parallel_size` shards).
+      caches: the device caches, every pool `[ranks * pool size, ...]` split by rank, and on its
+        head axis by shard (replaced, not mutated, by every step: the old ones are donated).
+      cache_shardings: each cache array's `NamedSharding`.
       last_logits: [local ranks, N, vocab] fp32 logits of the last step when `keep_logits`.
       last_logprobs: per local rank, the last step's `TokenLogprobs` (host arrays) of each
         scheduled request's sampled row, when its sampling mode asked for them; else None.
       compile_seconds: time spent compiling, per `VariantKey`.
     """
 
-    def __init__(self, model: nnx.Module, config: EngineConfig, *, keep_logits: bool = False):
-        self.config = config = config.resolved(model.config.chunk_size)
-        self.mesh = make_mesh(config.data_parallel_size)
-        self.graphdef, self.params = nnx.split(model)
-        leaves, self._param_treedef = jax.tree.flatten(self.params)
-        self._param_leaves = jax.device_put(leaves, self.mesh.replicated)
-        self.caches = self._init_caches(model)
+    def __init__(
+        self,
+        model: nnx.Module,
+        config: EngineConfig,
+        *,
+        keep_logits: bool = False,
+        params: ParamSource = place_params,
+    ):
+        """`params` puts each device's parameter shard on it: `place_params` slices `model`'s
+        values; `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
+        self.config = config = config.resolved(model.config.chunk_size, pool_memory(model, config))
+        self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
+        placed = params(model, self.mesh)
+        self.graphdef, self._param_treedef = placed.graphdef, placed.treedef
+        self._param_leaves, self._num_params = placed.leaves, placed.num_params
+        self._shard_model = placed.shard_model
+        self.cache_shardings = cache_shardings(placed.shard_model, self.mesh)
+        self.caches = zero_caches(
+            placed.shard_model,
+            self.mesh,
+            num_blocks=config.num_blocks,
+            block_size=config.block_size,
+            num_slots=config.num_slots,
+        )
         self.buffers = StepBuffers(self.mesh, carried_tokens(config))
         self.keep_logits = keep_logits
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
+        cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(
-            functools.partial(_spmd_step, self.mesh),
+            functools.partial(_spmd_step, self.mesh, cache_specs),
             static_argnums=(0, 1, 2, 3, 4),
             donate_argnames=("caches", "outputs", "carried"),
             keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses
@@ -202,8 +233,8 @@ class ModelRunner:
 
     @property
     def num_params(self) -> int:
-        """Parameters of the model (one replica)."""
-        return sum(int(leaf.size) for leaf in self._param_leaves)
+        """Parameters of the model (the whole model, however many shards hold it)."""
+        return self._num_params
 
     @property
     def total_compile_seconds(self) -> float:
@@ -334,20 +365,6 @@ class ModelRunner:
         layout = self._layouts[key]
         rows = np.stack([pack(_packed_tree(b, key.carry), layout) for b in batches])
         return self.mesh.global_array(rows)
-
-    def _init_caches(self, model: nnx.Module) -> Any:
-        """Zeroed caches, each pool `ranks x` its per-rank size, created directly on the mesh."""
-        ranks, config = self.mesh.size, self.config
-
-        def zeros():
-            return model.init_caches(
-                num_blocks=ranks * config.num_blocks,
-                block_size=config.block_size,
-                num_slots=ranks * config.num_slots,
-            )
-
-        shapes = jax.eval_shape(zeros)
-        return jax.jit(zeros, out_shardings=jax.tree.map(lambda _: self.mesh.by_rank, shapes))()
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
         return self._finish_compile(key, *self._lower(key, batch))

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from runtime.core.sampling_inputs import TokenLogprobs
-from runtime.device.distributed import DataParallelMesh
+from runtime.device.distributed import DeviceMesh
 
 
 class StepOutputs(NamedTuple):
@@ -65,7 +65,7 @@ class StepBuffers:
     """The packed-input slots and output buffers of every compiled variant, and the carried
     tokens, each on the mesh split by rank. Keys are the runner's variant keys."""
 
-    def __init__(self, mesh: DataParallelMesh, carried_width: int):
+    def __init__(self, mesh: DeviceMesh, carried_width: int):
         self._mesh = mesh
         self._packed: dict[Any, jax.Array] = {}
         self._outputs: dict[Any, StepOutputs] = {}

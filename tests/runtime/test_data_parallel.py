@@ -47,10 +47,9 @@ def set_null_entries(runner: ModelRunner, value: float) -> None:
     def poison(leaf):
         return leaf.at[np.arange(ranks) * (leaf.shape[0] // ranks)].set(value)
 
-    shardings = jax.tree.map(lambda _: runner.mesh.by_rank, runner.caches)
-    runner.caches = jax.jit(lambda c: jax.tree.map(poison, c), out_shardings=shardings)(
-        runner.caches
-    )
+    runner.caches = jax.jit(
+        lambda c: jax.tree.map(poison, c), out_shardings=runner.cache_shardings
+    )(runner.caches)
 
 
 def rank_shards(runner: ModelRunner, rank: int) -> list[np.ndarray]:

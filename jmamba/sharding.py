@@ -1,0 +1,148 @@
+"""A model split over T tensor-parallel shards: the config of one shard, and each parameter's rule.
+
+`shard_config(cfg, T)` is the config of one shard: every layer kind holds its own heads, groups,
+channels and experts (the per-kind functions next to each layer: `attention_shard`, ...), and
+`num_shards = T`, so `HybridLM(shard_config(cfg, T))` is the model one device runs inside
+`jax.shard_map`, on local shapes, with the collectives of `jmamba.tensor_parallel`.
+`param_rules(cfg)` gives, for every parameter path of `HybridLM(cfg)`, how its whole value splits
+into the shards' values (`jmamba.shard_rules`), gathered from the per-kind rule tables
+(`attention_tp_rules`, ...); `shard_values` applies them on the host, so a loader can place each
+shard on its own device without the whole model ever sitting on one.
+
+docs/architecture.md ("Tensor parallelism") has the table of every layer kind's rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.layers.mlp import mlp_tp_rules
+from jmamba.layers.moe import moe_tp_rules
+from jmamba.mixers.attention import attention_shard, attention_tp_rules
+from jmamba.mixers.gated_deltanet import gdn_shard, gdn_tp_rules
+from jmamba.mixers.mamba2 import mamba2_shard, mamba2_tp_rules
+from jmamba.mixers.parallel_hybrid import parallel_hybrid_tp_rules
+from jmamba.shard_rules import REPLICATED, Segment, ShardError, ShardRule, split
+
+Path_ = tuple[str | int, ...]
+MAX_TENSOR_PARALLEL_SIZE = 64  # the sizes an error message lists as working go up to this
+
+
+def shard_config(cfg: ModelConfig, shards: int) -> ModelConfig:
+    """The config of one of `shards` tensor-parallel shards of the model `cfg` (`cfg` itself
+    for one shard). ValueError, naming the field and the sizes that work, when a head, group,
+    channel or expert count cannot be split."""
+    if shards < 1:
+        raise ValueError(f"tensor_parallel_size={shards} must be >= 1")
+    try:
+        return _local_config(cfg, shards)
+    except ShardError as error:
+        works = ", ".join(map(str, tensor_parallel_sizes(cfg)))
+        raise ValueError(
+            f"{error} of {cfg.architecture}; tensor_parallel_size values that work: {works}"
+        ) from None
+
+
+def tensor_parallel_sizes(cfg: ModelConfig) -> list[int]:
+    """The shard counts up to `MAX_TENSOR_PARALLEL_SIZE` that split every layer kind of `cfg`."""
+    return [t for t in range(1, MAX_TENSOR_PARALLEL_SIZE + 1) if _splits(cfg, t)]
+
+
+def _splits(cfg: ModelConfig, shards: int) -> bool:
+    try:
+        _local_config(cfg, shards)
+    except ShardError:
+        return False
+    return True
+
+
+def _local_config(cfg: ModelConfig, shards: int) -> ModelConfig:
+    """Every used layer kind's config of one shard (ShardError when one cannot split)."""
+    if shards == 1:
+        return cfg
+    local = {}
+    kinds = set(cfg.mixers) | set(cfg.ffns)
+    if Mixer.TRANSFORMER_MAMBA2 in kinds:  # its rules are written down, not yet built
+        raise ShardError(
+            "mixers: Zamba2's shared transformer blocks (Mixer.TRANSFORMER_MAMBA2) are not split "
+            "over tensor parallelism yet"
+        )
+    if kinds & {Mixer.ATTENTION, Mixer.PARALLEL_HYBRID}:
+        local["attention"] = attention_shard(cfg.attention, shards)
+    if kinds & {Mixer.MAMBA2, Mixer.PARALLEL_HYBRID}:
+        local["mamba2"] = mamba2_shard(cfg.mamba2, shards)
+    if Mixer.GDN in kinds:
+        local["gdn"] = gdn_shard(cfg.gdn, shards)
+    if Ffn.MLP in kinds:
+        size = Segment("mlp.intermediate_size", cfg.mlp.intermediate_size).local_units(shards)
+        local["mlp"] = dataclasses.replace(cfg.mlp, intermediate_size=size)
+    if Ffn.MOE in kinds:
+        moe = cfg.moe
+        Segment("moe.num_experts", moe.num_experts).local_units(shards)  # the module splits them
+        shared = Segment("moe.shared_intermediate_size", moe.shared_intermediate_size)
+        local["moe"] = dataclasses.replace(moe, shared_intermediate_size=shared.local_units(shards))
+    return dataclasses.replace(cfg, num_shards=shards, **local)
+
+
+def _vocab(cfg: ModelConfig) -> Segment:
+    return Segment("vocab_size", cfg.vocab_size, padded=True)
+
+
+def _mixer_rules(kind: Mixer, cfg: ModelConfig) -> dict[Path_, ShardRule]:
+    match kind:
+        case Mixer.ATTENTION:
+            return attention_tp_rules(cfg.attention)
+        case Mixer.MAMBA2:
+            return mamba2_tp_rules(cfg.mamba2)
+        case Mixer.GDN:
+            return gdn_tp_rules(cfg.gdn)
+        case Mixer.PARALLEL_HYBRID:
+            return parallel_hybrid_tp_rules(cfg.attention, cfg.mamba2)
+    return {}
+
+
+def _ffn_rules(kind: Ffn, cfg: ModelConfig) -> dict[Path_, ShardRule]:
+    match kind:
+        case Ffn.MLP:
+            mlp = cfg.mlp
+            gated = mlp.activation == "silu_gated"
+            return mlp_tp_rules("mlp.intermediate_size", mlp.intermediate_size, gated)
+        case Ffn.MOE:
+            return moe_tp_rules(cfg.moe)
+    return {}
+
+
+def param_rules(cfg: ModelConfig) -> dict[Path_, ShardRule]:
+    """Every parameter path of `HybridLM(cfg)` (a whole model) -> how it splits over tp."""
+    rules: dict[Path_, ShardRule] = {
+        ("embed",): split(0, _vocab(cfg)),
+        ("final_norm", "weight"): REPLICATED,
+    }
+    if not cfg.tie_word_embeddings:
+        rules[("lm_head", "kernel")] = split(1, _vocab(cfg))
+    for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
+        if mixer != Mixer.NONE:
+            rules[("layers", i, "mixer_norm", "weight")] = REPLICATED
+            for path, rule in _mixer_rules(mixer, cfg).items():
+                rules[("layers", i, "mixer", *path)] = rule
+        if ffn != Ffn.NONE:
+            rules[("layers", i, "ffn_norm", "weight")] = REPLICATED
+            for path, rule in _ffn_rules(ffn, cfg).items():
+                rules[("layers", i, "ffn", *path)] = rule
+    return rules
+
+
+def shard_values(
+    cfg: ModelConfig, shards: int, params: dict[Path_, np.ndarray]
+) -> Iterator[tuple[Path_, list[np.ndarray]]]:
+    """For each (path, whole value) of `params` (host arrays of a whole model of `cfg`), the
+    path and its `shards` shard values, in shard order (one parameter at a time)."""
+    shard_config(cfg, shards)  # a clear error before any slicing
+    rules = param_rules(cfg)
+    for path, value in params.items():
+        rule = rules[path]
+        yield path, [rule.take(np.asarray(value), t, shards) for t in range(shards)]

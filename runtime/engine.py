@@ -34,6 +34,7 @@ from runtime.core.scheduler import Scheduler
 from runtime.device.distributed import agree_max
 from runtime.device.memory import pool_memory
 from runtime.device.model_runner import DispatchedStep, ModelRunner
+from runtime.observe.describe import describe_engine
 from runtime.observe.step_record import ScheduleRecord, StepRecord
 from runtime.observe.step_stats import StepStats, StepTimer
 from runtime.observe.view import EngineView
@@ -380,16 +381,7 @@ class Engine:
         return self.runner.num_variants
 
     def __repr__(self) -> str:
-        waiting = sum(len(s.waiting) for s in self.schedulers)
-        running = sum(len(s.running) for s in self.schedulers)
-        config = self.config
-        return (
-            f"Engine({self.model_config.architecture}, ranks={len(self.ranks)}, "
-            f"running={running}, waiting={waiting}, steps={self.stats.num_steps}, "
-            f"variants={self.num_variants}, max_num_seqs={config.max_num_seqs}, "
-            f"max_model_len={config.max_model_len}, "
-            f"tokenizer={'yes' if self.tokenizer is not None else 'none'})"
-        )
+        return describe_engine(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,24 +41,20 @@ import time
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
-from jmamba.inputs import StepInputs
-from jmamba.tensor_parallel import TP_AXIS
 from runtime.core.buckets import Bucket
 from runtime.core.builder import StepBatch, build_dummy
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
-from runtime.device.distributed import AXIS, DeviceMesh, make_mesh
+from runtime.device.distributed import make_mesh
 from runtime.device.memory import pool_memory
-from runtime.device.packing import Layout, layout_of, pack, unpack
+from runtime.device.packing import Layout, layout_of, pack
 from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
-from runtime.device.sampler import accept_drafts, fed_tokens, logprobs, sample
-from runtime.device.step_buffers import StepBuffers, StepOutputs
+from runtime.device.spmd_step import spmd_step
+from runtime.device.step_buffers import StepBuffers
 
 
 class VariantKey(NamedTuple):
@@ -68,92 +64,6 @@ class VariantKey(NamedTuple):
     bucket: Bucket
     mode: SamplingMode
     carry: bool
-
-
-def _rank_step(
-    graphdef,
-    param_treedef,
-    keep_logits: bool,
-    layout: Layout,
-    mode: SamplingMode,
-    param_leaves,
-    caches,
-    packed,
-    previous,
-):
-    """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
-    the previous step's tokens [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities
-    (when `mode.logprobs`), logits (when `keep_logits`), caches, this step's tokens [1, C] for the
-    next step. A step that carries no tokens (`previous` None: a synchronous engine's) packs no
-    token sources."""
-    inputs, sampling, *sources = unpack(packed[0], layout)
-    if previous is not None:
-        inputs = _with_previous_tokens(inputs, sources[0], previous[0])
-    shard_params = [leaf[0] for leaf in param_leaves]
-    model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
-    logits, caches = model(inputs, caches)
-    with jax.named_scope("sampler"):
-        tokens = sample(logits, sampling, mode, fed_tokens(inputs))
-        token_logprobs = None
-        if mode.logprobs:
-            computed = logprobs(logits, tokens, mode.top_logprobs)
-            token_logprobs = jax.tree.map(lambda a: a[None], computed)
-        accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
-    tokens_and_flags = jnp.stack([tokens, accepted])[None]
-    carried = None
-    if previous is not None:
-        n = min(tokens.shape[0], previous.shape[1])  # a draft model's wider buckets feed nothing
-        carried = jnp.pad(tokens[:n], (0, previous.shape[1] - n))[None]
-    logits_out = logits[None] if keep_logits else None
-    return tokens_and_flags, token_logprobs, logits_out, caches, carried
-
-
-def _with_previous_tokens(
-    inputs: StepInputs, sources: jax.Array, previous: jax.Array
-) -> StepInputs:
-    """Token lanes with a source r + 1 take the previous step's token of logits row r (the
-    builder's `StepBatch.token_sources`); NULL sources keep their token id."""
-    taken = previous[jnp.maximum(sources - 1, 0)]
-    return dataclasses.replace(inputs, token_ids=jnp.where(sources > 0, taken, inputs.token_ids))
-
-
-def _spmd_step(
-    mesh: DeviceMesh,
-    cache_specs,
-    graphdef,
-    param_treedef,
-    keep_logits: bool,
-    layout: Layout,
-    mode: SamplingMode,
-    param_leaves,
-    caches,
-    packed,
-    outputs,
-    carried,
-):
-    """The step over all devices: -> (caches, StepOutputs, carried). `cache_specs`: each cache
-    array's `PartitionSpec`. `outputs` (the variant's buffers, or None when only shapes are asked
-    for) is never read: donated, it gives the new outputs their addresses
-    (`runtime.device.step_buffers`)."""
-    del outputs
-    by_rank = P(AXIS)
-    param_specs = [P(TP_AXIS)] * len(param_leaves)
-    step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
-    logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
-    tokens, token_logprobs, logits, caches, carried = jax.shard_map(
-        step,
-        mesh=mesh.mesh,
-        in_specs=(param_specs, cache_specs, by_rank, None if carried is None else by_rank),
-        out_specs=(
-            by_rank,
-            logprob_specs,
-            by_rank if keep_logits else None,
-            cache_specs,
-            None if carried is None else by_rank,
-        ),
-        check_vma=False,  # Pallas calls declare plain output shapes
-    )(param_leaves, caches, packed, carried)
-    return caches, StepOutputs(tokens, token_logprobs, logits), carried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +123,7 @@ class ModelRunner:
         self.compile_seconds: dict[VariantKey, float] = {}
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(
-            functools.partial(_spmd_step, self.mesh, cache_specs),
+            functools.partial(spmd_step, self.mesh, cache_specs),
             static_argnums=(0, 1, 2, 3, 4),
             donate_argnames=("caches", "outputs", "carried"),
             keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses

@@ -1,6 +1,9 @@
-"""One-line descriptions of a `Pool` and a `Scheduler` for notebooks and logs (no jax)."""
+"""One-line descriptions of a `Pool`, a `Scheduler` and an `Engine` (its repr) for notebooks and
+logs (no jax)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from runtime.core.pools import Pool
 from runtime.core.scheduler import Scheduler
@@ -33,4 +36,19 @@ def describe_scheduler(scheduler: Scheduler) -> str:
         f"Scheduler(running={ids(scheduler.running)}, waiting={ids(scheduler.waiting)}, "
         f"{', '.join(pools) or 'no pools'} used, budget={scheduler.budget} tokens, "
         f"preemptions={scheduler.num_preemptions})"
+    )
+
+
+def describe_engine(engine: Any) -> str:
+    """One line: the engine's model, ranks, requests, steps, compiled variants and limits (its
+    repr)."""
+    waiting = sum(len(s.waiting) for s in engine.schedulers)
+    running = sum(len(s.running) for s in engine.schedulers)
+    config = engine.config
+    return (
+        f"Engine({engine.model_config.architecture}, ranks={len(engine.ranks)}, "
+        f"running={running}, waiting={waiting}, steps={engine.stats.num_steps}, "
+        f"variants={engine.num_variants}, max_num_seqs={config.max_num_seqs}, "
+        f"max_model_len={config.max_model_len}, "
+        f"tokenizer={'yes' if engine.tokenizer is not None else 'none'})"
     )

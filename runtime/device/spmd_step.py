@@ -1,0 +1,110 @@
+"""The step as a pure function: one device's step on its own shards (`_rank_step`) and the same
+step over every device of the mesh (`spmd_step`, one `jax.shard_map`): parameters split over
+`tp`, caches over `dp` (pool axis) and `tp` (head axis), the packed inputs and every output split
+over `dp` and the same on each `tp` shard of a rank. `ModelRunner` jits and compiles it per
+variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jmamba.inputs import StepInputs
+from jmamba.tensor_parallel import TP_AXIS
+from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
+from runtime.device.distributed import AXIS, DeviceMesh
+from runtime.device.packing import Layout, unpack
+from runtime.device.sampler import accept_drafts, fed_tokens, logprobs, sample
+from runtime.device.step_buffers import StepOutputs
+
+
+def _rank_step(
+    graphdef,
+    param_treedef,
+    keep_logits: bool,
+    layout: Layout,
+    mode: SamplingMode,
+    param_leaves,
+    caches,
+    packed,
+    previous,
+):
+    """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
+    the previous step's tokens [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities
+    (when `mode.logprobs`), logits (when `keep_logits`), caches, this step's tokens [1, C] for the
+    next step. A step that carries no tokens (`previous` None: a synchronous engine's) packs no
+    token sources."""
+    inputs, sampling, *sources = unpack(packed[0], layout)
+    if previous is not None:
+        inputs = _with_previous_tokens(inputs, sources[0], previous[0])
+    shard_params = [leaf[0] for leaf in param_leaves]
+    model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
+    logits, caches = model(inputs, caches)
+    with jax.named_scope("sampler"):
+        tokens = sample(logits, sampling, mode, fed_tokens(inputs))
+        token_logprobs = None
+        if mode.logprobs:
+            computed = logprobs(logits, tokens, mode.top_logprobs)
+            token_logprobs = jax.tree.map(lambda a: a[None], computed)
+        accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
+    tokens_and_flags = jnp.stack([tokens, accepted])[None]
+    carried = None
+    if previous is not None:
+        n = min(tokens.shape[0], previous.shape[1])  # a draft model's wider buckets feed nothing
+        carried = jnp.pad(tokens[:n], (0, previous.shape[1] - n))[None]
+    logits_out = logits[None] if keep_logits else None
+    return tokens_and_flags, token_logprobs, logits_out, caches, carried
+
+
+def _with_previous_tokens(
+    inputs: StepInputs, sources: jax.Array, previous: jax.Array
+) -> StepInputs:
+    """Token lanes with a source r + 1 take the previous step's token of logits row r (the
+    builder's `StepBatch.token_sources`); NULL sources keep their token id."""
+    taken = previous[jnp.maximum(sources - 1, 0)]
+    return dataclasses.replace(inputs, token_ids=jnp.where(sources > 0, taken, inputs.token_ids))
+
+
+def spmd_step(
+    mesh: DeviceMesh,
+    cache_specs,
+    graphdef,
+    param_treedef,
+    keep_logits: bool,
+    layout: Layout,
+    mode: SamplingMode,
+    param_leaves,
+    caches,
+    packed,
+    outputs,
+    carried,
+):
+    """The step over all devices: -> (caches, StepOutputs, carried). `cache_specs`: each cache
+    array's `PartitionSpec`. `outputs` (the variant's buffers, or None when only shapes are asked
+    for) is never read: donated, it gives the new outputs their addresses
+    (`runtime.device.step_buffers`)."""
+    del outputs
+    by_rank = P(AXIS)
+    param_specs = [P(TP_AXIS)] * len(param_leaves)
+    step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
+    logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
+    tokens, token_logprobs, logits, caches, carried = jax.shard_map(
+        step,
+        mesh=mesh.mesh,
+        in_specs=(param_specs, cache_specs, by_rank, None if carried is None else by_rank),
+        out_specs=(
+            by_rank,
+            logprob_specs,
+            by_rank if keep_logits else None,
+            cache_specs,
+            None if carried is None else by_rank,
+        ),
+        check_vma=False,  # Pallas calls declare plain output shapes
+    )(param_leaves, caches, packed, carried)
+    return caches, StepOutputs(tokens, token_logprobs, logits), carried

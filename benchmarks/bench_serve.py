@@ -248,8 +248,8 @@ def main() -> None:
             if len(failures) > 1:  # the server's log holds the first failure's traceback
                 print(f"the server failed {len(failures) - 1} steps; the first:")
                 print(failures[1][:4000])
-        if "engine" in parts:
-            asyncio.run(bench_engine(model, cache, args))
+    if "engine" in parts:
+        asyncio.run(bench_engine(model, cache, args))
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
 

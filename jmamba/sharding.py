@@ -142,6 +142,9 @@ def shard_values(
     """For each (path, whole value) of `params` (host arrays of a whole model of `cfg`), the
     path and its `shards` shard values, in shard order (one parameter at a time)."""
     shard_config(cfg, shards)  # a clear error before any slicing
+    if shards == 1:  # the whole model is its one shard (also of kinds without rules)
+        yield from ((path, [np.asarray(value)]) for path, value in params.items())
+        return
     rules = param_rules(cfg)
     for path, value in params.items():
         rule = rules[path]

@@ -88,10 +88,23 @@ def test_readme_generate_commands_do_what_the_text_says(word: str):
     assert PROMISES[word] in run_shell(matching[0])
 
 
+def test_readme_tensor_parallel_command_gives_the_text_of_one_device():
+    """The README says tokens over tensor parallelism are those of one device: the command's
+    generated text equals the same command's without the flag and the fake devices."""
+    (command,) = [c for c in shell_commands() if "--tensor-parallel-size" in c]
+    alone = command.replace(" --tensor-parallel-size 2", "").split(" ", 1)[1]
+    outputs = [run_shell(c) for c in (command, alone)]
+    texts = [
+        [line for line in out.splitlines() if line.startswith("[0] output")] for out in outputs
+    ]
+    assert texts[0] and texts[0] == texts[1]
+
+
 def test_every_readme_shell_command_is_run_by_a_test():
     for command in shell_commands():
         covered = "jmamba serve" in command or "curl " in command
         covered |= "jmamba generate" in command and any(word in command for word in PROMISES)
+        covered |= "--tensor-parallel-size" in command
         assert covered, f"no test runs the README command {command!r}"
 
 

@@ -195,6 +195,7 @@ class HybridLM(nnx.Module):
             Mixer.MAMBA2: Mamba2State.tp_axes,
             Mixer.GDN: GDNState.tp_axes,
             Mixer.PARALLEL_HYBRID: ParallelHybridCache.tp_axes,
+            Mixer.TRANSFORMER_MAMBA2: ParallelHybridCache.tp_axes,  # its cache is the same
         }
         return tuple(axes[kind]() if kind in axes else None for kind in self.config.mixers)
 

@@ -1,6 +1,6 @@
 """Tensor parallelism through the compiled kernels on real GPUs: each transformers fixture served
 on one GPU and split over `--tp` GPUs (and, with `--dp`, over dp x tp), greedy tokens and (for
-dp = 1) every step's fp32 logits compared (the CI test tests/runtime/test_tensor_parallel.py does the same on
+dp = 1) every step's fp32 logits compared (tests/runtime/test_tensor_parallel.py does the same on
 fake CPU devices with the reference kernels).
 
     PYTHONPATH=. python benchmarks/check_tensor_parallel.py --tp 2 --dp 1 \

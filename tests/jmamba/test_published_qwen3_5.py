@@ -18,12 +18,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from jmamba import checkpoint_dtype, from_hf_config, load_hf_config, load_pretrained
 from jmamba.checkpoint_tensors import unpack_experts
 from jmamba.config import Ffn
+from tests.jmamba.test_save_pretrained import assert_same_params
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 WRAPPED = {"qwen3_5_vl": "Qwen3_5ForCausalLM", "qwen3_5_moe_vl": "Qwen3_5MoeForCausalLM"}
@@ -38,17 +38,6 @@ def copy_fixture(tmp_path: Path, family: str) -> Path:
     target = tmp_path / family
     shutil.copytree(FIXTURES / family, target, ignore=shutil.ignore_patterns("expected.npz"))
     return target
-
-
-def params_of(model) -> dict:
-    return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
-
-
-def assert_same_params(a, b) -> None:
-    pa, pb = params_of(a), params_of(b)
-    assert pa.keys() == pb.keys()
-    for key in pa:
-        np.testing.assert_array_equal(pa[key], pb[key], err_msg=str(key))
 
 
 def write_tensors(target: Path, tensors: dict) -> None:

@@ -9,15 +9,11 @@ folded kernels and its steps never see the multipliers or the adapters.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax.numpy as jnp
 import numpy as np
 
 from jmamba.config import ModelConfig
-
-if TYPE_CHECKING:  # tensor_sources.py imports this module
-    from jmamba.tensor_sources import Source
+from jmamba.source import Source
 
 
 def fold(tensor: np.ndarray, scale: np.ndarray) -> np.ndarray:

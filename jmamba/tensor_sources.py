@@ -11,33 +11,13 @@ transformer block (`jmamba.mixers.transformer_mamba2`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
-
 import numpy as np
 
 from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.families import WRAPPERS
 from jmamba.folding import lora_fold, lora_product, lora_unfold, mamba2_in_proj_scale, scaled
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
-
-Path_ = tuple[str | int, ...]
-
-
-class Source(NamedTuple):
-    """The HF tensors of one parameter: `build(*tensors)` is the parameter and `split(param)`
-    gives the tensors back, in the order of `names`. `piece` = (axis, index) when the tensors hold
-    this parameter as piece `index` along `axis` beside other parameters' pieces (Granite's fused
-    gate | up): `split` gives the piece and the writer concatenates the pieces in index order.
-    `joint` lists other parameters whose values `split` needs after this one's,
-    `split(param, *joint values)` (a Zamba2 shared kernel: every use site's folded copy and
-    adapter)."""
-
-    names: tuple[str, ...]
-    build: Callable[..., np.ndarray]
-    split: Callable[..., tuple[np.ndarray, ...]]
-    piece: tuple[int, int] | None = None
-    joint: tuple[Path_, ...] = ()
+from jmamba.source import Path_, Source
 
 
 def _same(name: str) -> Source:

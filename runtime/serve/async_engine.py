@@ -5,7 +5,8 @@ Handlers (asyncio, any number) talk to that thread through an inbox: `submit` qu
 request and returns an asyncio queue that receives the request's `StreamDelta`s as the engine
 produces them (its last one carries the `RequestOutput`); `abort` queues an abort (a client that
 disconnects). The thread drains the inbox, steps while any request is unfinished, hands each
-step's deltas to their queues on the event loop, and sleeps on an event when idle.
+step's deltas to their queues on the event loop (one wake-up of the loop per step, not per
+request), and sleeps on an event when idle.
 
 A request that the engine refuses when the thread adds it (it is checked before it is queued, so
 this means a bug) gets an `EngineError` in its queue. An exception inside a step (a bug, or the
@@ -149,8 +150,8 @@ class AsyncEngine:
                 self._fail_all(error)
                 return
             self.step_seconds = time.perf_counter() - start
-            for delta in deltas:
-                self._hand_over(delta.request_id, delta)
+            if deltas and self._loop is not None:  # one wake-up of the loop per step
+                self._loop.call_soon_threadsafe(self._deliver, deltas)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -170,6 +171,13 @@ class AsyncEngine:
         """After a failed step: fail every live request's stream (and any queued one's)."""
         for request_id in list(self._streams):
             self._hand_over(request_id, EngineError(f"engine step failed: {error}"))
+
+    def _deliver(self, deltas: list[StreamDelta]) -> None:
+        """On the event loop: one step's deltas into their requests' queues."""
+        for delta in deltas:
+            stream = self._streams.get(delta.request_id)
+            if stream is not None:
+                stream.put_nowait(delta)
 
     def _hand_over(self, request_id: str, item: StreamDelta | EngineError) -> None:
         stream = self._streams.get(request_id)

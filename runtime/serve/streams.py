@@ -30,6 +30,14 @@ async def merged(
     """(stream index, delta) as the streams produce them, until every one ends; an error of one
     ends them all. Closing this iterator (a client that left) closes every stream, which aborts
     its request."""
+    if len(streams) == 1:  # the common n = 1: no task and queue between the stream and us
+        (stream,) = streams
+        try:
+            async for delta in stream:
+                yield 0, delta
+        finally:
+            await stream.aclose()
+        return
     queue: asyncio.Queue[tuple[int, StreamDelta | Exception | None]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncIterator[StreamDelta]) -> None:

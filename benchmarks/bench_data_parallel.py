@@ -13,6 +13,7 @@ slots are read back before and after and compared bit for bit.
 
     python benchmarks/bench_data_parallel.py --size tiny --requests 16 --max-tokens 8   # CPU smoke
     python benchmarks/bench_data_parallel.py                                           # 2 GPUs
+    python benchmarks/bench_data_parallel.py --async-scheduling   # host work under the device's
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 
 
-def engine_config(ranks: int, seqs: int, budget: int, max_model_len: int) -> EngineConfig:
+def engine_config(
+    ranks: int, seqs: int, budget: int, max_model_len: int, async_scheduling: bool
+) -> EngineConfig:
     return EngineConfig(
         max_num_seqs=seqs,
         max_num_batched_tokens=budget,
@@ -42,6 +45,7 @@ def engine_config(ranks: int, seqs: int, budget: int, max_model_len: int) -> Eng
         prefill_token_buckets=(budget,),
         prefill_row_buckets=(seqs,),
         data_parallel_size=ranks,
+        async_scheduling=async_scheduling,
     )
 
 
@@ -98,6 +102,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seqs", type=int, default=256, help="max_num_seqs per rank")
     parser.add_argument("--budget", type=int, default=4096, help="token budget per rank")
+    parser.add_argument(
+        "--async-scheduling", action="store_true", help="dispatch step N+1 before fetching N"
+    )
     args = parser.parse_args()
     model = build_model(args.size)
     vocab = model.config.vocab_size
@@ -107,7 +114,7 @@ def main() -> None:
     print(f"device={jax.devices()[0].device_kind} x{jax.device_count()}", flush=True)
     rows, runner, config = [], None, None
     for ranks in sorted({1, args.ranks}):
-        config = engine_config(ranks, args.seqs, args.budget, max_len)
+        config = engine_config(ranks, args.seqs, args.budget, max_len, args.async_scheduling)
         runner = ModelRunner(model, config)
         warm_start = time.perf_counter()
         serve(Engine(model, config, runner=runner), prompts, 4)

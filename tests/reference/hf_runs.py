@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from fixture_families import VOCAB
+from fixture_ids import VOCAB
 from transformers import DynamicCache
 
 

@@ -17,9 +17,9 @@ from jmamba.config import (
     Mixer,
     MlpConfig,
     ModelConfig,
-    WeightMultipliers,
 )
 from jmamba.hf_fields import HFConfig, _check_no_bias, _common, _decode_float, _get, _rope
+from jmamba.multipliers import WeightMultipliers
 
 
 def _falcon_gate_norm(cfg: HFConfig) -> str:

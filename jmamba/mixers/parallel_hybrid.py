@@ -5,7 +5,8 @@
 Each half is the library's own mixer with its own state: the attention half reads and writes the
 layer's KV blocks, the Mamba2 half its state slot, so a request needs both (and a prefix-cache hit
 needs the KV blocks and the state of the same prefix). Falcon-H1's multipliers on the two outputs
-(and on their inputs) are folded into the weights at load time (`jmamba.config.WeightMultipliers`).
+(and on their inputs) are folded into the weights at load time
+(`jmamba.multipliers.WeightMultipliers`).
 
 Tensor parallelism: both halves split by head over `tp` as they do alone
 (`attention_tp_rules`, `mamba2_tp_rules`) and share one all-reduce: each shard returns the sum of

@@ -15,8 +15,8 @@ from safetensors.numpy import load_file, save_file
 import jmamba
 from jmamba import from_hf_config, load_pretrained
 from jmamba.checkpoint_tensors import skipped_tensors, unpack_experts
-from jmamba.config import WeightMultipliers
 from jmamba.mixers.mamba2 import a_from_log
+from jmamba.multipliers import WeightMultipliers
 from jmamba.tensor_sources import tensor_sources
 from jmamba.weights import save_pretrained
 

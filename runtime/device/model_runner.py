@@ -243,11 +243,12 @@ class ModelRunner:
         asynchronous engine dispatches), then run each once on all-padding steps (which change no
         live slot and feed no token); `progress` shows a bar with the compile seconds so far.
 
-        Variants are lowered one by one (Python, under the GIL) and compiled by `workers` threads
-        at once (XLA compiles without the GIL), so each variant's `compile_seconds` is its own and
-        their sum can exceed the wall time of the warm-up."""
+        Variants are lowered one by one (Python, under the GIL), each handed to `workers` compiling
+        threads as soon as it is lowered (XLA compiles without the GIL), so each variant's
+        `compile_seconds` is its own and their sum can exceed the wall time of the warm-up."""
+        dummies = {bucket: self._dummy(bucket) for bucket in buckets}
         steps = [
-            (bucket, dataclasses.replace(self._dummy(bucket), mode=mode))
+            (bucket, dataclasses.replace(dummies[bucket], mode=mode))
             for bucket in buckets
             for mode in modes
         ]
@@ -255,8 +256,10 @@ class ModelRunner:
         todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
         with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
             with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-                lowered = [(key, self._lower(key, batch)) for key, batch in todo.items()]
-                futures = [pool.submit(self._finish_compile, key, *low) for key, low in lowered]
+                futures = [  # each compiles while the next is lowered
+                    pool.submit(self._finish_compile, key, *self._lower(key, batch))
+                    for key, batch in todo.items()
+                ]
                 for future in concurrent.futures.as_completed(futures):
                     future.result()
                     bar.update()

@@ -168,9 +168,14 @@ class AsyncEngine:
                 self._hand_over(message.request_id, EngineError(str(error)))
 
     def _fail_all(self, error: Exception) -> None:
-        """After a failed step: fail every live request's stream (and any queued one's)."""
-        for request_id in list(self._streams):
-            self._hand_over(request_id, EngineError(f"engine step failed: {error}"))
+        """After a failed step: fail every live request's stream (and any queued one's), on the
+        event loop, which owns the streams."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._fail_streams, f"engine step failed: {error}")
+
+    def _fail_streams(self, message: str) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(EngineError(message))
 
     def _deliver(self, deltas: list[StreamDelta]) -> None:
         """On the event loop: one step's deltas into their requests' queues."""

@@ -143,24 +143,13 @@ async def run_workload(target, spec, concurrency: int, seed: int) -> dict[str, f
     return result | {"compile_s": await target.compile_seconds() - compiled}
 
 
-def spec_of(workload: str, num_requests: int, max_model_len: int):
-    from runtime.cli.bench import _spec
-
-    args = argparse.Namespace(
-        workload=workload,
-        num_requests=num_requests,
-        prompt_chars=200,
-        answer_tokens=64,
-        turns=3,
-    )
-    return _spec(args, max_model_len)
-
-
 async def bench_all(target, args, label: str) -> None:
+    from runtime.bench.workloads import WorkloadSpec
+
     for workload in args.workloads.split(","):
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             requests = args.num_requests or max(16, 4 * concurrency)
-            spec = spec_of(workload, requests, args.max_model_len)
+            spec = WorkloadSpec.within(workload, requests, args.max_model_len)
             result = await run_workload(target, spec, concurrency, seed=1234 + concurrency)
             RESULTS.setdefault("bench", []).append(
                 {"target": label, "workload": workload, "concurrency": concurrency} | result

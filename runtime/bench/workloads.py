@@ -55,6 +55,33 @@ class WorkloadSpec:
     num_prefixes: int = 4
     prefix_chars: int = 600
 
+    @classmethod
+    def within(
+        cls,
+        name: str,
+        num_requests: int,
+        max_model_len: int,
+        *,
+        prompt_chars: int = 200,
+        answer_tokens: int = 64,
+        turns: int = 3,
+    ) -> WorkloadSpec:
+        """A workload whose every request fits `max_model_len` tokens (a character is at most a
+        token): each chat turn's own text and answer get an equal share of the context, a prompt
+        at most half of it, an answer and a shared prefix a quarter."""
+        turns = turns if name == "chat" else 1
+        room = max_model_len // turns
+        return cls(
+            name=name,
+            num_requests=num_requests,
+            prompt_chars=min(prompt_chars, room // 2),
+            answer_tokens=min(answer_tokens, room // 4),
+            max_chars=room // 2,
+            max_answer=room // 4,
+            turns=turns,
+            prefix_chars=room // 4,
+        )
+
 
 def sessions(spec: WorkloadSpec, seed: int) -> list[Session]:
     """The sessions of `spec`, drawn from `seed`."""

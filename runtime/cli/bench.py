@@ -111,17 +111,13 @@ async def _target(args: argparse.Namespace):
 def _spec(args: argparse.Namespace, max_model_len: int):
     from runtime.bench.workloads import WorkloadSpec
 
-    turns = args.turns if args.workload == "chat" else 1
-    room = max_model_len // turns  # each turn's own text and answer stay inside the context
-    return WorkloadSpec(
-        name=args.workload,
-        num_requests=args.num_requests,
-        prompt_chars=min(args.prompt_chars, room // 2),
-        answer_tokens=min(args.answer_tokens, room // 4),
-        max_chars=room // 2,
-        max_answer=room // 4,
-        turns=turns,
-        prefix_chars=room // 4,
+    return WorkloadSpec.within(
+        args.workload,
+        args.num_requests,
+        max_model_len,
+        prompt_chars=args.prompt_chars,
+        answer_tokens=args.answer_tokens,
+        turns=args.turns,
     )
 
 

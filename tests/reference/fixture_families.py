@@ -55,6 +55,9 @@ class Fixture:
     # [E, 2I, H] and `experts.down_proj` [E, H, I], as the published Qwen3.5 MoE checkpoints hold
     # them) instead of `save_pretrained`'s one tensor per expert.
     packed_experts: bool = False
+    # An MTP head (mtp_runs.py) beside the target: its `mtp.*` tensors are appended to
+    # model.safetensors, these fields to config.json, and its arrays to expected.npz.
+    mtp_config: dict[str, Any] | None = None
 
 
 # The five originals: 80 / 23 tokens, chunk ends on multiples of 16.
@@ -86,5 +89,13 @@ FAMILIES: dict[str, Fixture] = {
     "qwen3_5_vl": Fixture(qwen3_5_vl, **_ODD, text_class=transformers.Qwen3_5ForCausalLM),
     "qwen3_5_moe_vl": Fixture(
         qwen3_5_moe_vl, **_ODD, text_class=transformers.Qwen3_5MoeForCausalLM, packed_experts=True
+    ),
+    # The targets of qwen3_next / qwen3_5 (same weights) with one MTP layer. The layer-count
+    # field is the one each family's readers use (README, "MTP fixtures").
+    "qwen3_next_mtp": Fixture(qwen3_next, **_SMALL, mtp_config={"num_nextn_predict_layers": 1}),
+    "qwen3_5_mtp": Fixture(
+        qwen3_5,
+        **_SMALL,
+        mtp_config={"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False},
     ),
 }

@@ -15,6 +15,10 @@ The multimodal wrappers (`qwen3_5_vl`, `qwen3_5_moe_vl`) record the logits of te
 pixel values); `check_text_model` asserts they are those of the text model's own `...ForCausalLM`
 on the wrapper's language-model weights.
 
+The `*_mtp` families (`qwen3_next_mtp`, `qwen3_5_mtp`) add a multi-token-prediction head built from
+transformers' modules (mtp_runs.py): its `mtp.*` tensors go into model.safetensors, its layer-count
+field into config.json, its one-shot and chained-draft arrays into expected.npz.
+
 The families are defined in fixture_families.py, the HF forwards in hf_runs.py and the MoE routing
 gap in router_margins.py (beside this file, imported by name: the script runs from any directory).
 """
@@ -34,6 +38,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from fixture_families import FAMILIES  # noqa: E402
 from hf_runs import chunked_logits, full_logits, make_tokens, perturb, recurrent_states  # noqa: E402
+from mtp_runs import build_head, check_head_reload, run_mtp, write_mtp  # noqa: E402
 from router_margins import MIN_MARGIN, routing_margin  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
@@ -84,6 +89,11 @@ def make_family(family: str) -> dict[str, float]:
     if spec.packed_experts:  # the in-memory names: experts packed, as published
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
+    mtp_arrays: dict[str, np.ndarray] = {}
+    if spec.mtp_config is not None:  # the MTP head on the first sequence (mtp_runs.py)
+        head, diffs["mtp_margin"] = build_head(model, seq_a)
+        write_mtp(head, model, out_dir, spec.mtp_config)
+        mtp_arrays = run_mtp(head, model, seq_a)
 
     arrays: dict[str, np.ndarray] = {"seq_a": seq_a, "seq_b": seq_b}
     for tag, seq, chunks in (("a", seq_a, spec.chunks_a), ("b", seq_b, spec.chunks_b)):
@@ -96,8 +106,11 @@ def make_family(family: str) -> dict[str, float]:
         arrays.update(recurrent_states(cache, recurrent, tag))
         arrays[f"chunks_{tag}"] = np.asarray(chunks, dtype=np.int32)
     arrays["recurrent_layers"] = np.asarray(recurrent, dtype=np.int32)
+    arrays.update(mtp_arrays)
     np.savez(out_dir / "expected.npz", **arrays)
     check_reload(model, out_dir, seq_b, arrays["logits_full_b"])
+    if mtp_arrays:
+        check_head_reload(model, out_dir, seq_a, mtp_arrays)
     if spec.text_class is not None:
         diffs["text"] = check_text_model(model, spec.text_class, arrays)
     return diffs
@@ -161,6 +174,8 @@ def main(argv: list[str]) -> None:
         diffs = make_family(family)
         sizes = {p.name: p.stat().st_size for p in sorted((FIXTURES / family).iterdir())}
         text = f"text-model={diffs['text']:.1e}  " if "text" in diffs else ""
+        if "mtp_margin" in diffs:
+            text += f"mtp-route-gap={diffs['mtp_margin']:.1e}  "
         print(
             f"{family:15s} chunked-vs-full a={diffs['a']:.2e} b={diffs['b']:.2e} "
             f"route-gap={diffs['margin']:.1e}  {text}"

@@ -1,5 +1,5 @@
 """What a checkpoint holds around its text model's tensors: the tensors loading skips (a multimodal
-wrapper's vision tower, Qwen3.5's multi-token-prediction head) and packed expert tensors, split into
+wrapper's vision tower, a multi-token-prediction head the config does not declare) and packed expert tensors, split into
 the per-expert tensors the name map (`jmamba.tensor_sources`) expects."""
 
 from __future__ import annotations
@@ -11,24 +11,25 @@ import numpy as np
 
 # The checkpoint tensors that are not the text model's, by architecture: (name prefix, what they
 # are). Loading skips them and says so in one log line; transformers skips the same ones
-# (`_keys_to_ignore_on_load_unexpected` of the Qwen3.5 classes). The published Qwen3.5
-# checkpoints hold the multi-token-prediction head (`mtp.*`, for speculative decoding) beside the
-# model, and the wrappers a vision tower.
-_MTP = ("mtp.", "multi-token-prediction")
+# (`_keys_to_ignore_on_load_unexpected` of the Qwen3.5 classes). The multimodal wrappers hold a
+# vision tower. A multi-token-prediction head (`mtp.*`, Qwen3-Next, Qwen3.5, Nemotron 3) is loaded
+# when config.json counts its layers (`ModelConfig.has_mtp`, `jmamba.mtp`), else skipped too.
+MTP = ("mtp.", "multi-token-prediction")
 _VISION = ("model.visual.", "vision")
 SKIPPED: dict[str, tuple[tuple[str, str], ...]] = {
-    "Qwen3_5ForCausalLM": (_MTP,),
-    "Qwen3_5MoeForCausalLM": (_MTP,),
-    "Qwen3_5ForConditionalGeneration": (_VISION, _MTP),
-    "Qwen3_5MoeForConditionalGeneration": (_VISION, _MTP),
+    "Qwen3_5ForConditionalGeneration": (_VISION,),
+    "Qwen3_5MoeForConditionalGeneration": (_VISION,),
 }
 
 
-def skipped_tensors(architecture: str, names: Any) -> dict[tuple[str, str], list[str]]:
+def skipped_tensors(
+    architecture: str, names: Any, *, has_mtp: bool = False
+) -> dict[tuple[str, str], list[str]]:
     """The tensors among `names` that a checkpoint of `architecture` holds beside its text model
-    (`SKIPPED`), by (prefix, what they are); only groups with tensors appear."""
+    (`SKIPPED`, and the MTP head's unless `has_mtp`), by (prefix, what they are); only groups
+    with tensors appear."""
     groups: dict[tuple[str, str], list[str]] = {}
-    for group in SKIPPED.get(architecture, ()):
+    for group in (*SKIPPED.get(architecture, ()), *(() if has_mtp else (MTP,))):
         found = sorted(n for n in names if n.startswith(group[0]))
         if found:
             groups[group] = found

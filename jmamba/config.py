@@ -306,6 +306,10 @@ class ModelConfig:
     moe: MoeConfig | None = None
     shared_block: SharedBlockConfig | None = None
     multipliers: WeightMultipliers = WeightMultipliers()
+    # The multi-token-prediction head's layers (`jmamba.mtp`), a pattern like the model's own;
+    # empty for a model without one. Its mixers are attention or none (they keep KV blocks).
+    mtp_mixers: tuple[Mixer, ...] = ()
+    mtp_ffns: tuple[Ffn, ...] = ()
     # The tensor-parallel shards this config is one of (`jmamba.sharding.shard_config`: its layer
     # configs hold one shard's heads, groups and channels); 1 is a whole model.
     num_shards: int = 1
@@ -334,7 +338,17 @@ class ModelConfig:
             Ffn.MLP: ("mlp",),
             Ffn.MOE: ("moe",),
         }
-        for kind in set(self.mixers) | set(self.ffns):
+        _require(
+            len(self.mtp_mixers) == len(self.mtp_ffns),
+            f"MTP pattern needs one mixer and one ffn per layer, got {len(self.mtp_mixers)} "
+            f"and {len(self.mtp_ffns)}",
+        )
+        _require(
+            set(self.mtp_mixers) <= {Mixer.ATTENTION, Mixer.NONE},
+            f"MTP mixers {[m.value for m in self.mtp_mixers]} must be attention or none",
+        )
+        kinds = {*self.mixers, *self.ffns, *self.mtp_mixers, *self.mtp_ffns}
+        for kind in kinds:
             for name in needs.get(kind, ()):
                 _require(
                     getattr(self, name) is not None,
@@ -353,7 +367,13 @@ class ModelConfig:
 
     @property
     def has_attention(self) -> bool:
-        return any(kind.uses_kv_cache for kind in self.mixers)
+        """Whether any layer keeps KV blocks (the MTP head's included)."""
+        return any(kind.uses_kv_cache for kind in (*self.mixers, *self.mtp_mixers))
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the model has a multi-token-prediction head (`jmamba.mtp`)."""
+        return bool(self.mtp_mixers)
 
     @property
     def has_recurrent_state(self) -> bool:

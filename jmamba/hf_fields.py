@@ -39,6 +39,7 @@ def _eos_ids(cfg: HFConfig, source: str = "config.json") -> tuple[int, ...]:
 
 
 def _common(cfg: HFConfig, mixers: list[Mixer], ffns: list[Ffn], **kwargs: Any) -> ModelConfig:
+    kwargs = {**_mtp_pattern(cfg, mixers, ffns), **kwargs}
     return ModelConfig(
         architecture=cfg["architectures"][0],
         vocab_size=int(_get(cfg, "vocab_size")),
@@ -67,3 +68,35 @@ def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
     if rope_type != "default":
         raise ValueError(f"rope_type={rope_type!r} is not supported (only 'default')")
     return int(head_dim * factor), theta
+
+
+# The multi-token-prediction head's layer count (`jmamba.mtp`): Qwen3-Next and NemotronH name it
+# `num_nextn_predict_layers`, Qwen3.5 `mtp_num_hidden_layers`.
+_MTP_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+# NemotronH's MTP blocks (`mtp_hybrid_override_pattern` characters, `mtp_layers_block_type` names)
+_NEMOTRON_MTP = {"*": (Mixer.ATTENTION, Ffn.NONE), "E": (Mixer.NONE, Ffn.MOE), "-": (Mixer.NONE, Ffn.MLP)}
+_NEMOTRON_MTP_NAMES = {"attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
+
+
+def _mtp_pattern(cfg: HFConfig, mixers: list[Mixer], ffns: list[Ffn]) -> dict[str, Any]:
+    """`mtp_mixers` / `mtp_ffns` of the config's MTP head (none without an MTP count): NemotronH's
+    blocks from its MTP pattern (one MTP layer); else each MTP layer a full-attention layer whose
+    FFN is that of the model's attention layers (Qwen3-Next, Qwen3.5)."""
+    count = next((int(cfg[k]) for k in _MTP_COUNTS if cfg.get(k)), 0)
+    if count == 0:
+        return {}
+    names = cfg.get("mtp_layers_block_type")
+    pattern = cfg.get("mtp_hybrid_override_pattern") or (
+        "".join(_NEMOTRON_MTP_NAMES[n] for n in names) if names else None
+    )
+    if pattern is not None:
+        if count != 1:
+            raise ValueError(f"num_nextn_predict_layers={count}: NemotronH's MTP head has 1 layer")
+        blocks = [_NEMOTRON_MTP[c] for c in pattern]
+    elif Mixer.ATTENTION in mixers:
+        blocks = [(Mixer.ATTENTION, ffns[mixers.index(Mixer.ATTENTION)])] * count
+    else:
+        raise ValueError(f"an MTP head of {count} layers needs an attention layer to copy")
+    return dict(
+        mtp_mixers=tuple(m for m, _ in blocks), mtp_ffns=tuple(f for _, f in blocks)
+    )

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import jax
 
-from jmamba.step_inputs import NULL, DecodeRows, PrefillRows, StepInputs
+from jmamba.step_inputs import NULL, DecodeRows, NextTokens, PrefillRows, StepInputs
 
-__all__ = ["NULL", "Array", "DecodeRows", "PrefillRows", "StepInputs"]
+__all__ = ["NULL", "Array", "DecodeRows", "NextTokens", "PrefillRows", "StepInputs"]
 
 Array = jax.Array | jax.typing.ArrayLike
 
 
 def _register() -> None:
-    """Register the three classes (once per process; `importlib.reload` must not register twice)."""
-    for cls in (DecodeRows, PrefillRows, StepInputs):
+    """Register the four classes (once per process; `importlib.reload` must not register twice)."""
+    for cls in (DecodeRows, PrefillRows, NextTokens, StepInputs):
         try:
             jax.tree_util.register_dataclass(cls)
         except ValueError as error:  # already registered by an earlier import of this module

@@ -20,20 +20,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.config import Mixer, ModelConfig
 from jmamba.inputs import StepInputs
+from jmamba.layer import Layer, LayerCache
 from jmamba.layers.linear import PRECISION, Linear
-from jmamba.layers.mlp import MLP
-from jmamba.layers.moe import MoE
 from jmamba.layers.norms import RMSNorm
-from jmamba.mixers.attention import Attention, KVCache
-from jmamba.mixers.gated_deltanet import GatedDeltaNet, GDNState
-from jmamba.mixers.mamba2 import Mamba2, Mamba2State
-from jmamba.mixers.parallel_hybrid import ParallelHybrid, ParallelHybridCache
-from jmamba.mixers.transformer_mamba2 import TransformerMamba2
+from jmamba.mixers.attention import KVCache
+from jmamba.mixers.gated_deltanet import GDNState
+from jmamba.mixers.mamba2 import Mamba2State
+from jmamba.mixers.parallel_hybrid import ParallelHybridCache
+from jmamba.mtp import MTPHead
 from jmamba.tensor_parallel import TensorParallel
 
-LayerCache = KVCache | Mamba2State | GDNState | ParallelHybridCache | None
+__all__ = ["HybridLM", "LayerCache", "rows_or_zeros"]
 
 
 def rows_or_zeros(table: jax.Array, index: jax.Array) -> jax.Array:
@@ -46,80 +45,6 @@ def rows_or_zeros(table: jax.Array, index: jax.Array) -> jax.Array:
     size = table.shape[0]
     index = jnp.where((index >= 0) & (index < size), index, size)
     return table.at[index].get(mode="fill", fill_value=0)
-
-
-def _make_mixer(
-    config: ModelConfig, kind: Mixer, rngs: nnx.Rngs, tp: TensorParallel
-) -> nnx.Module | None:
-    hidden, eps = config.hidden_size, config.norm_eps
-    match kind:
-        case Mixer.ATTENTION:
-            return Attention(hidden, config.attention, eps, config.norm_offset, rngs=rngs)
-        case Mixer.MAMBA2:
-            return Mamba2(hidden, config.mamba2, eps, rngs=rngs, tp=tp)
-        case Mixer.GDN:
-            return GatedDeltaNet(hidden, config.gdn, eps, rngs=rngs)
-        case Mixer.PARALLEL_HYBRID:
-            return ParallelHybrid(
-                hidden, config.attention, config.mamba2, eps, config.norm_offset, rngs=rngs, tp=tp
-            )
-        case Mixer.TRANSFORMER_MAMBA2:
-            return TransformerMamba2(
-                hidden, config.attention, config.mamba2, config.shared_block, eps, rngs=rngs
-            )
-        case Mixer.NONE:
-            return None
-
-
-def _make_ffn(
-    config: ModelConfig, kind: Ffn, rngs: nnx.Rngs, tp: TensorParallel
-) -> nnx.Module | None:
-    match kind:
-        case Ffn.MLP:
-            return MLP(
-                config.hidden_size, config.mlp.intermediate_size, config.mlp.activation, rngs=rngs
-            )
-        case Ffn.MOE:
-            return MoE(config.hidden_size, config.moe, rngs=rngs, tp=tp)
-        case Ffn.NONE:
-            return None
-
-
-class Layer(nnx.Module):
-    """`x += r * mixer(norm(x))`, then `x += r * ffn(norm(x))`, each part present or not; r is
-    `ModelConfig.residual_multiplier` (1.0 but in Granite). A mixer that reads the embeddings
-    (`Mixer.reads_embeddings`) gets x itself and the embeddings, and norms its inputs itself. In a
-    tensor-parallel shard the mixer and the FFN each return this shard's partial output (their
-    last projection is row-parallel), summed over the shards by one all-reduce each."""
-
-    def __init__(self, config: ModelConfig, mixer: Mixer, ffn: Ffn, *, rngs: nnx.Rngs):
-        norm = lambda: RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)  # noqa: E731
-        self.tp = TensorParallel(config.num_shards)
-        self.residual_multiplier = config.residual_multiplier
-        self.reads_embeddings = mixer.reads_embeddings
-        has_norm = mixer != Mixer.NONE and not mixer.reads_embeddings
-        self.mixer_norm = norm() if has_norm else None
-        self.mixer = _make_mixer(config, mixer, rngs, self.tp)
-        self.ffn_norm = norm() if ffn != Ffn.NONE else None
-        self.ffn = _make_ffn(config, ffn, rngs, self.tp)
-
-    def __call__(
-        self, x: jax.Array, cache: LayerCache, inputs: StepInputs, embeddings: jax.Array
-    ) -> tuple[jax.Array, LayerCache]:
-        """x and embeddings [T, hidden] (the embeddings as the first layer got them)."""
-        # Named scopes tag every HLO op with its part, so a profile splits the step's device time
-        # by part (benchmarks/profile_engine.py); they cost nothing at run time.
-        if self.mixer is not None:
-            with jax.named_scope(f"mixer_{type(self.mixer).__name__}"):
-                if self.reads_embeddings:
-                    y, cache = self.mixer(x, embeddings, cache, inputs)
-                else:
-                    y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
-            x = x + self.tp.all_reduce(y) * self.residual_multiplier
-        if self.ffn is not None:
-            with jax.named_scope(f"ffn_{type(self.ffn).__name__}"):
-                x = x + self.tp.all_reduce(self.ffn(self.ffn_norm(x))) * self.residual_multiplier
-        return x, cache
 
 
 class HybridLM(nnx.Module):
@@ -143,6 +68,7 @@ class HybridLM(nnx.Module):
             if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_per_shard, rngs=rngs)
         )
+        self.mtp = MTPHead(config, rngs=rngs) if config.has_mtp else None
 
     @property
     def dtype(self) -> jnp.dtype:
@@ -156,7 +82,8 @@ class HybridLM(nnx.Module):
         num_slots: int,
         state_dtype: jnp.dtype = jnp.float32,
     ) -> tuple[LayerCache, ...]:
-        """Zeroed per-layer caches; block 0 and slot 0 are the reserved NULL entries."""
+        """Zeroed per-layer caches, then the MTP head's (a KV cache per attention layer, indexed
+        by the same block tables); block 0 and slot 0 are the reserved NULL entries."""
         if num_slots < 2 or num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"need num_slots >= 2 (got {num_slots}), num_blocks >= 1 "
@@ -185,7 +112,7 @@ class HybridLM(nnx.Module):
                 case Mixer.NONE:
                     return None
 
-        return tuple(cache_for(kind) for kind in cfg.mixers)
+        return tuple(cache_for(kind) for kind in (*cfg.mixers, *cfg.mtp_mixers))
 
     def cache_tp_axes(self) -> tuple:
         """Per layer, the caches' pytree with, at each array, the axis tensor parallelism splits
@@ -197,21 +124,56 @@ class HybridLM(nnx.Module):
             Mixer.PARALLEL_HYBRID: ParallelHybridCache.tp_axes,
             Mixer.TRANSFORMER_MAMBA2: ParallelHybridCache.tp_axes,  # its cache is the same
         }
-        return tuple(axes[kind]() if kind in axes else None for kind in self.config.mixers)
+        kinds = (*self.config.mixers, *self.config.mtp_mixers)
+        return tuple(axes[kind]() if kind in axes else None for kind in kinds)
 
     def __call__(
         self, inputs: StepInputs, caches: tuple[LayerCache, ...]
     ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
         """Run one step; returns fp32 logits at `inputs.logits_indices` (the whole vocabulary,
         on every shard) and the new caches."""
-        x = self._embed(inputs.token_ids) * self.config.embedding_multiplier
+        x, caches = self.hidden_states(inputs, caches)
+        with jax.named_scope("lm_head"):
+            return self.logits(rows_or_zeros(x, inputs.logits_indices)), caches
+
+    def hidden_states(
+        self, inputs: StepInputs, caches: tuple[LayerCache, ...]
+    ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+        """The last layer's output [T, hidden] (before the final norm) of every token lane, and
+        the new caches (the MTP head's passed through unchanged)."""
+        x = self.embed_tokens(inputs.token_ids)
         embeddings = x  # every layer gets them; only `Mixer.reads_embeddings` kinds read them
+        num_layers = self.config.num_layers
         new_caches = []
-        for layer, cache in zip(self.layers, caches, strict=True):
+        for layer, cache in zip(self.layers, caches[:num_layers], strict=True):
             x, cache = layer(x, cache, inputs, embeddings)
             new_caches.append(cache)
-        with jax.named_scope("lm_head"):
-            return self._logits(rows_or_zeros(x, inputs.logits_indices)), tuple(new_caches)
+        return x, (*new_caches, *caches[num_layers:])
+
+    def embed_tokens(self, token_ids: jax.Array) -> jax.Array:
+        """[T, hidden] embedding rows of `token_ids`, times `embedding_multiplier`."""
+        return self._embed(token_ids) * self.config.embedding_multiplier
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """fp32 logits of rows of the last layer's output (final-normed here)."""
+        return self.head_logits(self.final_norm(x))
+
+    def mtp_hidden(
+        self,
+        hidden: jax.Array,
+        next_ids: jax.Array,
+        inputs: StepInputs,
+        caches: tuple[LayerCache, ...],
+    ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+        """The MTP head over a step's token lanes (`jmamba.mtp.MTPHead`): `hidden` [T, hidden]
+        final-normed (the target's, or the head's own output when it drafts on), `next_ids` [T]
+        the token after each lane's. Returns the head's normed output [T, hidden] (its logits:
+        `head_logits`) and the caches with the head's written."""
+        num_layers = self.config.num_layers
+        normed, mtp_caches = self.mtp(
+            hidden, self.embed_tokens(next_ids), caches[num_layers:], inputs
+        )
+        return normed, (*caches[:num_layers], *mtp_caches)
 
     def _embed(self, token_ids: jax.Array) -> jax.Array:
         """[T, hidden] embedding rows; a shard holds the rows of one vocabulary slice and
@@ -219,12 +181,11 @@ class HybridLM(nnx.Module):
         first = self.tp.index() * self.config.vocab_per_shard
         return self.tp.all_reduce(rows_or_zeros(self.embed[...], token_ids - first))
 
-    def _logits(self, x: jax.Array) -> jax.Array:
-        """fp32 logits of the final-normed rows, times `logits_multiplier`: the head GEMM emits
+    def head_logits(self, x: jax.Array) -> jax.Array:
+        """fp32 logits of normed rows, times `logits_multiplier`: the head GEMM emits
         fp32 (it accumulates in fp32 anyway), the sampler's dtype. A shard computes the logits of
         its vocabulary slice; the slices are gathered, so the sampler sees the whole vocabulary
         (the padding of the last slice cut off)."""
-        x = self.final_norm(x)
         head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
         logits = jnp.dot(
             x.astype(head.dtype), head, preferred_element_type=jnp.float32, precision=PRECISION

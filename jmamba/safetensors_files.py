@@ -13,7 +13,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
-from jmamba.checkpoint_tensors import SKIPPED
+from jmamba.checkpoint_tensors import MTP, SKIPPED
 from jmamba.families import read_json
 
 # The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
@@ -73,12 +73,12 @@ def _load_file(path: Path) -> dict[str, np.ndarray]:
 def checkpoint_dtype(model_dir: str | Path) -> str:
     """The parameter dtype `dtype="auto"` gives a checkpoint: that of most of its floating-point
     weights by element count ("float32" or "bfloat16"), read from the safetensors headers alone;
-    the tensors that loading skips (`SKIPPED`: a vision tower, an MTP head) do not count.
+    the tensors of a vision tower or an MTP head (`SKIPPED`, `MTP`) do not count.
     """
     counts: dict[str, int] = {}
     config = Path(model_dir) / "config.json"
     archs = (read_json(config).get("architectures") or [""]) if config.is_file() else [""]
-    skipped = tuple(prefix for prefix, _ in SKIPPED.get(archs[0], ()))
+    skipped = tuple(prefix for prefix, _ in (*SKIPPED.get(archs[0], ()), MTP))
     for path in _safetensors_files(Path(model_dir)):
         for name, entry in _header(path).items():
             if name.startswith(skipped):

@@ -65,7 +65,7 @@ def _local_config(cfg: ModelConfig, shards: int) -> ModelConfig:
     if shards == 1:
         return cfg
     local = {}
-    kinds = set(cfg.mixers) | set(cfg.ffns)
+    kinds = {*cfg.mixers, *cfg.ffns, *cfg.mtp_mixers, *cfg.mtp_ffns}
     if Mixer.TRANSFORMER_MAMBA2 in kinds:  # its rules are written down, not yet built
         raise ShardError(
             "mixers: Zamba2's shared transformer blocks (Mixer.TRANSFORMER_MAMBA2) are not split "
@@ -125,14 +125,26 @@ def param_rules(cfg: ModelConfig) -> dict[Path_, ShardRule]:
     if not cfg.tie_word_embeddings:
         rules[("lm_head", "kernel")] = split(1, _vocab(cfg))
     for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
-        if mixer != Mixer.NONE:
-            rules[("layers", i, "mixer_norm", "weight")] = REPLICATED
-            for path, rule in _mixer_rules(mixer, cfg).items():
-                rules[("layers", i, "mixer", *path)] = rule
-        if ffn != Ffn.NONE:
-            rules[("layers", i, "ffn_norm", "weight")] = REPLICATED
-            for path, rule in _ffn_rules(ffn, cfg).items():
-                rules[("layers", i, "ffn", *path)] = rule
+        rules.update({("layers", i, *k): v for k, v in _layer_rules(mixer, ffn, cfg).items()})
+    if cfg.has_mtp:  # the MTP head: its fusion and norms whole, its layers as the model's
+        for name in ("embedding_norm", "hidden_norm", "norm"):
+            rules[("mtp", name, "weight")] = REPLICATED
+        rules[("mtp", "fuse", "kernel")] = REPLICATED
+        for i, (mixer, ffn) in enumerate(zip(cfg.mtp_mixers, cfg.mtp_ffns, strict=True)):
+            layer = _layer_rules(mixer, ffn, cfg)
+            rules.update({("mtp", "layers", i, *k): v for k, v in layer.items()})
+    return rules
+
+
+def _layer_rules(mixer: Mixer, ffn: Ffn, cfg: ModelConfig) -> dict[Path_, ShardRule]:
+    """A `jmamba.layer.Layer`'s parameter paths (under the layer) -> how each splits."""
+    rules: dict[Path_, ShardRule] = {}
+    if mixer != Mixer.NONE:
+        rules[("mixer_norm", "weight")] = REPLICATED
+        rules.update({("mixer", *path): rule for path, rule in _mixer_rules(mixer, cfg).items()})
+    if ffn != Ffn.NONE:
+        rules[("ffn_norm", "weight")] = REPLICATED
+        rules.update({("ffn", *path): rule for path, rule in _ffn_rules(ffn, cfg).items()})
     return rules
 
 

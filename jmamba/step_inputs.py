@@ -103,6 +103,23 @@ class PrefillRows:
 
 
 @dataclasses.dataclass(frozen=True)
+class NextTokens:
+    """What follows each prefill row's chunk, for a head that reads the token after each lane's
+    (the MTP head, `jmamba.mtp.next_token_ids`); the decode lanes' next tokens are the step's own
+    samples.
+
+    Attributes:
+      token_ids: [R_p] int32, the known token after the row's last one (a prompt token the next
+        chunk will feed); NULL where the row samples its next token, and for padding.
+      samples: [R_p] bool, the row's chunk ends the request's known tokens: the token after it is
+        the one this step samples. False for padding.
+    """
+
+    token_ids: Array
+    samples: Array
+
+
+@dataclasses.dataclass(frozen=True)
 class StepInputs:
     """Inputs of one model step (see the module docstring for the token layout).
 

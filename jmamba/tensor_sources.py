@@ -326,17 +326,64 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
     if not cfg.tie_word_embeddings:
         src[("lm_head", "kernel")] = _linear("lm_head")
     for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
-        mixer_norm, mixer_hf, ffn_norm, ffn_hf = _layer_names(cfg, i)
         if mixer.reads_embeddings:  # it norms its own inputs: no mixer_norm
-            mixer_src = _transformer_mamba2_sources(cfg, i)
-        else:
-            mixer_src = _mixer_sources(mixer, mixer_hf, cfg)  # none for Mixer.NONE
-            if mixer != Mixer.NONE:
-                src[("layers", i, "mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
-        src.update({("layers", i, "mixer", *k): v for k, v in mixer_src.items()})
-        if ffn != Ffn.NONE:
-            src[("layers", i, "ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
             src.update(
-                {("layers", i, "ffn", *k): v for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()}
+                {("layers", i, "mixer", *k): v for k, v in _transformer_mamba2_sources(cfg, i).items()}
             )
+            mixer = Mixer.NONE
+        layer = _layer_sources(mixer, ffn, _layer_names(cfg, i), cfg)
+        src.update({("layers", i, *k): v for k, v in layer.items()})
+    src.update({("mtp", *k): v for k, v in _mtp_sources(cfg).items()})
+    return src
+
+
+def _layer_sources(
+    mixer: Mixer, ffn: Ffn, names: tuple[str, str, str, str], cfg: ModelConfig
+) -> dict[Path_, Source]:
+    """A `jmamba.layer.Layer`'s parameters from the HF names of its (mixer norm, mixer, ffn norm,
+    ffn)."""
+    mixer_norm, mixer_hf, ffn_norm, ffn_hf = names
+    src: dict[Path_, Source] = {}
+    if mixer != Mixer.NONE:
+        src[("mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
+        src.update({("mixer", *k): v for k, v in _mixer_sources(mixer, mixer_hf, cfg).items()})
+    if ffn != Ffn.NONE:
+        src[("ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
+        src.update({("ffn", *k): v for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()})
+    return src
+
+
+def _mtp_sources(cfg: ModelConfig) -> dict[Path_, Source]:
+    """The MTP head (`jmamba.mtp.MTPHead`) under `mtp.`: Qwen's names (`fc`, `pre_fc_norm_*`,
+    `norm`, decoder layers as the model's), or NemotronH's (blocks as the model's, the first
+    holding `enorm`, `hnorm`, `eh_proj`, the last `final_layernorm`)."""
+    if not cfg.has_mtp:
+        return {}
+    last = len(cfg.mtp_mixers) - 1
+    if cfg.architecture == "NemotronHForCausalLM":
+        head = {
+            "embedding_norm": _same("mtp.layers.0.enorm.weight"),
+            "hidden_norm": _same("mtp.layers.0.hnorm.weight"),
+            "norm": _same(f"mtp.layers.{last}.final_layernorm.weight"),
+        }
+        fuse = _linear("mtp.layers.0.eh_proj")
+        names = lambda i: (f"mtp.layers.{i}.norm", f"mtp.layers.{i}.mixer") * 2  # noqa: E731
+    else:
+        head = {
+            "embedding_norm": _same("mtp.pre_fc_norm_embedding.weight"),
+            "hidden_norm": _same("mtp.pre_fc_norm_hidden.weight"),
+            "norm": _same("mtp.norm.weight"),
+        }
+        fuse = _linear("mtp.fc")
+        names = lambda i: (  # noqa: E731
+            f"mtp.layers.{i}.input_layernorm",
+            f"mtp.layers.{i}.self_attn",
+            f"mtp.layers.{i}.post_attention_layernorm",
+            f"mtp.layers.{i}.mlp",
+        )
+    src: dict[Path_, Source] = {(k, "weight"): v for k, v in head.items()}
+    src[("fuse", "kernel")] = fuse
+    for i, (mixer, ffn) in enumerate(zip(cfg.mtp_mixers, cfg.mtp_ffns, strict=True)):
+        layer = _layer_sources(mixer, ffn, names(i), cfg)
+        src.update({("layers", i, *k): v for k, v in layer.items()})
     return src

@@ -97,7 +97,7 @@ def load_pretrained(
     cfg = load_hf_config(model_dir)
     dtype = resolve_dtype(dtype, model_dir)
     tensors = read_safetensors(model_dir)
-    skipped = skipped_tensors(cfg.architecture, tensors)
+    skipped = skipped_tensors(cfg.architecture, tensors, has_mtp=cfg.has_mtp)
     if skipped:
         logger.info(skip_message(cfg.architecture, skipped))
         for name in (n for names in skipped.values() for n in names):

@@ -273,6 +273,7 @@ class Engine:
         extras = step.mode.logprobs or self.outputs.has_text or self._streaming
         sampled = [sampled_items(schedule) for schedule in step.schedules] if extras else []
         finished = []
+        device_drafts = self.runner.last_drafts or [None] * len(results)
         for rank, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
             verified = verified_tokens(
                 schedule, batch.sample_rows, step.bucket.width, results[rank]
@@ -280,6 +281,7 @@ class Engine:
             tokens, drafts, acceptance = verified
             self.stats.ranks[rank].speculation.add(acceptance)
             finished += self.schedulers[rank].retire(schedule, tokens, drafts)
+            self.drafter.observe(schedule, step.bucket, device_drafts[rank])
         if extras:
             finished += self._stop_on_text(sampled)
         self.drafter.release_done()

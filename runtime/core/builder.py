@@ -15,7 +15,7 @@ import itertools
 
 import numpy as np
 
-from jmamba.step_inputs import DecodeRows, PrefillRows, StepInputs
+from jmamba.step_inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import (
@@ -44,6 +44,8 @@ class StepBatch:
       token_sources: [T] int32 per token lane, where its token comes from: NULL (0) takes
         `inputs.token_ids`; r + 1 takes the token the previous step sampled in logits row r,
         still on the device (asynchronous scheduling; `inputs.token_ids` holds 0 there).
+      following: what follows each prefill row's chunk (read by a step that drafts with the MTP
+        head, `jmamba.mtp`).
     """
 
     inputs: StepInputs
@@ -51,6 +53,7 @@ class StepBatch:
     mode: SamplingMode
     sample_rows: np.ndarray
     token_sources: np.ndarray
+    following: NextTokens
 
     def validate(
         self,
@@ -127,6 +130,7 @@ class _Arrays:
         self.p_read, self.p_write = np.zeros(rp, i32), np.zeros(rp, i32)
         self.p_initial = np.zeros(rp, bool)
         self.p_table = np.zeros((rp, max_blocks), i32)
+        self.p_next_ids, self.p_next_samples = np.zeros(rp, i32), np.zeros(rp, bool)
         self.state_block_size = state_block_size
         self.p_boundary = (
             np.zeros((rp, boundary_columns(bucket, state_block_size)), i32)
@@ -184,6 +188,17 @@ class _Arrays:
         self.seeds[row] = request.seed
         self.counters[row] = request.num_sampled
 
+    def following(self) -> NextTokens:
+        return NextTokens(self.p_next_ids, self.p_next_samples)
+
+    def set_following(self, row: int, item: ScheduledRequest) -> None:
+        """Prefill row `row`: the known token after its chunk, or that it samples the next."""
+        end, request = item.start + item.num_tokens, item.request
+        if end < request.num_tokens:
+            self.p_next_ids[row] = request.token_at(end)
+        else:
+            self.p_next_samples[row] = True
+
     def set_tokens(self, first: int, item: ScheduledRequest, block_size: int) -> None:
         """Fill token lanes [first, first + n) with the item's token ids, positions, KV slots."""
         n, start = item.num_tokens, item.start
@@ -233,6 +248,7 @@ def build_step(
                 )
             a.p_boundary[j, : len(item.boundary_slots)] = item.boundary_slots
         a.set_tokens(num_decode_lanes + offset, item, block_size)
+        a.set_following(j, item)
         offset += item.num_tokens
         a.logits_indices[num_decode_lanes + j] = num_decode_lanes + offset - 1
         a.set_sampling(num_decode_lanes + j, item)
@@ -244,7 +260,8 @@ def build_step(
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
     sampling = a.sampling(masks, penalized)
     rows = np.asarray(sample_rows, np.int64)
-    return StepBatch(a.step_inputs(), sampling, SamplingMode.of(sampling), rows, a.token_sources)
+    mode = SamplingMode.of(sampling)
+    return StepBatch(a.step_inputs(), sampling, mode, rows, a.token_sources, a.following())
 
 
 def _fill_decode(
@@ -378,6 +395,8 @@ def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
 def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks, state_block_size)
+    no_rows = np.zeros(0, np.int64)
+    sampling = a.sampling([], [])
     return StepBatch(
-        a.step_inputs(), a.sampling([], []), SamplingMode(), np.zeros(0, np.int64), a.token_sources
+        a.step_inputs(), sampling, SamplingMode(), no_rows, a.token_sources, a.following()
     )

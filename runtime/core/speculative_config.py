@@ -9,7 +9,7 @@ import dataclasses
 
 from runtime.core import checks
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "mtp")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -18,8 +18,9 @@ class SpeculativeConfig:
     """How drafts are proposed.
 
     Attributes:
-      method: "ngram" (prompt lookup in the request's own prompt + output) or "draft_model" (a
-        smaller model with the target's vocabulary proposes greedily).
+      method: "ngram" (prompt lookup in the request's own prompt + output), "draft_model" (a
+        smaller model with the target's vocabulary proposes greedily) or "mtp" (the model's own
+        multi-token-prediction head drafts inside the step, `jmamba.mtp`).
       num_speculative_tokens: K, the most drafts per request per step (1..16); decode rows with
         drafts are 1 + K lanes wide.
       prompt_lookup_min / prompt_lookup_max: ngram only: the n-gram lengths tried, longest first;

@@ -51,6 +51,7 @@ from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.distributed import make_mesh
 from runtime.device.memory import pool_memory
+from runtime.device.mtp_drafts import MTPDrafts, NoDeviceDrafts
 from runtime.device.packing import Layout, layout_of, pack
 from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
 from runtime.device.spmd_step import spmd_step
@@ -75,6 +76,7 @@ class DispatchedStep:
     tokens: jax.Array
     token_logprobs: TokenLogprobs | None
     logits: jax.Array | None
+    drafts: jax.Array | None
 
 
 class ModelRunner:
@@ -89,6 +91,10 @@ class ModelRunner:
       last_logits: [local ranks, N, vocab] fp32 logits of the last step when `keep_logits`.
       last_logprobs: per local rank, the last step's `TokenLogprobs` (host arrays) of each
         scheduled request's sampled row, when its sampling mode asked for them; else None.
+      last_drafts: per local rank, the last step's drafts [1 + k, N] when the step drafts on the
+        device (`drafter`); else None.
+      drafter: what the step drafts (`runtime.device.mtp_drafts`): the MTP head's drafts when the
+        config speculates with method "mtp", else nothing.
       compile_seconds: time spent compiling, per `VariantKey`.
     """
 
@@ -118,13 +124,15 @@ class ModelRunner:
         )
         self.buffers = StepBuffers(self.mesh, carried_tokens(config))
         self.keep_logits = keep_logits
+        self.drafter = device_drafter(config)
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
+        self.last_drafts: list[np.ndarray] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(
             functools.partial(spmd_step, self.mesh, cache_specs),
-            static_argnums=(0, 1, 2, 3, 4),
+            static_argnums=(0, 1, 2, 3, 4, 5),
             donate_argnames=("caches", "outputs", "carried"),
             keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses
         )
@@ -216,6 +224,7 @@ class ModelRunner:
         """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,
         `last_logprobs` set from it)."""
         self.last_logits = None if step.logits is None else self.mesh.local_rows(step.logits)
+        self.last_drafts = None if step.drafts is None else list(self.mesh.local_rows(step.drafts))
         self.last_logprobs = self._local_logprobs(step.token_logprobs, step.batches)
         return list(self.mesh.local_rows(step.tokens))
 
@@ -276,7 +285,7 @@ class ModelRunner:
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
         layout = self._layouts[key]
-        rows = np.stack([pack(_packed_tree(b, key.carry), layout) for b in batches])
+        rows = np.stack([pack(self._packed_tree(b, key.carry), layout) for b in batches])
         return self.mesh.global_array(rows)
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
@@ -286,7 +295,7 @@ class ModelRunner:
         """The variant `key` lowered (its layout and output buffers registered): (lowered, the
         seconds it took)."""
         start = time.perf_counter()
-        self._layouts[key] = layout_of(_packed_tree(batch, key.carry))
+        self._layouts[key] = layout_of(self._packed_tree(batch, key.carry))
         packed = self._packed(key, [batch] * len(self.local_ranks))
         static = (
             self.graphdef,
@@ -294,6 +303,7 @@ class ModelRunner:
             self.keep_logits,
             self._layouts[key],
             key.mode,
+            self.drafter,
         )
         carried = self.buffers.carried if key.carry else None
         _, outputs, _ = self._jitted.eval_shape(
@@ -314,10 +324,20 @@ class ModelRunner:
         return compiled
 
 
-def _packed_tree(batch: StepBatch, carry: bool) -> tuple:
-    if carry:
-        return batch.inputs, batch.sampling, batch.token_sources
-    return batch.inputs, batch.sampling
+    def _packed_tree(self, batch: StepBatch, carry: bool) -> tuple:
+        """What the step reads of `batch`: (inputs, sampling, token sources, what follows each
+        prefill chunk), the last two None where the variant does not read them."""
+        sources = batch.token_sources if carry else None
+        following = batch.following if self.drafter.num_drafts else None
+        return batch.inputs, batch.sampling, sources, following
+
+
+def device_drafter(config: EngineConfig) -> NoDeviceDrafts | MTPDrafts:
+    """The step's drafter: the MTP head's K drafts under speculative method "mtp", else none."""
+    spec = config.speculative
+    if spec is not None and spec.method == "mtp":
+        return MTPDrafts(spec.num_speculative_tokens)
+    return NoDeviceDrafts()
 
 
 def carried_tokens(config: EngineConfig) -> int:

@@ -16,9 +16,11 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jmamba.inputs import StepInputs
+from jmamba.model import rows_or_zeros
 from jmamba.tensor_parallel import TP_AXIS
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.distributed import AXIS, DeviceMesh
+from runtime.device.mtp_drafts import MTPDrafts, NoDeviceDrafts
 from runtime.device.packing import Layout, unpack
 from runtime.device.sampler import accept_drafts, fed_tokens, logprobs, sample
 from runtime.device.step_buffers import StepOutputs
@@ -30,6 +32,7 @@ def _rank_step(
     keep_logits: bool,
     layout: Layout,
     mode: SamplingMode,
+    drafter: NoDeviceDrafts | MTPDrafts,
     param_leaves,
     caches,
     packed,
@@ -37,15 +40,18 @@ def _rank_step(
 ):
     """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
     the previous step's tokens [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities
-    (when `mode.logprobs`), logits (when `keep_logits`), caches, this step's tokens [1, C] for the
-    next step. A step that carries no tokens (`previous` None: a synchronous engine's) packs no
-    token sources."""
-    inputs, sampling, *sources = unpack(packed[0], layout)
+    (when `mode.logprobs`), logits (when `keep_logits`), the drafts for the next step [1, 1 + k,
+    N] (when `drafter` drafts; `runtime.device.mtp_drafts`), caches, this step's tokens [1, C]
+    for the next step. The packed tree is (inputs, sampling, token sources, what follows each
+    prefill chunk), the last two None where the step does not read them (`packed_tree`)."""
+    inputs, sampling, sources, following = unpack(packed[0], layout)
     if previous is not None:
-        inputs = _with_previous_tokens(inputs, sources[0], previous[0])
+        inputs = _with_previous_tokens(inputs, sources, previous[0])
     shard_params = [leaf[0] for leaf in param_leaves]
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
-    logits, caches = model(inputs, caches)
+    x, caches = model.hidden_states(inputs, caches)
+    with jax.named_scope("lm_head"):
+        logits = model.logits(rows_or_zeros(x, inputs.logits_indices))
     with jax.named_scope("sampler"):
         tokens = sample(logits, sampling, mode, fed_tokens(inputs))
         token_logprobs = None
@@ -53,13 +59,16 @@ def _rank_step(
             computed = logprobs(logits, tokens, mode.top_logprobs)
             token_logprobs = jax.tree.map(lambda a: a[None], computed)
         accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
+    with jax.named_scope("drafter"):
+        drafts, caches = drafter(model, x, tokens, accepted, inputs, following, caches)
     tokens_and_flags = jnp.stack([tokens, accepted])[None]
     carried = None
     if previous is not None:
         n = min(tokens.shape[0], previous.shape[1])  # a draft model's wider buckets feed nothing
         carried = jnp.pad(tokens[:n], (0, previous.shape[1] - n))[None]
     logits_out = logits[None] if keep_logits else None
-    return tokens_and_flags, token_logprobs, logits_out, caches, carried
+    drafts_out = None if drafts is None else drafts[None]
+    return tokens_and_flags, token_logprobs, logits_out, drafts_out, caches, carried
 
 
 def _with_previous_tokens(
@@ -79,6 +88,7 @@ def spmd_step(
     keep_logits: bool,
     layout: Layout,
     mode: SamplingMode,
+    drafter: NoDeviceDrafts | MTPDrafts,
     param_leaves,
     caches,
     packed,
@@ -92,9 +102,11 @@ def spmd_step(
     del outputs
     by_rank = P(AXIS)
     param_specs = [P(TP_AXIS)] * len(param_leaves)
-    step = functools.partial(_rank_step, graphdef, param_treedef, keep_logits, layout, mode)
+    step = functools.partial(
+        _rank_step, graphdef, param_treedef, keep_logits, layout, mode, drafter
+    )
     logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
-    tokens, token_logprobs, logits, caches, carried = jax.shard_map(
+    tokens, token_logprobs, logits, drafts, caches, carried = jax.shard_map(
         step,
         mesh=mesh.mesh,
         in_specs=(param_specs, cache_specs, by_rank, None if carried is None else by_rank),
@@ -102,9 +114,10 @@ def spmd_step(
             by_rank,
             logprob_specs,
             by_rank if keep_logits else None,
+            by_rank if drafter.num_drafts else None,
             cache_specs,
             None if carried is None else by_rank,
         ),
         check_vma=False,  # Pallas calls declare plain output shapes
     )(param_leaves, caches, packed, carried)
-    return caches, StepOutputs(tokens, token_logprobs, logits), carried
+    return caches, StepOutputs(tokens, token_logprobs, logits, drafts), carried

@@ -37,11 +37,13 @@ from runtime.device.distributed import DeviceMesh
 class StepOutputs(NamedTuple):
     """What a step hands back to the host, per rank on axis 0: tokens [R, 2, N] (sampled tokens
     and draft-accept flags), log-probabilities when its sampling mode asks for them, logits
-    [R, N, V] when the runner keeps them (else None)."""
+    [R, N, V] when the runner keeps them, the next step's drafts [R, 1 + k, N] when the step
+    drafts (`runtime.device.mtp_drafts`); else None."""
 
     tokens: jax.Array
     token_logprobs: TokenLogprobs | None
     logits: jax.Array | None
+    drafts: jax.Array | None
 
 
 def _overwrite(slot: jax.Array, fresh: jax.Array) -> jax.Array:

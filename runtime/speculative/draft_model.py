@@ -109,6 +109,9 @@ class DraftModelDrafter:
             for rank, schedule in zip(self.ranks, schedules, strict=True)
         ]
 
+    def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
+        """Learns nothing from the target's step."""
+
     def release_done(self) -> None:
         for rank in self.ranks:
             rank.release_done()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 from jmamba.loading import load_model
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
@@ -20,6 +22,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.device.model_runner import ModelRunner
 from runtime.speculative.draft_model import DraftModelDrafter, check_draft_model
+from runtime.speculative.mtp import MTPDrafter
 from runtime.speculative.ngram import NgramDrafter
 
 
@@ -35,6 +38,10 @@ class Drafter(Protocol):
     def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
         """The schedules (one per local rank) with each decode row of 1 + k lanes given its k
         drafts (`ScheduledRequest.draft_token_ids`)."""
+
+    def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
+        """One rank's retired step and the drafts its step made on the device (`None` unless the
+        step drafts: `runtime.device.mtp_drafts`)."""
 
     def release_done(self) -> None:
         """Give back what finished, aborted or preempted requests held."""
@@ -61,6 +68,9 @@ class NoDrafts:
     def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
         return schedules
 
+    def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
+        """Learns nothing from a step."""
+
     def release_done(self) -> None:
         """Holds nothing."""
 
@@ -80,10 +90,16 @@ def make_drafter(
     `config.speculative.draft_model`) and `draft_runner` may share another engine's compiled
     draft steps and caches."""
     spec = config.speculative
-    if spec is None or spec.method == "ngram":
+    if spec is None or spec.method != "draft_model":
         if draft_model is not None or draft_runner is not None:
             raise ValueError("draft_model / draft_runner need speculative method 'draft_model'")
-        return NoDrafts() if spec is None else NgramDrafter(spec)
+    if spec is None:
+        return NoDrafts()
+    if spec.method == "ngram":
+        return NgramDrafter(spec)
+    if spec.method == "mtp":
+        check_mtp_head(model)
+        return MTPDrafter()
     if draft_model is None:
         if spec.draft_model is None:
             raise ValueError(
@@ -95,3 +111,14 @@ def make_drafter(
     return DraftModelDrafter(
         draft_model, config, model.config.chunk_size, num_ranks, runner=draft_runner
     )
+
+
+def check_mtp_head(model: object) -> None:
+    """ValueError unless `model` has a multi-token-prediction head (`jmamba.mtp`)."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "has_mtp", False):
+        name = getattr(config, "architecture", type(model).__name__)
+        raise ValueError(
+            f"speculative method 'mtp' needs a model with an MTP head; {name} has none (its "
+            "checkpoint holds no mtp.* tensors, or its config.json no MTP layer count)"
+        )

@@ -69,6 +69,9 @@ class NgramDrafter:
         proposals, self._proposals = self._proposals, {}
         return [with_drafts(schedule, proposals) for schedule in schedules]
 
+    def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
+        """Learns nothing from the target's step."""
+
     def release_done(self) -> None:
         """Holds nothing past a step."""
 

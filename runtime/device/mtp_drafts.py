@@ -1,0 +1,188 @@
+"""Drafting inside the step: what runs after sampling to propose the next step's drafts.
+
+A step's device drafter is static (it picks the compiled program) and always present:
+`NoDeviceDrafts` (no speculation, or a drafter that runs on the host or in its own model) returns
+nothing; `MTPDrafts(k)` runs the model's MTP head (`jmamba.mtp`) and returns up to k drafts per
+scheduled row, which the host hands back as the row's drafts in the next step.
+
+`MTPDrafts`, per step, after the target sampled (and verified) its lanes:
+
+1. main pass: the head over every token lane of the step, fed the target's final-normed hidden
+   state and the token after the lane (`jmamba.mtp.next_token_ids`); it writes its KV at the
+   lanes' own KV slots. Lanes past a row's accepted drafts get entries the next step rewrites.
+2. each row's base lane: a decode row's last accepted lane (its accepted drafts, counted on the
+   device from the accept flags), a prefill row's last token. A row drafts when the token after
+   its base lane is this step's sample (decode rows, prefill rows that end their known tokens);
+   d_1 = argmax of the head's logits at the base lane.
+3. chain passes j = 2..k: one lane per row at position base + j - 1, fed d_(j-1) and the head's
+   previous output as its hidden state; its KV goes to that position's slot when the row's block
+   table has a block there (the blocks a request holds past its tokens: never a published one),
+   else the row stops drafting. d_j = argmax of that pass's logits.
+
+Outputs: [1 + k, N] int32, column c = a row's first logits row (decode row i: i * W; prefill row
+j: R_d * W + j): row 0 the number of drafts made (0 for a row that does not draft), rows 1..k the
+drafts d_1..d_k (meaningful up to that number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jmamba.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
+from jmamba.model import HybridLM, LayerCache
+from jmamba.mtp import next_token_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class NoDeviceDrafts:
+    """The step drafts nothing."""
+
+    num_drafts: int = 0
+
+    def __call__(
+        self,
+        model: HybridLM,
+        x: jax.Array,
+        sampled: jax.Array,
+        accepted: jax.Array,
+        inputs: StepInputs,
+        following: NextTokens | None,
+        caches: tuple[LayerCache, ...],
+    ) -> tuple[jax.Array | None, tuple[LayerCache, ...]]:
+        return None, caches
+
+
+@dataclasses.dataclass(frozen=True)
+class MTPDrafts:
+    """Up to `num_drafts` drafts per row from the model's MTP head (module docstring)."""
+
+    num_drafts: int
+
+    def __call__(
+        self,
+        model: HybridLM,
+        x: jax.Array,
+        sampled: jax.Array,
+        accepted: jax.Array,
+        inputs: StepInputs,
+        following: NextTokens,
+        caches: tuple[LayerCache, ...],
+    ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+        """x [T, hidden] the target's last layer output, sampled / accepted [N] per logits row
+        -> (drafts [1 + k, N], caches)."""
+        next_ids = next_token_ids(inputs, following, sampled)
+        hidden, caches = model.mtp_hidden(model.final_norm(x), next_ids, inputs, caches)
+        base, drafting = _base_lanes(inputs, accepted, following)
+        positions = inputs.positions[base]
+        hidden = hidden[base]
+        drafts = [_greedy(model, hidden)]
+        alive = drafting
+        counts = drafting.astype(jnp.int32)
+        block_tables = jnp.concatenate([inputs.decode.block_table, inputs.prefill.block_table])
+        block_size = _block_size(model, caches)
+        for step in range(1, self.num_drafts):
+            position = positions + step
+            alive = alive & _has_block(block_tables, position, block_size)
+            chain = _chain_inputs(drafts[-1], position, alive, block_tables, block_size, inputs)
+            out, caches = model.mtp_hidden(hidden, drafts[-1], chain, caches)
+            hidden = jnp.where(alive[:, None], out, hidden)
+            drafts.append(_greedy(model, hidden))
+            counts += alive.astype(jnp.int32)
+        table = jnp.stack([counts, *drafts])  # [1 + k, R]
+        return _by_logits_row(table, inputs), caches
+
+
+def _greedy(model: HybridLM, hidden: jax.Array) -> jax.Array:
+    """[R] argmax of the head's logits of normed rows."""
+    return jnp.argmax(model.head_logits(hidden), axis=-1).astype(jnp.int32)
+
+
+def _base_lanes(
+    inputs: StepInputs, accepted: jax.Array, following: NextTokens
+) -> tuple[jax.Array, jax.Array]:
+    """([R] token lane each row drafts from, [R] bool whether it drafts), decode rows then
+    prefill rows (module docstring, 2)."""
+    rows, width = inputs.decode.num_rows, inputs.decode.width
+    flags = accepted[: rows * width].reshape(rows, width).astype(jnp.int32)
+    num_accepted = jnp.cumprod(flags, axis=1).sum(axis=1)
+    decode_base = jnp.arange(rows, dtype=jnp.int32) * width + num_accepted
+    decode_drafts = inputs.decode.query_lens > 0
+    prefill_base = inputs.logits_indices[rows * width :]
+    return (
+        jnp.concatenate([decode_base, prefill_base]),
+        jnp.concatenate([decode_drafts, following.samples]),
+    )
+
+
+def _block_size(model: HybridLM, caches: tuple[LayerCache, ...]) -> int:
+    """Tokens per KV block: axis 1 of the head's first KV cache."""
+    head_caches = caches[model.config.num_layers :]
+    return next(cache.k.shape[1] for cache in head_caches if cache is not None)
+
+
+def _has_block(block_tables: jax.Array, position: jax.Array, block_size: int) -> jax.Array:
+    """[R] bool: the row's block table holds a block at `position`."""
+    column = position // block_size
+    inside = column < block_tables.shape[1]
+    block = jnp.take_along_axis(
+        block_tables, jnp.minimum(column, block_tables.shape[1] - 1)[:, None], axis=1
+    )[:, 0]
+    return inside & (block != 0)
+
+
+def _chain_inputs(
+    token_ids: jax.Array,
+    position: jax.Array,
+    alive: jax.Array,
+    block_tables: jax.Array,
+    block_size: int,
+    like: StepInputs,
+) -> StepInputs:
+    """A decode-only `StepInputs` of R rows of one lane each: row r feeds `token_ids[r]` at
+    `position[r]`, writing its KV there; rows not `alive` are padding (NULL everywhere)."""
+    live = alive.astype(jnp.int32)
+    column = jnp.minimum(position // block_size, block_tables.shape[1] - 1)
+    block = jnp.take_along_axis(block_tables, column[:, None], axis=1)[:, 0]
+    num_rows = token_ids.shape[0]
+    zeros = jnp.zeros(num_rows, jnp.int32)
+    decode = DecodeRows(
+        query_lens=live,
+        seq_lens=(position + 1) * live,
+        read_slots=zeros,
+        write_slots=zeros[:, None],
+        block_table=block_tables * live[:, None],
+    )
+    empty = jnp.zeros(0, jnp.int32)
+    prefill = PrefillRows(
+        query_start_loc=jnp.zeros(1, jnp.int32),
+        num_computed=empty,
+        seq_lens=empty,
+        has_initial_state=jnp.zeros(0, bool),
+        read_slots=empty,
+        write_slots=empty,
+        block_table=jnp.zeros((0, like.prefill.block_table.shape[1]), jnp.int32),
+    )
+    return StepInputs(
+        token_ids=token_ids * live,
+        positions=position * live,
+        kv_slots=(block * block_size + position % block_size) * live,
+        decode=decode,
+        prefill=prefill,
+        logits_indices=jnp.arange(num_rows, dtype=jnp.int32) * live,
+    )
+
+
+def _by_logits_row(table: jax.Array, inputs: StepInputs) -> jax.Array:
+    """[1 + k, R] per row -> [1 + k, N] at each row's first logits row (module docstring)."""
+    rows, width = inputs.decode.num_rows, inputs.decode.width
+    columns = jnp.concatenate(
+        [
+            jnp.arange(rows, dtype=jnp.int32) * width,
+            rows * width + jnp.arange(inputs.prefill.num_rows, dtype=jnp.int32),
+        ]
+    )
+    out = jnp.zeros((table.shape[0], inputs.logits_indices.shape[0]), jnp.int32)
+    return out.at[:, columns].set(table)

@@ -13,6 +13,8 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
   rarely agree, so its acceptance shows the cost side).
 - `self-K` (UPPER BOUND of draft-model acceptance): the target as its own draft model; every draft
   must be accepted, at the price of K + 1 target-sized draft passes per step.
+- `mtp-K`: a random MTP head (an attention block and an MLP block, `jmamba.mtp`) drafting inside
+  the target's step: random, its drafts are rejected, so it shows the cost side of the head.
 
 One runner per lane width (and per draft model) serves every batch size (decode row buckets
 1, 16, 64), and a short warm-up serve of the same shape compiles every variant before timing.
@@ -51,7 +53,7 @@ from runtime.engine import Engine
 from runtime.speculative.draft_model import draft_engine_config
 from runtime.speculative.verify import with_drafts
 
-METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4")
+METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4", "mtp-1", "mtp-3")
 
 
 def draft_hf_config(size: str) -> dict:
@@ -164,6 +166,7 @@ class Bench:
         self.max_model_len = 1 << (max_len - 1).bit_length()
         self.budget = max(args.budget, self.model.config.chunk_size)
         self.draft_model = build_draft_model(args.size)
+        self.mtp_model = build_model(args.size, mtp=True)
         self.runners: dict[tuple, ModelRunner] = {}
         self.truth: dict[str, list[int]] = {}
 
@@ -174,6 +177,8 @@ class Bench:
             spec = SpeculativeConfig("ngram", int(k))
         elif kind in ("draft", "self"):
             spec = SpeculativeConfig("draft_model", int(k))
+        elif kind == "mtp":
+            spec = SpeculativeConfig("mtp", int(k))
         return engine_config(max(self.batches), self.batches, self.max_model_len, self.budget, spec)
 
     def runner(self, key: tuple, model: HybridLM, config: EngineConfig) -> ModelRunner:
@@ -184,11 +189,12 @@ class Bench:
     def engine(self, method: str) -> Engine:
         kind, _, k = method.partition("-")
         config = self.config(method)
+        model = self.mtp_model if kind == "mtp" else self.model
         runner = self.runner(
-            ("target", config.speculative and config.speculative.width), self.model, config
+            (kind == "mtp", config.speculative and config.speculative.width), model, config
         )
         if kind not in ("draft", "self"):
-            engine = Engine(self.model, config, runner=runner)
+            engine = Engine(model, config, runner=runner)
             if kind == "oracle":
                 engine.drafter = OracleDrafter(self.truth, int(k))
             return engine

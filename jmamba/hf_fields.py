@@ -74,7 +74,11 @@ def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
 # `num_nextn_predict_layers`, Qwen3.5 `mtp_num_hidden_layers`.
 _MTP_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 # NemotronH's MTP blocks (`mtp_hybrid_override_pattern` characters, `mtp_layers_block_type` names)
-_NEMOTRON_MTP = {"*": (Mixer.ATTENTION, Ffn.NONE), "E": (Mixer.NONE, Ffn.MOE), "-": (Mixer.NONE, Ffn.MLP)}
+_NEMOTRON_MTP = {
+    "*": (Mixer.ATTENTION, Ffn.NONE),
+    "E": (Mixer.NONE, Ffn.MOE),
+    "-": (Mixer.NONE, Ffn.MLP),
+}
 _NEMOTRON_MTP_NAMES = {"attention": "*", "full_attention": "*", "moe": "E", "mlp": "-"}
 
 
@@ -97,6 +101,4 @@ def _mtp_pattern(cfg: HFConfig, mixers: list[Mixer], ffns: list[Ffn]) -> dict[st
         blocks = [(Mixer.ATTENTION, ffns[mixers.index(Mixer.ATTENTION)])] * count
     else:
         raise ValueError(f"an MTP head of {count} layers needs an attention layer to copy")
-    return dict(
-        mtp_mixers=tuple(m for m, _ in blocks), mtp_ffns=tuple(f for _, f in blocks)
-    )
+    return dict(mtp_mixers=tuple(m for m, _ in blocks), mtp_ffns=tuple(f for _, f in blocks))

@@ -328,7 +328,10 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
     for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
         if mixer.reads_embeddings:  # it norms its own inputs: no mixer_norm
             src.update(
-                {("layers", i, "mixer", *k): v for k, v in _transformer_mamba2_sources(cfg, i).items()}
+                {
+                    ("layers", i, "mixer", *k): v
+                    for k, v in _transformer_mamba2_sources(cfg, i).items()
+                }
             )
             mixer = Mixer.NONE
         layer = _layer_sources(mixer, ffn, _layer_names(cfg, i), cfg)

@@ -4,10 +4,13 @@ twin."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 from flax import nnx
 
 from jmamba import HybridLM
+from jmamba.config import Ffn, Mixer
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
 
@@ -116,10 +119,16 @@ def _qwen3_next_config(tiny: bool) -> dict:
     )
 
 
-def build_model(size: str) -> HybridLM:
+def build_model(size: str, *, mtp: bool = False) -> HybridLM:
     """The random bench model in bf16 (`jmamba.weights.cast`), initialised inside one jitted call so
-    the fp32 initial values of a 20B model never all exist at once."""
+    the fp32 initial values of a 20B model never all exist at once. `mtp`: with a random MTP head
+    of an attention block and an MLP block (NemotronH's kind; the head's weights are drawn after
+    the model's, so the model is the one without it)."""
     config = from_hf_config(hf_config(size))
+    if mtp:
+        config = dataclasses.replace(
+            config, mtp_mixers=(Mixer.ATTENTION, Mixer.NONE), mtp_ffns=(Ffn.NONE, Ffn.MLP)
+        )
     make = lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16")  # noqa: E731
     graphdef, _ = nnx.split(nnx.eval_shape(make))
     state = jax.jit(lambda: nnx.split(make())[1])()

@@ -323,7 +323,6 @@ class ModelRunner:
         self._compiled[key] = compiled
         return compiled
 
-
     def _packed_tree(self, batch: StepBatch, carry: bool) -> tuple:
         """What the step reads of `batch`: (inputs, sampling, token sources, what follows each
         prefill chunk), the last two None where the variant does not read them."""

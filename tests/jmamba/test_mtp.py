@@ -6,14 +6,13 @@ fixtures"): the head's normed output and logits over a whole sequence, and the c
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmamba.inputs import NextTokens
+from jmamba.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from jmamba.model import rows_or_zeros
 from jmamba.mtp import next_token_ids
 from jmamba.prefill import prefill_inputs
@@ -69,6 +68,55 @@ def test_chained_drafts_match_transformers_layers(family):
     accepted = jnp.zeros_like(sampled)
     drafts, _ = MTPDrafts(4)(model, x, sampled, accepted, inputs, following, caches)
     assert drafts.shape == (5, 1)
+    assert int(drafts[0, 0]) == 4
+    np.testing.assert_array_equal(np.asarray(drafts[1:, 0]), expected["chain_drafts"])
+
+
+def _decode_row(tokens: np.ndarray, start: int, width: int) -> StepInputs:
+    """One decode row of `tokens` at positions start, start + 1, ... (blocks 1, 2, ... in
+    order, as `prefill_inputs` lays them out), no prefill row."""
+    n = tokens.size
+    positions = np.arange(start, start + n, dtype=np.int32)
+    table = np.arange(1, width + 1, dtype=np.int32)[None]
+    i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
+    return StepInputs(
+        token_ids=tokens.astype(np.int32),
+        positions=positions,
+        kv_slots=(positions // BLOCK + 1) * BLOCK + positions % BLOCK,
+        decode=DecodeRows(i32(n), i32(start + n), i32(1), np.full((1, n), 1, np.int32), table),
+        prefill=PrefillRows(
+            query_start_loc=i32(0),
+            num_computed=i32(),
+            seq_lens=i32(),
+            has_initial_state=np.zeros(0, bool),
+            read_slots=i32(),
+            write_slots=i32(),
+            block_table=np.zeros((0, width), np.int32),
+        ),
+        logits_indices=np.arange(n, dtype=np.int32),
+    )
+
+
+def test_drafts_after_accepted_lanes_continue_the_heads_context():
+    """A prefill chunk that stops 3 tokens short (its next token a prompt token), then a decode
+    row of 1 + 3 lanes whose first two drafts were accepted: the row drafts from its third lane,
+    over the head's KV of both steps, and gets the reference's chain."""
+    model, expected, inputs, caches = _run("qwen3_5_mtp")
+    tokens = expected["tokens"]
+    n, width = tokens.size, inputs.prefill.block_table.shape[1]
+    head = MTPDrafts(4)
+    first = prefill_inputs(tokens[: n - 3], block_size=BLOCK, max_blocks=width)
+    x, caches = model.hidden_states(first, caches)
+    following = NextTokens(np.asarray([tokens[n - 3]], np.int32), np.zeros(1, bool))
+    sampled = jnp.zeros(1, jnp.int32)
+    _, caches = head(model, x, sampled, jnp.zeros(1, jnp.int32), first, following, caches)
+    row = _decode_row(np.append(tokens[n - 3 :], 0), n - 3, width)
+    x, caches = model.hidden_states(row, caches)
+    # What the target "sampled" after each lane: the next two accepted, then the chain's start.
+    sampled = jnp.asarray([tokens[n - 2], tokens[n - 1], expected["chain_next"], 0], jnp.int32)
+    accepted = jnp.asarray([1, 1, 0, 0], jnp.int32)
+    none = NextTokens(np.zeros(0, np.int32), np.zeros(0, bool))
+    drafts, _ = head(model, x, sampled, accepted, row, none, caches)
     assert int(drafts[0, 0]) == 4
     np.testing.assert_array_equal(np.asarray(drafts[1:, 0]), expected["chain_drafts"])
 

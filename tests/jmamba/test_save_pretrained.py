@@ -56,7 +56,9 @@ def test_fixture_written_back_has_transformers_tensors(tmp_path, family):
     original, written = (load_file(d / "model.safetensors") for d in (FIXTURES / family, tmp_path))
     if config.get("tie_word_embeddings"):
         original.pop("lm_head.weight", None)  # transformers may store the tied copy
-    for names in skipped_tensors(model.config.architecture, original, has_mtp=model.config.has_mtp).values():
+    for names in skipped_tensors(
+        model.config.architecture, original, has_mtp=model.config.has_mtp
+    ).values():
         for name in names:
             del original[name]
     original = unpack_experts(original)

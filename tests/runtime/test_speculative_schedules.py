@@ -40,7 +40,7 @@ def expected(family: str, prompt: tuple[int, ...], params: SamplingParams, eos: 
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=max(settings.default.max_examples // 2, 3))  # per family: CI time
+@settings(max_examples=max(settings.default.max_examples // 3, 3))  # per family: CI time
 @given(
     requests=st.lists(spec_request_strategy, min_size=1, max_size=5),
     extra_budget=st.integers(0, 16),

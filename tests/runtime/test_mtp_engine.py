@@ -1,0 +1,123 @@
+"""Speculative decoding with the model's MTP head (method "mtp"): lossless and hit-preserving.
+
+The tiny presets get an MTP head (Qwen3-Next: an attention layer with the model's MoE; NemotronH:
+an attention block then an MLP block). The head's parameters are drawn after the model's, so the
+target is the preset's model itself, and greedy output must equal `naive_greedy` (full recompute
+of the preset model, which has no head) under preemption, prefix caching "align" and "all" with
+shared prefixes and repeated prompts. A repeated prompt hits on its first repeat with drafts on,
+as often as without them. The heads are random, so their drafts are rejected:
+tests/jmamba/test_mtp.py checks drafting after accepted lanes against the reference. One runner
+per (family, prefix mode); CI time about 40 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import jmamba
+from jmamba.config import Ffn, Mixer
+from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.model_runner import ModelRunner
+from runtime.engine import Engine
+from tests.compiled import per_module
+from tests.runtime.conftest import base_config, model_and_runner
+from tests.runtime.test_prefix_caching import (
+    MAX_CACHED,
+    MAX_NUM_SEQS,
+    assert_lossless,
+    prefix_config,
+    serve,
+    shared_prefix_arrivals,
+    tokens,
+)
+
+K = 3
+FAMILIES = ("nemotron_h", "qwen3_next")
+HEADS = {
+    "nemotron_h": ((Mixer.ATTENTION, Mixer.NONE), (Ffn.NONE, Ffn.MLP)),
+    "qwen3_next": ((Mixer.ATTENTION,), (Ffn.MOE,)),
+}
+SLOTS = 1 + MAX_NUM_SEQS * (2 + K) + MAX_CACHED  # per request its slot and 1 + K lane slots
+
+
+@per_module
+def mtp_model(family: str) -> nnx.Module:
+    mixers, ffns = HEADS[family]
+    config = dataclasses.replace(jmamba.presets.tiny(family), mtp_mixers=mixers, mtp_ffns=ffns)
+    return jmamba.HybridLM(config, rngs=nnx.Rngs(0))
+
+
+def mtp_config(family: str, mode: str, k: int = K):
+    speculative = SpeculativeConfig("mtp", k)
+    if mode == "off":  # the shared small pools: requests preempt each other
+        return dataclasses.replace(base_config(family), num_slots=SLOTS, speculative=speculative)
+    return prefix_config(family, mode, num_slots=SLOTS, speculative=speculative)
+
+
+@per_module
+def mtp_runner(family: str, mode: str) -> ModelRunner:
+    return ModelRunner(mtp_model(family), mtp_config(family, mode))
+
+
+def mtp_engine(family: str, mode: str) -> Engine:
+    return Engine(mtp_model(family), mtp_config(family, mode), runner=mtp_runner(family, mode))
+
+
+def test_the_head_is_drawn_after_the_target():
+    """The MTP models' targets are the presets' models, so `naive_greedy` is their reference."""
+    for family in FAMILIES:
+        ours, preset = mtp_model(family), model_and_runner(family)[0]
+        np.testing.assert_array_equal(ours.embed[...], preset.embed[...])
+        np.testing.assert_array_equal(ours.final_norm.weight[...], preset.final_norm.weight[...])
+
+
+def arrivals(seed: int) -> list[tuple[int, list[int], int]]:
+    """Shared prefixes, a prompt repeated exactly, arrivals over several steps."""
+    prefixes = [tokens(seed, 150), tokens(seed + 1, 90)]
+    requests = [
+        dict(arrival=0, prefix=0, shared=140, own=5, max_tokens=12),
+        dict(arrival=0, prefix=1, shared=70, own=9, max_tokens=9),
+        dict(arrival=3, prefix=0, shared=140, own=5, max_tokens=12),
+        dict(arrival=5, prefix=1, shared=90, own=1, max_tokens=14),
+        dict(arrival=9, prefix=0, shared=33, own=20, max_tokens=10),
+    ]
+    drawn = shared_prefix_arrivals(requests, prefixes, seed)
+    return [*drawn, (12, list(drawn[0][1]), 12)]  # request 0's prompt again, once it is cached
+
+
+@pytest.mark.parametrize(
+    ("family", "mode"), [("qwen3_next", "off"), ("qwen3_next", "all"), ("nemotron_h", "align")]
+)
+def test_mtp_greedy_equals_full_recompute(family, mode):
+    """Drafts from the head change no token: preemption ("off": 13 KV blocks for five
+    requests), prefix hits ("align", "all"), and drafts were proposed and verified."""
+    engine = mtp_engine(family, mode)
+    cases = arrivals(seed=7) if mode != "off" else [(a, p[:40], n) for a, p, n in arrivals(7)]
+    outputs = serve(engine, cases)
+    assert_lossless(family, cases, outputs)
+    speculation = engine.stats.speculation
+    assert speculation.num_drafted > 0
+    if mode == "off":
+        assert sum(s.num_preemptions for s in engine.schedulers) > 0
+
+
+def test_a_repeated_prompt_hits_on_its_first_repeat_with_drafts():
+    """The prefix cache's hits with MTP drafts equal those without speculation, the exact
+    repeat among them."""
+    family, cases = "qwen3_next", arrivals(seed=11)
+    counts = []
+    for speculative in (None, SpeculativeConfig("mtp", K)):
+        engine = Engine(
+            mtp_model(family),
+            dataclasses.replace(mtp_config(family, "all"), speculative=speculative),
+            runner=mtp_runner(family, "all") if speculative else None,
+        )
+        serve(engine, cases)
+        stats = engine.stats.prefix_cache
+        counts.append((stats.hits, stats.hit_tokens))
+    assert counts[0] == counts[1]
+    assert counts[0][0] >= 3  # requests 2, 3 and the repeat

@@ -101,6 +101,9 @@ class OracleDrafter:
         proposals, self._proposals = self._proposals, {}
         return [with_drafts(schedule, proposals) for schedule in schedules]
 
+    def observe(self, schedule: Schedule, bucket: Bucket, drafts: object) -> None:
+        """Learns nothing from a step."""
+
     def release_done(self) -> None:
         """Holds nothing past a step."""
 

@@ -32,6 +32,8 @@ NORMS = {
     "k_norm",
     "block_norm",
     "mamba_norm",
+    "embedding_norm",  # the MTP head's (jmamba.mtp)
+    "hidden_norm",
 }
 
 

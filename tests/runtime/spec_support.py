@@ -148,6 +148,9 @@ class Oracle:
         proposals, self._proposals = self._proposals, {}
         return [with_drafts(schedule, proposals) for schedule in schedules]
 
+    def observe(self, schedule: Schedule, bucket: Bucket, drafts: object) -> None:
+        """Learns nothing from a step."""
+
     def release_done(self) -> None:
         self._right = {r: n for r, n in self._right.items() if not r.is_finished}
 

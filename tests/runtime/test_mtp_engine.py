@@ -121,3 +121,10 @@ def test_a_repeated_prompt_hits_on_its_first_repeat_with_drafts():
         counts.append((stats.hits, stats.hit_tokens))
     assert counts[0] == counts[1]
     assert counts[0][0] >= 3  # requests 2, 3 and the repeat
+
+
+def test_a_model_without_a_head_is_refused():
+    model, _ = model_and_runner("qwen3_next")
+    config = dataclasses.replace(base_config("qwen3_next"), num_slots=SLOTS)
+    with pytest.raises(ValueError, match="MTP head"):
+        Engine(model, dataclasses.replace(config, speculative=SpeculativeConfig("mtp", K)))

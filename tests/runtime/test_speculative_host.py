@@ -52,7 +52,7 @@ def build(scheduler, schedule):
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        (dict(method="mtp"), "method"),
+        (dict(method="eagle"), "method"),
         (dict(num_speculative_tokens=0), "num_speculative_tokens"),
         (dict(num_speculative_tokens=17), "num_speculative_tokens"),
         (dict(prompt_lookup_min=3, prompt_lookup_max=2), "prompt_lookup_max"),

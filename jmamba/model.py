@@ -16,6 +16,9 @@ collectives go through `TensorParallel`, the identity in a whole model.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -69,6 +72,17 @@ class HybridLM(nnx.Module):
             else Linear(config.hidden_size, config.vocab_per_shard, rngs=rngs)
         )
         self.mtp = MTPHead(config, rngs=rngs) if config.has_mtp else None
+
+    def without_head(self) -> HybridLM:
+        """This model without its MTP head (sharing every other parameter): what an engine that
+        does not draft with the head serves, so the head costs it neither parameter memory nor
+        KV pools. The model itself when it has no head."""
+        if self.mtp is None:
+            return self
+        bare = copy.copy(self)
+        bare.mtp = None
+        bare.config = dataclasses.replace(self.config, mtp_mixers=(), mtp_ffns=())
+        return bare
 
     @property
     def dtype(self) -> jnp.dtype:

@@ -33,7 +33,7 @@ from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler
 from runtime.device.distributed import agree_max
 from runtime.device.memory import pool_memory
-from runtime.device.model_runner import DispatchedStep, ModelRunner
+from runtime.device.model_runner import DispatchedStep, ModelRunner, served_model
 from runtime.observe.describe import describe_engine
 from runtime.observe.step_record import ScheduleRecord, StepRecord
 from runtime.observe.step_stats import StepStats, StepTimer
@@ -78,8 +78,9 @@ class Engine:
         `config.speculative.method == "draft_model"`, `draft_model` is the draft model (default:
         loaded from `config.speculative.draft_model`) and `draft_runner` may share its compiled
         steps and caches likewise."""
-        self.model_config = model.config
         config = config or EngineConfig()
+        model = served_model(model, config)  # without its MTP head unless it drafts with it
+        self.model_config = model.config
         self.pool_memory = pool_memory(model, config)  # None unless blocks are sized from memory
         self.config = config.resolved(self.model_config.chunk_size, self.pool_memory)
         self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)

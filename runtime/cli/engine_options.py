@@ -117,7 +117,8 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
         "--speculative-method",
         choices=METHODS,
         default=None,
-        help="propose drafts by prompt lookup (ngram) or with a draft model (default: none)",
+        help="propose drafts by prompt lookup (ngram), with a draft model, or with the "
+        "checkpoint's MTP head (mtp) (default: none)",
     )
     spec.add_argument("--num-speculative-tokens", type=int, default=3, help="K, drafts per step")
     spec.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: shortest n-gram")

@@ -45,6 +45,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from jmamba.model import HybridLM
 from runtime.core.buckets import Bucket
 from runtime.core.builder import StepBatch, build_dummy
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
@@ -108,6 +109,7 @@ class ModelRunner:
     ):
         """`params` puts each device's parameter shard on it: `place_params` slices `model`'s
         values; `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
+        model = served_model(model, config)
         self.config = config = config.resolved(model.config.chunk_size, pool_memory(model, config))
         self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
         placed = params(model, self.mesh)
@@ -329,6 +331,11 @@ class ModelRunner:
         sources = batch.token_sources if carry else None
         following = batch.following if self.drafter.num_drafts else None
         return batch.inputs, batch.sampling, sources, following
+
+
+def served_model(model: HybridLM, config: EngineConfig) -> HybridLM:
+    """The model an engine of `config` runs: without its MTP head unless it drafts with it."""
+    return model if device_drafter(config).num_drafts else model.without_head()
 
 
 def device_drafter(config: EngineConfig) -> NoDeviceDrafts | MTPDrafts:

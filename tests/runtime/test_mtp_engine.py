@@ -128,3 +128,13 @@ def test_a_model_without_a_head_is_refused():
     config = dataclasses.replace(base_config("qwen3_next"), num_slots=SLOTS)
     with pytest.raises(ValueError, match="MTP head"):
         Engine(model, dataclasses.replace(config, speculative=SpeculativeConfig("mtp", K)))
+
+
+def test_an_engine_that_does_not_draft_with_the_head_leaves_it_out():
+    """No parameters and no KV pool for a head the engine does not draft with."""
+    model = mtp_model("qwen3_next")
+    engine = Engine(model, base_config("qwen3_next"), runner=model_and_runner("qwen3_next")[1])
+    assert engine.model_config.mtp_mixers == ()
+    runner = ModelRunner(model, base_config("qwen3_next"))
+    assert len(runner.caches) == model.config.num_layers
+    assert runner.num_params < ModelRunner(model, mtp_config("qwen3_next", "off")).num_params

@@ -81,7 +81,7 @@ class Engine:
         self.model_config = model.config
         config = config or EngineConfig()
         self.pool_memory = pool_memory(model, config)  # None unless blocks are sized from memory
-        self.config = config.resolved(self.model_config.chunk_size, self.pool_memory)
+        self.config = config.for_model(self.model_config, self.pool_memory)
         self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)
         self.config.check_same_shapes(self.runner.config, "the shared runner")
         self.ranks = self.runner.local_ranks

@@ -75,10 +75,8 @@ class LLM:
         self.model, self.tokenizer = load_model(model, seed=config.seed, dtype=dtype, host=True)
         self.chat_template = load_chat_template(checkpoint_dir(model))
         self.load_seconds = time.perf_counter() - start
+        # The runner logs its pools (`runtime.device.footprint.log_pools`, INFO).
         self.engine = Engine(self.model, config, tokenizer=self.tokenizer)
-        if self.engine.pool_memory is not None:  # sized from memory: say what fits
-            resolved = self.engine.config
-            print(self.engine.pool_memory.describe(resolved.num_blocks, resolved.num_slots))
         if warmup:
             self.engine.warmup(prefill=warmup == "all", progress=True)
 

@@ -30,6 +30,7 @@ from jmamba.model import HybridLM
 from jmamba.sharding import shard_config, shard_values
 from jmamba.weights import cast
 from runtime.device.distributed import DeviceMesh
+from runtime.device.footprint import log_pools
 
 
 class PlacedParams(NamedTuple):
@@ -126,7 +127,7 @@ def zero_caches(
     shard_model: HybridLM, mesh: DeviceMesh, *, num_blocks: int, block_size: int, num_slots: int
 ) -> Any:
     """Zeroed caches of `num_blocks` blocks and `num_slots` slots per rank, made directly on the
-    mesh (each device allocates its own shard)."""
+    mesh (each device allocates its own shard); logs what one device holds (`log_pools`)."""
     local = _local_caches(
         shard_model, num_blocks=num_blocks, block_size=block_size, num_slots=num_slots
     )
@@ -144,7 +145,9 @@ def zero_caches(
         lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
         out_shardings=shardings,
     )
-    return make()
+    caches = make()
+    log_pools(shard_model, block_size=block_size, num_blocks=num_blocks, num_slots=num_slots)
+    return caches
 
 
 def _local_caches(shard_model: HybridLM, **sizes: int) -> Any:

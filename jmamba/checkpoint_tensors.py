@@ -45,7 +45,7 @@ def skip_message(architecture: str, groups: dict[tuple[str, str], list[str]]) ->
     return f"skipped {' and '.join(parts)} of a {architecture} checkpoint"
 
 
-_PACKED = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
+PACKED_EXPERTS = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
 
 
 def unpack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -57,7 +57,7 @@ def unpack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     published Qwen3.5 MoE checkpoints are stored. The parts are views of the packed arrays."""
     out: dict[str, np.ndarray] = {}
     for name, tensor in tensors.items():
-        match = _PACKED.fullmatch(name)
+        match = PACKED_EXPERTS.fullmatch(name)
         if match is None:
             parts = {name: tensor}
         elif tensor.ndim != 3 or (match[2] == "gate_up_proj" and tensor.shape[1] % 2):

@@ -48,13 +48,16 @@ def mamba2_in_proj_scale(cfg: ModelConfig) -> np.ndarray:
 
 def scaled(source: Source, scale: float | np.ndarray) -> Source:
     """`source` with its parameter multiplied by `scale`, a scalar or one per output column of an
-    [in, out] kernel; `source` itself where every multiplier is 1."""
+    [in, out] kernel; `source` itself where every multiplier is 1. A per-column scale makes the
+    parameter one that a sliced read builds from whole tensors (`Source.read_axis`)."""
     scale = np.asarray(scale, np.float32)
     if np.all(scale == 1.0):
         return source
     return source._replace(
         build=lambda *ts: fold(source.build(*ts), scale),
         split=lambda p: source.split(unfold(p, scale)),
+        # A scalar folds into any slice; a per-column one only into the whole parameter.
+        read_axis=source.read_axis if scale.ndim == 0 else None,
     )
 
 

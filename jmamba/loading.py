@@ -10,6 +10,7 @@ from typing import Any
 from flax import nnx
 
 from jmamba import hub, presets
+from jmamba.families import load_hf_config
 from jmamba.model import HybridLM
 from jmamba.tokenizer import byte_tokenizer
 from jmamba.weights import cast, load_pretrained, on_host, resolve_dtype
@@ -49,6 +50,16 @@ def load_model(
         f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()} nor "
         "a Hugging Face hub id (org/name)"
     )
+
+
+def load_model_shapes(model_dir: Path, dtype: str = "auto") -> tuple[HybridLM, Any]:
+    """(the checkpoint's `HybridLM` as shapes only, in `dtype` as `load_model` resolves it; its
+    tokenizer or None): for a runner that reads the parameters shard by shard
+    (`runtime.device.placement.CheckpointShards`), so they never sit whole in host memory."""
+    cfg = load_hf_config(model_dir)
+    resolved = resolve_dtype(dtype, model_dir)
+    shapes = nnx.eval_shape(lambda: cast(HybridLM(cfg, rngs=nnx.Rngs(0)), resolved))
+    return shapes, load_tokenizer(model_dir)
 
 
 def _load_directory(path: Path, model: str, dtype: str, host: bool) -> tuple[HybridLM, Any]:

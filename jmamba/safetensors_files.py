@@ -25,12 +25,12 @@ _AUTO = {"F32": "float32", "F64": "float32", "BF16": "bfloat16", "F16": "bfloat1
 def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:
     """All tensors of `model.safetensors`, or of the shards listed in its `.index.json`."""
     tensors: dict[str, np.ndarray] = {}
-    for path in _safetensors_files(Path(model_dir)):
+    for path in safetensors_files(Path(model_dir)):
         tensors.update(_load_file(path))
     return tensors
 
 
-def _safetensors_files(model_dir: Path) -> list[Path]:
+def safetensors_files(model_dir: Path) -> list[Path]:
     """`model.safetensors`, or the shards its `model.safetensors.index.json` lists."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -79,7 +79,7 @@ def checkpoint_dtype(model_dir: str | Path) -> str:
     config = Path(model_dir) / "config.json"
     archs = (read_json(config).get("architectures") or [""]) if config.is_file() else [""]
     skipped = tuple(prefix for prefix, _ in (*SKIPPED.get(archs[0], ()), MTP))
-    for path in _safetensors_files(Path(model_dir)):
+    for path in safetensors_files(Path(model_dir)):
         for name, entry in _header(path).items():
             if name.startswith(skipped):
                 continue  # not the text model's (a vision tower, an MTP head)

@@ -51,20 +51,26 @@ class Segment:
         kind = "split or share" if self.replicable else "split"
         raise ShardError(f"tensor_parallel_size={shards} cannot {kind} {self.field}={self.units}")
 
-    def take(self, part: np.ndarray, shard: int, shards: int, axis: int) -> np.ndarray:
-        """Shard `shard`'s entries of this segment (`part`: the segment's entries along `axis`)."""
+    def span(self, shard: int, shards: int) -> tuple[int, int, int]:
+        """(start, stop, pad): shard `shard` takes this segment's entries [start, stop) and `pad`
+        zeros after them (a padded segment's tail)."""
         local = self.local_units(shards)
         if self.units % shards == 0 or self.padded:
             first = shard * local
         else:  # replicated: the unit of this shard's heads
             first = shard // (shards // self.units)
         start, stop = first * self.unit_size, (first + local) * self.unit_size
-        taken = np.take(part, np.arange(start, min(stop, part.shape[axis])), axis=axis)
-        missing = (stop - start) - taken.shape[axis]
-        if missing:  # a padded segment's tail: zeros
-            pad = [(0, 0)] * part.ndim
-            pad[axis] = (0, missing)
-            taken = np.pad(taken, pad)
+        end = min(stop, self.size)
+        return min(start, end), end, stop - max(start, end)
+
+    def take(self, part: np.ndarray, shard: int, shards: int, axis: int) -> np.ndarray:
+        """Shard `shard`'s entries of this segment (`part`: the segment's entries along `axis`)."""
+        start, stop, pad = self.span(shard, shards)
+        taken = np.take(part, np.arange(start, stop), axis=axis)
+        if pad:  # a padded segment's tail: zeros
+            widths = [(0, 0)] * part.ndim
+            widths[axis] = (0, pad)
+            taken = np.pad(taken, widths)
         return taken
 
     @property
@@ -92,6 +98,17 @@ class ShardRule:
             s.take(p, shard, shards, self.axis) for s, p in zip(self.segments, parts, strict=True)
         ]
         return np.concatenate(taken, axis=self.axis)
+
+    def spans(self, shard: int, shards: int) -> list[tuple[int, int, int]]:
+        """Shard `shard`'s (start, stop, pad) runs along `axis` of the whole parameter, segment
+        by segment: its slice is the concatenation of whole[start:stop] each followed by `pad`
+        zeros (what `take` gives, for a reader that reads only those entries)."""
+        runs, offset = [], 0
+        for segment in self.segments:
+            start, stop, pad = segment.span(shard, shards)
+            runs.append((offset + start, offset + stop, pad))
+            offset += segment.size
+        return runs
 
 
 REPLICATED = ShardRule()

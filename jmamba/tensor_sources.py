@@ -20,25 +20,39 @@ from jmamba.mixers.mamba2 import a_from_log, log_from_a
 from jmamba.source import Path_, Source
 
 
+def _same_axis(axis: int) -> int:
+    return axis
+
+
+def _swapped_axis(axis: int) -> int:  # a 2-D transpose: [out, in] -> [in, out]
+    return 1 - axis
+
+
 def _same(name: str) -> Source:
-    return Source((name,), lambda t: t, lambda p: (p,))
+    return Source((name,), lambda t: t, lambda p: (p,), read_axis=_same_axis)
 
 
 def _linear(name: str) -> Source:
-    return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,))
+    return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,), read_axis=_swapped_axis)
 
 
 def _a_from_log(name: str) -> Source:
-    return Source((name,), a_from_log, lambda p: (log_from_a(p),))
+    return Source((name,), a_from_log, lambda p: (log_from_a(p),), read_axis=_same_axis)
 
 
 def _conv(name: str) -> Source:
-    return Source((f"{name}.weight",), lambda t: t[:, 0, :], lambda p: (p[:, None, :],))
+    """Conv taps [C, 1, K] on disk, ours [C, K]."""
+    build, split = lambda t: t[:, 0, :], lambda p: (p[:, None, :],)
+    return Source((f"{name}.weight",), build, split, read_axis=(0, 2).__getitem__)
 
 
 def _experts(prefix: str, proj: str, num_experts: int) -> Source:
+    """One [out, in] tensor per expert on disk, ours one [E, in, out] stack (axis 0 picks the
+    tensor)."""
     names = tuple(f"{prefix}.experts.{e}.{proj}.weight" for e in range(num_experts))
-    return Source(names, lambda *ts: np.stack([t.T for t in ts]), lambda p: tuple(e.T for e in p))
+    build = lambda *ts: np.stack([t.T for t in ts])  # noqa: E731
+    split = lambda p: tuple(e.T for e in p)  # noqa: E731
+    return Source(names, build, split, read_axis=(None, 1, 0).__getitem__)
 
 
 def _swapped(name: str) -> Source:

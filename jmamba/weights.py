@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,12 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from jmamba.checkpoint_tensors import skip_message, skipped_tensors, unpack_experts
+from jmamba.config import ModelConfig
 from jmamba.families import from_hf_config, load_hf_config
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.model import HybridLM
 from jmamba.safetensors_files import checkpoint_dtype, read_safetensors
+from jmamba.source import Path_, Source
 from jmamba.tensor_sources import tensor_sources
 
 logger = logging.getLogger(__name__)
@@ -106,15 +109,7 @@ def load_pretrained(
     sources = tensor_sources(cfg)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
-    wanted = {name for source in sources.values() for name in source.names}
-    missing = sorted(wanted - tensors.keys())
-    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
-    unexpected = sorted(tensors.keys() - wanted - ignorable)
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {model_dir} does not match {cfg.architecture}: "
-            f"missing tensors {missing}; unexpected tensors {unexpected}"
-        )
+    check_tensor_names(cfg, sources, tensors.keys(), model_dir)
     for path, variable in flat:
         names, build = sources[path].names, sources[path].build
         value = np.asarray(build(*(tensors[n] for n in names)))
@@ -126,6 +121,24 @@ def load_pretrained(
         as_array = np.asarray if host else jnp.asarray
         variable.set_value(as_array(value, dtype=param_dtype(variable, dtype)))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def check_tensor_names(
+    cfg: ModelConfig, sources: dict[Path_, Source], names: Iterable[str], model_dir: str | Path
+) -> None:
+    """ValueError listing the missing and unexpected tensors unless `names` (the checkpoint's,
+    the skipped ones left out) are exactly those `sources` read (a tied model may hold an
+    unused lm_head)."""
+    names = set(names)
+    wanted = {name for source in sources.values() for name in source.names}
+    missing = sorted(wanted - names)
+    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    unexpected = sorted(names - wanted - ignorable)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {model_dir} does not match {cfg.architecture}: "
+            f"missing tensors {missing}; unexpected tensors {unexpected}"
+        )
 
 
 def on_host(model: HybridLM) -> HybridLM:

@@ -82,7 +82,7 @@ class Engine:
         model = served_model(model, config)  # without its MTP head unless it drafts with it
         self.model_config = model.config
         self.pool_memory = pool_memory(model, config)  # None unless blocks are sized from memory
-        self.config = config.resolved(self.model_config.chunk_size, self.pool_memory)
+        self.config = config.for_model(self.model_config, self.pool_memory)
         self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)
         self.config.check_same_shapes(self.runner.config, "the shared runner")
         self.ranks = self.runner.local_ranks

@@ -11,10 +11,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from tqdm import tqdm
 
 from jmamba.chat_template import ChatTemplate, load_chat_template
-from jmamba.loading import checkpoint_dir, load_model
+from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device import compile_cache
+from runtime.device.model_runner import ModelRunner
+from runtime.device.placement import CheckpointShards, ParamSource, place_params
 from runtime.engine import Engine
 from runtime.observe.step_stats import StepStats
 from runtime.outputs.request_output import RequestOutput, StreamDelta
@@ -30,10 +32,11 @@ class LLM:
     """Offline generation: `LLM("tiny-stdlib").generate(["def "], SamplingParams())`.
 
     Attributes:
-      model / tokenizer: the loaded `HybridLM` (parameters in host memory) and its
-        `tokenizers.Tokenizer` (or None).
+      model / tokenizer: the loaded `HybridLM` (parameters in host memory; shapes only for a
+        checkpoint directory on tensor_parallel_size > 1, whose shards the runner reads from
+        the files as slices) and its `tokenizers.Tokenizer` (or None).
       engine: the `Engine` serving it (step it directly, or look inside it).
-      load_seconds: time spent loading the model.
+      load_seconds: time spent loading the model and placing its parameters on the devices.
     """
 
     def __init__(
@@ -70,15 +73,19 @@ class LLM:
         compile_cache.enable()
         start = time.perf_counter()
         self.name = model
-        # On the host: the runner places each device's tensor-parallel shard (no device ever
-        # holds the whole model unless it runs it whole).
-        self.model, self.tokenizer = load_model(model, seed=config.seed, dtype=dtype, host=True)
-        self.chat_template = load_chat_template(checkpoint_dir(model))
+        directory = checkpoint_dir(model)
+        if config.tensor_parallel_size > 1 and directory is not None and directory.is_dir():
+            # Shapes only: the runner reads each device's shard from the files as slices.
+            self.model, self.tokenizer = load_model_shapes(directory, dtype)
+            params: ParamSource = CheckpointShards(directory)
+        else:  # on the host: the runner places each device's tensor-parallel shard of it
+            self.model, self.tokenizer = load_model(model, seed=config.seed, dtype=dtype, host=True)
+            params = place_params
+        self.chat_template = load_chat_template(directory)
+        # The runner logs its pools (`runtime.device.footprint.log_pools`, INFO).
+        runner = ModelRunner(self.model, config, params=params)
         self.load_seconds = time.perf_counter() - start
-        self.engine = Engine(self.model, config, tokenizer=self.tokenizer)
-        if self.engine.pool_memory is not None:  # sized from memory: say what fits
-            resolved = self.engine.config
-            print(self.engine.pool_memory.describe(resolved.num_blocks, resolved.num_slots))
+        self.engine = Engine(self.model, config, tokenizer=self.tokenizer, runner=runner)
         if warmup:
             self.engine.warmup(prefill=warmup == "all", progress=True)
 

@@ -11,6 +11,7 @@ from jmamba import HybridLM
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.model_runner import ModelRunner
+from runtime.device.placement import ParamSource, place_params
 from runtime.engine import Engine
 
 PROMPT_LEN = 16
@@ -24,10 +25,13 @@ def make_engine(
     budget: int | None = None,
     async_scheduling: bool = False,
     runner: ModelRunner | None = None,
+    tensor_parallel_size: int = 1,
+    params: ParamSource = place_params,
 ) -> Engine:
     """A warmed-up engine holding `batch` requests of PROMPT_LEN random tokens (not yet stepped),
     prefilled `budget` tokens a step (default: all prompts in one step); `runner`: another such
-    engine's runner (its compiled steps)."""
+    engine's runner (its compiled steps); else one on `tensor_parallel_size` devices whose
+    parameters come from `params` (`RandomShards` for a model given as shapes)."""
     least = model.config.chunk_size + batch - 1
     budget = max(budget or batch * PROMPT_LEN, least)
     config = EngineConfig(
@@ -39,8 +43,9 @@ def make_engine(
         prefill_token_buckets=(budget,),
         prefill_row_buckets=(batch,),
         async_scheduling=async_scheduling,
+        tensor_parallel_size=tensor_parallel_size,
     )
-    engine = Engine(model, config, runner=runner)
+    engine = Engine(model, config, runner=runner or ModelRunner(model, config, params=params))
     engine.warmup()
     rng = np.random.default_rng(0)
     for _ in range(batch):

@@ -7,6 +7,7 @@ options (`add_command`) and runs (`run`); the engine options they share are in
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 
@@ -22,10 +23,23 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def show_info_logs() -> None:
+    """Send the INFO lines of jmamba's own loggers (`jmamba.*`, `runtime.*`: the pool sizing at
+    start-up, skipped checkpoint tensors) to stderr, once; other libraries' stay at their level."""
+    for name in ("jmamba", "runtime"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("jmamba: %(message)s"))
+            logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a `jmamba` command; a bad argument or input is one line on stderr and exit code 2."""
     started = time.perf_counter()
     args = parser().parse_args(argv)
+    show_info_logs()
     try:
         return args.run(args, started)
     except ValueError as error:

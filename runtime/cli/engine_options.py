@@ -47,7 +47,11 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         "--max-num-seqs", type=int, default=max_num_seqs, help="most requests in one step"
     )
     budgets.add_argument(
-        "--max-model-len", type=int, default=512, help="longest prompt + output of a request"
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest prompt + output of a request (default: the checkpoint's "
+        "max_position_embeddings)",
     )
     budgets.add_argument(
         "--max-num-batched-tokens",

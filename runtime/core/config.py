@@ -5,7 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jmamba.config import ModelConfig
 from runtime.core import checks
+from runtime.core.budgets import default_token_budget, powers_of_two_up_to
+from runtime.core.budgets import min_token_budget as min_token_budget  # its old home, re-exported
+from runtime.core.model_len import blocks_per_seq, default_num_blocks, resolve_max_model_len
 from runtime.core.pool_memory import PoolMemory
 from runtime.core.speculative_config import (
     SpeculativeConfig,
@@ -13,7 +17,6 @@ from runtime.core.speculative_config import (
     min_num_slots,
 )
 
-DEFAULT_MIN_TOKEN_BUDGET = 256  # the smallest derived token budget (the tiny presets get this)
 PREFIX_CACHING_MODES = ("off", "align", "all")
 # The mode a config that names none gets, where it can cache (`EngineConfig.resolved`); why "all":
 # docs/architecture.md, "Prefix caching".
@@ -36,31 +39,6 @@ STEP_SHAPE_FIELDS = (
 POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
 
-def powers_of_two_up_to(limit: int, start: int = 1) -> tuple[int, ...]:
-    """Return (start, 2*start, 4*start, ...) with the last entry >= limit."""
-    sizes = [start]
-    while sizes[-1] < limit:
-        sizes.append(sizes[-1] * 2)
-    return tuple(sizes)
-
-
-def min_token_budget(chunk_size: int, max_num_seqs: int) -> int:
-    """The smallest token budget with room for one full prefill chunk beside a full decode batch.
-
-    A step holds at most max_num_seqs rows; when one of them is a prefill, at most
-    max_num_seqs - 1 decode lanes run beside it. The scheduler's fairness bound rests on this.
-    `chunk_size` is the scheduler's alignment: the model's chunk size, or the state block size
-    when prefix caching aligns chunks to it ("align").
-    """
-    return chunk_size + max_num_seqs - 1
-
-
-def default_token_budget(chunk_size: int, max_num_seqs: int) -> int:
-    """The derived budget: a power of two (a bucket size), at least 256 and the minimum above."""
-    needed = max(DEFAULT_MIN_TOKEN_BUDGET, min_token_budget(chunk_size, max_num_seqs))
-    return powers_of_two_up_to(needed)[-1]
-
-
 # Threads compiling step variants at once in a warm-up (`ModelRunner.warmup`: XLA compiles without
 # the GIL; more than a few gain little, each compile already uses several cores).
 COMPILE_WORKERS = 4
@@ -76,16 +54,23 @@ class EngineConfig:
         least the model's chunk_size + max_num_seqs - 1 (one full chunk beside a full decode
         batch). None derives it from the model's chunk size (`default_token_budget`) when the
         engine is built (`resolved`).
-      max_model_len: longest sequence (prompt + generated tokens) a request may reach.
+      max_model_len: longest sequence (prompt + generated tokens) a request may reach. None: the
+        checkpoint's max_position_embeddings, taken when the engine is built (`resolved`); a
+        value above the checkpoint's is refused there (`runtime.core.model_len`).
       block_size: tokens per attention KV block.
       num_blocks: KV blocks per attention layer, block 0 (NULL) included; None sizes the pool so
         that every request can reach max_model_len, or, with gpu_memory_utilization, from memory.
+        Without memory sizing and with max_model_len None, the pool has room for max_num_seqs
+        requests of min(the checkpoint's length, 512) tokens and at least one of the full length
+        (`model_len.default_num_blocks`): a long-context checkpoint's default does not make a
+        pool of max_num_seqs full-length requests; give num_blocks, max_model_len or
+        gpu_memory_utilization for more.
       gpu_memory_utilization: fraction of each device's memory the parameters and pools may take
-        (vLLM's 0.9 leaves room for the step's activations): with num_blocks None, the KV blocks
-        are what it leaves beside the parameter shard and the state slots
-        (`runtime.core.pool_memory`), a ValueError when not even one request of max_model_len
-        fits. None (the default): num_blocks as above. Needs a device that reports its memory
-        (a GPU; not the CPU).
+        (vLLM's 0.9 leaves room for XLA's temporaries): with num_blocks None, the KV blocks are
+        what it leaves beside the parameter shard, the largest step's activations and the state
+        slots (`runtime.core.pool_memory`), a ValueError when not even one request of
+        max_model_len fits. None (the default): num_blocks as above. Needs a device that
+        reports its memory (a GPU; not the CPU).
       num_slots: recurrent-state slots per recurrent layer, slot 0 (NULL) included: one per
         running request, with speculative decoding 1 + K fresh lane slots per decode row during
         a step (the state after each lane, kept or given back after verification), plus the
@@ -142,7 +127,7 @@ class EngineConfig:
 
     max_num_seqs: int = 8
     max_num_batched_tokens: int | None = None
-    max_model_len: int = 512
+    max_model_len: int | None = None
     block_size: int = 16
     num_blocks: int | None = None
     num_slots: int | None = None
@@ -164,8 +149,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
-        # One prompt token and one generated token at least: prompt + output <= max_model_len.
-        checks.integer("max_model_len", self.max_model_len, low=2)
+        if self.max_model_len is not None:  # None: the checkpoint's, set by `resolved`
+            # One prompt token and one generated token at least: prompt + output <= max_model_len.
+            checks.integer("max_model_len", self.max_model_len, low=2)
         checks.integer("block_size", self.block_size, low=1)
         checks.integer("seed", self.seed, low=0)
         checks.integer("data_parallel_size", self.data_parallel_size, low=1)
@@ -180,9 +166,14 @@ class EngineConfig:
             isinstance(utilization, float) and 0 < utilization <= 1
         ):
             raise ValueError(f"gpu_memory_utilization={utilization!r} must be a float in (0, 1]")
-        if not self.sizes_blocks_from_memory:
+        if not self.sizes_blocks_from_memory and self.max_model_len is not None:
             blocks = self.num_blocks
-            self._set_num_blocks(self._default_num_blocks if blocks is None else blocks)
+            if blocks is None:
+                seqs, length, size = self.max_num_seqs, self.max_model_len, self.block_size
+                blocks = default_num_blocks(seqs, length, size, defaulted=False)
+            self._set_num_blocks(blocks)
+        elif self.num_blocks is not None:  # checked against max_model_len once it is known
+            checks.integer("num_blocks", self.num_blocks, low=2)
         speculative = SpeculativeConfig.of(self.speculative)
         object.__setattr__(self, "speculative", speculative)
         checks.flag("async_scheduling", self.async_scheduling)
@@ -216,16 +207,44 @@ class EngineConfig:
         num_blocks not given)."""
         return self.gpu_memory_utilization is not None and self.num_blocks is None
 
-    def resolved(self, chunk_size: int, memory: PoolMemory | None = None) -> EngineConfig:
-        """This config with every None derived for a model of `chunk_size`: the prefix caching
-        mode, state_block_size, max_cached_states, num_slots, the token budget and, with
-        gpu_memory_utilization, num_blocks from `memory` (a config resolved once resolves to
-        itself).
+    def resolved(
+        self,
+        chunk_size: int,
+        memory: PoolMemory | None = None,
+        *,
+        max_position_embeddings: int | None = None,
+    ) -> EngineConfig:
+        """This config with every None derived for a model of `chunk_size` and (when known) the
+        checkpoint's `max_position_embeddings`: max_model_len (`runtime.core.model_len`), the
+        prefix caching mode, state_block_size, max_cached_states, num_slots, the token budget and
+        num_blocks, with gpu_memory_utilization from `memory` (a config resolved once resolves
+        to itself).
 
-        Raises ValueError when state_block_size is not a multiple of `chunk_size`, when an
-        explicitly named prefix caching mode cannot work with this config (never a silent
-        downgrade), or when num_blocks comes from memory and `memory` is None or too small.
+        Raises ValueError when max_model_len exceeds the checkpoint's, when state_block_size is
+        not a multiple of `chunk_size`, when an explicitly named prefix caching mode cannot work
+        with this config (never a silent downgrade), or when num_blocks comes from memory and
+        `memory` is None or too small.
         """
+        return self._with_max_model_len(max_position_embeddings)._resolved(chunk_size, memory)
+
+    def for_model(self, model: ModelConfig, memory: PoolMemory | None = None) -> EngineConfig:
+        """`resolved` for `model` (its chunk size and max_position_embeddings)."""
+        limit = model.max_position_embeddings
+        return self.resolved(model.chunk_size, memory, max_position_embeddings=limit)
+
+    def _with_max_model_len(self, max_position_embeddings: int | None) -> EngineConfig:
+        """This config with max_model_len set (and, without memory sizing, num_blocks)."""
+        length = resolve_max_model_len(self.max_model_len, max_position_embeddings)
+        if self.max_model_len is not None:
+            return self
+        blocks = self.num_blocks
+        if blocks is None and not self.sizes_blocks_from_memory:
+            seqs, size = self.max_num_seqs, self.block_size
+            blocks = default_num_blocks(seqs, length, size, defaulted=True)
+        return dataclasses.replace(self, max_model_len=length, num_blocks=blocks)
+
+    def _resolved(self, chunk_size: int, memory: PoolMemory | None) -> EngineConfig:
+        """`resolved` once max_model_len is set."""
         unit = math.lcm(chunk_size, self.block_size)
         sbs = self.state_block_size or unit
         if sbs % chunk_size:
@@ -257,7 +276,10 @@ class EngineConfig:
                     "reports its memory (the CPU does not): give num_blocks instead"
                 )
             needed = max(self.max_blocks_per_seq + 1, 2)
-            blocks = memory.num_blocks(self.gpu_memory_utilization, slots, needed)
+            tokens, rows = self._largest_step(budget)
+            blocks = memory.num_blocks(
+                self.gpu_memory_utilization, slots, needed, step_tokens=tokens, logits_rows=rows
+            )
         return dataclasses.replace(
             self,
             prefix_caching=mode,
@@ -365,11 +387,15 @@ class EngineConfig:
             raise ValueError(f"{name}={buckets} must be positive sizes reaching at least {needed}")
         object.__setattr__(self, name, buckets)
 
-    @property
-    def _default_num_blocks(self) -> int:
-        return self.max_num_seqs * self.max_blocks_per_seq + 1
+    def _largest_step(self, budget: int) -> tuple[int, int]:
+        """(token lanes, logits rows) of the largest step bucket, with token budget `budget`:
+        the largest prefill token bucket or decode lanes, and every row's sampled lanes."""
+        prefill = self.prefill_token_buckets or powers_of_two_up_to(budget, 8)
+        decode_rows = self.decode_row_buckets[-1]
+        tokens = max(prefill[-1], decode_rows * self.decode_width)
+        return tokens, decode_rows * self.decode_width + self.prefill_row_buckets[-1]
 
     @property
     def max_blocks_per_seq(self) -> int:
         """Width of every block-table row."""
-        return math.ceil(self.max_model_len / self.block_size)
+        return blocks_per_seq(self.max_model_len, self.block_size)

@@ -110,7 +110,7 @@ class ModelRunner:
         """`params` puts each device's parameter shard on it: `place_params` slices `model`'s
         values; `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
         model = served_model(model, config)
-        self.config = config = config.resolved(model.config.chunk_size, pool_memory(model, config))
+        self.config = config = config.for_model(model.config, pool_memory(model, config))
         self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
         placed = params(model, self.mesh)
         self.graphdef, self._param_treedef = placed.graphdef, placed.treedef

@@ -8,8 +8,9 @@ on one device. A parameter every shard holds whole (a norm weight) is one copy p
 without tensor parallelism. One shard (T = 1) is the same code: `[1, *shape]` on every device.
 
 How the values reach the devices is the runner's `ParamSource`: `place_params` slices a whole
-model's values (a loaded checkpoint); `RandomShards` makes random values on each shard, for bench
-models too large for one device (the whole model is then shapes only).
+model's values (a loaded checkpoint); `CheckpointShards` reads each shard's slices from a
+checkpoint's files; `RandomShards` makes random values on each shard, for bench models too large
+for one device (in both the whole model is shapes only).
 
 Caches: each pool array is split over `dp` on its pool axis (rank r owns entries
 `[r n, (r + 1) n)`) and over `tp` on its head or channel axis (`HybridLM.cache_tp_axes`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -27,9 +29,12 @@ import numpy as np
 from flax import nnx
 
 from jmamba.model import HybridLM
+from jmamba.shard_loading import ShardValues, read_shards
 from jmamba.sharding import shard_config, shard_values
+from jmamba.tensor_reader import TensorReader
 from jmamba.weights import cast
 from runtime.device.distributed import DeviceMesh
+from runtime.device.footprint import log_pools
 
 
 class PlacedParams(NamedTuple):
@@ -66,17 +71,42 @@ def _num_params(model: HybridLM) -> int:
 def place_params(model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
     """Slice every parameter of the whole `model` (on the host or a device) for the mesh's tp
     shards and place each slice on its devices."""
+    whole = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model))}
+    return _placed(model, mesh, shard_values(model.config, mesh.tp_size, whole))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointShards:
+    """A `ParamSource` that reads the checkpoint in `model_dir` shard by shard: each tp shard's
+    slice of each parameter is read from the safetensors files as slices
+    (`jmamba.shard_loading.read_shards`; some parameters are read whole and sliced, it says
+    which) and placed on that shard's devices, one parameter at a time, so neither host nor
+    device ever holds the whole model. The model the runner gets may be shapes only; its
+    dtype is the parameters'. `reader` opens the files (tests count what it reads)."""
+
+    model_dir: str | Path
+    reader: Callable[[Path], TensorReader] = TensorReader
+
+    def __call__(self, model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
+        values = read_shards(self.model_dir, mesh.tp_size, model.dtype, reader=self.reader)
+        return _placed(model, mesh, values)
+
+
+def _placed(model: HybridLM, mesh: DeviceMesh, values: ShardValues) -> PlacedParams:
+    """The shard model's parameters from (path, shard values) pairs, each placed on its
+    devices as it comes."""
     shards = mesh.tp_size
     shard_model = shard_model_shapes(model, shards, model.dtype)
     graphdef, abstract = nnx.split(shard_model_shapes(model, shards, model.dtype))  # filled below
     flat = nnx.to_flat_state(abstract)
     variables = dict(flat)
-    whole = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model))}
-    for path, values in shard_values(model.config, shards, whole):
+    for path, per_shard in values:
         expected = variables[path].get_value().shape
-        if values[0].shape != expected:
-            raise ValueError(f"shard of {path} is {values[0].shape}, the shard model's {expected}")
-        variables[path].set_value(_on_shards(values, mesh))
+        if per_shard[0].shape != expected:
+            raise ValueError(
+                f"shard of {path} is {per_shard[0].shape}, the shard model's {expected}"
+            )
+        variables[path].set_value(_on_shards(per_shard, mesh))
     leaves, treedef = jax.tree.flatten(nnx.from_flat_state(flat))
     return PlacedParams(graphdef, treedef, leaves, shard_model, _num_params(model))
 
@@ -126,7 +156,7 @@ def zero_caches(
     shard_model: HybridLM, mesh: DeviceMesh, *, num_blocks: int, block_size: int, num_slots: int
 ) -> Any:
     """Zeroed caches of `num_blocks` blocks and `num_slots` slots per rank, made directly on the
-    mesh (each device allocates its own shard)."""
+    mesh (each device allocates its own shard); logs what one device holds (`log_pools`)."""
     local = _local_caches(
         shard_model, num_blocks=num_blocks, block_size=block_size, num_slots=num_slots
     )
@@ -144,7 +174,9 @@ def zero_caches(
         lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
         out_shardings=shardings,
     )
-    return make()
+    caches = make()
+    log_pools(shard_model, block_size=block_size, num_blocks=num_blocks, num_slots=num_slots)
+    return caches
 
 
 def _local_caches(shard_model: HybridLM, **sizes: int) -> Any:

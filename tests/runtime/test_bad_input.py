@@ -151,7 +151,7 @@ def test_request_ids_are_strings_and_an_int_means_its_str_on_every_path():
         (dict(prefill_row_buckets="8"), "prefill_row_buckets='8' must be a tuple of ints"),
         (dict(prefill_token_buckets=(8,)), r"prefill_token_buckets=\(8,\) must be positive"),
         (dict(validate_inputs=1), "validate_inputs=1 must be True or False"),
-        (dict(num_blocks=4), "num_blocks=4 must be >= 33"),
+        (dict(num_blocks=4, max_model_len=512), "num_blocks=4 must be >= 33"),
     ],
 )
 def test_engine_config_types_and_ranges(options, message):

@@ -1,25 +1,48 @@
 """KV blocks sized from device memory (`gpu_memory_utilization`), against numbers computed by
-hand, on fake CPU devices whose memory the test sets (the CPU reports none)."""
+hand, on fake CPU devices whose memory the test sets (the CPU reports none): what the parameters,
+the largest step's activations and the state slots leave; the start-up log line of the pools."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 from flax import nnx
 
 import jmamba
 from runtime.core.config import EngineConfig
-from runtime.core.pool_memory import PoolMemory
+from runtime.core.pool_memory import PoolMemory, peak_activation_bytes
 from runtime.device import memory
 from runtime.engine import Engine
 
 MIB = 1 << 20
 
 
-def test_blocks_are_what_the_fraction_leaves_beside_parameters_and_slots():
-    pool = PoolMemory(device_bytes=10_000, param_bytes=3_000, block_bytes=100, slot_bytes=200)
-    assert pool.num_blocks(0.9, num_slots=5, needed=10) == (9_000 - 3_000 - 5 * 200) // 100
+def test_blocks_are_what_the_fraction_leaves_beside_parameters_activations_and_slots():
+    pool = PoolMemory(
+        device_bytes=10_000,
+        param_bytes=3_000,
+        block_bytes=100,
+        slot_bytes=200,
+        token_bytes=10,
+        logits_row_bytes=60,
+    )
+    # 16 lanes x 10 bytes > 2 logits rows x 60 bytes: the layers' activations dominate.
+    assert peak_activation_bytes(10, 60, step_tokens=16, logits_rows=2) == 160
+    assert pool.activation_bytes(step_tokens=4, logits_rows=2) == 120  # here the logits do
+    blocks = pool.num_blocks(0.9, num_slots=5, needed=10, step_tokens=16, logits_rows=2)
+    assert blocks == (9_000 - 3_000 - 160 - 5 * 200) // 100
     with pytest.raises(ValueError, match="fewer than the 51 one request of max_model_len needs"):
-        pool.num_blocks(0.9, num_slots=5, needed=51)
+        pool.num_blocks(0.9, num_slots=5, needed=51, step_tokens=16, logits_rows=2)
+
+
+def test_a_model_without_attention_is_refused_when_its_slots_do_not_fit():
+    pool = PoolMemory(
+        10_000, 3_000, block_bytes=0, slot_bytes=200, token_bytes=0, logits_row_bytes=0
+    )
+    assert pool.num_blocks(0.9, num_slots=30, needed=2, step_tokens=1, logits_rows=1) == 2
+    with pytest.raises(ValueError, match="31 state slots"):
+        pool.num_blocks(0.9, num_slots=31, needed=2, step_tokens=1, logits_rows=1)
 
 
 # tiny-nemotron_h on 2 shards, fp32, one device's share: block_size 8, layers
@@ -48,6 +71,12 @@ PARAMS = (
     + 2 * 2 * 64 * 32
     + 2 * 64 * 16  # MoE: router, 2 of 4 experts, shared
 )  # norms whole; Mamba2: in_proj [z x B C dt], conv taps + bias, A D dt_bias, norm, out_proj
+# Activations per token lane, fp32, on one of 2 shards: the residual stream and the normed input
+# (2 x 64) beside the widest layer, the MoE layer: each of its top-2 choices' input and output
+# (2 x 64) and expert up and relu^2 (2 x 32), beside the shared expert's 2 x 16 of 32 channels.
+# (Attention: q 32 + k, v, out 64 = 96; Mamba2: in_proj 164 + y 64 = 228; MLP 2 x 64.)
+TOKEN_BYTES = 4 * (2 * 64 + 2 * (2 * 64 + 2 * 32) + 2 * 16)
+LOGITS_ROW_BYTES = 2 * 4 * 128  # fp32 logits and softmax over 128 of 256 vocabulary entries
 
 
 def test_an_engine_on_two_shards_gets_the_hand_computed_pools(monkeypatch):
@@ -55,17 +84,23 @@ def test_an_engine_on_two_shards_gets_the_hand_computed_pools(monkeypatch):
     model = jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
     config = EngineConfig(
         max_num_seqs=4,
+        max_num_batched_tokens=32,
         max_model_len=64,
         block_size=8,
         prefix_caching="off",
         tensor_parallel_size=2,
         gpu_memory_utilization=0.5,
     )
-    assert memory.pool_memory(model, config) == PoolMemory(MIB, PARAMS * 4, BLOCK_BYTES, SLOT_BYTES)
+    expected = PoolMemory(MIB, PARAMS * 4, BLOCK_BYTES, SLOT_BYTES, TOKEN_BYTES, LOGITS_ROW_BYTES)
+    assert memory.pool_memory(model, config) == expected
     engine = Engine(model, config)
     slots = 1 + 4  # NULL + one per request
+    # The largest step: the 32-token prefill bucket (> 4 decode rows); logits of 4 decode and 4
+    # prefill rows (8 x 1 KiB < 32 x 2176 bytes: the layers dominate).
+    activations = 32 * TOKEN_BYTES
     assert engine.config.num_slots == slots
-    assert engine.config.num_blocks == (MIB // 2 - PARAMS * 4 - slots * SLOT_BYTES) // BLOCK_BYTES
+    left = MIB // 2 - PARAMS * 4 - activations - slots * SLOT_BYTES
+    assert engine.config.num_blocks == left // BLOCK_BYTES
     assert engine.runner.caches[2].k.shape[0] == engine.config.num_blocks
     line = engine.pool_memory.describe(engine.config.num_blocks, slots)
     assert f"{engine.config.num_blocks} KV blocks" in line and "5 state slots" in line
@@ -76,11 +111,33 @@ def test_a_max_model_len_that_cannot_fit_is_refused(monkeypatch):
     model = nnx.eval_shape(
         lambda: jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
     )
-    config = EngineConfig(
-        max_model_len=8192, block_size=8, tensor_parallel_size=2, gpu_memory_utilization=0.5
-    )
-    with pytest.raises(ValueError, match="fewer than the 1025 one request of max_model_len needs"):
+    # max_model_len defaults to the preset's 2048: 256 blocks of 8 tokens + NULL do not fit.
+    config = EngineConfig(block_size=8, tensor_parallel_size=2, gpu_memory_utilization=0.5)
+    with pytest.raises(ValueError, match="fewer than the 257 one request of max_model_len needs"):
         Engine(model, config)
+
+
+def test_start_up_logs_the_pools_once(caplog):
+    """One INFO line per engine: blocks and slots, the bytes of each, the total, the parameters."""
+    caplog.set_level(logging.INFO, logger="runtime.device.footprint")
+    model = jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
+    config = EngineConfig(
+        max_num_seqs=4,
+        max_model_len=64,
+        block_size=8,
+        num_blocks=40,
+        prefix_caching="off",
+        tensor_parallel_size=2,
+    )
+    Engine(model, config)
+    [line] = [record.getMessage() for record in caplog.records]
+    total = (40 * BLOCK_BYTES + 5 * SLOT_BYTES) / MIB
+    assert line == (
+        "pools of NemotronHForCausalLM (tensor-parallel shard 1 of 2), per device: 40 KV blocks "
+        f"x {BLOCK_BYTES / MIB:.4f} MiB + 5 state slots x {SLOT_BYTES / MIB:.4f} MiB = "
+        f"{total:.1f} MiB, beside {PARAMS * 4 / MIB:.1f} MiB of parameters (device memory: not "
+        "reported)"
+    )
 
 
 def test_memory_sizing_needs_a_device_that_reports_its_memory():

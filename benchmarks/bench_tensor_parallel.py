@@ -1,0 +1,278 @@
+"""Tensor-parallel decode and prefill of models too large for one GPU, against a per-GPU roofline.
+
+Shapes (random bf16 weights made on each shard, `RandomShards`: no device ever holds the whole
+model, the whole model is shapes only):
+
+* `qwen3next80b`: Qwen3-Next-80B-A3B's published shape: 48 layers, 3 Gated DeltaNet : 1 gated
+  attention, hidden 2048, 512 experts (10 routed) + a shared expert, moe_intermediate 512,
+  16 q / 2 kv heads of 256, GDN 16 key / 32 value heads of 128, vocabulary 151936;
+* `nemotronh47b`: Nemotron-H-47B-Base-8K's shape as we read its published config.json (the
+  assumption, not checked against the file here): hidden 8192, 98 layers of
+  `NEMOTRON_H_47B_PATTERN` (M Mamba2, * attention, - relu2 MLP), Mamba2 256 heads x 64, state
+  256, 8 groups, attention 64 q / 8 kv heads of 128, MLP 30720, vocabulary 131072;
+* `qwen3next20b`: the 20B bench shape of benchmarks/bench_engine.py (`--size qwen3next`: the
+  80B's per-layer shapes on 12 layers).
+
+Per shape and tp: decode step time at each batch (median of `--steps` steps after warm-up; the
+compile seconds apart), the per-GPU memory roofline: parameter bytes each GPU reads per step
+(MoE stacks scaled by the experts B tokens touch, `benchmarks.engine.roofline`) + its share of
+the state and KV bytes + the all-reduce bytes (two per layer of B x hidden bf16, a ring moving
+2 (T - 1) / T of them) over the link bandwidth measured here with a psum of a known size; and the
+prefill throughput of one `--prefill-len` prompt. `--small` swaps in tiny dims (CPU, fake
+devices, seconds).
+
+    PYTHONPATH=. python benchmarks/bench_tensor_parallel.py --shapes qwen3next80b,nemotronh47b \
+        --tp 2 --batches 1,16,64,256
+    PYTHONPATH=. python benchmarks/bench_tensor_parallel.py --shapes qwen3next20b --tp 1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):  # run as `python benchmarks/<script>.py`: the repo root on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from benchmarks.engine.models import hf_config  # noqa: E402
+from benchmarks.engine.roofline import measure_bandwidth, weight_bytes  # noqa: E402
+from benchmarks.engine.serving import make_engine  # noqa: E402
+from jmamba import HybridLM  # noqa: E402
+from jmamba.families import from_hf_config  # noqa: E402
+from jmamba.weights import cast  # noqa: E402
+from runtime.core.config import EngineConfig  # noqa: E402
+from runtime.core.sampling_params import SamplingParams  # noqa: E402
+from runtime.device.distributed import make_mesh  # noqa: E402
+from runtime.device.model_runner import ModelRunner  # noqa: E402
+from runtime.device.placement import RandomShards  # noqa: E402
+from runtime.engine import Engine  # noqa: E402
+
+SHAPES = ("qwen3next80b", "nemotronh47b", "qwen3next20b")
+NEMOTRON_H_47B_PATTERN = (
+    "M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*"
+    "-M-M-M-M-M-"
+)
+
+
+def shape_config(shape: str, small: bool) -> dict:
+    """config.json of a bench shape (`small`: the same layer kinds, tiny dims)."""
+    if shape.startswith("qwen3next"):
+        config = hf_config("qwen3next_tiny" if small else "qwen3next")
+        if shape == "qwen3next80b":
+            layers = ["linear_attention"] * 3 + ["full_attention"]
+            config["layer_types"] = layers * (1 if small else 12)
+            config["num_hidden_layers"] = len(config["layer_types"])
+        return config
+    if small:
+        return hf_config("tiny")
+    pattern = {"M": "mamba", "*": "attention", "-": "mlp"}
+    return dict(
+        architectures=["NemotronHForCausalLM"],
+        layers_block_type=[pattern[c] for c in NEMOTRON_H_47B_PATTERN],
+        hidden_size=8192,
+        vocab_size=131072,
+        mamba_num_heads=256,
+        mamba_head_dim=64,
+        ssm_state_size=256,
+        n_groups=8,
+        chunk_size=128,
+        conv_kernel=4,
+        intermediate_size=30720,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
+
+
+def model_shapes(shape: str, small: bool) -> HybridLM:
+    """The whole model as shapes only, in bf16 (its shards are made on the devices)."""
+    config = from_hf_config(shape_config(shape, small))
+    return nnx.eval_shape(lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16"))
+
+
+def link_bandwidth(tp: int, num_bytes: int) -> float:
+    """Bytes/s of one device's all-reduce bus: a psum of `num_bytes` bf16 per device over `tp`
+    devices, timed after a warm-up call; a ring moves 2 (tp - 1) / tp of the bytes. 0 for tp=1."""
+    if tp == 1:
+        return 0.0
+    mesh = make_mesh(1, tp)
+    spec = jax.sharding.PartitionSpec("tp")
+    sharding = jax.sharding.NamedSharding(mesh.mesh, spec)
+    psum = jax.jit(
+        jax.shard_map(
+            lambda x: jax.lax.psum(x, "tp"), mesh=mesh.mesh, in_specs=spec, out_specs=spec
+        )
+    )
+    x = jax.device_put(
+        np.ones(tp * (num_bytes // 2), np.float32).astype(jax.numpy.bfloat16), sharding
+    )
+    psum(x).block_until_ready()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        psum(x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * (tp - 1) / tp * num_bytes / statistics.median(times)
+
+
+def allreduce_bytes(model: HybridLM, batch: int) -> int:
+    """Bytes all-reduced per decode step: one all-reduce per mixer and per FFN of B x hidden
+    bf16 activations (row-parallel outputs)."""
+    cfg = model.config
+    reductions = sum(m != "none" for m in cfg.mixers) + sum(f != "none" for f in cfg.ffns)
+    return reductions * batch * cfg.hidden_size * 2
+
+
+def decode_row(model, shape, tp, batch, steps, bandwidth, link) -> dict:
+    """One (shape, tp, batch) row: median step time, compile time, per-GPU roofline."""
+    engine = make_engine(model, batch, steps, tensor_parallel_size=tp, params=RandomShards())
+    compile_s = sum(engine.runner.compile_seconds.values())
+    engine.step()  # the prefill
+    times = []
+    for i in range(steps + 3):
+        start = time.perf_counter()
+        engine.step()
+        if i >= 3:  # warm-up steps apart
+            times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    caches = [
+        leaf
+        for cache in engine.runner.caches
+        if cache is not None
+        for leaf in jax.tree.leaves(cache)
+    ]
+    state_bytes = sum(2 * leaf.nbytes // leaf.shape[0] * batch for leaf in caches) // tp
+    params_bytes = weight_bytes_of_shapes(model, batch) // tp
+    reduce_bytes = allreduce_bytes(model, batch) * 2 * (tp - 1) / tp if tp > 1 else 0
+    roofline_s = (params_bytes + state_bytes) / bandwidth + (reduce_bytes / link if link else 0)
+    return dict(
+        shape=shape,
+        tp=tp,
+        batch=batch,
+        step_ms=1e3 * step_s,
+        tokens_per_s=batch / step_s,
+        compile_s=compile_s,
+        param_gb_per_gpu=params_bytes / 1e9,
+        state_gb_per_gpu=state_bytes / 1e9,
+        allreduce_mb=reduce_bytes / 1e6,
+        roofline_ms=1e3 * roofline_s,
+        x_roofline=step_s / roofline_s,
+    )
+
+
+def weight_bytes_of_shapes(model: HybridLM, batch: int) -> int:
+    """`weight_bytes` of a shapes-only model (ShapeDtypeStructs have no `nbytes` in old jax)."""
+
+    class _Sized:
+        def __init__(self, s):
+            self.shape, self.ndim = s.shape, len(s.shape)
+            self.nbytes = int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
+
+    graphdef, state = nnx.split(model)
+    sized = jax.tree.map(lambda s: _Sized(s), state)
+    return weight_bytes(nnx.merge(graphdef, sized), batch)
+
+
+def prefill_row(model, shape, tp, length) -> dict:
+    """Prefill tokens/s of one `length`-token prompt in one step (compiled on a first prompt)."""
+    config = EngineConfig(
+        max_num_seqs=1,
+        max_num_batched_tokens=length,
+        max_model_len=length + 8,
+        decode_row_buckets=(2,),
+        prefill_token_buckets=(length,),
+        prefill_row_buckets=(1,),
+        prefix_caching="off",
+        tensor_parallel_size=tp,
+    )
+    runner = ModelRunner(model, config, params=RandomShards())
+    engine = Engine(model, config, runner=runner)
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(2):  # the first compiles
+        prompt = rng.integers(0, model.config.vocab_size, length).tolist()
+        engine.add_request(prompt, SamplingParams(max_tokens=1))
+        start = time.perf_counter()
+        while engine.has_unfinished:
+            engine.step()
+        times.append(time.perf_counter() - start)
+    return dict(
+        shape=shape, tp=tp, prefill_len=length, prefill_s=times[-1], tokens_per_s=length / times[-1]
+    )
+
+
+DECODE_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("tp", "tp", "{}"),
+    ("B", "batch", "{}"),
+    ("step ms", "step_ms", "{:.2f}"),
+    ("tok/s", "tokens_per_s", "{:.0f}"),
+    ("roofline ms", "roofline_ms", "{:.2f}"),
+    ("x roofline", "x_roofline", "{:.2f}"),
+    ("params GB/GPU", "param_gb_per_gpu", "{:.2f}"),
+    ("all-reduce MB", "allreduce_mb", "{:.2f}"),
+    ("compile s", "compile_s", "{:.1f}"),
+)
+PREFILL_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("tp", "tp", "{}"),
+    ("prompt", "prefill_len", "{}"),
+    ("prefill s", "prefill_s", "{:.3f}"),
+    ("tok/s", "tokens_per_s", "{:.0f}"),
+)
+
+
+def markdown(rows: list[dict], columns: tuple[tuple[str, str, str], ...]) -> str:
+    """`rows` as a markdown table of `columns` (title, key, format)."""
+    lines = ["| " + " | ".join(title for title, _, _ in columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    for row in rows:
+        lines.append("| " + " | ".join(f.format(row[key]) for _, key, f in columns) + " |")
+    return "\n".join(lines)
+
+
+def print_table(rows: list[dict], prefill: list[dict]) -> None:
+    print("\n" + markdown(rows, DECODE_COLUMNS) + "\n\n" + markdown(prefill, PREFILL_COLUMNS))
+
+
+def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="qwen3next80b,nemotronh47b,qwen3next20b")
+    parser.add_argument("--tp", default="2", help="tensor-parallel sizes, e.g. 1,2")
+    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--prefill-len", type=int, default=8192)
+    parser.add_argument("--small", action="store_true", help="tiny dims (CPU, fake devices)")
+    args = parser.parse_args(argv)
+    gpu = jax.default_backend() == "gpu"
+    bandwidth = measure_bandwidth(1 << (30 if gpu else 22))
+    rows, prefill = [], []
+    for tp in (int(t) for t in args.tp.split(",")):
+        link = link_bandwidth(tp, 1 << (28 if gpu else 20))
+        print(f"tp={tp}: memory {bandwidth / 1e9:.0f} GB/s, link {link / 1e9:.1f} GB/s", flush=True)
+        for shape in args.shapes.split(","):
+            model = model_shapes(shape, args.small)
+            for batch in (int(b) for b in args.batches.split(",")):
+                rows.append(decode_row(model, shape, tp, batch, args.steps, bandwidth, link))
+                print(json.dumps(rows[-1]), flush=True)
+            prefill.append(prefill_row(model, shape, tp, args.prefill_len))
+            print(json.dumps(prefill[-1]), flush=True)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_tensor_parallel.json"), "w") as f:
+            json.dump({"bandwidth": bandwidth, "rows": rows, "prefill": prefill}, f, indent=1)
+    print_table(rows, prefill)
+    return rows, prefill
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Read a checkpoint one tensor-parallel shard at a time: each shard's slice of each parameter is
+read from the safetensors files as slices (`jmamba.tensor_reader`), so no tensor a shard splits is
+ever read whole for it.
+
+A parameter whose `ShardRule` splits it is, on shard t, the concatenation of runs of its whole
+value along the rule's axis (`ShardRule.spans`); each run is read as the matching slice of its
+tensors (`Source.read_axis`: the tensor axis of each parameter axis, or the tensors of a stack of
+experts) and built as the whole loader builds it (`jmamba.weights.load_pretrained`), then cast to
+the parameter's dtype. Transposes, dropped unit axes, elementwise maps and scalar folds commute
+with slicing, so the shards are bit for bit those of the whole model sliced on the host
+(`jmamba.sharding.shard_values`).
+
+Read whole and sliced after (what `Source.read_axis = None` marks): Qwen3-Next's interleaved
+q|k|v|z and b|a projections and the other Gated DeltaNet in_proj concatenations (their slices cut
+across tensors), Mamba2 in_proj with per-segment multipliers folded in (Falcon-H1: a per-column
+scale), Granite's fused gate | up halves, Zamba2's shared blocks with their adapters. Parameters
+every shard holds whole (norms, routers) are read whole once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+from jmamba.checkpoint_tensors import skipped_tensors
+from jmamba.families import load_hf_config
+from jmamba.model import HybridLM
+from jmamba.shard_rules import REPLICATED, ShardRule
+from jmamba.sharding import param_rules, shard_config
+from jmamba.source import Path_, Source
+from jmamba.tensor_reader import TensorReader
+from jmamba.tensor_sources import tensor_sources
+from jmamba.weights import check_tensor_names, param_dtype, resolve_dtype
+
+ShardValues = Iterator[tuple[Path_, list[np.ndarray]]]
+
+
+def read_shards(
+    model_dir: str | Path,
+    shards: int,
+    dtype: str | np.dtype = "auto",
+    *,
+    reader: Callable[[Path], TensorReader] = TensorReader,
+) -> ShardValues:
+    """For each parameter of the checkpoint's `HybridLM`, its path and its `shards` shard values
+    in shard order (host arrays in the parameter's dtype, as `load_pretrained` casts them),
+    read as slices where the parameter's source allows. ValueError on missing or unexpected
+    tensors, before any is read."""
+    model_dir = Path(model_dir)
+    cfg = load_hf_config(model_dir)
+    shard_config(cfg, shards)  # a clear error before anything is read
+    dtype = resolve_dtype(dtype, model_dir)
+    sources = tensor_sources(cfg)
+    whole = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
+    rules = param_rules(cfg) if shards > 1 else {}
+    with reader(model_dir) as tensors:
+        skipped = {
+            n
+            for names in skipped_tensors(cfg.architecture, tensors.names()).values()
+            for n in names
+        }
+        check_tensor_names(cfg, sources, tensors.names() - skipped, model_dir)
+        for path, variable in nnx.to_flat_state(nnx.state(whole)):
+            target = param_dtype(variable, dtype)
+            shape = variable.get_value().shape
+            rule = rules.get(path, REPLICATED)
+            yield path, _shard_values(tensors, sources[path], rule, shape, shards, target)
+
+
+def _shard_values(
+    tensors: TensorReader,
+    source: Source,
+    rule: ShardRule,
+    shape: tuple[int, ...],
+    shards: int,
+    dtype: np.dtype,
+) -> list[np.ndarray]:
+    """Every shard's value of one parameter of whole shape `shape`."""
+    if rule.segments and source.read_axis is not None:
+        return [_read_shard(tensors, source, rule, shape, t, shards, dtype) for t in range(shards)]
+    value = _cast(source.build(*(tensors.read(name) for name in source.names)), dtype, shape)
+    return [rule.take(value, t, shards) for t in range(shards)]
+
+
+def _read_shard(
+    tensors: TensorReader,
+    source: Source,
+    rule: ShardRule,
+    shape: tuple[int, ...],
+    shard: int,
+    shards: int,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """Shard `shard`'s value: its runs along the rule's axis, each read as a slice, then the
+    zeros of a padded tail."""
+    pieces = []
+    for start, stop, pad in rule.spans(shard, shards):
+        if stop > start:
+            pieces.append(_read_run(tensors, source, shape, rule.axis, start, stop, dtype))
+        if pad:
+            padded = list(shape)
+            padded[rule.axis] = pad
+            pieces.append(np.zeros(padded, dtype))
+    return np.concatenate(pieces, axis=rule.axis)
+
+
+def _read_run(
+    tensors: TensorReader,
+    source: Source,
+    shape: tuple[int, ...],
+    axis: int,
+    start: int,
+    stop: int,
+    dtype: np.dtype,
+) -> np.ndarray:
+    """Entries [start, stop) along parameter axis `axis`, built from slices of the tensors."""
+    tensor_axis = source.read_axis(axis)
+    if tensor_axis is None:  # the axis picks tensors of a stack: read those alone
+        value = source.build(*(tensors.read(name) for name in source.names[start:stop]))
+    else:
+        name = source.names[0]
+        index = [slice(0, n) for n in tensors.shape(name)]
+        index[tensor_axis] = slice(start, stop)
+        value = source.build(tensors.read(name, tuple(index)))
+    run = list(shape)
+    run[axis] = stop - start
+    return _cast(value, dtype, tuple(run))
+
+
+def _cast(value: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """`value` in `dtype`; ValueError unless it has `shape`."""
+    value = np.asarray(value)
+    if value.shape != shape:
+        raise ValueError(f"tensors give shape {value.shape} where {shape} is expected")
+    return np.asarray(value, dtype=dtype)

@@ -1,0 +1,95 @@
+"""`TensorReader`: a checkpoint's tensors read by name and slice, never whole unless asked
+(safetensors' `safe_open(...).get_slice(name)[...]`), for a loader that reads each
+tensor-parallel shard's slice alone (`jmamba.shard_loading`).
+
+Packed expert tensors (`<p>.experts.gate_up_proj` [E, 2I, H], `<p>.experts.down_proj` [E, H, I],
+see `jmamba.checkpoint_tensors.unpack_experts`) are read under the per-expert names the name map
+expects: expert e's gate is rows [0, I) of packed[e], so a slice of it is a slice of the file.
+`elements_read` counts what was read, for tests that check a loader read slices only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for safetensors' numpy reader)
+import numpy as np
+from safetensors import safe_open
+
+from jmamba.checkpoint_tensors import PACKED_EXPERTS
+from jmamba.safetensors_files import safetensors_files
+
+Index = tuple[slice, ...]
+
+
+class _Entry(NamedTuple):
+    """Where a name's tensor lies: file `path`, stored tensor `stored`, and for a packed expert
+    the expert `expert` and its first row `row` (else None, 0)."""
+
+    path: Path
+    stored: str
+    shape: tuple[int, ...]
+    expert: int | None = None
+    row: int = 0
+
+
+class TensorReader:
+    """The tensors of `model_dir`'s safetensors files by name, read slice by slice (a context
+    manager: the files stay open inside `with`)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        self._stack = contextlib.ExitStack()
+        self._files: dict[Path, Any] = {}
+        self._entries: dict[str, _Entry] = {}
+        self.elements_read = 0
+        for path in safetensors_files(Path(model_dir)):
+            handle = self._stack.enter_context(safe_open(str(path), framework="numpy"))
+            self._files[path] = handle
+            for name in handle.keys():
+                shape = tuple(handle.get_slice(name).get_shape())
+                self._add(name, _Entry(path, name, shape))
+
+    def __enter__(self) -> TensorReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def names(self) -> set[str]:
+        """Every tensor name, packed experts under their per-expert names."""
+        return set(self._entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._entries[name].shape
+
+    def read(self, name: str, index: Index | None = None) -> np.ndarray:
+        """Tensor `name`, or its slice `index` (one slice per axis, steps of 1)."""
+        entry = self._entries[name]
+        index = index or tuple(slice(0, n) for n in entry.shape)
+        if entry.expert is not None:  # rows of packed[expert]
+            rows = index[0]
+            rows = slice(entry.row + rows.start, entry.row + rows.stop)
+            index = (slice(entry.expert, entry.expert + 1), rows, *index[1:])
+        value = self._files[entry.path].get_slice(entry.stored)[index]
+        value = value[0] if entry.expert is not None else value
+        self.elements_read += value.size
+        return value
+
+    def _add(self, name: str, entry: _Entry) -> None:
+        """Register a stored tensor (a packed expert tensor as its per-expert names)."""
+        match = PACKED_EXPERTS.fullmatch(name)
+        if match is None:
+            self._entries[name] = entry
+            return
+        prefix, proj = match[1], match[2]
+        if len(entry.shape) != 3 or (proj == "gate_up_proj" and entry.shape[1] % 2):
+            raise ValueError(f"packed expert tensor {name} has shape {list(entry.shape)}")
+        experts, rows, cols = entry.shape
+        halves = {"down_proj": 0} if proj == "down_proj" else {"gate_proj": 0, "up_proj": rows // 2}
+        size = rows if proj == "down_proj" else rows // 2
+        for e in range(experts):
+            for part, row in halves.items():
+                expert = _Entry(entry.path, name, (size, cols), e, row)
+                self._entries[f"{prefix}.{e}.{part}.weight"] = expert

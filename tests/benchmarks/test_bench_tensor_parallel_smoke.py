@@ -1,0 +1,23 @@
+"""benchmarks/bench_tensor_parallel.py --small on 2 fake CPU devices: every shape decodes at tp = 2
+with a roofline (all-reduce bytes over the measured link included) and a prefill row, the
+markdown table is printed and the JSON lands in $OUT (one batch size: CI time)."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import bench_tensor_parallel
+
+
+def test_small_run_reports_every_shape(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["--small", "--tp", "2", "--batches", "2", "--steps", "2", "--prefill-len", "64"]
+    rows, prefill = bench_tensor_parallel.main(argv)
+    shapes = set(bench_tensor_parallel.SHAPES)
+    assert {(r["shape"], r["tp"], r["batch"]) for r in rows} == {(s, 2, 2) for s in shapes}
+    assert {(r["shape"], r["tp"]) for r in prefill} == {(s, 2) for s in shapes}
+    for r in rows:
+        assert r["step_ms"] > 0 and r["roofline_ms"] > 0 and r["allreduce_mb"] > 0
+    assert "| shape | tp | B | step ms |" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "bench_tensor_parallel.json").read_text())
+    assert len(saved["rows"]) == len(rows)

@@ -15,6 +15,9 @@ before training and evaluates the final model with the references alone.
 
 Seeded, fixed number of steps; `training.json` records the Python version and the corpus hash
 (`stdlib_corpus.py`) so a re-run can tell whether it trained on the same text.
+
+The checkpoint written here is the target alone: `train_mtp_head.py` then trains the preset's MTP
+head with this model frozen and adds it to the same directory (run it after a retraining).
 """
 
 from __future__ import annotations

@@ -48,9 +48,11 @@ def one_row_ssd_scan(
     dt_softplus: bool = True,
     dt_limit: tuple[float, float] = (0.0, float("inf")),
     chunk_size: int = 256,
+    algorithm: str = "sequential",
 ) -> tuple[jax.Array, jax.Array]:
     """`ssd_chunk_scan` for one row from a zero state, in chunked matrix form; the pool is
-    returned unchanged. T must be a multiple of `chunk_size` (or smaller than it)."""
+    returned unchanged. T must be a multiple of `chunk_size` (or smaller than it). `algorithm`
+    (which GPU kernel the library runs) does not change the result."""
     _check_one_row(rows)
     if z is not None:
         raise ValueError("training SSD takes no z (the Mamba2 mixer gates in its norm)")

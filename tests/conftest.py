@@ -68,7 +68,7 @@ from tests.compiled import check_map_headroom, release  # noqa: E402
 # "long" (>= 1000 examples per property; run it before landing runtime changes). JAX compiles on
 # the first example of every new shape: deadlines would make every test flaky.
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("ci", max_examples=50, **_COMMON)
+settings.register_profile("ci", max_examples=40, **_COMMON)
 settings.register_profile("long", max_examples=1000, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -30,11 +30,10 @@ TOL = 1e-4
 
 # Every fixture through the jnp references; four again through the Pallas kernels (interpret mode
 # on CPU), which checks how the mixers wire the kernels: Mamba2 + attention + MoE (odd dims), GDN
-# with power-of-two and with odd dims (the kernels' own tests cover power-of-two Mamba2 shapes),
-# the parallel attention + Mamba2 layer (odd dims, Mamba2 without a norm), and Zamba2's transformer
+# with odd dims (the kernels' own tests cover power-of-two Mamba2 and GDN shapes; CI time), the
+# parallel attention + Mamba2 layer (odd dims, Mamba2 without a norm), and Zamba2's transformer
 # block feeding Mamba2 (odd dims, RoPE, the block first).
 CASES = [(f, "reference") for f in runs.ALL] + [
-    ("qwen3_next", "interpret"),
     ("nemotron_h_odd", "interpret"),
     ("qwen3_5_odd", "interpret"),
     ("falcon_h1_odd", "interpret"),

@@ -16,6 +16,11 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
 - `mtp-K`: a random MTP head (an attention block and an MLP block, `jmamba.mtp`) drafting inside
   the target's step: random, its drafts are rejected, so it shows the cost side of the head.
 
+`--size stdlib` serves the trained `tiny-stdlib` preset instead (fp32, its trained MTP head for
+`mtp-K`), on `--prompt-len`-byte prompts cut at line starts from the held-out files of the
+running interpreter's standard library (`scripts/stdlib_corpus.py`, as `scripts/measure_mtp.py`
+cuts them): acceptance on real text, and what it buys in tokens/s (none, ngram-K, mtp-K only).
+
 One runner per lane width (and per draft model) serves every batch size (decode row buckets
 1, 16, 64), and a short warm-up serve of the same shape compiles every variant before timing.
 tokens/s = decode tokens / wall time of the decode phase (from the first step in which no request
@@ -25,6 +30,7 @@ proposed drafts; accepted per step = accepted drafts per decode row per step (th
 
     python benchmarks/bench_spec_decode.py --size tiny --batches 1,2 --max-tokens 8   # CPU smoke
     python benchmarks/bench_spec_decode.py                                           # one GPU
+    python benchmarks/bench_spec_decode.py --size stdlib --methods none,ngram-4,mtp-1,mtp-2,mtp-3
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import jax
@@ -41,6 +48,7 @@ from flax import nnx
 from benchmarks.engine.models import build_model, hf_config
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
+from jmamba.loading import load_model
 from jmamba.weights import cast
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
@@ -157,19 +165,33 @@ def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
     )
 
 
+def stdlib_prompts(count: int, length: int) -> list[list[int]]:
+    """`count` held-out prompts of `length` bytes (`scripts/measure_mtp.heldout_prompts`)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
+    from measure_mtp import heldout_prompts
+    from stdlib_corpus import load_corpus
+
+    return heldout_prompts(load_corpus().heldout, count, length)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.model = build_model(args.size)
         self.batches = tuple(int(b) for b in args.batches.split(","))
-        self.prompts = workload(
-            self.model.config.vocab_size, max(self.batches), args.phrase_len, args.repeats
-        )
-        max_len = args.phrase_len * args.repeats + args.max_tokens + 16
+        if args.size == "stdlib":
+            self.model = self.mtp_model = load_model("tiny-stdlib")[0]
+            self.prompts = stdlib_prompts(max(self.batches), args.prompt_len)
+            prompt_len = args.prompt_len
+        else:
+            self.model, self.mtp_model = build_model(args.size), build_model(args.size, mtp=True)
+            self.prompts = workload(
+                self.model.config.vocab_size, max(self.batches), args.phrase_len, args.repeats
+            )
+            prompt_len = args.phrase_len * args.repeats
+        max_len = prompt_len + args.max_tokens + 16
         self.max_model_len = 1 << (max_len - 1).bit_length()
         self.budget = max(args.budget, self.model.config.chunk_size)
-        self.draft_model = build_draft_model(args.size)
-        self.mtp_model = build_model(args.size, mtp=True)
+        self.draft_model = None if args.size == "stdlib" else build_draft_model(args.size)
         self.runners: dict[tuple, ModelRunner] = {}
         self.truth: dict[str, list[int]] = {}
 
@@ -242,12 +264,13 @@ class Bench:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
+    parser.add_argument("--size", choices=["tiny", "1b", "stdlib"], default="1b")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--phrase-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=96, help="--size stdlib: prompt bytes")
     parser.add_argument("--budget", type=int, default=4096, help="token budget per step")
     args = parser.parse_args(argv)
     methods = args.methods.split(",")

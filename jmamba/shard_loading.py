@@ -19,6 +19,7 @@ every shard holds whole (norms, routers) are read whole once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -44,13 +45,17 @@ def read_shards(
     dtype: str | np.dtype = "auto",
     *,
     reader: Callable[[Path], TensorReader] = TensorReader,
+    with_head: bool = True,
 ) -> ShardValues:
     """For each parameter of the checkpoint's `HybridLM`, its path and its `shards` shard values
     in shard order (host arrays in the parameter's dtype, as `load_pretrained` casts them),
-    read as slices where the parameter's source allows. ValueError on missing or unexpected
-    tensors, before any is read."""
+    read as slices where the parameter's source allows; without its MTP head unless
+    `with_head` (`HybridLM.without_head`: the head's tensors are skipped). ValueError on missing
+    or unexpected tensors, before any is read."""
     model_dir = Path(model_dir)
     cfg = load_hf_config(model_dir)
+    if not with_head:
+        cfg = dataclasses.replace(cfg, mtp_mixers=(), mtp_ffns=())
     shard_config(cfg, shards)  # a clear error before anything is read
     dtype = resolve_dtype(dtype, model_dir)
     sources = tensor_sources(cfg)
@@ -59,7 +64,9 @@ def read_shards(
     with reader(model_dir) as tensors:
         skipped = {
             n
-            for names in skipped_tensors(cfg.architecture, tensors.names()).values()
+            for names in skipped_tensors(
+                cfg.architecture, tensors.names(), has_mtp=cfg.has_mtp
+            ).values()
             for n in names
         }
         check_tensor_names(cfg, sources, tensors.names() - skipped, model_dir)

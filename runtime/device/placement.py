@@ -88,7 +88,13 @@ class CheckpointShards:
     reader: Callable[[Path], TensorReader] = TensorReader
 
     def __call__(self, model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
-        values = read_shards(self.model_dir, mesh.tp_size, model.dtype, reader=self.reader)
+        values = read_shards(
+            self.model_dir,
+            mesh.tp_size,
+            model.dtype,
+            reader=self.reader,
+            with_head=model.config.has_mtp,
+        )
         return _placed(model, mesh, values)
 
 

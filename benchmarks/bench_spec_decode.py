@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise ValueError(f"--methods={args.methods}: oracle needs 'none' first (its continuation)")
     bench = Bench(args)
     print(
-        f"device={jax.devices()[0].device_kind} prompt={args.phrase_len}x{args.repeats} "
+        f"device={jax.devices()[0].device_kind} prompt="
+        f"{args.prompt_len if args.size == 'stdlib' else f'{args.phrase_len}x{args.repeats}'} "
         f"max_tokens={args.max_tokens}",
         flush=True,
     )

@@ -3,7 +3,8 @@
 Prompts are cut from the files training held out (`training.json`), as this interpreter's standard
 library has them. Greedy tokens with MTP drafts (K = 2) equal those without, the drafts are
 accepted at a rate above a floor (half of what they measured), and a repeated prompt hits the
-prefix cache ("all") on its first repeat with drafts on. About 10 s on 2 CPU cores.
+prefix cache ("all") on its first repeat with drafts on; seeded sampled requests keep their
+tokens with drafts; an idle data-parallel rank's pools stay untouched. About 25 s on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import sysconfig
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 import jmamba
@@ -22,6 +25,7 @@ from runtime.core.speculative_config import SpeculativeConfig
 from runtime.engine import Engine
 from tests.compiled import per_module
 from tests.runtime.conftest import run_to_completion
+from tests.runtime.test_data_parallel import PinnedRouter
 
 K = 2
 PROMPT_BYTES = 96
@@ -89,3 +93,50 @@ def test_the_head_drafts_losslessly_and_hits_on_the_first_repeat():
     hits_before = cache.hits
     assert serve(drafting, prompts[:1]) == plain[:1]  # the first repeat, drafts on
     assert drafting.stats.prefix_cache.hits == hits_before + 1
+
+
+def test_sampled_requests_keep_their_tokens_with_drafts():
+    """A lane samples output len(outputs) + t from its request's own (seed, index) stream and a
+    draft is accepted iff it equals that sample (runtime.device.sampler): with the head's drafts
+    a seeded sampled request gets the tokens it gets without them."""
+    prompts = heldout_prompts(2)
+    params = [
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0.7, top_p=0.95, seed=s) for s in (1, 2)
+    ]
+
+    def run(speculative: SpeculativeConfig | None) -> tuple[list[list[int]], Engine]:
+        served = engine(speculative)
+        ids = [served.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
+        outputs = run_to_completion(served)
+        return [outputs[i] for i in ids], served
+
+    plain, _ = run(None)
+    drafted, served = run(SpeculativeConfig("mtp", K))
+    assert drafted == plain
+    assert served.stats.speculation.num_accepted > 0
+
+
+def test_an_idle_rank_keeps_every_pool_untouched_while_the_other_drafts():
+    """Two data-parallel ranks, every request on rank 0: rank 1 runs all-padding steps (the
+    head's chained passes included) and its shard of every pool, the head's KV pool among them,
+    stays zero past its NULL entry; the tokens are those of one device without drafts."""
+    prompts = heldout_prompts(2)
+    plain = serve(engine(None), prompts)
+    config = EngineConfig(
+        max_num_seqs=2,
+        max_model_len=PROMPT_BYTES + MAX_TOKENS + 16,
+        speculative=SpeculativeConfig("mtp", K),
+        data_parallel_size=2,
+    )
+    served = Engine(preset(), config)
+    served.router = PinnedRouter({"0": 0, "1": 0})
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    for i, prompt in enumerate(prompts):
+        served.add_request(prompt, params, request_id=i)
+    outputs = run_to_completion(served)
+    assert [outputs["0"], outputs["1"]] == plain
+    ranks = served.stats.ranks
+    assert ranks[0].speculation.num_accepted > 0 and ranks[1].num_idle_steps > 0
+    for leaf in jax.tree.leaves(served.runner.caches):
+        idle_shard = np.asarray(leaf)[leaf.shape[0] // 2 :]
+        assert not idle_shard[1:].any()  # its NULL entry (0) is where padding may write

@@ -1,6 +1,7 @@
 """Shared speculative engines for the tests: one target runner per family (every K shares it, so
-the prefill-only variant compiles once), one draft runner per (draft, family), and `Oracle`, a
-drafter that proposes a known continuation with planned mistakes."""
+the prefill-only variant compiles once), one draft runner per (draft, family), one runner per
+family of the preset with a random MTP head, and `Oracle`, a drafter that proposes a known
+continuation with planned mistakes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from flax import nnx
 
 import jmamba
+from jmamba.config import Ffn, Mixer
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.request import Request
@@ -73,6 +75,33 @@ def perturbed(model: nnx.Module, scale: float, seed: int) -> nnx.Module:
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
+# The MTP heads given to the presets: Qwen3-Next's (an attention layer with the model's MoE) and
+# NemotronH's (an attention block, then an MLP block).
+HEADS = {
+    "nemotron_h": ((Mixer.ATTENTION, Mixer.NONE), (Ffn.NONE, Ffn.MLP)),
+    "qwen3_next": ((Mixer.ATTENTION,), (Ffn.MOE,)),
+}
+
+
+@per_module
+def mtp_model(family: str, eos_token_ids: tuple[int, ...] | None = None) -> nnx.Module:
+    """The family's preset model with a random MTP head: the head's parameters are drawn after
+    the model's, so its target is the preset's model and `naive_greedy` its reference. With
+    `eos_token_ids`, shapes only (an engine on a shared runner reads nothing but its config)."""
+    mixers, ffns = HEADS[family]
+    config = dataclasses.replace(jmamba.presets.tiny(family), mtp_mixers=mixers, mtp_ffns=ffns)
+    if eos_token_ids is None:
+        return jmamba.HybridLM(config, rngs=nnx.Rngs(0))
+    config = dataclasses.replace(config, eos_token_ids=eos_token_ids)
+    return nnx.eval_shape(lambda: jmamba.HybridLM(config, rngs=nnx.Rngs(0)))
+
+
+@per_module
+def mtp_runner(family: str, ranks: int = 1) -> ModelRunner:
+    config = spec_config(family, SpeculativeConfig("mtp", MAX_K), data_parallel_size=ranks)
+    return ModelRunner(mtp_model(family), config)
+
+
 @per_module
 def draft_runner(name: str, family: str, ranks: int = 1) -> ModelRunner:
     config = spec_config(family, SpeculativeConfig("draft_model", MAX_K), data_parallel_size=ranks)
@@ -96,6 +125,9 @@ def spec_engine(
     # 1-grams too: random models rarely repeat longer n-grams of their own output
     speculative = SpeculativeConfig(method, k, prompt_lookup_min=1, prompt_lookup_max=3)
     config = spec_config(family, speculative, data_parallel_size=ranks, **options)
+    if method == "mtp":
+        eos = None if eos_token_ids is None else tuple(eos_token_ids)
+        return Engine(mtp_model(family, eos), config, runner=mtp_runner(family, ranks))
     if method != "draft_model":
         return Engine(model, config, runner=spec_runner(family, ranks))
     return Engine(

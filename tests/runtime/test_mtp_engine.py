@@ -17,15 +17,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from flax import nnx
 
-import jmamba
-from jmamba.config import Ffn, Mixer
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, model_and_runner
+from tests.runtime.spec_support import mtp_model
 from tests.runtime.test_prefix_caching import (
     MAX_CACHED,
     MAX_NUM_SEQS,
@@ -38,18 +36,7 @@ from tests.runtime.test_prefix_caching import (
 
 K = 3
 FAMILIES = ("nemotron_h", "qwen3_next")
-HEADS = {
-    "nemotron_h": ((Mixer.ATTENTION, Mixer.NONE), (Ffn.NONE, Ffn.MLP)),
-    "qwen3_next": ((Mixer.ATTENTION,), (Ffn.MOE,)),
-}
 SLOTS = 1 + MAX_NUM_SEQS * (2 + K) + MAX_CACHED  # per request its slot and 1 + K lane slots
-
-
-@per_module
-def mtp_model(family: str) -> nnx.Module:
-    mixers, ffns = HEADS[family]
-    config = dataclasses.replace(jmamba.presets.tiny(family), mtp_mixers=mixers, mtp_ffns=ffns)
-    return jmamba.HybridLM(config, rngs=nnx.Rngs(0))
 
 
 def mtp_config(family: str, mode: str, k: int = K):

@@ -1,7 +1,8 @@
 """Hypothesis schedules with drafts: arrivals, aborts, small pools (preemption in the middle of
 speculation), budgets, EOS / stop tokens and min_tokens, with a drafter drawn per example: an
-oracle with planned mistakes (k varies per request and step, 0 included), prompt lookup, or a
-draft model that agrees with the target only in part (its rollback after rejected drafts).
+oracle with planned mistakes (k varies per request and step, 0 included), prompt lookup, a draft
+model that agrees with the target only in part (its rollback after rejected drafts), or a random
+MTP head drafting inside the step.
 validate() runs on every step of the target and of the draft model; every request's tokens and
 finish reason equal the naive full-recompute greedy loop; every pool is empty at the end."""
 
@@ -46,7 +47,7 @@ def expected(family: str, prompt: tuple[int, ...], params: SamplingParams, eos: 
     extra_budget=st.integers(0, 16),
     max_num_seqs=st.integers(2, 4),
     eos_at=st.integers(0, 7),
-    drafter=st.sampled_from(["oracle", "ngram", "draft_model"]),
+    drafter=st.sampled_from(["oracle", "ngram", "draft_model", "mtp"]),
     seed=st.integers(0, 2**16),
 )
 def test_random_schedule_with_drafts_equals_full_recompute(
@@ -55,7 +56,7 @@ def test_random_schedule_with_drafts_equals_full_recompute(
     budget, prompts, free, eos, params = drawn_workload(
         family, requests, extra_budget, max_num_seqs, eos_at
     )
-    method = "draft_model" if drafter == "draft_model" else "ngram"
+    method = drafter if drafter in ("draft_model", "mtp") else "ngram"
     engine = spec_engine(
         family,
         method,

@@ -1,6 +1,7 @@
 """`Source`: how one parameter of `HybridLM` is built from checkpoint tensors and split back into
 them (the loader builds, the writer splits; `jmamba.tensor_sources` holds one per parameter,
-`jmamba.folding` wraps them with folded constants)."""
+`jmamba.folding` wraps them with folded constants), and the constructors of the common kinds:
+a tensor as it is, a linear weight, conv taps, a stack of experts, fused halves."""
 
 from __future__ import annotations
 
@@ -36,3 +37,52 @@ class Source(NamedTuple):
     piece: tuple[int, int] | None = None
     joint: tuple[Path_, ...] = ()
     read_axis: Callable[[int], int | None] | None = None
+
+
+def same_axis(axis: int) -> int:
+    """`Source.read_axis` of a parameter laid out as its tensor."""
+    return axis
+
+
+def swapped_axis(axis: int) -> int:
+    """`Source.read_axis` of a transposed 2-D tensor ([out, in] on disk, ours [in, out])."""
+    return 1 - axis
+
+
+def same(name: str) -> Source:
+    """The tensor `name` as it is."""
+    return Source((name,), lambda t: t, lambda p: (p,), read_axis=same_axis)
+
+
+def linear(name: str) -> Source:
+    """A linear layer's `name.weight`, [out, in] on disk, ours [in, out]."""
+    return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,), read_axis=swapped_axis)
+
+
+def conv(name: str) -> Source:
+    """Conv taps [C, 1, K] on disk, ours [C, K]."""
+    build, split = lambda t: t[:, 0, :], lambda p: (p[:, None, :],)
+    return Source((f"{name}.weight",), build, split, read_axis=(0, 2).__getitem__)
+
+
+def experts(prefix: str, proj: str, num_experts: int) -> Source:
+    """One [out, in] tensor per expert on disk, ours one [E, in, out] stack (axis 0 picks the
+    tensor)."""
+    names = tuple(f"{prefix}.experts.{e}.{proj}.weight" for e in range(num_experts))
+    build = lambda *ts: np.stack([t.T for t in ts])  # noqa: E731
+    split = lambda p: tuple(e.T for e in p)  # noqa: E731
+    return Source(names, build, split, read_axis=(None, 1, 0).__getitem__)
+
+
+def swapped(name: str) -> Source:
+    """A stack of linear weights [..., out, in] (Granite's experts), ours [..., in, out]."""
+    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
+    return Source((f"{name}.weight",), swap, lambda p: (swap(p),))
+
+
+def half(name: str, index: int) -> Source:
+    """Half `index` (0: gate, 1: up) of a fused [gate | up] projection: Granite's `input_linear`,
+    [2I, H] (or [E, 2I, H] for the experts), whose first I output rows are the gate's."""
+    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
+    build = lambda t: swap(np.split(t, 2, axis=-2)[index])  # noqa: E731
+    return Source((f"{name}.weight",), build, lambda p: (swap(p),), piece=(-2, index))

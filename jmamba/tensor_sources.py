@@ -17,56 +17,11 @@ from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.families import WRAPPERS
 from jmamba.folding import lora_fold, lora_product, lora_unfold, mamba2_in_proj_scale, scaled
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
-from jmamba.source import Path_, Source
-
-
-def _same_axis(axis: int) -> int:
-    return axis
-
-
-def _swapped_axis(axis: int) -> int:  # a 2-D transpose: [out, in] -> [in, out]
-    return 1 - axis
-
-
-def _same(name: str) -> Source:
-    return Source((name,), lambda t: t, lambda p: (p,), read_axis=_same_axis)
-
-
-def _linear(name: str) -> Source:
-    return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,), read_axis=_swapped_axis)
+from jmamba.source import Path_, Source, conv, experts, half, linear, same, same_axis, swapped
 
 
 def _a_from_log(name: str) -> Source:
-    return Source((name,), a_from_log, lambda p: (log_from_a(p),), read_axis=_same_axis)
-
-
-def _conv(name: str) -> Source:
-    """Conv taps [C, 1, K] on disk, ours [C, K]."""
-    build, split = lambda t: t[:, 0, :], lambda p: (p[:, None, :],)
-    return Source((f"{name}.weight",), build, split, read_axis=(0, 2).__getitem__)
-
-
-def _experts(prefix: str, proj: str, num_experts: int) -> Source:
-    """One [out, in] tensor per expert on disk, ours one [E, in, out] stack (axis 0 picks the
-    tensor)."""
-    names = tuple(f"{prefix}.experts.{e}.{proj}.weight" for e in range(num_experts))
-    build = lambda *ts: np.stack([t.T for t in ts])  # noqa: E731
-    split = lambda p: tuple(e.T for e in p)  # noqa: E731
-    return Source(names, build, split, read_axis=(None, 1, 0).__getitem__)
-
-
-def _swapped(name: str) -> Source:
-    """A stack of linear weights [..., out, in] (Granite's experts), ours [..., in, out]."""
-    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
-    return Source((f"{name}.weight",), swap, lambda p: (swap(p),))
-
-
-def _half(name: str, index: int) -> Source:
-    """Half `index` (0: gate, 1: up) of a fused [gate | up] projection: Granite's `input_linear`,
-    [2I, H] (or [E, 2I, H] for the experts), whose first I output rows are the gate's."""
-    swap = lambda t: np.swapaxes(t, -1, -2)  # noqa: E731
-    build = lambda t: swap(np.split(t, 2, axis=-2)[index])  # noqa: E731
-    return Source((f"{name}.weight",), build, lambda p: (swap(p),), piece=(-2, index))
+    return Source((name,), a_from_log, lambda p: (log_from_a(p),), read_axis=same_axis)
 
 
 def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -116,9 +71,9 @@ def _attention_sources(hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
         "v_proj": mult.attention_in,
         "o_proj": mult.attention_out,
     }
-    src = {(p, "kernel"): scaled(_linear(f"{hf}.{p}"), scale) for p, scale in scales.items()}
+    src = {(p, "kernel"): scaled(linear(f"{hf}.{p}"), scale) for p, scale in scales.items()}
     if cfg.attention.qk_norm:
-        src.update({(n, "weight"): _same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
+        src.update({(n, "weight"): same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
     return src
 
 
@@ -126,27 +81,27 @@ def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source
     match kind:
         case Mixer.MAMBA2:
             src = {
-                ("in_proj", "kernel"): scaled(_linear(f"{hf}.in_proj"), mamba2_in_proj_scale(cfg)),
-                ("conv_weight",): _conv(f"{hf}.conv1d"),
+                ("in_proj", "kernel"): scaled(linear(f"{hf}.in_proj"), mamba2_in_proj_scale(cfg)),
+                ("conv_weight",): conv(f"{hf}.conv1d"),
                 ("out_proj", "kernel"): scaled(
-                    _linear(f"{hf}.out_proj"), cfg.multipliers.mamba2_out
+                    linear(f"{hf}.out_proj"), cfg.multipliers.mamba2_out
                 ),
             }
             if cfg.mamba2.gate_norm != "gate_only":
-                src[("norm", "weight")] = _same(f"{hf}.norm.weight")
+                src[("norm", "weight")] = same(f"{hf}.norm.weight")
             if cfg.mamba2.conv_bias:
-                src[("conv_bias",)] = _same(f"{hf}.conv1d.bias")
-            src.update({(p,): _same(f"{hf}.{p}") for p in ("dt_bias", "D")})
+                src[("conv_bias",)] = same(f"{hf}.conv1d.bias")
+            src.update({(p,): same(f"{hf}.{p}") for p in ("dt_bias", "D")})
             src[("A",)] = _a_from_log(f"{hf}.A_log")
             return src
         case Mixer.GDN:
             return {
                 ("in_proj", "kernel"): _gdn_in_proj(hf, cfg),
-                ("conv_weight",): _conv(f"{hf}.conv1d"),
-                ("dt_bias",): _same(f"{hf}.dt_bias"),
-                ("A_log",): _same(f"{hf}.A_log"),
-                ("norm", "weight"): _same(f"{hf}.norm.weight"),
-                ("out_proj", "kernel"): _linear(f"{hf}.out_proj"),
+                ("conv_weight",): conv(f"{hf}.conv1d"),
+                ("dt_bias",): same(f"{hf}.dt_bias"),
+                ("A_log",): same(f"{hf}.A_log"),
+                ("norm", "weight"): same(f"{hf}.norm.weight"),
+                ("out_proj", "kernel"): linear(f"{hf}.out_proj"),
             }
         case Mixer.ATTENTION:
             return _attention_sources(hf, cfg)
@@ -163,25 +118,25 @@ def _granite_ffn_sources(kind: Ffn, hf: str) -> dict[Path_, Source]:
     """Granite-4.0-H (`hf` the layer): the shared MLP (`shared_mlp`) alone, or beside the MoE
     (`block_sparse_moe`, its experts stacked); both keep gate | up fused in `input_linear`."""
     shared = {
-        ("gate_proj", "kernel"): _half(f"{hf}.shared_mlp.input_linear", 0),
-        ("up_proj", "kernel"): _half(f"{hf}.shared_mlp.input_linear", 1),
-        ("down_proj", "kernel"): _linear(f"{hf}.shared_mlp.output_linear"),
+        ("gate_proj", "kernel"): half(f"{hf}.shared_mlp.input_linear", 0),
+        ("up_proj", "kernel"): half(f"{hf}.shared_mlp.input_linear", 1),
+        ("down_proj", "kernel"): linear(f"{hf}.shared_mlp.output_linear"),
     }
     if kind != Ffn.MOE:
         return shared
     moe = f"{hf}.block_sparse_moe"
     return {
-        ("router", "kernel"): _linear(f"{moe}.router.layer"),
-        ("gate_proj",): _half(f"{moe}.input_linear", 0),
-        ("up_proj",): _half(f"{moe}.input_linear", 1),
-        ("down_proj",): _swapped(f"{moe}.output_linear"),
+        ("router", "kernel"): linear(f"{moe}.router.layer"),
+        ("gate_proj",): half(f"{moe}.input_linear", 0),
+        ("up_proj",): half(f"{moe}.input_linear", 1),
+        ("down_proj",): swapped(f"{moe}.output_linear"),
         **{("shared", *k): v for k, v in shared.items()},
     }
 
 
 def _mlp_sources(hf: str, gated: bool) -> dict[Path_, Source]:
     projs = ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
-    return {(p, "kernel"): _linear(f"{hf}.{p}") for p in projs}
+    return {(p, "kernel"): linear(f"{hf}.{p}") for p in projs}
 
 
 def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
@@ -195,19 +150,19 @@ def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
         case Ffn.MOE:
             moe = cfg.moe
             gated = moe.activation == "silu_gated"
-            src = {("router", "kernel"): _linear(f"{hf}.gate")}
+            src = {("router", "kernel"): linear(f"{hf}.gate")}
             for proj in (
                 ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
             ):
-                src[(proj,)] = _experts(hf, proj, moe.num_experts)
+                src[(proj,)] = experts(hf, proj, moe.num_experts)
             shared = "shared_expert" if moe.shared_gate else "shared_experts"
             src.update(
                 {("shared", *k): v for k, v in _mlp_sources(f"{hf}.{shared}", gated).items()}
             )
             if moe.shared_gate:
-                src[("shared_gate", "kernel")] = _linear(f"{hf}.shared_expert_gate")
+                src[("shared_gate", "kernel")] = linear(f"{hf}.shared_expert_gate")
             if moe.router == "sigmoid_grouped":
-                src[("router_bias",)] = _same(f"{hf}.gate.e_score_correction_bias")
+                src[("router_bias",)] = same(f"{hf}.gate.e_score_correction_bias")
             return src
     return {}
 
@@ -294,18 +249,18 @@ def _transformer_mamba2_sources(cfg: ModelConfig, i: int) -> dict[Path_, Source]
     sites = hybrid[j % block.num_blocks :: block.num_blocks]
     shared, layer = f"model.layers.{sites[0]}.shared_transformer", f"model.layers.{i}"
     src = {
-        ("block_norm", "weight"): _same(f"{shared}.input_layernorm.weight"),
-        ("attention", "o_proj", "kernel"): _linear(f"{shared}.self_attn.o_proj"),
-        ("ffn_norm", "weight"): _same(f"{shared}.pre_ff_layernorm.weight"),
-        ("mlp", "down_proj", "kernel"): _linear(f"{shared}.feed_forward.down_proj"),
-        ("linear", "kernel"): _linear(f"{layer}.linear"),
-        ("mamba_norm", "weight"): _same(f"{layer}.mamba_decoder.input_layernorm.weight"),
+        ("block_norm", "weight"): same(f"{shared}.input_layernorm.weight"),
+        ("attention", "o_proj", "kernel"): linear(f"{shared}.self_attn.o_proj"),
+        ("ffn_norm", "weight"): same(f"{shared}.pre_ff_layernorm.weight"),
+        ("mlp", "down_proj", "kernel"): linear(f"{shared}.feed_forward.down_proj"),
+        ("linear", "kernel"): linear(f"{layer}.linear"),
+        ("mamba_norm", "weight"): same(f"{layer}.mamba_decoder.input_layernorm.weight"),
     }
     mamba = _mixer_sources(Mixer.MAMBA2, f"{layer}.mamba_decoder.mamba", cfg)
     src.update({("mamba2", *k): v for k, v in mamba.items()})
     adapted = (*_ADAPTED_ATTENTION, _ADAPTED_MLP) if block.attention_adapters else (_ADAPTED_MLP,)
     if not block.attention_adapters:
-        src.update({(*m, "kernel"): _linear(f"{shared}.{w}") for m, _, w, _ in _ADAPTED_ATTENTION})
+        src.update({(*m, "kernel"): linear(f"{shared}.{w}") for m, _, w, _ in _ADAPTED_ATTENTION})
     for module, adapter, weight, lora in adapted:
         names = tuple(f"{shared}.{lora}_adapter_list.{j}.{k}" for k in (0, 1))
         joint = tuple(
@@ -317,7 +272,7 @@ def _transformer_mamba2_sources(cfg: ModelConfig, i: int) -> dict[Path_, Source]
         src[(*module, "kernel")] = _shared_kernel(
             f"{shared}.{weight}", tuple(f"{n}.weight" for n in names), joint, own
         )
-        src[(adapter, "down")], src[(adapter, "up")] = (_linear(n) for n in names)
+        src[(adapter, "down")], src[(adapter, "up")] = (linear(n) for n in names)
     return src
 
 
@@ -336,9 +291,9 @@ def tensor_sources(cfg: ModelConfig) -> dict[Path_, Source]:
         prefix = _model_prefix(cfg)
         embed, final = f"{prefix}embed_tokens.weight", f"{prefix}norm.weight"
     final = _FINAL_NORMS.get(cfg.architecture, final)
-    src: dict[Path_, Source] = {("embed",): _same(embed), ("final_norm", "weight"): _same(final)}
+    src: dict[Path_, Source] = {("embed",): same(embed), ("final_norm", "weight"): same(final)}
     if not cfg.tie_word_embeddings:
-        src[("lm_head", "kernel")] = _linear("lm_head")
+        src[("lm_head", "kernel")] = linear("lm_head")
     for i, (mixer, ffn) in enumerate(zip(cfg.mixers, cfg.ffns, strict=True)):
         if mixer.reads_embeddings:  # it norms its own inputs: no mixer_norm
             src.update(
@@ -362,10 +317,10 @@ def _layer_sources(
     mixer_norm, mixer_hf, ffn_norm, ffn_hf = names
     src: dict[Path_, Source] = {}
     if mixer != Mixer.NONE:
-        src[("mixer_norm", "weight")] = _same(f"{mixer_norm}.weight")
+        src[("mixer_norm", "weight")] = same(f"{mixer_norm}.weight")
         src.update({("mixer", *k): v for k, v in _mixer_sources(mixer, mixer_hf, cfg).items()})
     if ffn != Ffn.NONE:
-        src[("ffn_norm", "weight")] = _same(f"{ffn_norm}.weight")
+        src[("ffn_norm", "weight")] = same(f"{ffn_norm}.weight")
         src.update({("ffn", *k): v for k, v in _ffn_sources(ffn, ffn_hf, cfg).items()})
     return src
 
@@ -379,19 +334,19 @@ def _mtp_sources(cfg: ModelConfig) -> dict[Path_, Source]:
     last = len(cfg.mtp_mixers) - 1
     if cfg.architecture == "NemotronHForCausalLM":
         head = {
-            "embedding_norm": _same("mtp.layers.0.enorm.weight"),
-            "hidden_norm": _same("mtp.layers.0.hnorm.weight"),
-            "norm": _same(f"mtp.layers.{last}.final_layernorm.weight"),
+            "embedding_norm": same("mtp.layers.0.enorm.weight"),
+            "hidden_norm": same("mtp.layers.0.hnorm.weight"),
+            "norm": same(f"mtp.layers.{last}.final_layernorm.weight"),
         }
-        fuse = _linear("mtp.layers.0.eh_proj")
+        fuse = linear("mtp.layers.0.eh_proj")
         names = lambda i: (f"mtp.layers.{i}.norm", f"mtp.layers.{i}.mixer") * 2  # noqa: E731
     else:
         head = {
-            "embedding_norm": _same("mtp.pre_fc_norm_embedding.weight"),
-            "hidden_norm": _same("mtp.pre_fc_norm_hidden.weight"),
-            "norm": _same("mtp.norm.weight"),
+            "embedding_norm": same("mtp.pre_fc_norm_embedding.weight"),
+            "hidden_norm": same("mtp.pre_fc_norm_hidden.weight"),
+            "norm": same("mtp.norm.weight"),
         }
-        fuse = _linear("mtp.fc")
+        fuse = linear("mtp.fc")
         names = lambda i: (  # noqa: E731
             f"mtp.layers.{i}.input_layernorm",
             f"mtp.layers.{i}.self_attn",

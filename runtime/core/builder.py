@@ -188,8 +188,10 @@ class _Arrays:
         self.seeds[row] = request.seed
         self.counters[row] = request.num_sampled
 
-    def following(self) -> NextTokens:
-        return NextTokens(self.p_next_ids, self.p_next_samples)
+    def batch(self, sampling: SamplingInputs, mode: SamplingMode, rows: np.ndarray) -> StepBatch:
+        """The `StepBatch` of these arrays, with `sample_rows` = `rows`."""
+        following = NextTokens(self.p_next_ids, self.p_next_samples)
+        return StepBatch(self.step_inputs(), sampling, mode, rows, self.token_sources, following)
 
     def set_following(self, row: int, item: ScheduledRequest) -> None:
         """Prefill row `row`: the known token after its chunk, or that it samples the next."""
@@ -259,9 +261,7 @@ def build_step(
             penalized.append((num_decode_lanes + j, _history(request), False))
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
     sampling = a.sampling(masks, penalized)
-    rows = np.asarray(sample_rows, np.int64)
-    mode = SamplingMode.of(sampling)
-    return StepBatch(a.step_inputs(), sampling, mode, rows, a.token_sources, a.following())
+    return a.batch(sampling, SamplingMode.of(sampling), np.asarray(sample_rows, np.int64))
 
 
 def _fill_decode(
@@ -395,8 +395,4 @@ def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
 def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks, state_block_size)
-    no_rows = np.zeros(0, np.int64)
-    sampling = a.sampling([], [])
-    return StepBatch(
-        a.step_inputs(), sampling, SamplingMode(), no_rows, a.token_sources, a.following()
-    )
+    return a.batch(a.sampling([], []), SamplingMode(), np.zeros(0, np.int64))

@@ -85,7 +85,7 @@ class MTPDrafts:
         block_size = _block_size(model, caches)
         for step in range(1, self.num_drafts):
             position = positions + step
-            alive = alive & _has_block(block_tables, position, block_size)
+            alive = alive & (_block_at(block_tables, position, block_size) != 0)
             chain = _chain_inputs(drafts[-1], position, alive, block_tables, block_size, inputs)
             out, caches = model.mtp_hidden(hidden, drafts[-1], chain, caches)
             hidden = jnp.where(alive[:, None], out, hidden)
@@ -123,14 +123,13 @@ def _block_size(model: HybridLM, caches: tuple[LayerCache, ...]) -> int:
     return next(cache.k.shape[1] for cache in head_caches if cache is not None)
 
 
-def _has_block(block_tables: jax.Array, position: jax.Array, block_size: int) -> jax.Array:
-    """[R] bool: the row's block table holds a block at `position`."""
+def _block_at(block_tables: jax.Array, position: jax.Array, block_size: int) -> jax.Array:
+    """[R] each row's KV block holding `position` (NULL where its table has none there, past
+    the table's width included)."""
     column = position // block_size
-    inside = column < block_tables.shape[1]
-    block = jnp.take_along_axis(
-        block_tables, jnp.minimum(column, block_tables.shape[1] - 1)[:, None], axis=1
-    )[:, 0]
-    return inside & (block != 0)
+    width = block_tables.shape[1]
+    block = jnp.take_along_axis(block_tables, jnp.minimum(column, width - 1)[:, None], axis=1)
+    return jnp.where(column < width, block[:, 0], 0)
 
 
 def _chain_inputs(
@@ -144,8 +143,7 @@ def _chain_inputs(
     """A decode-only `StepInputs` of R rows of one lane each: row r feeds `token_ids[r]` at
     `position[r]`, writing its KV there; rows not `alive` are padding (NULL everywhere)."""
     live = alive.astype(jnp.int32)
-    column = jnp.minimum(position // block_size, block_tables.shape[1] - 1)
-    block = jnp.take_along_axis(block_tables, column[:, None], axis=1)[:, 0]
+    block = _block_at(block_tables, position, block_size)
     num_rows = token_ids.shape[0]
     zeros = jnp.zeros(num_rows, jnp.int32)
     decode = DecodeRows(

@@ -36,14 +36,20 @@ from pathlib import Path
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 from measure_mtp import measure_acceptance
 from safetensors.numpy import load_file, save_file
 from stdlib_corpus import load_corpus
-from train_preset import BLOCK_SIZE, line_starts, row_inputs, windows
+from train_preset import (
+    BLOCK_SIZE,
+    compare_training_ops,
+    line_starts,
+    optimizer,
+    row_inputs,
+    windows,
+)
 from training_ops import fast_training_ops
 
 import jmamba
@@ -145,19 +151,9 @@ def eval_batch(graphdef, head, rest, batch: jax.Array, fast: bool):
 
 def check_training_ops(graphdef, head, rest, batch: jax.Array) -> dict:
     """The head's loss and gradients with the training ops match the library references."""
-    (fast_loss, fast_grads), (ref_loss, ref_grads) = (
-        loss_and_grads(graphdef, head, rest, batch, f) for f in (True, False)
+    return compare_training_ops(
+        *(loss_and_grads(graphdef, head, rest, batch, f) for f in (True, False))
     )
-    worst = max(
-        float(jnp.abs(a - b).max() / (jnp.abs(b).max() + 1e-12))
-        for a, b in zip(jax.tree.leaves(fast_grads), jax.tree.leaves(ref_grads), strict=True)
-    )
-    loss_error = abs(float(fast_loss) - float(ref_loss)) / float(ref_loss)
-    if loss_error > 1e-5 or worst > 1e-3:
-        raise AssertionError(
-            f"training ops disagree with the references: loss {loss_error:.2e}, grads {worst:.2e}"
-        )
-    return {"loss_relative_error": loss_error, "worst_gradient_relative_error": worst}
 
 
 # ---------------------------------------------------------------- model and optimizer
@@ -167,7 +163,7 @@ def headed_model(preset: Path, seed: int) -> tuple[nnx.Module, dict]:
     """The preset's trained target with a fresh head (the residual output projections of its
     blocks scaled by 1/sqrt(2 * blocks), as the target's were), and its HF config."""
     hf_config = {**json.loads((preset / "config.json").read_text()), **MTP_FIELDS}
-    target = load_pretrained(preset)
+    target = load_pretrained(preset).without_head()  # a head it has already is replaced
     model = jmamba.HybridLM(jmamba.from_hf_config(hf_config), rngs=nnx.Rngs(seed))
     nnx.update(model, nnx.state(target))
     scale = 1.0 / math.sqrt(2 * len(model.mtp.layers))
@@ -181,19 +177,6 @@ def headed_model(preset: Path, seed: int) -> tuple[nnx.Module, dict]:
     for path, variable in nnx.to_flat_state(nnx.state(target)):
         np.testing.assert_array_equal(ours[path].get_value(), variable.get_value())
     return model, hf_config
-
-
-def optimizer(cfg: HeadConfig) -> optax.GradientTransformation:
-    """AdamW, warmup then cosine decay to a tenth, no decay on vectors, gradient norm <= 1 (the
-    target's recipe)."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.learning_rate / 10
-    )
-    matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    return optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay, mask=matrices),
-    )
 
 
 # ---------------------------------------------------------------- training
@@ -220,7 +203,8 @@ def evaluate(graphdef, head, rest, heldout: np.ndarray, cfg: HeadConfig, fast: b
 def train(cfg: HeadConfig, model: nnx.Module, corpus) -> tuple[nnx.Module, list[dict], dict]:
     """Train the head; returns the model, the loss curve rows and a summary."""
     graphdef, head, rest = nnx.split(model, nnx.PathContains("mtp"), ...)
-    tx = optimizer(cfg)
+    # the target's recipe
+    tx = optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps, cfg.weight_decay)
     opt_state = tx.init(head)
     rng = np.random.default_rng(cfg.seed)
     starts = line_starts(corpus.train, cfg.seq_len + 2)
@@ -275,7 +259,11 @@ def write_headed_preset(model: nnx.Module, hf_config: dict, preset: Path, out: P
     """`out`: the preset's files, config.json with the MTP fields, model.safetensors with the
     head's `mtp.*` tensors added to the preset's own, which are copied (and checked) bit for bit.
     Returns what the check found."""
-    original = load_file(preset / "model.safetensors")
+    original = {  # the target's tensors (a head the preset has already is replaced)
+        name: t
+        for name, t in load_file(preset / "model.safetensors").items()
+        if not name.startswith("mtp.")
+    }
     with tempfile.TemporaryDirectory() as tmp:
         save_pretrained(model, tmp, hf_config)  # the library's writer names the head's tensors
         written = load_file(Path(tmp) / "model.safetensors")

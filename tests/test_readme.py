@@ -127,6 +127,7 @@ def test_readme_server_blocks_answer():
             client = client.replace(f":{README_PORT}/", f":{port}/")
             namespace: dict = {}
             exec(compile(client, "README.md client block", "exec"), namespace)
+            namespace["client"].close()  # its pooled socket, else a ResourceWarning at some gc
             assert namespace["answer"].choices[0].message.content is not None
         finally:
             server.terminate()

@@ -13,17 +13,21 @@ model, the whole model is shapes only):
 * `qwen3next20b`: the 20B bench shape of benchmarks/bench_engine.py (`--size qwen3next`: the
   80B's per-layer shapes on 12 layers).
 
-Per shape and tp: decode step time at each batch (median of `--steps` steps after warm-up; the
-compile seconds apart), the per-GPU memory roofline: parameter bytes each GPU reads per step
-(MoE stacks scaled by the experts B tokens touch, `benchmarks.engine.roofline`) + its share of
-the state and KV bytes + the all-reduce bytes (two per layer of B x hidden bf16, a ring moving
-2 (T - 1) / T of them) over the link bandwidth measured here with a psum of a known size; and the
-prefill throughput of one `--prefill-len` prompt. `--small` swaps in tiny dims (CPU, fake
-devices, seconds).
+Per shape and mesh (tp x dp): one runner, its random weights made once, serves every batch of
+the sweep (one bucket per batch). Each row: the asynchronous decode step time (median of
+`--steps` steps after the prefill and warm-up; the compile seconds apart) against the per-GPU
+memory roofline: parameter bytes each GPU reads per step (MoE stacks scaled by the experts a
+rank's B / dp tokens touch, `benchmarks.engine.roofline`) + its share of the state and KV bytes +
+the all-reduce bytes (two per layer of B / dp x hidden bf16, a ring moving 2 (T - 1) / T of them)
+over the link bandwidth measured here with a psum of a known size. `--profile` adds each row's
+kernel breakdown (a trace of 5 steps). With dp = 1, the prefill throughput of one `--prefill-len`
+prompt on the same weights. `--small` swaps in tiny dims (CPU, fake devices, seconds). Rows are
+written to $OUT as they come, so a run cut short keeps what it measured.
 
     PYTHONPATH=. python benchmarks/bench_tensor_parallel.py --shapes qwen3next80b,nemotronh47b \
         --tp 2 --batches 1,16,64,256
-    PYTHONPATH=. python benchmarks/bench_tensor_parallel.py --shapes qwen3next20b --tp 1,2
+    PYTHONPATH=. python benchmarks/bench_tensor_parallel.py --shapes qwen3next20b --tp 1,2,4
+    PYTHONPATH=. python benchmarks/bench_tensor_parallel.py --shapes qwen3next20b --tp 2 --dp 2
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 if __package__ in (None, ""):  # run as `python benchmarks/<script>.py`: the repo root on the path
@@ -44,7 +49,8 @@ from flax import nnx  # noqa: E402
 
 from benchmarks.engine.models import hf_config  # noqa: E402
 from benchmarks.engine.roofline import measure_bandwidth, weight_bytes  # noqa: E402
-from benchmarks.engine.serving import make_engine  # noqa: E402
+from benchmarks.engine.serving import PROMPT_LEN  # noqa: E402
+from benchmarks.engine.trace import load_trace, profile_events, summarize_profile  # noqa: E402
 from jmamba import HybridLM  # noqa: E402
 from jmamba.families import from_hf_config  # noqa: E402
 from jmamba.weights import cast  # noqa: E402
@@ -52,7 +58,7 @@ from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.device.distributed import make_mesh  # noqa: E402
 from runtime.device.model_runner import ModelRunner  # noqa: E402
-from runtime.device.placement import RandomShards  # noqa: E402
+from runtime.device.placement import PlacedParams, RandomShards  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 
 SHAPES = ("qwen3next80b", "nemotronh47b", "qwen3next20b")
@@ -133,40 +139,103 @@ def allreduce_bytes(model: HybridLM, batch: int) -> int:
     return reductions * batch * cfg.hidden_size * 2
 
 
-def decode_row(model, shape, tp, batch, steps, bandwidth, link) -> dict:
-    """One (shape, tp, batch) row: median step time, compile time, per-GPU roofline."""
-    engine = make_engine(model, batch, steps, tensor_parallel_size=tp, params=RandomShards())
-    compile_s = sum(engine.runner.compile_seconds.values())
-    engine.step()  # the prefill
+class SharedParams:
+    """A `ParamSource` that makes the parameters once (`RandomShards`) and hands the same arrays
+    to every runner on that mesh: the decode and prefill runners of a shape share one copy."""
+
+    def __init__(self, source: RandomShards) -> None:
+        self.source, self.placed, self.seconds = source, None, 0.0
+
+    def __call__(self, model: HybridLM, mesh) -> PlacedParams:
+        if self.placed is None:
+            start = time.perf_counter()
+            self.placed = self.source(model, mesh)
+            jax.block_until_ready(self.placed.leaves)
+            self.seconds = time.perf_counter() - start
+        return self.placed
+
+
+def decode_config(model: HybridLM, batches: list[int], tp: int, dp: int) -> EngineConfig:
+    """One engine config for every batch of the sweep (per rank: a decode bucket per batch; the
+    prompts of every batch prefilled in one step of one bucket), so one runner serves them all."""
+    rows = sorted({max(-(-b // dp), 2) for b in batches})  # per rank; decode buckets start at 2
+    least = model.config.chunk_size + rows[-1] - 1  # a full chunk beside a full decode batch
+    budget = max(least, rows[-1] * PROMPT_LEN)
+    return EngineConfig(
+        max_num_seqs=rows[-1],
+        max_num_batched_tokens=budget,
+        max_model_len=256,
+        block_size=16,
+        decode_row_buckets=tuple(rows),
+        prefill_token_buckets=(budget,),  # one prefill variant (its compile is paid once)
+        prefill_row_buckets=(rows[-1],),
+        async_scheduling=True,
+        prefix_caching="off",
+        data_parallel_size=dp,
+        tensor_parallel_size=tp,
+    )
+
+
+def decode_row(model, runner, label, batch, steps, bandwidth, link, profile_dir) -> dict:
+    """One (shape, mesh, batch) row on the shared runner (its decode variants compiled): median
+    async step time after the prefill and warm-up steps, the per-GPU roofline."""
+    config, tp, dp = runner.config, runner.config.tensor_parallel_size, runner.mesh.size
+    engine = Engine(model, config, runner=runner)
+    rng = np.random.default_rng(batch)
+    prompts = [rng.integers(0, model.config.vocab_size, PROMPT_LEN).tolist() for _ in range(batch)]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=2 * steps + 16)) for p in prompts]
+    for _ in range(4):  # the prefill (compiled by the first row), warm decode steps
+        engine.step()
     times = []
-    for i in range(steps + 3):
+    for _ in range(steps):
         start = time.perf_counter()
         engine.step()
-        if i >= 3:  # warm-up steps apart
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    caches = [
-        leaf
-        for cache in engine.runner.caches
-        if cache is not None
-        for leaf in jax.tree.leaves(cache)
-    ]
-    state_bytes = sum(2 * leaf.nbytes // leaf.shape[0] * batch for leaf in caches) // tp
-    params_bytes = weight_bytes_of_shapes(model, batch) // tp
-    reduce_bytes = allreduce_bytes(model, batch) * 2 * (tp - 1) / tp if tp > 1 else 0
+    profile = step_profile(engine, profile_dir) if profile_dir else None
+    for request_id in ids:
+        engine.abort(request_id)
+    while engine.has_unfinished:
+        engine.step()
+    per_rank = -(-batch // dp)
+    caches = [leaf for cache in runner.caches if cache is not None for leaf in jax.tree.leaves(cache)]
+    state_bytes = sum(2 * leaf.nbytes // leaf.shape[0] * per_rank for leaf in caches) // tp
+    params_bytes = weight_bytes_of_shapes(model, per_rank) // tp
+    reduce_bytes = allreduce_bytes(model, per_rank) * 2 * (tp - 1) / tp if tp > 1 else 0
     roofline_s = (params_bytes + state_bytes) / bandwidth + (reduce_bytes / link if link else 0)
-    return dict(
-        shape=shape,
+    row = dict(
+        shape=label,
         tp=tp,
+        dp=dp,
         batch=batch,
         step_ms=1e3 * step_s,
         tokens_per_s=batch / step_s,
-        compile_s=compile_s,
         param_gb_per_gpu=params_bytes / 1e9,
         state_gb_per_gpu=state_bytes / 1e9,
         allreduce_mb=reduce_bytes / 1e6,
         roofline_ms=1e3 * roofline_s,
         x_roofline=step_s / roofline_s,
+    )
+    if profile is not None:
+        row["profile"] = profile
+    return row
+
+
+def step_profile(engine: Engine, trace_dir: str, steps: int = 5) -> dict:
+    """GPU time of `steps` decode steps under the profiler, per step: busy and span per stream,
+    the top kernels, and the collectives' share (NCCL kernels)."""
+    with jax.profiler.trace(trace_dir):
+        for _ in range(steps):
+            engine.step()
+        engine.step()  # retires the last traced step
+    summary = summarize_profile(profile_events(load_trace(trace_dir)), steps + 1)
+    kernels = summary["top_kernels"]
+    nccl = [(n, c, us) for n, c, us in kernels if "nccl" in n.lower()]
+    return dict(
+        lines=summary["lines"],
+        top_kernels=kernels[:12],
+        nccl_kernels_per_step=sum(c for _, c, _ in nccl),
+        nccl_us_per_step=sum(us for *_, us in nccl),
     )
 
 
@@ -183,7 +252,7 @@ def weight_bytes_of_shapes(model: HybridLM, batch: int) -> int:
     return weight_bytes(nnx.merge(graphdef, sized), batch)
 
 
-def prefill_row(model, shape, tp, length) -> dict:
+def prefill_row(model, label, tp, length, params) -> dict:
     """Prefill tokens/s of one `length`-token prompt in one step (compiled on a first prompt)."""
     config = EngineConfig(
         max_num_seqs=1,
@@ -195,7 +264,7 @@ def prefill_row(model, shape, tp, length) -> dict:
         prefix_caching="off",
         tensor_parallel_size=tp,
     )
-    runner = ModelRunner(model, config, params=RandomShards())
+    runner = ModelRunner(model, config, params=params)
     engine = Engine(model, config, runner=runner)
     rng = np.random.default_rng(0)
     times = []
@@ -207,13 +276,14 @@ def prefill_row(model, shape, tp, length) -> dict:
             engine.step()
         times.append(time.perf_counter() - start)
     return dict(
-        shape=shape, tp=tp, prefill_len=length, prefill_s=times[-1], tokens_per_s=length / times[-1]
+        shape=label, tp=tp, prefill_len=length, prefill_s=times[-1], tokens_per_s=length / times[-1]
     )
 
 
 DECODE_COLUMNS = (
     ("shape", "shape", "{}"),
     ("tp", "tp", "{}"),
+    ("dp", "dp", "{}"),
     ("B", "batch", "{}"),
     ("step ms", "step_ms", "{:.2f}"),
     ("tok/s", "tokens_per_s", "{:.0f}"),
@@ -221,7 +291,15 @@ DECODE_COLUMNS = (
     ("x roofline", "x_roofline", "{:.2f}"),
     ("params GB/GPU", "param_gb_per_gpu", "{:.2f}"),
     ("all-reduce MB", "allreduce_mb", "{:.2f}"),
-    ("compile s", "compile_s", "{:.1f}"),
+)
+SETUP_COLUMNS = (
+    ("shape", "shape", "{}"),
+    ("tp", "tp", "{}"),
+    ("dp", "dp", "{}"),
+    ("weights s", "weights_s", "{:.1f}"),
+    ("decode variants", "variants", "{}"),
+    ("their compile s (parallel)", "warmup_s", "{:.1f}"),
+    ("prefill compile s", "prefill_compile_s", "{:.1f}"),
 )
 PREFILL_COLUMNS = (
     ("shape", "shape", "{}"),
@@ -241,37 +319,68 @@ def markdown(rows: list[dict], columns: tuple[tuple[str, str, str], ...]) -> str
     return "\n".join(lines)
 
 
-def print_table(rows: list[dict], prefill: list[dict]) -> None:
-    print("\n" + markdown(rows, DECODE_COLUMNS) + "\n\n" + markdown(prefill, PREFILL_COLUMNS))
+def print_tables(results: dict) -> None:
+    tables = zip((DECODE_COLUMNS, PREFILL_COLUMNS, SETUP_COLUMNS), ("rows", "prefill", "setup"))
+    print("\n" + "\n\n".join(markdown(results[key], columns) for columns, key in tables))
+
+
+def meshes(tps: str, dps: str) -> list[tuple[int, int]]:
+    """(tp, dp) pairs of the sweep that fit the devices JAX sees."""
+    pairs = [(int(t), int(d)) for d in dps.split(",") for t in tps.split(",")]
+    return [(t, d) for t, d in pairs if t * d <= len(jax.devices())]
+
+
+def bench_mesh(args, tp: int, dp: int, bandwidth: float, save) -> None:
+    """Every shape on one (tp, dp) mesh: the decode rows on one shared runner, then (dp = 1) the
+    prefill row on the same parameters."""
+    link = link_bandwidth(tp, 1 << (28 if jax.default_backend() == "gpu" else 20))
+    print(f"tp={tp} dp={dp}: link {link / 1e9:.1f} GB/s", flush=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    for shape in args.shapes.split(","):
+        model, params = model_shapes(shape, args.small), SharedParams(RandomShards())
+        label = shape if dp == 1 else f"{shape} dp={dp}"
+        runner = ModelRunner(model, decode_config(model, batches, tp, dp), params=params)
+        start = time.perf_counter()
+        Engine(model, runner.config, runner=runner).warmup()  # the decode variants, in parallel
+        setup = dict(shape=label, tp=tp, dp=dp, weights_s=params.seconds)
+        setup.update(variants=runner.num_variants, warmup_s=time.perf_counter() - start)
+        compiled = sum(runner.compile_seconds.values())
+        for batch in batches:
+            trace = args.profile and tempfile.mkdtemp()
+            save("rows", decode_row(model, runner, label, batch, args.steps, bandwidth, link, trace))
+        setup["prefill_compile_s"] = sum(runner.compile_seconds.values()) - compiled  # lazily
+        save("setup", setup)
+        if dp == 1 and args.prefill_len:
+            save("prefill", prefill_row(model, label, tp, args.prefill_len, params))
+        del runner, params
 
 
 def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="qwen3next80b,nemotronh47b,qwen3next20b")
     parser.add_argument("--tp", default="2", help="tensor-parallel sizes, e.g. 1,2")
+    parser.add_argument("--dp", default="1", help="data-parallel sizes, e.g. 1,2")
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--prefill-len", type=int, default=8192)
+    parser.add_argument("--prefill-len", type=int, default=8192, help="0: no prefill row")
+    parser.add_argument("--profile", action="store_true", help="trace 5 steps of each row")
     parser.add_argument("--small", action="store_true", help="tiny dims (CPU, fake devices)")
     args = parser.parse_args(argv)
-    gpu = jax.default_backend() == "gpu"
-    bandwidth = measure_bandwidth(1 << (30 if gpu else 22))
-    rows, prefill = [], []
-    for tp in (int(t) for t in args.tp.split(",")):
-        link = link_bandwidth(tp, 1 << (28 if gpu else 20))
-        print(f"tp={tp}: memory {bandwidth / 1e9:.0f} GB/s, link {link / 1e9:.1f} GB/s", flush=True)
-        for shape in args.shapes.split(","):
-            model = model_shapes(shape, args.small)
-            for batch in (int(b) for b in args.batches.split(",")):
-                rows.append(decode_row(model, shape, tp, batch, args.steps, bandwidth, link))
-                print(json.dumps(rows[-1]), flush=True)
-            prefill.append(prefill_row(model, shape, tp, args.prefill_len))
-            print(json.dumps(prefill[-1]), flush=True)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_tensor_parallel.json"), "w") as f:
-            json.dump({"bandwidth": bandwidth, "rows": rows, "prefill": prefill}, f, indent=1)
-    print_table(rows, prefill)
-    return rows, prefill
+    bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 22))
+    print(f"memory {bandwidth / 1e9:.0f} GB/s", flush=True)
+    results = {"bandwidth": bandwidth, "rows": [], "prefill": [], "setup": []}
+
+    def save(kind: str, row: dict) -> None:  # after every row: a run cut short keeps its rows
+        results[kind].append(row)
+        print(json.dumps(row), flush=True)
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "bench_tensor_parallel.json"), "w") as f:
+                json.dump(results, f, indent=1)
+
+    for tp, dp in meshes(args.tp, args.dp):
+        bench_mesh(args, tp, dp, bandwidth, save)
+    print_tables(results)
+    return results["rows"], results["prefill"]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """benchmarks/bench_tensor_parallel.py --small on 2 fake CPU devices: the issue's two shapes (the
 20B one is the 80B's layers, fewer) decode at tp = 2 with a roofline (all-reduce bytes over the
-measured link included) and a prefill row, the markdown table is printed and the JSON lands in
-$OUT (one batch size: CI time)."""
+measured link included) and a prefill row on one runner each, the markdown tables are printed
+and the JSON lands in $OUT (one batch size: CI time)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def test_small_run_reports_both_shapes(monkeypatch, tmp_path, capsys):
     assert {(r["shape"], r["tp"]) for r in prefill} == {(s, 2) for s in shapes}
     for r in rows:
         assert r["step_ms"] > 0 and r["roofline_ms"] > 0 and r["allreduce_mb"] > 0
-    assert "| shape | tp | B | step ms |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| shape | tp | dp | B | step ms |" in out and "| weights s | decode variants |" in out
     saved = json.loads((tmp_path / "bench_tensor_parallel.json").read_text())
     assert len(saved["rows"]) == len(rows)
+    assert {(r["shape"], r["variants"]) for r in saved["setup"]} == {(s, 1) for s in shapes}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pallas_kernels._dispatch import dispatched
 from pallas_kernels.attention import decode as _attention_decode
+from pallas_kernels.attention import prefill as _attention_prefill
 from pallas_kernels.attention import reference as _attention_reference
 from pallas_kernels.conv import prefill as _conv_prefill
 from pallas_kernels.conv import reference as _conv_reference
@@ -49,13 +50,14 @@ gdn_state_update = dispatched(
 # Decode fused: conv update + l2norm + gating + state update reading in_proj's output.
 gdn_decode = dispatched(_gdn_decode.gdn_decode, _gdn_reference.gdn_decode_reference)
 
-# Attention over the paged KV cache: decode lanes through the kernel, prefill tokens through the
-# ragged reference (no prefill kernel yet).
+# Attention over the paged KV cache: decode lanes and prefill tokens, each row reading its own blocks.
 paged_decode_attention = dispatched(
     _attention_decode.paged_decode_attention,
     _attention_reference.paged_decode_attention_reference,
 )
-paged_attention = dispatched(None, _attention_reference.paged_attention_reference)
+paged_attention = dispatched(
+    _attention_prefill.paged_prefill_attention, _attention_reference.paged_attention_reference
+)
 write_kv = _attention_reference.write_kv
 
 # MoE routed experts: rows grouped by expert; the kernel reads only the experts that have rows.

@@ -1,8 +1,8 @@
 """Causal softmax attention of ragged queries over a paged KV cache, and the KV write, in plain jnp.
 
-The reference of the decode kernel (`attention/decode.py`), and the two attention ops that have no
-kernel and run as plain jnp on every platform: `paged_attention_reference` (prefill tokens) and
-`write_kv`.
+The references of the decode kernel (`attention/decode.py`, `paged_decode_attention_reference`) and
+the prefill kernel (`attention/prefill.py`, `paged_attention_reference`), and `write_kv`, which has no
+kernel and runs as plain jnp on every platform.
 
 Shapes:
   q:            [T, Hq, Dh]  queries (decode lanes or prefill tokens, flattened)
@@ -15,10 +15,9 @@ Shapes:
 Query head h reads KV head h // (Hq // Hkv). Every index is range-checked on the device
 (docs/architecture.md section 5: a gather clamps an out-of-range index to a live row, and -1
 wraps): a block id outside [1, num_blocks) contributes no keys, a kv slot outside the pool writes
-nothing, and a row index outside the block table reads an all-NULL row. The prefill attention has
-no kernel yet (the anchor of docs/architecture.md section 7 is exactly this: gather + dense
-attention under jit); it gathers each query's row of keys, which is fine for decode and for the
-small prefills of tests.
+nothing, and a row index outside the block table reads an all-NULL row. The reference gathers each
+query's row of keys ([T, max_blocks * block_size, Hkv, Dh]): fine for tests, far too large for a
+long prompt, which is why the kernels exist.
 """
 
 from __future__ import annotations
@@ -68,6 +67,7 @@ def paged_attention_reference(
     scale: float,
 ) -> jax.Array:
     """Attention of every query over its row's cached keys up to its own position: [T, Hq, Dh]."""
+    check_prefill_args(q, k_cache, v_cache, block_table, token_rows, positions, valid)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -99,6 +99,20 @@ def paged_attention_reference(
         num_tokens, num_heads, head_dim
     )
     return jnp.where(valid[:, None, None], out, 0.0).astype(q.dtype)
+
+
+def check_prefill_args(q, k_cache, v_cache, block_table, token_rows, positions, valid) -> None:
+    """Raise ValueError unless q [T, Hq, D], k/v_cache [num_blocks, block_size, Hkv, D],
+    block_table [R, max_blocks], token_rows, positions and valid [T], and Hkv divides Hq."""
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    check_shape("k_cache", k_cache, (None, None, None, head_dim))
+    check_shape("v_cache", v_cache, k_cache.shape)
+    check_shape("block_table", block_table, (None, None))
+    for name, array in (("token_rows", token_rows), ("positions", positions), ("valid", valid)):
+        check_shape(name, array, (num_tokens,))
+    if num_heads % num_kv_heads:
+        raise ValueError(f"q has {num_heads} heads, not a multiple of {num_kv_heads} KV heads")
 
 
 def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_lens) -> None:

@@ -1,4 +1,4 @@
-"""Grid points of the paged decode attention kernel."""
+"""Grid points of the paged attention kernels: decode lanes and prefill tokens."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 from benchmarks.checks.kernels.case import TOLERANCE, Case, Shape
 from benchmarks.checks.kernels.layouts import normal, random_pool
 from pallas_kernels.attention import decode as pda
+from pallas_kernels.attention import prefill as ppa
 from pallas_kernels.attention import reference as attention_ref
 
 
@@ -71,5 +72,59 @@ def paged_decode(
     return Shape(
         f"paged_decode_attention Hq={heads} Hkv={kv_heads} D={head_dim} bs={block_size} "
         f"W={width} {jnp.dtype(dtype).name}",
+        build,
+    )
+
+
+def paged_prefill(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype,
+    rows: tuple[tuple[int, int], ...],
+) -> Shape:
+    """Prefill rows of (tokens cached before, tokens of this chunk), then 5 padding tokens, NaN
+    in the NULL block; no block may change and block 0 stays NaN."""
+
+    def build(rng) -> Case:
+        max_blocks = -(-max(a + b for a, b in rows) // block_size)
+        num_blocks = len(rows) * max_blocks + 2
+        table = np.zeros((len(rows), max_blocks), np.int32)
+        free = list(rng.permutation(np.arange(1, num_blocks)))
+        tokens = sum(b for _, b in rows) + 5
+        token_rows, positions = np.zeros(tokens, np.int32), np.zeros(tokens, np.int32)
+        valid, t = np.zeros(tokens, bool), 0
+        for r, (cached, new) in enumerate(rows):
+            n = -(-(cached + new) // block_size)
+            table[r, :n] = [free.pop() for _ in range(n)]
+            token_rows[t : t + new], positions[t : t + new] = r, cached + np.arange(new)
+            valid[t : t + new], t = True, t + new
+        cache = (num_blocks, block_size, kv_heads, head_dim)
+        k, v = (random_pool(rng, num_blocks, cache[1:], dtype) for _ in range(2))
+        q = normal(rng, (tokens, heads, head_dim), dtype)
+        args = (q, k, v, table, token_rows, positions, valid)
+        scale = head_dim**-0.5
+
+        def kernel(*a, interpret):
+            return ppa.paged_prefill_attention(*a, scale=scale, interpret=interpret), a[1]
+
+        def reference(*a):
+            return attention_ref.paged_attention_reference(*a, scale=scale), a[1]
+
+        return Case(
+            kernel,
+            reference,
+            args,
+            1,
+            valid[:, None, None],
+            np.zeros(0, np.int32),
+            TOLERANCE[dtype, "update"],
+            f"rows={list(rows)}",
+        )
+
+    return Shape(
+        f"paged_prefill_attention Hq={heads} Hkv={kv_heads} D={head_dim} bs={block_size} "
+        f"{jnp.dtype(dtype).name}",
         build,
     )

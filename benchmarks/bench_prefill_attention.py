@@ -11,6 +11,7 @@ at the bf16 dense peak given by --peak-tflops (H100 SXM datasheet: 989).
 
     python benchmarks/bench_prefill_attention.py --lengths 64,200 --calls 2   # CPU smoke
     python benchmarks/bench_prefill_attention.py                              # GPU
+    python benchmarks/bench_prefill_attention.py --tunings 32:64:4:2,64:32:8:3   # and these knobs
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pallas_kernels.attention.reference import paged_attention_reference  # noqa
 SHAPES = {"qwen3next": (16, 2, 256), "nemotronh47b": (64, 8, 128)}  # Hq, Hkv, D
 BLOCK = 16
 REFERENCE_BYTES = 8 << 30  # the gather path runs only below this
+TUNING_KNOBS = ("block_m", "block_k", "num_warps", "num_stages")
 
 
 def make_inputs(rng, length: int, heads: int, kv_heads: int, head_dim: int):
@@ -84,11 +86,15 @@ def torch_time(inputs, scale: float, calls: int) -> float:
     return float(np.median(times))
 
 
-def bench(shape: str, length: int, calls: int, peak: float, on_gpu: bool) -> dict:
+def bench(shape: str, length: int, calls: int, peak: float, on_gpu: bool, tunings) -> dict:
     heads, kv_heads, head_dim = SHAPES[shape]
     inputs = make_inputs(np.random.default_rng(length), length, heads, kv_heads, head_dim)
     scale = head_dim**-0.5
     kernel = functools.partial(paged_prefill_attention, scale=scale, interpret=not on_gpu)
+    tuned = {
+        name: functools.partial(kernel, **dict(zip(TUNING_KNOBS, map(int, name.split(":")))))
+        for name in tunings
+    }
     reference = functools.partial(paged_attention_reference, scale=scale)
     start = time.perf_counter()
     out = np.asarray(jax.jit(kernel)(*inputs), np.float32)
@@ -99,6 +105,7 @@ def bench(shape: str, length: int, calls: int, peak: float, on_gpu: bool) -> dic
         row["rel_err"] = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         row["jnp_us"] = 1e6 * time_calls(reference, inputs, max(1, calls // 4))
     row["ours_us"] = 1e6 * time_calls(kernel, inputs, calls)
+    row["tunings_us"] = {name: 1e6 * time_calls(fn, inputs, calls) for name, fn in tuned.items()}
     flops = 2 * 2 * length * length / 2 * heads * head_dim
     row["roofline_us"] = 1e6 * flops / (peak * 1e12)
     row["pct_roofline"] = 100 * row["roofline_us"] / row["ours_us"]
@@ -114,13 +121,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--lengths", default="1024,4096,8192,32768")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument(
+        "--tunings", default="", help="also time these block_m:block_k:num_warps:num_stages"
+    )
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
     print(f"device={jax.devices()[0].device_kind}", flush=True)
     rows = []
     for shape in args.shapes.split(","):
         for length in (int(n) for n in args.lengths.split(",")):
-            rows.append(bench(shape, length, args.calls, args.peak_tflops, on_gpu))
+            tunings = [t for t in args.tunings.split(",") if t]
+            rows.append(bench(shape, length, args.calls, args.peak_tflops, on_gpu, tunings))
             print(json.dumps(rows[-1]), flush=True)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_prefill_attention.json"), "w") as f:

@@ -253,11 +253,13 @@ def weight_bytes_of_shapes(model: HybridLM, batch: int) -> int:
 
 
 def prefill_row(model, label, tp, length, params) -> dict:
-    """Prefill tokens/s of one `length`-token prompt in one step (compiled on a first prompt)."""
+    """Prefill tokens/s of one `length`-token prompt in one step (compiled on a first prompt);
+    shorter where the model's positions end first (it still generates one token)."""
+    length = min(length, model.config.max_position_embeddings - 1)
     config = EngineConfig(
         max_num_seqs=1,
         max_num_batched_tokens=length,
-        max_model_len=length + 8,
+        max_model_len=length + 1,
         decode_row_buckets=(2,),
         prefill_token_buckets=(length,),
         prefill_row_buckets=(1,),

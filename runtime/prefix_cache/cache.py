@@ -129,6 +129,10 @@ class PrefixCache:
         self.stats = PrefixCacheStats()
         # Least recently used first; a hit or a publication moves an entry to the end.
         self._blocks: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        # Which blocks `_blocks` holds, by id: counting the evictable ones is then one vectorised
+        # pass over the pool (`can_allocate_blocks` runs whenever a full pool must make room:
+        # iterating the entries took 29% of the host's step time on a full 256-row server).
+        self._cached_blocks = np.zeros(block_pool.size, bool)
         self._states: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self._reserved: dict[bytes, int] = {}
         # Slots a step writes a state to whose key is known only when the step retires (an
@@ -206,12 +210,15 @@ class PrefixCache:
     def can_allocate_blocks(self, n: int) -> bool:
         """Whether n blocks are free or can be freed by evicting unused cached blocks."""
         free = self.block_pool.num_free
-        return n <= free or n <= free + self._num_evictable(self._blocks, self.block_pool)
+        if n <= free:
+            return True
+        evictable = np.count_nonzero(self._cached_blocks & (self.block_pool.ref_counts == 1))
+        return n <= free + int(evictable)
 
     def allocate_blocks(self, n: int) -> list[int]:
         """n blocks, evicting least recently used unused cached blocks while the pool is short."""
         while self.block_pool.num_free < n:
-            if not self._evict(self._blocks, self.block_pool):
+            if not self._evict_block():
                 break  # Pool.allocate raises with the numbers
             self.stats.block_evictions += 1
         return self.block_pool.allocate(n)
@@ -233,6 +240,7 @@ class PrefixCache:
                 block = request.block_ids[i]
                 self.block_pool.share([block])
                 self._blocks[digests[i]] = block
+                self._cached_blocks[block] = True
                 self.stats.blocks_published += 1
         for digest in reversed(digests):
             if digest in self._blocks:
@@ -298,7 +306,7 @@ class PrefixCache:
     def _make_state_room(self) -> bool:
         """Evict unused states, least recently used first, until one more fits the budget."""
         while self.num_states >= self.max_cached_states:
-            if not self._evict(self._states, self.slot_pool):
+            if self._evict(self._states, self.slot_pool) is None:
                 return False
             self.stats.state_evictions += 1
         return True
@@ -334,24 +342,28 @@ class PrefixCache:
     def reset(self) -> None:
         """Evict every entry no request uses (reserved and unkeyed slots stay: a step is
         writing them)."""
-        while self._evict(self._blocks, self.block_pool):
+        while self._evict_block():
             self.stats.block_evictions += 1
-        while self._evict(self._states, self.slot_pool):
+        while self._evict(self._states, self.slot_pool) is not None:
             self.stats.state_evictions += 1
 
     # ----------------------------------------------------------------------------- eviction
 
-    @staticmethod
-    def _num_evictable(entries: collections.OrderedDict[bytes, int], pool: Pool) -> int:
-        ids = np.fromiter(entries.values(), np.int64, len(entries))
-        return int((pool.ref_counts[ids] == 1).sum())
+    def _evict_block(self) -> bool:
+        """Drop the least recently used block only the cache references; False if none."""
+        block = self._evict(self._blocks, self.block_pool)
+        if block is None:
+            return False
+        self._cached_blocks[block] = False
+        return True
 
     @staticmethod
-    def _evict(entries: collections.OrderedDict[bytes, int], pool: Pool) -> bool:
-        """Drop the least recently used entry only the cache references; False if none."""
+    def _evict(entries: collections.OrderedDict[bytes, int], pool: Pool) -> int | None:
+        """Drop the least recently used entry only the cache references and free its id (which
+        it returns); None if every entry is in use."""
         for key, ident in entries.items():
             if pool.ref_counts[ident] == 1:
                 del entries[key]
                 pool.free([ident])
-                return True
-        return False
+                return ident
+        return None

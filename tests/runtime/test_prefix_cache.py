@@ -80,7 +80,8 @@ def run_all(scheduler: Scheduler, max_steps: int = 200) -> list[Schedule]:
 
 
 def check_ref_counts(scheduler: Scheduler) -> None:
-    """Every pool id is referenced exactly by the requests holding it plus the cache."""
+    """Every pool id is referenced exactly by the requests holding it plus the cache, and the
+    cache counts the blocks it could evict right."""
     cache = scheduler.slots.cache
     blocks, slots = collections.Counter(), collections.Counter()
     for r in scheduler.running:
@@ -94,6 +95,10 @@ def check_ref_counts(scheduler: Scheduler) -> None:
             want[ident] = count
         np.testing.assert_array_equal(pool.ref_counts, want, err_msg=pool.name)
     assert cache.num_states <= scheduler.config.max_cached_states
+    # Room for new blocks = free ones + cached ones no request holds, counted here by brute force.
+    pool = scheduler.block_pool
+    room = pool.num_free + sum(pool.ref_counts[b] == 1 for b in cache.published_blocks.tolist())
+    assert cache.can_allocate_blocks(room) and not cache.can_allocate_blocks(room + 1)
 
 
 def test_digests_chain_blake2b_over_int32_ids():

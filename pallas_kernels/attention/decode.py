@@ -13,8 +13,8 @@ The reference (`paged_decode_attention_reference`, `attention/reference.py`) is 
 ragged reference of `paged_attention`, which gathers `max_blocks * block_size` keys for every
 query whatever the row's real context. The kernel walks only the tiles of keys the row has:
 program (row, kv head, split) keeps the W x G queries of one KV head (G = Hq / Hkv) in registers
-and runs an online softmax over tiles of `block_k` keys, gathered row by row from the row's blocks
-(so any block_size works, 8 included).
+and runs an online softmax over tiles of `block_k` keys (`key_tiles.key_tile`, gathered row by row
+from the row's blocks, so any block_size works, 8 included).
 Long contexts are split over `num_splits` programs per row whose partial results are merged after
 the kernel; the split count is a static knob (never derived from the batch), so a row's arithmetic
 does not depend on what else is in the step. A block id outside [1, num_blocks) contributes no keys.
@@ -30,9 +30,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import pow2
+from pallas_kernels.attention.key_tiles import PagedKeys, empty_carry, key_tile
 from pallas_kernels.attention.reference import check_decode_args
 
-_NEG = -1e30
 SPLIT_KEYS = 4096  # default: one program per this many keys of a row's capacity ...
 MAX_SPLITS = 16  # ... and at most this many (long contexts at small batch still fill the GPU)
 
@@ -48,19 +48,13 @@ def _kernel(
     m_ref,
     l_ref,
     *,
+    keys: PagedKeys,
     width,
     group,
     head_dim,
-    num_kv_heads,
-    block_size,
-    num_blocks,
-    max_blocks,
     block_m,
     block_d,
-    block_k,
     tiles_per_split,
-    scale,
-    precision,
 ):
     r, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     seq, qlen = seq_ref[r], qlen_ref[r]
@@ -68,57 +62,27 @@ def _kernel(
     lane = m // group
     live_query = (m < width * group) & (lane < qlen)
     position = seq - qlen + lane  # [BM] the lane's own position
-    cols = jnp.arange(block_d)
-    dmask = cols < head_dim
+    dmask = jnp.arange(block_d) < head_dim
     q = plgpu.load(
         q_ref.at[r, h, pl.ds(0, block_m), pl.ds(0, block_d)],
         mask=live_query[:, None] & dmask[None, :],
         other=0.0,
     )
-    dtype = q.dtype
-    num_tiles = pl.cdiv(seq, block_k)
+    num_tiles = pl.cdiv(seq, keys.block_k)
     first = split * tiles_per_split
     last = jnp.minimum(first + tiles_per_split, num_tiles)
-
-    def tile(j, carry):
-        acc, m_i, l_i = carry
-        key = j * block_k + jnp.arange(block_k)  # absolute key positions of this tile
-        column = jnp.minimum(key // block_size, max_blocks - 1)
-        entry = (r * max_blocks + column)[
-            :, None
-        ]  # a 2-D gather from the [R * max_blocks, 1] table
-        block = plgpu.load(table_ref.at[entry, jnp.zeros((1, 1), jnp.int32)])[:, 0]
-        live_key = (key < seq) & (block > 0) & (block < num_blocks)
-        flat = (jnp.where(live_key, block, 0) * block_size + key % block_size) * num_kv_heads + h
-        kv_mask = live_key[:, None] & dmask[None, :]
-        k = plgpu.load(k_ref.at[flat[:, None], cols[None, :]], mask=kv_mask, other=0.0)
-        v = plgpu.load(v_ref.at[flat[:, None], cols[None, :]], mask=kv_mask, other=0.0)
-        s = scale * jax.lax.dot_general(
-            q,
-            k.astype(dtype),
-            (((1,), (1,)), ((), ())),
-            precision=precision,
-            preferred_element_type=jnp.float32,
-        )
-        visible = live_key[None, :] & (key[None, :] <= position[:, None]) & live_query[:, None]
-        s = jnp.where(visible, s, _NEG)
-        m_new = jnp.maximum(m_i, jnp.max(s, axis=1))
-        p = jnp.where(visible, jnp.exp(s - m_new[:, None]), 0.0)
-        alpha = jnp.exp(m_i - m_new)
-        pv = jax.lax.dot_general(
-            p.astype(dtype),
-            v.astype(dtype),
-            (((1,), (0,)), ((), ())),
-            precision=precision,
-            preferred_element_type=jnp.float32,
-        )
-        return acc * alpha[:, None] + pv, m_new, l_i * alpha + jnp.sum(p, axis=1)
-
-    init = (
-        jnp.zeros((block_m, block_d), jnp.float32),
-        jnp.full((block_m,), _NEG, jnp.float32),
-        jnp.zeros((block_m,), jnp.float32),
+    tile = functools.partial(
+        key_tile,
+        keys=keys,
+        refs=(table_ref, k_ref, v_ref),
+        row=r,
+        head=h,
+        q=q,
+        position=position,
+        live_query=live_query,
+        limit=seq,
     )
+    init = empty_carry(block_m, block_d)
     acc, m_i, l_i = jax.lax.fori_loop(first, jnp.maximum(last, first), tile, init)
     plgpu.store(o_ref.at[split, r, h, pl.ds(0, block_m), pl.ds(0, block_d)], acc)
     plgpu.store(m_ref.at[split, r, h, pl.ds(0, block_m)], m_i)
@@ -173,21 +137,24 @@ def paged_decode_attention(
     qg = q.reshape(num_rows, width, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
     qg = qg.reshape(num_rows, num_kv_heads, width * group, head_dim)
     fp32 = q.dtype == jnp.float32
-    kernel = functools.partial(
-        _kernel,
-        width=width,
-        group=group,
-        head_dim=head_dim,
-        num_kv_heads=num_kv_heads,
+    keys = PagedKeys(
         block_size=block_size,
         num_blocks=num_blocks,
         max_blocks=max_blocks,
-        block_m=block_m,
-        block_d=block_d,
+        num_kv_heads=num_kv_heads,
         block_k=block_k,
-        tiles_per_split=pl.cdiv(tiles, num_splits),
         scale=float(scale),
         precision=jax.lax.Precision.HIGHEST if fp32 else None,
+    )
+    kernel = functools.partial(
+        _kernel,
+        keys=keys,
+        width=width,
+        group=group,
+        head_dim=head_dim,
+        block_m=block_m,
+        block_d=block_d,
+        tiles_per_split=pl.cdiv(tiles, num_splits),
     )
     partial_shape = (num_splits, num_rows, num_kv_heads, block_m)
     acc, m, sums = pl.pallas_call(

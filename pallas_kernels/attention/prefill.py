@@ -15,7 +15,8 @@ one 8192-token prompt of the 80B shape. Here the tokens are cut into tiles: a ti
 `block_m // G` consecutive tokens of one row (G = Hq / Hkv; a tile never spans two rows, nor a
 live token and a padding one). Program (tile, kv head) holds the tile's tokens x the G query
 heads reading that KV head, walks the row's keys in tiles of `block_k` from position 0 up to the
-tile's last position, and keeps a running max and sum per query (flash attention). Tiles are
+tile's last position, and keeps a running max and sum per query (flash attention: the step it
+shares with the decode kernel, `key_tiles.key_tile`). Tiles are
 found on the device (`_tiles`) from token_rows and valid, so any ragged layout works.
 
 A query's arithmetic does not depend on the other tokens of its tile or step: its key tiles are at
@@ -35,9 +36,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import pow2
+from pallas_kernels.attention.key_tiles import PagedKeys, empty_carry, key_tile
 from pallas_kernels.attention.reference import check_prefill_args
-
-_NEG = -1e30
 
 
 def _tiles(token_rows: jax.Array, valid: jax.Array, tokens_per_tile: int, num_rows: int):
@@ -68,84 +68,51 @@ def _kernel(
     v_ref,
     o_ref,
     *,
+    keys: PagedKeys,
     num_tokens,
     group,
     head_dim,
-    num_kv_heads,
-    block_size,
-    num_blocks,
     num_rows,
-    max_blocks,
     block_m,
     block_d,
-    block_k,
-    scale,
-    precision,
 ):
     i, h = pl.program_id(0), pl.program_id(1)
     start, end = start_ref[i], end_ref[i]
+    first = jnp.minimum(start, num_tokens - 1)  # the tile's first token (any, for an unused tile)
     m = jnp.arange(block_m)
     token = start + m // group
     member = (m < (block_m // group) * group) & (token < end)
     safe_token = jnp.where(member, token, 0)
-    row = rows_ref[jnp.minimum(start, num_tokens - 1)]
+    row = rows_ref[first]
     live_row = (row >= 0) & (row < num_rows)
-    row = jnp.where(live_row, row, 0)
-    tile_valid = plgpu.load(valid_ref.at[pl.ds(jnp.minimum(start, num_tokens - 1), 1)])[0] > 0
-    query = member & tile_valid & live_row
+    query = member & (valid_ref[first] > 0) & live_row
     position = plgpu.load(pos_ref.at[safe_token], mask=query, other=0)  # [BM]
     cols = jnp.arange(block_d)
     dmask = cols < head_dim
-    flat_q = (safe_token * num_kv_heads + h) * group + m % group  # row of q / o as [T * Hq, D]
+    flat_q = (safe_token * keys.num_kv_heads + h) * group + m % group  # row of q / o: [T * Hq, D]
     q = plgpu.load(
         q_ref.at[flat_q[:, None], cols[None, :]], mask=query[:, None] & dmask[None, :], other=0.0
     )
-    dtype = q.dtype
     last = jnp.max(jnp.where(query, position, -1))
-    num_tiles = jnp.minimum(pl.cdiv(last + 1, block_k), pl.cdiv(max_blocks * block_size, block_k))
-
-    def tile(j, carry):
-        acc, m_i, l_i = carry
-        key = j * block_k + jnp.arange(block_k)  # absolute key positions of this tile
-        column = jnp.minimum(key // block_size, max_blocks - 1)
-        entry = (row * max_blocks + column)[:, None]  # a 2-D gather from the [R * max_blocks, 1] table
-        block = plgpu.load(table_ref.at[entry, jnp.zeros((1, 1), jnp.int32)])[:, 0]
-        live_key = (block > 0) & (block < num_blocks)
-        flat = (jnp.where(live_key, block, 0) * block_size + key % block_size) * num_kv_heads + h
-        kv_mask = live_key[:, None] & dmask[None, :]
-        k = plgpu.load(k_ref.at[flat[:, None], cols[None, :]], mask=kv_mask, other=0.0)
-        v = plgpu.load(v_ref.at[flat[:, None], cols[None, :]], mask=kv_mask, other=0.0)
-        s = scale * jax.lax.dot_general(
-            q,
-            k.astype(dtype),
-            (((1,), (1,)), ((), ())),
-            precision=precision,
-            preferred_element_type=jnp.float32,
-        )
-        visible = live_key[None, :] & (key[None, :] <= position[:, None]) & query[:, None]
-        s = jnp.where(visible, s, _NEG)
-        m_new = jnp.maximum(m_i, jnp.max(s, axis=1))
-        p = jnp.where(visible, jnp.exp(s - m_new[:, None]), 0.0)
-        alpha = jnp.exp(m_i - m_new)
-        pv = jax.lax.dot_general(
-            p.astype(dtype),
-            v.astype(dtype),
-            (((1,), (0,)), ((), ())),
-            precision=precision,
-            preferred_element_type=jnp.float32,
-        )
-        return acc * alpha[:, None] + pv, m_new, l_i * alpha + jnp.sum(p, axis=1)
-
-    init = (
-        jnp.zeros((block_m, block_d), jnp.float32),
-        jnp.full((block_m,), _NEG, jnp.float32),
-        jnp.zeros((block_m,), jnp.float32),
+    capacity = pl.cdiv(keys.max_blocks * keys.block_size, keys.block_k)
+    num_tiles = jnp.minimum(pl.cdiv(last + 1, keys.block_k), capacity)
+    tile = functools.partial(
+        key_tile,
+        keys=keys,
+        refs=(table_ref, k_ref, v_ref),
+        row=jnp.where(live_row, row, 0),
+        head=h,
+        q=q,
+        position=position,
+        live_query=query,
+        limit=last + 1,
     )
+    init = empty_carry(block_m, block_d)
     acc, _, l_i = jax.lax.fori_loop(0, jnp.maximum(num_tiles, 0), tile, init)
     out = jnp.where((l_i > 0)[:, None], acc / jnp.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
     # Lanes that are not the tile's write rows past the output (sliced off): an interpreted
     # masked store still scatters every lane, and two lanes on one row would race.
-    flat_o = jnp.where(member, flat_q, num_tokens * num_kv_heads * group + m)
+    flat_o = jnp.where(member, flat_q, num_tokens * keys.num_kv_heads * group + m)
     plgpu.store(
         o_ref.at[flat_o[:, None], cols[None, :]],
         out.astype(o_ref.dtype),
@@ -187,22 +154,24 @@ def paged_prefill_attention(
     tokens_per_tile = block_m // group
     block_d, block_k = max(16, pow2(head_dim)), max(16, pow2(block_k))
     start, end = _tiles(token_rows, valid, tokens_per_tile, num_rows)
-    fp32 = q.dtype == jnp.float32
+    keys = PagedKeys(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_blocks=max_blocks,
+        num_kv_heads=num_kv_heads,
+        block_k=block_k,
+        scale=float(scale),
+        precision=jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None,
+    )
     kernel = functools.partial(
         _kernel,
+        keys=keys,
         num_tokens=num_tokens,
         group=group,
         head_dim=head_dim,
-        num_kv_heads=num_kv_heads,
-        block_size=block_size,
-        num_blocks=num_blocks,
         num_rows=num_rows,
-        max_blocks=max_blocks,
         block_m=block_m,
         block_d=block_d,
-        block_k=block_k,
-        scale=float(scale),
-        precision=jax.lax.Precision.HIGHEST if fp32 else None,
     )
     out = pl.pallas_call(
         kernel,

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.checks.kernels.case import TOLERANCE, Case, Shape
-from benchmarks.checks.kernels.layouts import normal, random_pool
+from benchmarks.checks.kernels.layouts import block_table, normal, random_pool
 from pallas_kernels.attention import decode as pda
 from pallas_kernels.attention import prefill as ppa
 from pallas_kernels.attention import reference as attention_ref
@@ -27,20 +27,12 @@ def paged_decode(
 
     def build(rng) -> Case:
         rows = len(contexts) + 1
-        max_blocks = -(-max(contexts) // block_size)
-        num_blocks = rows * max_blocks + 2
-        table = np.zeros((rows, max_blocks), np.int32)
-        free = list(rng.permutation(np.arange(1, num_blocks)))
+        table, num_blocks = block_table(rng, list(contexts), block_size, rows)
         seq_lens, query_lens = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
         for r, length in enumerate(contexts):
-            n = -(-length // block_size)
-            table[r, :n] = [free.pop() for _ in range(n)]
             seq_lens[r], query_lens[r] = length, max(1, min(width - 1, length))
         cache = (num_blocks, block_size, kv_heads, head_dim)
-        k, v = (
-            random_pool(rng, num_blocks, cache[1:], dtype),
-            random_pool(rng, num_blocks, cache[1:], dtype),
-        )
+        k, v = (random_pool(rng, num_blocks, cache[1:], dtype) for _ in range(2))
         args = (
             normal(rng, (rows, width, heads, head_dim), dtype),
             k,
@@ -88,16 +80,11 @@ def paged_prefill(
     in the NULL block; no block may change and block 0 stays NaN."""
 
     def build(rng) -> Case:
-        max_blocks = -(-max(a + b for a, b in rows) // block_size)
-        num_blocks = len(rows) * max_blocks + 2
-        table = np.zeros((len(rows), max_blocks), np.int32)
-        free = list(rng.permutation(np.arange(1, num_blocks)))
+        table, num_blocks = block_table(rng, [a + b for a, b in rows], block_size, len(rows))
         tokens = sum(b for _, b in rows) + 5
         token_rows, positions = np.zeros(tokens, np.int32), np.zeros(tokens, np.int32)
         valid, t = np.zeros(tokens, bool), 0
         for r, (cached, new) in enumerate(rows):
-            n = -(-(cached + new) // block_size)
-            table[r, :n] = [free.pop() for _ in range(n)]
             token_rows[t : t + new], positions[t : t + new] = r, cached + np.arange(new)
             valid[t : t + new], t = True, t + new
         cache = (num_blocks, block_size, kv_heads, head_dim)

@@ -18,6 +18,20 @@ def random_pool(rng, num_slots: int, tail: tuple[int, ...], dtype) -> np.ndarray
     return np.asarray(jnp.asarray(pool, dtype))
 
 
+def block_table(rng, lengths: list[int], block_size: int, rows: int) -> tuple[np.ndarray, int]:
+    """(table [rows, max_blocks], num_blocks): row r holds the blocks of lengths[r] tokens, drawn
+    at random without repeats from [1, num_blocks), NULL past them (rows past `lengths` are all
+    NULL); the pool has room for every row's full table plus two blocks no row owns."""
+    max_blocks = -(-max(lengths) // block_size)
+    num_blocks = rows * max_blocks + 2
+    table = np.zeros((rows, max_blocks), np.int32)
+    free = list(rng.permutation(np.arange(1, num_blocks)))
+    for r, length in enumerate(lengths):
+        n = -(-length // block_size)
+        table[r, :n] = [free.pop() for _ in range(n)]
+    return table, num_blocks
+
+
 @dataclasses.dataclass(frozen=True)
 class Varlen:
     """Ragged prefill rows of `lengths`, a padding row and padding tokens; slots drawn at random."""

@@ -221,21 +221,25 @@ def decode_row(model, runner, label, batch, steps, bandwidth, link, profile_dir)
     return row
 
 
+COLLECTIVES = ("nccl", "psum", "all-reduce", "all_reduce", "all-gather", "all_gather")
+
+
 def step_profile(engine: Engine, trace_dir: str, steps: int = 5) -> dict:
     """GPU time of `steps` decode steps under the profiler, per step: busy and span per stream,
-    the top kernels, and the collectives' share (NCCL kernels)."""
+    the top kernels, and the collectives' kernels (NCCL's, and XLA's own all-reduce fusions,
+    named after the `psum` they lower)."""
     with jax.profiler.trace(trace_dir):
         for _ in range(steps):
             engine.step()
         engine.step()  # retires the last traced step
-    summary = summarize_profile(profile_events(load_trace(trace_dir)), steps + 1)
-    kernels = summary["top_kernels"]
-    nccl = [(n, c, us) for n, c, us in kernels if "nccl" in n.lower()]
+    events = profile_events(load_trace(trace_dir))
+    summary = summarize_profile(events, steps + 1)
+    collectives = [e[3] for e in events if any(c in e[1].lower() for c in COLLECTIVES)]
     return dict(
         lines=summary["lines"],
-        top_kernels=kernels[:12],
-        nccl_kernels_per_step=sum(c for _, c, _ in nccl),
-        nccl_us_per_step=sum(us for *_, us in nccl),
+        top_kernels=summary["top_kernels"][:12],
+        collective_kernels_per_step=len(collectives) / (steps + 1),
+        collective_us_per_step=sum(collectives) / (steps + 1) / 1e3,
     )
 
 

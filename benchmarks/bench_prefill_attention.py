@@ -4,10 +4,11 @@ One prompt of L tokens whose keys sit in blocks scattered over the pool (block s
 at two layer shapes: Qwen3-Next's gated attention (16 query / 2 KV heads of 256) and
 Nemotron-H-47B's (64 / 8 of 128), bf16. Timed as many calls inside one jitted loop (dispatch
 excluded), median of 5 repeats, after a check against the reference where the reference fits
-(its gather is [L, L, Hkv, D] fp32). The anchor is `torch.nn.functional.scaled_dot_product_attention`
-(is_causal, bf16, CUDA events) on contiguous K / V: what a kernel with no paging reaches, an upper
-bound for ours, not a like-for-like paged kernel. Roofline = causal FLOPs (2 x 2 x L^2 / 2 x Hq x D)
-at the bf16 dense peak given by --peak-tflops (H100 SXM datasheet: 989).
+(its gather is [L, L, Hkv, D] fp32). The anchor is torch's `scaled_dot_product_attention`
+(is_causal, bf16, CUDA events) on contiguous K / V: what a kernel with no paging reaches, an
+upper bound for ours, not a like-for-like paged kernel. Roofline = causal FLOPs
+(2 x 2 x L^2 / 2 x Hq x D) at the bf16 dense peak given by --peak-tflops (H100 SXM datasheet:
+989).
 
     python benchmarks/bench_prefill_attention.py --lengths 64,200 --calls 2   # CPU smoke
     python benchmarks/bench_prefill_attention.py                              # GPU
@@ -71,7 +72,9 @@ def torch_time(inputs, scale: float, calls: int) -> float:
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
 
     def call():
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scale
+        )
 
     call()
     times = []
@@ -92,7 +95,9 @@ def bench(shape: str, length: int, calls: int, peak: float, on_gpu: bool, tuning
     scale = head_dim**-0.5
     kernel = functools.partial(paged_prefill_attention, scale=scale, interpret=not on_gpu)
     tuned = {
-        name: functools.partial(kernel, **dict(zip(TUNING_KNOBS, map(int, name.split(":")))))
+        name: functools.partial(
+            kernel, **dict(zip(TUNING_KNOBS, map(int, name.split(":")), strict=True))
+        )
         for name in tunings
     }
     reference = functools.partial(paged_attention_reference, scale=scale)

@@ -198,7 +198,9 @@ def decode_row(model, runner, label, batch, steps, bandwidth, link, profile_dir)
     while engine.has_unfinished:
         engine.step()
     per_rank = -(-batch // dp)
-    caches = [leaf for cache in runner.caches if cache is not None for leaf in jax.tree.leaves(cache)]
+    caches = [
+        leaf for cache in runner.caches if cache is not None for leaf in jax.tree.leaves(cache)
+    ]
     state_bytes = sum(2 * leaf.nbytes // leaf.shape[0] * per_rank for leaf in caches) // tp
     params_bytes = weight_bytes_of_shapes(model, per_rank) // tp
     reduce_bytes = allreduce_bytes(model, per_rank) * 2 * (tp - 1) / tp if tp > 1 else 0
@@ -326,7 +328,9 @@ def markdown(rows: list[dict], columns: tuple[tuple[str, str, str], ...]) -> str
 
 
 def print_tables(results: dict) -> None:
-    tables = zip((DECODE_COLUMNS, PREFILL_COLUMNS, SETUP_COLUMNS), ("rows", "prefill", "setup"))
+    tables = zip(
+        (DECODE_COLUMNS, PREFILL_COLUMNS, SETUP_COLUMNS), ("rows", "prefill", "setup"), strict=True
+    )
     print("\n" + "\n\n".join(markdown(results[key], columns) for columns, key in tables))
 
 
@@ -353,7 +357,9 @@ def bench_mesh(args, tp: int, dp: int, bandwidth: float, save) -> None:
         compiled = sum(runner.compile_seconds.values())
         for batch in batches:
             trace = args.profile and tempfile.mkdtemp()
-            save("rows", decode_row(model, runner, label, batch, args.steps, bandwidth, link, trace))
+            save(
+                "rows", decode_row(model, runner, label, batch, args.steps, bandwidth, link, trace)
+            )
         setup["prefill_compile_s"] = sum(runner.compile_seconds.values()) - compiled  # lazily
         save("setup", setup)
         if dp == 1 and args.prefill_len:

@@ -50,7 +50,8 @@ gdn_state_update = dispatched(
 # Decode fused: conv update + l2norm + gating + state update reading in_proj's output.
 gdn_decode = dispatched(_gdn_decode.gdn_decode, _gdn_reference.gdn_decode_reference)
 
-# Attention over the paged KV cache: decode lanes and prefill tokens, each row reading its own blocks.
+# Attention over the paged KV cache: decode lanes and prefill tokens, each row reading its own
+# blocks.
 paged_decode_attention = dispatched(
     _attention_decode.paged_decode_attention,
     _attention_reference.paged_decode_attention_reference,

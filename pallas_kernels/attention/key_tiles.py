@@ -65,7 +65,9 @@ def key_tile(
     cols = jnp.arange(block_d)
     key = j * keys.block_k + jnp.arange(keys.block_k)  # absolute key positions of this tile
     column = jnp.minimum(key // keys.block_size, keys.max_blocks - 1)
-    entry = (row * keys.max_blocks + column)[:, None]  # a 2-D gather from the [R * max_blocks, 1] table
+    entry = (row * keys.max_blocks + column)[
+        :, None
+    ]  # a 2-D gather from the [R * max_blocks, 1] table
     block = plgpu.load(table_ref.at[entry, jnp.zeros((1, 1), jnp.int32)])[:, 0]
     live_key = (key < limit) & (block > 0) & (block < keys.num_blocks)
     offset = key % keys.block_size

@@ -6,7 +6,7 @@ Shapes (the contract of `paged_attention_reference`, `attention/reference.py`):
   k/v_cache:    [num_blocks, block_size, Hkv, D]   block 0 is the NULL block
   block_table:  [R, max_blocks] blocks of each row, NULL past the row's blocks
   token_rows:   [T]             row of each token
-  positions:    [T]             absolute position of each token; it sees keys at positions <= its own
+  positions:    [T]             absolute position of each token (it sees keys up to its own)
   valid:        [T] bool        False for padding tokens (their output is 0)
   -> out        [T, Hq, D]
 

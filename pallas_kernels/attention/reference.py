@@ -1,8 +1,8 @@
 """Causal softmax attention of ragged queries over a paged KV cache, and the KV write, in plain jnp.
 
-The references of the decode kernel (`attention/decode.py`, `paged_decode_attention_reference`) and
-the prefill kernel (`attention/prefill.py`, `paged_attention_reference`), and `write_kv`, which has no
-kernel and runs as plain jnp on every platform.
+The references of the decode kernel (`attention/decode.py`, `paged_decode_attention_reference`)
+and the prefill kernel (`attention/prefill.py`, `paged_attention_reference`), and `write_kv`,
+which has no kernel and runs as plain jnp on every platform.
 
 Shapes:
   q:            [T, Hq, Dh]  queries (decode lanes or prefill tokens, flattened)

@@ -135,19 +135,26 @@ class RandomShards:
         graphdef, abstract = nnx.split(shard_model)
         shapes, treedef = jax.tree.flatten(abstract)
         keys = jax.random.split(jax.random.key(self.seed), len(shapes))
-        leaves = [self._draw(mesh, (mesh.tp_size, *s.shape))(k) for s, k in zip(shapes, keys)]
+        leaves = [
+            _random_leaf(mesh, (mesh.tp_size, *s.shape), self.dtype, self.scale)(key)
+            for s, key in zip(shapes, keys, strict=True)
+        ]
         return PlacedParams(graphdef, treedef, leaves, shard_model, _num_params(model))
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 (frozen, hashable; few shapes per model)
-    def _draw(self, mesh: DeviceMesh, shape: tuple[int, ...]) -> Callable[[jax.Array], jax.Array]:
-        """key -> a [T, ...] leaf split over tp shards."""
 
-        def draw(key: jax.Array) -> jax.Array:
-            if len(shape) <= 2:  # [T, n]: a vector per shard
-                return jnp.ones(shape, self.dtype)
-            return (self.scale * jax.random.normal(key, shape, jnp.float32)).astype(self.dtype)
+@functools.cache
+def _random_leaf(
+    mesh: DeviceMesh, shape: tuple[int, ...], dtype: str, scale: float
+) -> Callable[[jax.Array], jax.Array]:
+    """key -> a [T, ...] leaf split over tp shards: ones for a vector per shard ([T, n]), else
+    N(0, scale^2). One compile per distinct shape."""
 
-        return jax.jit(draw, out_shardings=mesh.by_shard)
+    def draw(key: jax.Array) -> jax.Array:
+        if len(shape) <= 2:
+            return jnp.ones(shape, dtype)
+        return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+    return jax.jit(draw, out_shardings=mesh.by_shard)
 
 
 def _on_shards(values: list[np.ndarray], mesh: DeviceMesh) -> jax.Array:

@@ -131,7 +131,7 @@ class PrefixCache:
         self._blocks: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         # Which blocks `_blocks` holds, by id: counting the evictable ones is then one vectorised
         # pass over the pool (`can_allocate_blocks` runs whenever a full pool must make room:
-        # iterating the entries took 29% of the host's step time on a full 256-row server).
+        # iterating the entries took 2.5 of 6.9 s of a 256-row bench run under cProfile).
         self._cached_blocks = np.zeros(block_pool.size, bool)
         self._states: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self._reserved: dict[bytes, int] = {}

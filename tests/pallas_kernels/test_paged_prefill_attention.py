@@ -60,9 +60,7 @@ def run_both(case, **knobs):
 )
 def test_matches_reference_on_odd_shapes(heads, kv_heads, head_dim, block_size, knobs):
     rng = np.random.default_rng(heads * 100 + head_dim)
-    case = make_case(
-        rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size
-    )
+    case = make_case(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size)
     out, ref = run_both(case, **knobs)
     assert np.isfinite(out).all()  # the NaN NULL block never reaches an output
     np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
@@ -73,9 +71,7 @@ def test_bfloat16_within_bf16_rounding():
     import ml_dtypes
 
     rng = np.random.default_rng(7)
-    case = make_case(
-        rng, heads=6, kv_heads=2, head_dim=48, block_size=16, dtype=ml_dtypes.bfloat16
-    )
+    case = make_case(rng, heads=6, kv_heads=2, head_dim=48, block_size=16, dtype=ml_dtypes.bfloat16)
     out, ref = run_both(case)
     assert np.abs(out - ref).max() < 3e-2
 
@@ -88,7 +84,9 @@ def test_out_of_range_block_ids_and_rows_contribute_no_keys():
         rng, heads=4, kv_heads=2, head_dim=16, block_size=8
     )
     bad, null = table.copy(), table.copy()
-    for value, (r, c) in zip((-1, k.shape[0], k.shape[0] + 7), ((1, 1), (3, 3), (3, 2))):
+    for value, (r, c) in zip(
+        (-1, k.shape[0], k.shape[0] + 7), ((1, 1), (3, 3), (3, 2)), strict=True
+    ):
         bad[r, c], null[r, c] = value, 0
     out_bad, _ = run_both((q, k, v, bad, token_rows, positions, valid))
     out_null, ref_null = run_both((q, k, v, null, token_rows, positions, valid))
@@ -132,6 +130,13 @@ def test_bad_shapes_name_the_argument():
         )
     with pytest.raises(ValueError, match="not a multiple of 3 KV heads"):
         paged_prefill_attention(
-            q, k[:, :, :1].repeat(3, 2), v[:, :, :1].repeat(3, 2), table, token_rows, positions,
-            valid, scale=1.0, interpret=True,
+            q,
+            k[:, :, :1].repeat(3, 2),
+            v[:, :, :1].repeat(3, 2),
+            table,
+            token_rows,
+            positions,
+            valid,
+            scale=1.0,
+            interpret=True,
         )

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from benchmarks.engine.models import build_model
+from jmamba import HybridLM
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.model_runner import ModelRunner
@@ -94,10 +95,9 @@ def idle_rank_check(model, config: EngineConfig, runner: ModelRunner, prompts, m
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload's options (probe_dp_host.py serves the same one)."""
     parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
-    parser.add_argument("--ranks", type=int, default=jax.device_count())
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -106,13 +106,24 @@ def main() -> None:
     parser.add_argument(
         "--async-scheduling", action="store_true", help="dispatch step N+1 before fetching N"
     )
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs; the last counts")
-    args = parser.parse_args()
+
+
+def workload(args: argparse.Namespace) -> tuple[HybridLM, list[list[int]], int]:
+    """(model, prompts, max_model_len) of the parsed workload options."""
     model = build_model(args.size)
     vocab = model.config.vocab_size
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(args.requests)]
-    max_len = 1 << (args.prompt_len + args.max_tokens).bit_length()
+    return model, prompts, 1 << (args.prompt_len + args.max_tokens).bit_length()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    add_workload_arguments(parser)
+    parser.add_argument("--ranks", type=int, default=jax.device_count())
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs; the last counts")
+    args = parser.parse_args()
+    model, prompts, max_len = workload(args)
     print(f"device={jax.devices()[0].device_kind} x{jax.device_count()}", flush=True)
     rows, runner, config = [], None, None
     for ranks in sorted({1, args.ranks}):

@@ -20,31 +20,23 @@ import sys
 if __package__ in (None, ""):  # run as `python benchmarks/<script>.py`: the repo root on the path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-
-from benchmarks.bench_data_parallel import engine_config, serve  # noqa: E402
-from benchmarks.engine.models import build_model  # noqa: E402
+from benchmarks.bench_data_parallel import (  # noqa: E402
+    add_workload_arguments,
+    engine_config,
+    serve,
+    workload,
+)
 from runtime.device.model_runner import ModelRunner  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> pstats.Stats:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
+    add_workload_arguments(parser)
     parser.add_argument("--ranks", type=int, default=1)
-    parser.add_argument("--requests", type=int, default=512)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--seqs", type=int, default=256)
-    parser.add_argument("--budget", type=int, default=4096)
-    parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
-    model = build_model(args.size)
-    rng = np.random.default_rng(0)
-    vocab = model.config.vocab_size
-    prompts = [rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(args.requests)]
-    max_len = 1 << (args.prompt_len + args.max_tokens).bit_length()
+    model, prompts, max_len = workload(args)
     config = engine_config(args.ranks, args.seqs, args.budget, max_len, args.async_scheduling)
     runner = ModelRunner(model, config)
     serve(Engine(model, config, runner=runner), prompts, args.max_tokens)  # compiles, warms

@@ -23,14 +23,15 @@ from flax import nnx
 
 from runtime.core import checks
 from runtime.core.buckets import Bucket, BucketPolicy
-from runtime.core.builder import StepBatch, build_dummy, build_step, with_mode
+from runtime.core.builder import build_rank, with_mode
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.request import FinishReason, Request
 from runtime.core.request_table import RequestTable
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
-from runtime.core.scheduler import Scheduler
+from runtime.core.scheduler import Scheduler, no_drafts
+from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import agree_max
 from runtime.device.memory import pool_memory
 from runtime.device.model_runner import DispatchedStep, ModelRunner, served_model
@@ -180,50 +181,65 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step on every rank; returns the requests that finished in it (with
         `async_scheduling`: in the step before, whose tokens this step's retirement brought to
-        the host).
-
-        In a multi-host run every process calls `step()` in lockstep (it agrees on the bucket and
-        the sampler mode).
-        """
+        the host; a step with drafts first retires that one). In a multi-host run every process
+        calls `step()` in lockstep (it agrees on drafting, the bucket and the sampler mode)."""
         self._timer.start()
         self.last_deltas = []  # a step that retires nothing streams nothing
-        launched = self._launch()
-        if self.config.async_scheduling:  # retire step N - 1 while N runs, then N moves rows on
+        drafting = self._drafts_now()
+        outputs = self._drain() if drafting else []  # drafts need every row's last token here
+        launched = self._launch(drafting)
+        if self.config.async_scheduling and not drafting:  # retire N - 1 while N runs
             retiring, self._in_flight = self._in_flight, launched
-            outputs = [] if retiring is None else self._retire(retiring)
+            outputs += [] if retiring is None else self._retire(retiring)
             self._advance(launched)
         else:  # N moves rows on, then retires
             retiring = launched
             self._advance(launched)
-            outputs = [] if launched is None else self._retire(launched)
+            outputs += [] if launched is None else self._retire(launched)
         if retiring is None and launched is None:
-            return []
+            return outputs
         self._timer.stop()
         self.stats.count(self._timer, None if launched is None else launched.schedules)
         if self.records.maxlen and retiring is not None:
             self._record(retiring, outputs)
         return outputs
 
-    def _launch(self) -> _Launched | None:
+    def _launch(self, drafting: bool) -> _Launched | None:
         """Schedule every rank, agree on a bucket, draft, build and dispatch the step; None
         (nothing dispatched) when no rank of any process has work."""
-        schedules = [s.schedule(self.drafter.num_wanted) for s in self.schedulers]
+        num_drafts = self.drafter.num_wanted if drafting else no_drafts
+        schedules = [s.schedule(num_drafts) for s in self.schedulers]
         agreed = self._agree(schedules)
         if agreed is None:
             return None
         bucket, mode = agreed
         snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
-        schedules = self.drafter.propose(schedules, bucket)
+        schedules = self.drafter.propose(schedules, bucket) if drafting else schedules
         batches = [
             with_mode(self._build(scheduler, schedule, bucket), mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
-        carry = self.config.async_scheduling
+        carry = self.config.async_scheduling and not drafting
         dispatched = self._timer.device(self.runner.dispatch, bucket, batches, carry=carry)
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         self._num_launched += 1
         index = self._num_launched - 1
         return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots)
+
+    def _drafts_now(self) -> bool:
+        """Whether this step drafts (`Drafter.drafts_at` the most running requests of a local
+        rank), agreed by every process: a step with drafts runs synchronously everywhere."""
+        num_running = max(len(s.running) for s in self.schedulers)
+        return bool(agree_max(np.array([self.drafter.drafts_at(num_running)], np.int32))[0])
+
+    def _drain(self) -> list[RequestOutput]:
+        """Retire the step in flight (asynchronous scheduling) before a step with drafts is
+        scheduled; returns what finished in it."""
+        retiring, self._in_flight = self._in_flight, None
+        outputs = [] if retiring is None else self._retire(retiring)
+        if self.records.maxlen and retiring is not None:
+            self._record(retiring, outputs)
+        return outputs
 
     def _agree(self, schedules: list[Schedule]) -> tuple[Bucket, SamplingMode] | None:
         """Elementwise max of the ranks' buckets and sampler modes, over every process; None if no
@@ -233,17 +249,7 @@ class Engine:
 
     def _build(self, scheduler: Scheduler, schedule: Schedule, bucket: Bucket) -> StepBatch:
         config = self.config
-        max_blocks, boundary = config.max_blocks_per_seq, config.boundary_block_size
-        if schedule.is_empty:  # an idle rank: the all-padding dummy step
-            batch = build_dummy(bucket, max_blocks=max_blocks, state_block_size=boundary)
-        else:
-            batch = build_step(
-                schedule,
-                bucket,
-                block_size=config.block_size,
-                max_blocks=max_blocks,
-                state_block_size=boundary,
-            )
+        batch = build_rank(schedule, bucket, config, state_block_size=config.boundary_block_size)
         if config.validate_inputs:
             batch.validate(
                 config,
@@ -288,7 +294,7 @@ class Engine:
         self.drafter.release_done()
         parts = self.outputs.new_parts(sampled, finished) if self._streaming else []
         outputs = [self._release(request) for request in finished]
-        self.last_deltas = stream_deltas(parts, outputs)
+        self.last_deltas += stream_deltas(parts, outputs)  # a drained step's come first
         return outputs
 
     def _stop_on_text(self, sampled: list[Sampled]) -> list[Request]:
@@ -307,18 +313,9 @@ class Engine:
         return self.outputs.finish(request)
 
     def _record(self, step: _Launched, outputs: list[RequestOutput]) -> None:
-        timer = self._timer
-        record = StepRecord(
-            index=step.index,
-            bucket=step.bucket,
-            mode=step.mode,
-            schedules=tuple(step.snapshots),
-            finished=tuple(output.request_id for output in outputs),
-            host_ms=timer.host_seconds * 1e3,
-            device_ms=timer.device_seconds * 1e3,
-            compile_seconds=timer.compile_seconds,
-        )
-        self.records.append(record)
+        finished = [output.request_id for output in outputs]
+        parts = (step.index, step.bucket, step.mode, step.snapshots, finished, self._timer)
+        self.records.append(StepRecord.of(*parts))
 
     # --------------------------------------------------------------------------------- driving
 
@@ -358,9 +355,11 @@ class Engine:
                 "warmup() while a dispatched step is not retired: call it before the first "
                 "step, or step until has_unfinished is False"
             )
-        buckets, carry = self.buckets.warmup_buckets(prefill), self.config.async_scheduling
         modes = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
-        self.runner.warmup(buckets, modes=modes, carry=carry, progress=progress, workers=workers)
+        for carry, buckets in self.buckets.warmup_variants(prefill):
+            self.runner.warmup(
+                buckets, modes=modes, carry=carry, progress=progress, workers=workers
+            )
         self.drafter.warmup()
         self._freeze_gc()
 

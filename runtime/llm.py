@@ -14,6 +14,7 @@ from jmamba.chat_template import ChatTemplate, load_chat_template
 from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device import compile_cache
 from runtime.device.model_runner import ModelRunner
 from runtime.device.placement import CheckpointShards, ParamSource, place_params
@@ -52,11 +53,12 @@ class LLM:
         directory; `dtype` is "auto" (the checkpoint's), "float32" or "bfloat16"; `warmup`
         compiles step variants now instead of on first use, with a progress bar: True the
         decode-only ones, "all" every one the config can use; `async_scheduling` (the
-        `EngineConfig` field) None: on unless speculative decoding is (step N + 1 is scheduled
-        while N runs, same outputs); `engine_options` are the other `EngineConfig` fields
-        (max_num_seqs, max_model_len, prefix_caching, state_block_size, max_cached_states,
-        data_parallel_size, tensor_parallel_size, ...). The model's parameters stay in host
-        memory (`model`); the engine's runner copies each device's shard of them to it.
+        `EngineConfig` field) None: on unless speculative decoding drafts in every step (step
+        N + 1 is scheduled while N runs, same outputs); `engine_options` are the other
+        `EngineConfig` fields (max_num_seqs, max_model_len, prefix_caching, state_block_size,
+        max_cached_states, data_parallel_size, tensor_parallel_size, ...). The model's
+        parameters stay in host memory (`model`); the engine's runner copies each device's
+        shard of them to it.
         JAX's persistent compilation cache is turned on (`runtime.device.compile_cache`;
         JMAMBA_COMPILE_CACHE=off)."""
         if warmup not in (False, True, "all"):
@@ -68,7 +70,8 @@ class LLM:
         if unknown:
             raise ValueError(f"unknown engine options {unknown}; known: {sorted(fields)}")
         if async_scheduling is None:
-            async_scheduling = engine_options.get("speculative") is None
+            spec = SpeculativeConfig.of(engine_options.get("speculative"))
+            async_scheduling = spec is None or spec.max_batch_size is not None
         config = EngineConfig(**engine_options, async_scheduling=async_scheduling)
         compile_cache.enable()
         start = time.perf_counter()

@@ -11,7 +11,7 @@ import numpy as np
 from benchmarks.engine.roofline import step_bytes
 from benchmarks.engine.serving import PROMPT_LEN, make_engine
 from jmamba import HybridLM
-from runtime.core.builder import StepBatch
+from runtime.core.step_batch import StepBatch
 
 
 def at_context(batch_in: StepBatch, context: int, block_size: int) -> StepBatch:

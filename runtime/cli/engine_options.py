@@ -83,7 +83,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         action=argparse.BooleanOptionalAction,
         default=None,
         help="schedule each step while the previous one runs on the device (same tokens; "
-        "default: on unless speculative decoding is)",
+        "default: on unless speculative decoding drafts in every step)",
     )
     _add_prefix_caching(parser)
     _add_speculative(parser)
@@ -132,6 +132,13 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draft_model: preset (tiny-<family>) or HF dir with the target's vocabulary",
     )
+    spec.add_argument(
+        "--speculative-max-batch-size",
+        type=int,
+        default=None,
+        help="ngram / mtp: draft only while no rank runs more requests than this; larger "
+        "steps run without drafts, asynchronously (default: draft in every step)",
+    )
 
 
 def _add_multi_host(parser: argparse.ArgumentParser) -> None:
@@ -157,6 +164,7 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
         args.prompt_lookup_min,
         args.prompt_lookup_max,
         args.draft_model,
+        args.speculative_max_batch_size,
     )
 
 

@@ -84,6 +84,7 @@ class BucketPolicy:
         self.prefill_tokens = config.prefill_token_buckets
         self.prefill_rows = config.prefill_row_buckets
         self.width = config.decode_width
+        self.asynchronous = config.async_scheduling
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).
         self.widths = tuple(sorted({1, self.width}))
@@ -133,6 +134,19 @@ class BucketPolicy:
             return self.all_buckets()
         alone = self.lone_prefill_buckets() if prefill == "alone" else []
         return self.decode_buckets() + alone
+
+    def warmup_variants(self, prefill: bool | Literal["alone"]) -> list[tuple[bool, list[Bucket]]]:
+        """(carry, buckets) pairs `Engine.warmup` compiles, `warmup_buckets` split by how their
+        steps run: asynchronously (carry: the steps without drafts of an asynchronous engine)
+        or synchronously (every step of a synchronous engine, and every step that may carry
+        drafts: a speculative engine's drafting steps, whatever their width)."""
+        buckets = self.warmup_buckets(prefill)
+        variants = []
+        if self.asynchronous:
+            variants.append((True, [b for b in buckets if b.width == 1]))
+        if not self.asynchronous or self.width > 1:
+            variants.append((False, buckets))
+        return variants
 
     def lone_prefill_buckets(self) -> list[Bucket]:
         """The steps of one prefill row and nothing else: a request arriving at an idle engine

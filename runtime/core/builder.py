@@ -18,84 +18,13 @@ import numpy as np
 from jmamba.step_inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
-from runtime.core.penalties import (
-    PenaltyHistory,
-    PenaltyRow,
-    check_penalties,
-    penalty_inputs,
-    widened_penalties,
-)
+from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs, widened_penalties
 from runtime.core.request import PENALIZED, Request
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.core.schedule import RowSequence, Schedule, ScheduledRequest
+from runtime.core.step_batch import StepBatch
 
 Masks = list[tuple[int, tuple[int, ...]]]  # (logits row, token ids it may not produce)
-
-
-@dataclasses.dataclass(frozen=True)
-class StepBatch:
-    """A built step: device inputs, sampling inputs, and where each scheduled request's logits are.
-
-    Attributes:
-      inputs: the padded `StepInputs`.
-      sampling: the padded `SamplingInputs`.
-      mode: what the sampler computes this step (static: with the bucket, it picks the variant).
-      sample_rows: [num scheduled] int, logits row of `schedule.items[i]`.
-      token_sources: [T] int32 per token lane, where its token comes from: NULL (0) takes
-        `inputs.token_ids`; r + 1 takes the token the previous step sampled in logits row r,
-        still on the device (asynchronous scheduling; `inputs.token_ids` holds 0 there).
-      following: what follows each prefill row's chunk (read by a step that drafts with the MTP
-        head, `jmamba.mtp`).
-    """
-
-    inputs: StepInputs
-    sampling: SamplingInputs
-    mode: SamplingMode
-    sample_rows: np.ndarray
-    token_sources: np.ndarray
-    following: NextTokens
-
-    def validate(
-        self,
-        config: EngineConfig,
-        *,
-        chunk_size: int | None,
-        vocab_size: int,
-        published_slots: np.ndarray | None = None,
-        published_blocks: np.ndarray | None = None,
-        num_carried: int = 0,
-    ) -> None:
-        """ValueError unless the inputs keep the invariants (`StepInputs.validate`, with the pool
-        sizes of `config` and what the prefix cache published) and the token sources theirs."""
-        self.inputs.validate(
-            block_size=config.block_size,
-            chunk_size=chunk_size,
-            num_blocks=config.num_blocks,
-            num_slots=config.num_slots,
-            vocab_size=vocab_size,
-            published_slots=published_slots,
-            published_blocks=published_blocks,
-        )
-        self.validate_token_sources(num_carried)
-        if self.sampling.penalties is not None:
-            fed_lanes = self.token_sources[np.asarray(self.inputs.logits_indices)]
-            check_penalties(self.sampling.penalties, fed_lanes, vocab_size)
-
-    def validate_token_sources(self, num_carried: int) -> None:
-        """ValueError unless every non-NULL source is a live decode lane's, within the
-        `num_carried` tokens a step hands to the next, with token id 0 (NULL) in `inputs`."""
-        sources, decode = self.token_sources, self.inputs.decode
-        live = np.zeros(sources.size, bool)
-        lanes = np.arange(decode.width)[None, :] < np.asarray(decode.query_lens)[:, None]
-        live[: lanes.size] = lanes.reshape(-1)
-        wrong = ~live | (sources > num_carried) | (np.asarray(self.inputs.token_ids) != 0)
-        bad = np.nonzero((sources != 0) & wrong)[0]
-        if bad.size:
-            raise ValueError(
-                f"token lanes {bad.tolist()} take sources {sources[bad].tolist()}: a "
-                f"source must be a live decode lane's, in 1..{num_carried}, with "
-                "token id 0"
-            )
 
 
 def boundary_columns(bucket: Bucket, state_block_size: int) -> int:
@@ -396,3 +325,20 @@ def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
     a = _Arrays(bucket, max_blocks, state_block_size)
     return a.batch(a.sampling([], []), SamplingMode(), np.zeros(0, np.int64))
+
+
+def build_rank(
+    schedule: Schedule, bucket: Bucket, config: EngineConfig, *, state_block_size: int = 0
+) -> StepBatch:
+    """One rank's step of `bucket`: its schedule's inputs, or (an idle rank, an empty schedule)
+    the all-padding dummy step."""
+    max_blocks = config.max_blocks_per_seq
+    if schedule.is_empty:
+        return build_dummy(bucket, max_blocks=max_blocks, state_block_size=state_block_size)
+    return build_step(
+        schedule,
+        bucket,
+        block_size=config.block_size,
+        max_blocks=max_blocks,
+        state_block_size=state_block_size,
+    )

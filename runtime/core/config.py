@@ -120,9 +120,10 @@ class EngineConfig:
       async_scheduling: schedule and build step N + 1 while step N runs on the device, taking
         the tokens N samples from its output on the device; the host learns them one step late
         (docs/architecture.md, "Host cost"). `Engine.step()` then returns the requests that
-        finished in the step before. Same tokens as without it. Not with `speculative`. Off by
-        default here (stepping an engine by hand shows each step's own finishes); `LLM` turns
-        it on wherever it can run.
+        finished in the step before. Same tokens as without it. With `speculative`, only steps
+        without drafts run so (`SpeculativeConfig.max_batch_size`): a step with drafts first
+        retires the one in flight. Off by default here (stepping an engine by hand shows each
+        step's own finishes); `LLM` turns it on unless speculation drafts in every step.
     """
 
     max_num_seqs: int = 8
@@ -177,11 +178,6 @@ class EngineConfig:
         speculative = SpeculativeConfig.of(self.speculative)
         object.__setattr__(self, "speculative", speculative)
         checks.flag("async_scheduling", self.async_scheduling)
-        if self.async_scheduling and speculative is not None:
-            raise ValueError(
-                "async_scheduling=True does not combine with speculative decoding: how many "
-                "drafts a step accepts decides the next step's rows"
-            )
         if self.num_slots is not None:
             low = min_num_slots(self.max_num_seqs, speculative)
             checks.integer("num_slots", self.num_slots, low=low)

@@ -28,6 +28,10 @@ class SpeculativeConfig:
         proposed.
       draft_model: draft_model only: a checkpoint directory or a preset name ("tiny-mamba2"); None
         when the engine is given the draft model object itself (`Engine(..., draft_model=m)`).
+      max_batch_size: ngram and mtp only: draft only in steps scheduled while no rank holds more
+        than this many running requests; larger steps run without drafts, and asynchronously
+        when the engine's `async_scheduling` is on (a step with drafts always runs
+        synchronously: its rows' last tokens must be on the host). None: draft in every step.
     """
 
     method: str = "ngram"
@@ -35,6 +39,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     draft_model: str | None = None
+    max_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -51,6 +56,17 @@ class SpeculativeConfig:
             raise ValueError(f"draft_model={self.draft_model!r} must be a path or preset name")
         if self.draft_model is not None and self.method != "draft_model":
             raise ValueError(f"draft_model={self.draft_model!r} needs method='draft_model'")
+        if self.max_batch_size is not None:
+            checks.integer("max_batch_size", self.max_batch_size, low=1)
+            if self.method == "draft_model":
+                raise ValueError(
+                    f"max_batch_size={self.max_batch_size} needs method 'ngram' or 'mtp': a draft "
+                    "model follows every step of the target, so it cannot skip large ones"
+                )
+
+    def drafts_at(self, num_running: int) -> bool:
+        """Whether a step drafts when a rank holds at most `num_running` running requests."""
+        return self.max_batch_size is None or num_running <= self.max_batch_size
 
     @classmethod
     def of(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig | None:

@@ -47,9 +47,10 @@ from tqdm import tqdm
 
 from jmamba.model import HybridLM
 from runtime.core.buckets import Bucket
-from runtime.core.builder import StepBatch, build_dummy
+from runtime.core.builder import build_dummy
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
+from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import make_mesh
 from runtime.device.memory import pool_memory
 from runtime.device.mtp_drafts import MTPDrafts, NoDeviceDrafts
@@ -349,7 +350,7 @@ def device_drafter(config: EngineConfig) -> NoDeviceDrafts | MTPDrafts:
 def carried_tokens(config: EngineConfig) -> int:
     """C, the tokens a step hands to the next on the device: the most logits rows of a bucket
     of `config` (a draft model's runner runs wider buckets, whose rows past C are never fed:
-    only an asynchronous engine feeds tokens, and it drafts nothing)."""
+    only an asynchronous step feeds tokens, and it has no drafts)."""
     spec = config.speculative
     width = 1 if spec is None else spec.width
     return max(config.decode_row_buckets) * width + max(config.prefill_row_buckets)

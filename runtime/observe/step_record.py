@@ -14,6 +14,7 @@ from typing import NamedTuple
 from runtime.core.buckets import Bucket
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.schedule import Schedule
+from runtime.observe.step_stats import StepTimer
 
 
 class RowRecord(NamedTuple):
@@ -93,6 +94,28 @@ class StepRecord:
     host_ms: float
     device_ms: float
     compile_seconds: float
+
+    @classmethod
+    def of(
+        cls,
+        index: int,
+        bucket: Bucket,
+        mode: SamplingMode,
+        schedules: list[ScheduleRecord],
+        finished: list[str],
+        timer: StepTimer,
+    ) -> StepRecord:
+        """A retired step's record; its times are those of the engine step that retired it."""
+        return cls(
+            index=index,
+            bucket=bucket,
+            mode=mode,
+            schedules=tuple(schedules),
+            finished=tuple(finished),
+            host_ms=timer.host_seconds * 1e3,
+            device_ms=timer.device_seconds * 1e3,
+            compile_seconds=timer.compile_seconds,
+        )
 
     @property
     def num_tokens(self) -> int:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from runtime.core.builder import StepBatch
 from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler
+from runtime.core.step_batch import StepBatch
 
 
 class Inspectable(Protocol):

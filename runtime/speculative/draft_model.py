@@ -36,13 +36,14 @@ import numpy as np
 from flax import nnx
 
 from runtime.core.buckets import Bucket, lane_width, round_up
-from runtime.core.builder import StepBatch, build_dummy, build_step, with_mode
+from runtime.core.builder import build_rank, with_mode
 from runtime.core.config import POOL_SIZE_FIELDS, STEP_SHAPE_FIELDS, EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import default_num_slots
+from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import agree_max
 from runtime.device.model_runner import ModelRunner
 from runtime.speculative.draft_sequences import RankDrafts
@@ -80,6 +81,11 @@ class DraftModelDrafter:
 
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
+
+    def drafts_at(self, num_running: int) -> bool:
+        """Every step: the draft model follows each of the target's steps (its catch-up pass
+        feeds at most 1 + K new tokens a row), so it cannot sit steps out."""
+        return True
 
     def num_wanted(self, request: Request) -> int:
         """The draft model can always propose K drafts."""
@@ -168,11 +174,9 @@ class DraftModelDrafter:
         return [r[0][b.sample_rows].tolist() for r, b in zip(results, batches, strict=True)]
 
     def _build(self, schedule: Schedule, bucket: Bucket) -> StepBatch:
-        config, max_blocks = self.config, self.config.max_blocks_per_seq
-        if schedule.is_empty:
-            return build_dummy(bucket, max_blocks=max_blocks)
-        batch = build_step(schedule, bucket, block_size=config.block_size, max_blocks=max_blocks)
-        if config.validate_inputs:
+        config = self.config
+        batch = build_rank(schedule, bucket, config)
+        if config.validate_inputs and not schedule.is_empty:
             batch.validate(
                 config, chunk_size=self.chunk_size, vocab_size=self.model_config.vocab_size
             )

@@ -2,10 +2,11 @@
 `make_drafter`, which builds the one a config asks for.
 
 An engine always holds a drafter and calls it at fixed points of every step, so it never asks
-whether speculation is on: `num_wanted` (inside the scheduler, per decode row: how many drafts it
-would propose), `propose` (after the ranks agreed on the step's bucket: the decode rows given
-k > 0 lanes get their k drafts), `release_done` (after retirement and aborts: give back what
-finished or preempted requests held). With `NoDrafts` every row is a plain one-token decode row.
+whether speculation is on: `drafts_at` (before scheduling: whether this step drafts at all),
+`num_wanted` (inside the scheduler, per decode row: how many drafts it would propose), `propose`
+(after the ranks agreed on the step's bucket: the decode rows given k > 0 lanes get their k
+drafts), `release_done` (after retirement and aborts: give back what finished or preempted
+requests held). With `NoDrafts` no step drafts and every row is a plain one-token decode row.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class Drafter(Protocol):
 
     def check(self, params: SamplingParams) -> None:
         """ValueError for sampling params this drafter's engine cannot serve."""
+
+    def drafts_at(self, num_running: int) -> bool:
+        """Whether the coming step drafts, when no rank holds more than `num_running` running
+        requests (`SpeculativeConfig.max_batch_size`). A step that does not draft is scheduled
+        without drafts and proposes nothing."""
 
     def num_wanted(self, request: Request) -> int:
         """How many drafts it would propose for the request's next decode row."""
@@ -61,6 +67,9 @@ class NoDrafts:
 
     def check(self, params: SamplingParams) -> None:
         """Every request can be served."""
+
+    def drafts_at(self, num_running: int) -> bool:
+        return False
 
     def num_wanted(self, request: Request) -> int:
         return 0
@@ -99,7 +108,7 @@ def make_drafter(
         return NgramDrafter(spec)
     if spec.method == "mtp":
         check_mtp_head(model)
-        return MTPDrafter()
+        return MTPDrafter(spec)
     if draft_model is None:
         if spec.draft_model is None:
             raise ValueError(

@@ -15,6 +15,7 @@ from runtime.core.buckets import Bucket
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
+from runtime.core.speculative_config import SpeculativeConfig
 from runtime.speculative.verify import check_verifiable, with_drafts
 
 
@@ -23,11 +24,15 @@ class MTPDrafter:
 
     total_compile_seconds = 0.0  # drafting is compiled into the target's steps
 
-    def __init__(self) -> None:
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
         self._proposals: dict[Request, list[int]] = {}
 
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
+
+    def drafts_at(self, num_running: int) -> bool:
+        return self.config.drafts_at(num_running)
 
     def num_wanted(self, request: Request) -> int:
         return len(self._proposals.get(request, ()))

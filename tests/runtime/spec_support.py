@@ -115,15 +115,18 @@ def spec_engine(
     draft: str = DRAFT_PRESET,
     ranks: int = 1,
     eos_token_ids: tuple[int, ...] | None = None,
+    max_batch_size: int | None = None,
     **options,
 ) -> Engine:
     """A fresh speculative engine on the shared runners; `eos_token_ids` replaces the model's EOS
-    ids, `options` the EngineConfig fields."""
+    ids, `max_batch_size` is the `SpeculativeConfig` field, `options` the EngineConfig fields."""
     model, _ = model_and_runner(family)
     if eos_token_ids is not None:
         model = model_with_eos(family, tuple(eos_token_ids))
     # 1-grams too: random models rarely repeat longer n-grams of their own output
-    speculative = SpeculativeConfig(method, k, prompt_lookup_min=1, prompt_lookup_max=3)
+    speculative = SpeculativeConfig(
+        method, k, prompt_lookup_min=1, prompt_lookup_max=3, max_batch_size=max_batch_size
+    )
     config = spec_config(family, speculative, data_parallel_size=ranks, **options)
     if method == "mtp":
         eos = None if eos_token_ids is None else tuple(eos_token_ids)
@@ -157,6 +160,9 @@ class Oracle:
 
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
+
+    def drafts_at(self, num_running: int) -> bool:
+        return True
 
     def num_wanted(self, request: Request) -> int:
         outputs = request.output_token_ids

@@ -2,8 +2,9 @@
 the outputs are those of the synchronous engine, token for token, for everything the tokens
 carry: seeded sampling (top-k, top-p), min_tokens masks, logprobs, stop strings, streaming.
 
-The hypothesis schedules of test_random_schedules.py, test_prefix_caching.py and
-test_data_parallel.py draw `async_scheduling` too (preemption, aborts, prefix hits, idle ranks).
+The hypothesis schedules of test_random_schedules.py, test_prefix_caching.py,
+test_data_parallel.py and test_speculative_schedules.py draw `async_scheduling` too (preemption,
+aborts, prefix hits, idle ranks, drafts).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from tests.runtime.conftest import (
     naive_greedy,
     naive_logits,
 )
+from tests.runtime.spec_support import spec_engine
 from tests.runtime.test_penalties import reference_logits
+from tests.runtime.test_speculative import assert_pools_empty
 
 PARAMS = (
     SamplingParams(max_tokens=7),
@@ -155,11 +158,41 @@ def test_a_stop_learned_one_step_late_frees_everything():
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
 
 
-def test_async_scheduling_refuses_speculative_decoding():
-    with pytest.raises(ValueError, match="async_scheduling=True does not combine"):
-        EngineConfig(async_scheduling=True, speculative={"num_speculative_tokens": 2})
+@pytest.mark.parametrize("method", ["ngram", "mtp"])
+def test_speculation_drafts_synchronously_and_larger_steps_run_asynchronously(monkeypatch, method):
+    """max_batch_size=1: while two or three requests run, steps carry no drafts and run
+    asynchronously (each takes its tokens from the step before on the device); once one is left
+    it drafts, in synchronous steps (the step in flight is retired first). Tokens equal the naive
+    greedy loop's."""
+    family = "nemotron_h"
+    engine = spec_engine(family, method, 2, max_batch_size=1, async_scheduling=True)
+    dispatched = []
+    dispatch = engine.runner.dispatch
+
+    def logged(bucket, batches, **options):
+        dispatched.append((options["carry"], bucket.width))
+        return dispatch(bucket, batches, **options)
+
+    monkeypatch.setattr(engine.runner, "dispatch", logged)
+    prompts = [[3, 4, 3, 4, 3, 4, 3], [7, 8, 9, 7, 8, 9], [5, 5, 5, 5]]
+    lengths = [4, 7, 16]
+    for prompt, n in zip(prompts, lengths, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n))
+    outputs = {}
+    while engine.has_unfinished:
+        outputs |= {o.request_id: o for o in engine.step()}
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        assert outputs[str(i)].token_ids == naive_greedy(family, prompt, n), i
+    assert {width for carry, width in dispatched if carry} == {1}  # async steps: no drafts
+    assert any(width > 1 for carry, width in dispatched if not carry)  # drafting steps: sync
+    assert_pools_empty(engine)
+
+
+def test_async_scheduling_is_a_flag():
     with pytest.raises(ValueError, match="async_scheduling=1 must be True or False"):
         EngineConfig(async_scheduling=1)
+    with pytest.raises(ValueError, match="max_batch_size=2 needs method 'ngram' or 'mtp'"):
+        EngineConfig(speculative={"method": "draft_model", "max_batch_size": 2})
 
 
 def decode_batch_with_one_live_row():

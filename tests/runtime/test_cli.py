@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
+from runtime.cli.engine_options import add_engine_options, engine_options
 from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculative_config import SpeculativeConfig
 from runtime.llm import LLM
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mamba2"
@@ -112,6 +115,10 @@ def test_help_shows_defaults_and_presets(capsys):
             ["--prefix-caching", "all", "--max-cached-states", "0"],
             "prefix_caching='all' cannot work: max_cached_states=0",
         ),
+        (
+            ["--speculative-method", "ngram", "--speculative-max-batch-size", "0"],
+            "max_batch_size=0 must be an int",
+        ),
     ],
 )
 def test_cli_errors_name_the_problem(argv, message, capsys):
@@ -182,15 +189,25 @@ def test_llm_passes_prefix_caching_options_and_shows_the_counters():
     assert LLM("tiny-mamba2", warmup=False, prefix_caching="off").prefix_cache_stats is None
 
 
-def test_llm_schedules_asynchronously_unless_speculating():
-    """LLM's default: asynchronous scheduling wherever it can run (not with speculative decoding,
-    which it does not combine with); an explicit value is kept, or refused with the reason."""
+def test_llm_schedules_asynchronously_unless_every_step_drafts():
+    """LLM's default: asynchronous scheduling unless speculative decoding drafts in every step
+    (then every step would run synchronously anyway); with a max_batch_size, on; an explicit
+    value is kept."""
     assert LLM("tiny-mamba2").engine.config.async_scheduling
     assert not LLM("tiny-mamba2", async_scheduling=False).engine.config.async_scheduling
     speculative = {"num_speculative_tokens": 2}
     assert not LLM("tiny-mamba2", speculative=speculative).engine.config.async_scheduling
-    with pytest.raises(ValueError, match="does not combine with speculative decoding"):
-        LLM("tiny-mamba2", speculative=speculative, async_scheduling=True)
+    limited = speculative | {"max_batch_size": 4}
+    assert LLM("tiny-mamba2", speculative=limited).engine.config.async_scheduling
+    explicit = LLM("tiny-mamba2", speculative=speculative, async_scheduling=True)
+    assert explicit.engine.config.async_scheduling
+
+
+def test_cli_speculative_max_batch_size_reaches_the_config():
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser)
+    args = parser.parse_args(["--speculative-method", "mtp", "--speculative-max-batch-size", "8"])
+    assert engine_options(args)["speculative"] == SpeculativeConfig("mtp", 3, max_batch_size=8)
 
 
 def test_llm_refuses_a_state_block_shorter_than_a_chunk():

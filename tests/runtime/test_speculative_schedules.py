@@ -2,7 +2,8 @@
 speculation), budgets, EOS / stop tokens and min_tokens, with a drafter drawn per example: an
 oracle with planned mistakes (k varies per request and step, 0 included), prompt lookup, a draft
 model that agrees with the target only in part (its rollback after rejected drafts), or a random
-MTP head drafting inside the step.
+MTP head drafting inside the step; with asynchronous scheduling or not, and a batch size above
+which steps run without drafts (asynchronously, when the engine is).
 validate() runs on every step of the target and of the draft model; every request's tokens and
 finish reason equal the naive full-recompute greedy loop; every pool is empty at the end."""
 
@@ -48,10 +49,20 @@ def expected(family: str, prompt: tuple[int, ...], params: SamplingParams, eos: 
     max_num_seqs=st.integers(2, 4),
     eos_at=st.integers(0, 7),
     drafter=st.sampled_from(["oracle", "ngram", "draft_model", "mtp"]),
+    async_scheduling=st.booleans(),
+    max_batch_size=st.sampled_from([None, 1, 2]),
     seed=st.integers(0, 2**16),
 )
 def test_random_schedule_with_drafts_equals_full_recompute(
-    family, requests, extra_budget, max_num_seqs, eos_at, drafter, seed
+    family,
+    requests,
+    extra_budget,
+    max_num_seqs,
+    eos_at,
+    drafter,
+    async_scheduling,
+    max_batch_size,
+    seed,
 ):
     budget, prompts, free, eos, params = drawn_workload(
         family, requests, extra_budget, max_num_seqs, eos_at
@@ -63,8 +74,10 @@ def test_random_schedule_with_drafts_equals_full_recompute(
         K,
         draft=f"noisy:{family}",
         eos_token_ids=eos,
+        max_batch_size=None if method == "draft_model" else max_batch_size,
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
+        async_scheduling=async_scheduling,
     )
     if drafter == "oracle":
         engine.drafter = Oracle({str(i): f for i, f in enumerate(free)}, K, seed=seed)
@@ -89,6 +102,8 @@ def test_random_schedule_with_drafts_equals_full_recompute(
     if spec.num_accepted < spec.num_drafted:
         event(f"{drafter}: rejected drafts")
     event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
+    if async_scheduling:
+        event("asynchronous steps between drafting ones" if max_batch_size else "async, drafts")
     if preempted_while_drafting:
         event("preempted in a step with drafts")
     for i in range(len(requests)):

@@ -125,7 +125,7 @@ def paged_decode_attention(
     """
     check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_lens)
     num_rows, width, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
     max_blocks = block_table.shape[1]
     block_m, block_d = max(16, pow2(width * group)), max(16, pow2(head_dim))
@@ -136,16 +136,7 @@ def paged_decode_attention(
     # [R, W, Hkv, G, D] -> [R, Hkv, W * G, D]: one program's queries are contiguous.
     qg = q.reshape(num_rows, width, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
     qg = qg.reshape(num_rows, num_kv_heads, width * group, head_dim)
-    fp32 = q.dtype == jnp.float32
-    keys = PagedKeys(
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_blocks=max_blocks,
-        num_kv_heads=num_kv_heads,
-        block_k=block_k,
-        scale=float(scale),
-        precision=jax.lax.Precision.HIGHEST if fp32 else None,
-    )
+    keys = PagedKeys.of(q, k_cache, block_table, block_k=block_k, scale=scale)
     kernel = functools.partial(
         _kernel,
         keys=keys,

@@ -33,6 +33,21 @@ class PagedKeys:
     scale: float
     precision: Any  # jax.lax.Precision.HIGHEST for fp32 operands, else None
 
+    @classmethod
+    def of(cls, q: jax.Array, k_cache: jax.Array, block_table: jax.Array, *, block_k: int, scale):
+        """The geometry of `k_cache` [num_blocks, block_size, Hkv, D] and `block_table`
+        [R, max_blocks], key tiles of `block_k`, for queries `q` (fp32: HIGHEST precision)."""
+        num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+        return cls(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_blocks=block_table.shape[1],
+            num_kv_heads=num_kv_heads,
+            block_k=block_k,
+            scale=float(scale),
+            precision=jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None,
+        )
+
 
 def empty_carry(block_m: int, block_d: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(acc, running max, running sum) before the first tile."""

@@ -147,22 +147,14 @@ def paged_prefill_attention(
     """
     check_prefill_args(q, k_cache, v_cache, block_table, token_rows, positions, valid)
     num_tokens, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
-    num_rows, max_blocks = block_table.shape
+    num_kv_heads = k_cache.shape[2]
+    num_rows = block_table.shape[0]
     group = num_heads // num_kv_heads
     block_m = max(16, pow2(max(block_m, group)))
     tokens_per_tile = block_m // group
     block_d, block_k = max(16, pow2(head_dim)), max(16, pow2(block_k))
     start, end = _tiles(token_rows, valid, tokens_per_tile, num_rows)
-    keys = PagedKeys(
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_blocks=max_blocks,
-        num_kv_heads=num_kv_heads,
-        block_k=block_k,
-        scale=float(scale),
-        precision=jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None,
-    )
+    keys = PagedKeys.of(q, k_cache, block_table, block_k=block_k, scale=scale)
     kernel = functools.partial(
         _kernel,
         keys=keys,

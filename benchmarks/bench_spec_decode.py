@@ -15,6 +15,9 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
   must be accepted, at the price of K + 1 target-sized draft passes per step.
 - `mtp-K`: a random MTP head (an attention block and an MLP block, `jmamba.mtp`) drafting inside
   the target's step: random, its drafts are rejected, so it shows the cost side of the head.
+- `ngram-K@B`, `mtp-K@B`: drafts only in steps with at most B running requests
+  (`SpeculativeConfig.max_batch_size`); with `--async-scheduling` the larger steps run
+  asynchronously, as the `none` baseline then does.
 
 `--size stdlib` serves the trained `tiny-stdlib` preset instead (fp32, its trained MTP head for
 `mtp-K`), on `--prompt-len`-byte prompts cut at line starts from the held-out files of the
@@ -31,6 +34,8 @@ proposed drafts; accepted per step = accepted drafts per decode row per step (th
     python benchmarks/bench_spec_decode.py --size tiny --batches 1,2 --max-tokens 8   # CPU smoke
     python benchmarks/bench_spec_decode.py                                           # one GPU
     python benchmarks/bench_spec_decode.py --size stdlib --methods none,ngram-4,mtp-1,mtp-2,mtp-3
+    python benchmarks/bench_spec_decode.py --size stdlib --async-scheduling \
+        --methods none,mtp-1,mtp-1@16
 """
 
 from __future__ import annotations
@@ -92,12 +97,15 @@ class OracleDrafter:
 
     total_compile_seconds = 0.0
 
-    def __init__(self, truth: dict[str, list[int]], k: int) -> None:
-        self.truth, self.k = truth, k
+    def __init__(self, truth: dict[str, list[int]], spec: SpeculativeConfig) -> None:
+        self.truth, self.k, self.spec = truth, spec.num_speculative_tokens, spec
         self._proposals: dict[Request, list[int]] = {}
 
     def check(self, params: SamplingParams) -> None:
         """Serves what the bench asks."""
+
+    def drafts_at(self, num_running: int) -> bool:
+        return self.spec.drafts_at(num_running)
 
     def num_wanted(self, request: Request) -> int:
         done = len(request.output_token_ids)
@@ -119,6 +127,14 @@ class OracleDrafter:
         """Compiles nothing."""
 
 
+def parse_method(method: str) -> tuple[str, int, int | None]:
+    """(kind, K, max_batch_size) of a method name: "mtp-2@16" is ("mtp", 2, 16), "none" is
+    ("none", 0, None)."""
+    name, _, limit = method.partition("@")
+    kind, _, k = name.partition("-")
+    return kind, int(k or 0), int(limit) if limit else None
+
+
 def workload(vocab: int, count: int, phrase_len: int, repeats: int) -> list[list[int]]:
     rng = np.random.default_rng(0)
     return [rng.integers(0, vocab, phrase_len).tolist() * repeats for _ in range(count)]
@@ -130,6 +146,7 @@ def engine_config(
     max_model_len: int,
     budget: int,
     speculative: SpeculativeConfig | None,
+    async_scheduling: bool = False,
 ) -> EngineConfig:
     return EngineConfig(
         max_num_seqs=max_batch,
@@ -140,6 +157,7 @@ def engine_config(
         prefill_token_buckets=(budget,),
         prefill_row_buckets=(max_batch,),
         speculative=speculative,
+        async_scheduling=async_scheduling,
     )
 
 
@@ -196,15 +214,16 @@ class Bench:
         self.truth: dict[str, list[int]] = {}
 
     def config(self, method: str) -> EngineConfig:
-        kind, _, k = method.partition("-")
+        kind, k, limit = parse_method(method)
         spec = None
         if kind in ("ngram", "oracle"):
-            spec = SpeculativeConfig("ngram", int(k))
+            spec = SpeculativeConfig("ngram", k, max_batch_size=limit)
         elif kind in ("draft", "self"):
-            spec = SpeculativeConfig("draft_model", int(k))
+            spec = SpeculativeConfig("draft_model", k)
         elif kind == "mtp":
-            spec = SpeculativeConfig("mtp", int(k))
-        return engine_config(max(self.batches), self.batches, self.max_model_len, self.budget, spec)
+            spec = SpeculativeConfig("mtp", k, max_batch_size=limit)
+        sizes = (max(self.batches), self.batches, self.max_model_len, self.budget)
+        return engine_config(*sizes, spec, self.args.async_scheduling)
 
     def runner(self, key: tuple, model: HybridLM, config: EngineConfig) -> ModelRunner:
         if key not in self.runners:
@@ -212,7 +231,7 @@ class Bench:
         return self.runners[key]
 
     def engine(self, method: str) -> Engine:
-        kind, _, k = method.partition("-")
+        kind, k, _ = parse_method(method)
         config = self.config(method)
         model = self.mtp_model if kind == "mtp" else self.model
         runner = self.runner(
@@ -221,7 +240,7 @@ class Bench:
         if kind not in ("draft", "self"):
             engine = Engine(model, config, runner=runner)
             if kind == "oracle":
-                engine.drafter = OracleDrafter(self.truth, int(k))
+                engine.drafter = OracleDrafter(self.truth, config.speculative)
             return engine
         draft = self.model if kind == "self" else self.draft_model
         draft_runner = self.runner((kind, k), draft, draft_engine_config(runner.config))
@@ -272,6 +291,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=96, help="--size stdlib: prompt bytes")
     parser.add_argument("--budget", type=int, default=4096, help="token budget per step")
+    parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="every engine schedules asynchronously (speculative ones in the steps without "
+        "drafts: a method 'kind-K@B' drafts only while at most B requests run)",
+    )
     args = parser.parse_args(argv)
     methods = args.methods.split(",")
     if "oracle" in args.methods and methods[0] != "none":

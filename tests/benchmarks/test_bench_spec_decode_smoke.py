@@ -37,3 +37,16 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
             assert r["drafted"] > 0 and r["accepted"] == r["drafted"]
     saved = json.loads((tmp_path / "bench_spec_decode.json").read_text())
     assert len(saved["rows"]) == len(rows)
+
+
+def test_async_run_drafts_only_at_small_batches(monkeypatch, tmp_path):
+    """--async-scheduling with `oracle-2@1`: at B = 1 it drafts (synchronous steps) and every
+    draft is accepted, at B = 2 no step drafts (asynchronous steps); the baseline runs
+    asynchronously too."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["--size", "tiny", "--batches", "1,2", "--methods", "none,oracle-2@1"]
+    argv += ["--phrase-len", "8", "--repeats", "4", "--max-tokens", "8", "--budget", "64"]
+    rows = bench_spec_decode.main([*argv, "--async-scheduling"])
+    rows = {r["batch"]: r for r in rows if r["method"] == "oracle-2@1"}
+    assert rows[1]["drafted"] > 0 and rows[1]["accepted"] == rows[1]["drafted"]
+    assert rows[2]["drafted"] == 0

@@ -122,7 +122,7 @@ def jax_part(out_path: str) -> None:
             ts.append(time.perf_counter() - t0)
         return float(np.median(ts)) / (n * NL)
 
-    sweep = [dict(block_v=bv, num_warps=nw) for bv in (8, 16, 32, 64) for nw in (1, 4)]
+    sweep = [dict(block_v=bv, num_warps=nw) for bv in (8, 16, 32, 64, 128) for nw in (1, 2, 4, 8)]
     for B in DECODE_B:
         best = None
         for kn in sweep:

@@ -220,7 +220,8 @@ class Engine:
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
         carry = self.config.async_scheduling and not drafting
-        dispatched = self._timer.device(self.runner.dispatch, bucket, batches, carry=carry)
+        dispatch = self.runner.dispatch
+        dispatched = self._timer.device(dispatch, bucket, batches, carry=carry, drafts=drafting)
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         self._num_launched += 1
         index = self._num_launched - 1
@@ -356,9 +357,14 @@ class Engine:
                 "step, or step until has_unfinished is False"
             )
         modes = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
-        for carry, buckets in self.buckets.warmup_variants(prefill):
+        for carry, drafts, buckets in self.buckets.warmup_variants(prefill):
             self.runner.warmup(
-                buckets, modes=modes, carry=carry, progress=progress, workers=workers
+                buckets,
+                modes=modes,
+                carry=carry,
+                drafts=drafts,
+                progress=progress,
+                workers=workers,
             )
         self.drafter.warmup()
         self._freeze_gc()

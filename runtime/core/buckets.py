@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -76,6 +76,15 @@ def round_up(sizes: tuple[int, ...], n: int) -> int:
     return sizes[i]
 
 
+class WarmupGroup(NamedTuple):
+    """Buckets `Engine.warmup` compiles alike: whether their steps carry tokens to the next (an
+    asynchronous engine's) and whether they draft."""
+
+    carry: bool
+    drafts: bool
+    buckets: list[Bucket]
+
+
 class BucketPolicy:
     """Maps a `Schedule` to its `Bucket`; lists the decode buckets to compile at start-up."""
 
@@ -85,6 +94,10 @@ class BucketPolicy:
         self.prefill_rows = config.prefill_row_buckets
         self.width = config.decode_width
         self.asynchronous = config.async_scheduling
+        spec = config.speculative
+        # Steps without drafts: every step without speculation; with it, those above its batch
+        # limit (`SpeculativeConfig.max_batch_size`).
+        self.undrafted_steps = spec is None or spec.max_batch_size is not None
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).
         self.widths = tuple(sorted({1, self.width}))
@@ -135,18 +148,18 @@ class BucketPolicy:
         alone = self.lone_prefill_buckets() if prefill == "alone" else []
         return self.decode_buckets() + alone
 
-    def warmup_variants(self, prefill: bool | Literal["alone"]) -> list[tuple[bool, list[Bucket]]]:
-        """(carry, buckets) pairs `Engine.warmup` compiles, `warmup_buckets` split by how their
-        steps run: asynchronously (carry: the steps without drafts of an asynchronous engine)
-        or synchronously (every step of a synchronous engine, and every step that may carry
-        drafts: a speculative engine's drafting steps, whatever their width)."""
+    def warmup_variants(self, prefill: bool | Literal["alone"]) -> list[WarmupGroup]:
+        """`warmup_buckets` split by how their steps run. Steps without drafts use the width-1
+        buckets, asynchronously in an asynchronous engine; steps that may carry drafts (a
+        speculative engine's drafting steps, whatever their width) run synchronously."""
         buckets = self.warmup_buckets(prefill)
-        variants = []
-        if self.asynchronous:
-            variants.append((True, [b for b in buckets if b.width == 1]))
-        if not self.asynchronous or self.width > 1:
-            variants.append((False, buckets))
-        return variants
+        groups = []
+        if self.undrafted_steps:
+            narrow = [b for b in buckets if b.width == 1]
+            groups.append(WarmupGroup(self.asynchronous, False, narrow))
+        if self.width > 1:
+            groups.append(WarmupGroup(False, True, buckets))
+        return groups
 
     def lone_prefill_buckets(self) -> list[Bucket]:
         """The steps of one prefill row and nothing else: a request arriving at an idle engine

@@ -53,7 +53,7 @@ from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import make_mesh
 from runtime.device.memory import pool_memory
-from runtime.device.mtp_drafts import MTPDrafts, NoDeviceDrafts
+from runtime.device.mtp_drafts import DeviceDrafter, MTPDrafts, NoDeviceDrafts
 from runtime.device.packing import Layout, layout_of, pack
 from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
 from runtime.device.spmd_step import spmd_step
@@ -61,12 +61,15 @@ from runtime.device.step_buffers import StepBuffers
 
 
 class VariantKey(NamedTuple):
-    """What a compiled step is specialised on: its bucket (shapes), the sampler's mode, and
-    whether it carries tokens to the next step (an asynchronous engine's steps)."""
+    """What a compiled step is specialised on: its bucket (shapes), the sampler's mode, whether
+    it carries tokens to the next step (an asynchronous engine's steps), and whether it drafts on
+    the device (an MTP engine's steps; False for every step of an engine that drafts nowhere or
+    on the host)."""
 
     bucket: Bucket
     mode: SamplingMode
     carry: bool
+    drafts: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +98,9 @@ class ModelRunner:
         scheduled request's sampled row, when its sampling mode asked for them; else None.
       last_drafts: per local rank, the last step's drafts [1 + k, N] when the step drafts on the
         device (`drafter`); else None.
-      drafter: what the step drafts (`runtime.device.mtp_drafts`): the MTP head's drafts when the
-        config speculates with method "mtp", else nothing.
+      drafter: what a drafting step drafts (`runtime.device.mtp_drafts`): the MTP head's drafts
+        when the config speculates with method "mtp", else nothing; a step dispatched without
+        drafts runs its `without_drafts()`.
       compile_seconds: time spent compiling, per `VariantKey`.
     """
 
@@ -185,13 +189,15 @@ class ModelRunner:
         inputs: jax.Array | None = None,
         *,
         carry: bool = False,
+        drafts: bool = True,
     ) -> DispatchedStep:
         """Hand one step to the device (compiling its variant first if needed) without waiting
         for it. With `carry` (an asynchronous engine) the step takes the tokens of the previous
         carrying step through its `token_sources` and hands its own to the next; without, it is
-        the plain step (a variant of its own). `inputs`: the batches already on the device
-        (`device_inputs`), for benchmarks that replay one step."""
-        key = self._variant(bucket, batches, carry)
+        the plain step (a variant of its own). `drafts`: whether the step drafts for the next
+        (`drafter`; else its `without_drafts()` runs). `inputs`: the batches already on the
+        device (`device_inputs`), for benchmarks that replay one step."""
+        key = self._variant(bucket, batches, carry, drafts)
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
         packed = self.buffers.upload(key, self._packed(key, batches) if inputs is None else inputs)
         self.caches, outputs, carried = compiled(
@@ -210,18 +216,20 @@ class ModelRunner:
     def device_inputs(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:
         """The batches packed into the one device array `dispatch` sends (compiling the variant
         first if needed)."""
-        key = self._variant(bucket, batches, carry=False)
+        key = self._variant(bucket, batches, carry=False, drafts=True)
         if key not in self._compiled:
             self._compile(key, batches[0])
         return self._packed(key, batches)
 
-    def _variant(self, bucket: Bucket, batches: list[StepBatch], carry: bool) -> VariantKey:
+    def _variant(
+        self, bucket: Bucket, batches: list[StepBatch], carry: bool, drafts: bool
+    ) -> VariantKey:
         if len(batches) != len(self.local_ranks):
             raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
         mode = batches[0].mode
         if any(b.mode != mode for b in batches):
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
-        return VariantKey(bucket, mode, carry)
+        return VariantKey(bucket, mode, carry, drafts and self.drafter.num_drafts > 0)
 
     def fetch(self, step: DispatchedStep) -> list[np.ndarray]:
         """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,
@@ -248,12 +256,13 @@ class ModelRunner:
         *,
         modes: tuple[SamplingMode, ...] = (SamplingMode(),),
         carry: bool = False,
+        drafts: bool = True,
         progress: bool = False,
         workers: int = COMPILE_WORKERS,
     ) -> None:
-        """Compile `buckets` in each sampling mode of `modes` (`carry`: the variants an
-        asynchronous engine dispatches), then run each once on all-padding steps (which change no
-        live slot and feed no token); `progress` shows a bar with the compile seconds so far.
+        """Compile `buckets` in each sampling mode of `modes` (`carry`, `drafts`: as `dispatch`
+        takes them), then run each once on all-padding steps (which change no live slot and feed
+        no token); `progress` shows a bar with the compile seconds so far.
 
         Variants are lowered one by one (Python, under the GIL), each handed to `workers` compiling
         threads as soon as it is lowered (XLA compiles without the GIL), so each variant's
@@ -264,7 +273,8 @@ class ModelRunner:
             for bucket in buckets
             for mode in modes
         ]
-        todo = {VariantKey(bucket, batch.mode, carry): batch for bucket, batch in steps}
+        ranks = len(self.local_ranks)
+        todo = {self._variant(b, [batch] * ranks, carry, drafts): batch for b, batch in steps}
         todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
         with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
             with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
@@ -277,7 +287,7 @@ class ModelRunner:
                     bar.update()
                     bar.set_postfix_str(f"{self.total_compile_seconds:.1f} s compiling")
         for bucket, batch in steps:
-            self.fetch(self.dispatch(bucket, [batch] * len(self.local_ranks), carry=carry))
+            self.fetch(self.dispatch(bucket, [batch] * ranks, carry=carry, drafts=drafts))
 
     def _dummy(self, bucket: Bucket) -> StepBatch:
         return build_dummy(
@@ -306,7 +316,7 @@ class ModelRunner:
             self.keep_logits,
             self._layouts[key],
             key.mode,
-            self.drafter,
+            self.drafter if key.drafts else self.drafter.without_drafts(),
         )
         carried = self.buffers.carried if key.carry else None
         _, outputs, _ = self._jitted.eval_shape(
@@ -339,7 +349,7 @@ def served_model(model: HybridLM, config: EngineConfig) -> HybridLM:
     return model if device_drafter(config).num_drafts else model.without_head()
 
 
-def device_drafter(config: EngineConfig) -> NoDeviceDrafts | MTPDrafts:
+def device_drafter(config: EngineConfig) -> DeviceDrafter:
     """The step's drafter: the MTP head's K drafts under speculative method "mtp", else none."""
     spec = config.speculative
     if spec is not None and spec.method == "mtp":

@@ -3,7 +3,10 @@
 A step's device drafter is static (it picks the compiled program) and always present:
 `NoDeviceDrafts` (no speculation, or a drafter that runs on the host or in its own model) returns
 nothing; `MTPDrafts(k)` runs the model's MTP head (`jmamba.mtp`) and returns up to k drafts per
-scheduled row, which the host hands back as the row's drafts in the next step.
+scheduled row, which the host hands back as the row's drafts in the next step. A step of an MTP
+engine that drafts nothing (`SpeculativeConfig.max_batch_size`) runs `MTPHeadCache`: only the
+head's main pass (1 below), so the head's KV cache covers every token when drafting resumes,
+without the head's logits or chain (`without_drafts` gives each drafter's step without drafts).
 
 `MTPDrafts`, per step, after the target sampled (and verified) its lanes:
 
@@ -42,6 +45,9 @@ class NoDeviceDrafts:
 
     num_drafts: int = 0
 
+    def without_drafts(self) -> NoDeviceDrafts:
+        return self
+
     def __call__(
         self,
         model: HybridLM,
@@ -60,6 +66,10 @@ class MTPDrafts:
     """Up to `num_drafts` drafts per row from the model's MTP head (module docstring)."""
 
     num_drafts: int
+
+    def without_drafts(self) -> MTPHeadCache:
+        """A step that drafts nothing still feeds the head its tokens (`MTPHeadCache`)."""
+        return MTPHeadCache()
 
     def __call__(
         self,
@@ -93,6 +103,35 @@ class MTPDrafts:
             counts += alive.astype(jnp.int32)
         table = jnp.stack([counts, *drafts])  # [1 + k, R]
         return _by_logits_row(table, inputs), caches
+
+
+@dataclasses.dataclass(frozen=True)
+class MTPHeadCache:
+    """An MTP engine's step without drafts: the head's main pass writes its KV cache at every
+    token lane of the step (module docstring, 1); no drafts, so no head logits and no chain.
+    What the pass computes past the cache writes has no use, and XLA drops it."""
+
+    num_drafts: int = 0
+
+    def without_drafts(self) -> MTPHeadCache:
+        return self
+
+    def __call__(
+        self,
+        model: HybridLM,
+        x: jax.Array,
+        sampled: jax.Array,
+        accepted: jax.Array,
+        inputs: StepInputs,
+        following: NextTokens,
+        caches: tuple[LayerCache, ...],
+    ) -> tuple[None, tuple[LayerCache, ...]]:
+        next_ids = next_token_ids(inputs, following, sampled)
+        _, caches = model.mtp_hidden(model.final_norm(x), next_ids, inputs, caches)
+        return None, caches
+
+
+DeviceDrafter = NoDeviceDrafts | MTPDrafts | MTPHeadCache
 
 
 def _greedy(model: HybridLM, hidden: jax.Array) -> jax.Array:

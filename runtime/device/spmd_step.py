@@ -20,7 +20,7 @@ from jmamba.model import rows_or_zeros
 from jmamba.tensor_parallel import TP_AXIS
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.distributed import AXIS, DeviceMesh
-from runtime.device.mtp_drafts import MTPDrafts, NoDeviceDrafts
+from runtime.device.mtp_drafts import DeviceDrafter
 from runtime.device.packing import Layout, unpack
 from runtime.device.sampler import accept_drafts, fed_tokens, logprobs, sample
 from runtime.device.step_buffers import StepOutputs
@@ -32,7 +32,7 @@ def _rank_step(
     keep_logits: bool,
     layout: Layout,
     mode: SamplingMode,
-    drafter: NoDeviceDrafts | MTPDrafts,
+    drafter: DeviceDrafter,
     param_leaves,
     caches,
     packed,
@@ -88,7 +88,7 @@ def spmd_step(
     keep_logits: bool,
     layout: Layout,
     mode: SamplingMode,
-    drafter: NoDeviceDrafts | MTPDrafts,
+    drafter: DeviceDrafter,
     param_leaves,
     caches,
     packed,

@@ -43,8 +43,11 @@ class MTPDrafter:
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
         """One rank's retired step of `bucket`: `drafts` [1 + K, N] (`runtime.device.mtp_drafts`)
-        holds each scheduled row's count and drafts at its first logits row."""
+        holds each scheduled row's count and drafts at its first logits row; None from a step
+        that did not draft, whose rows' older drafts no longer follow their tokens."""
         if drafts is None:
+            for item in schedule.items:
+                self._proposals.pop(item.request, None)
             return
         width, num_decodes = bucket.width, len(schedule.decodes)
         first_prefill = bucket.num_decode_rows * width

@@ -170,7 +170,7 @@ def test_speculation_drafts_synchronously_and_larger_steps_run_asynchronously(mo
     dispatch = engine.runner.dispatch
 
     def logged(bucket, batches, **options):
-        dispatched.append((options["carry"], bucket.width))
+        dispatched.append((options["carry"], options["drafts"], bucket.width))
         return dispatch(bucket, batches, **options)
 
     monkeypatch.setattr(engine.runner, "dispatch", logged)
@@ -183,9 +183,45 @@ def test_speculation_drafts_synchronously_and_larger_steps_run_asynchronously(mo
         outputs |= {o.request_id: o for o in engine.step()}
     for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
         assert outputs[str(i)].token_ids == naive_greedy(family, prompt, n), i
-    assert {width for carry, width in dispatched if carry} == {1}  # async steps: no drafts
-    assert any(width > 1 for carry, width in dispatched if not carry)  # drafting steps: sync
+    assert {(drafts, width) for carry, drafts, width in dispatched if carry} == {(False, 1)}
+    assert all(drafts for carry, drafts, _ in dispatched if not carry)  # drafting steps: sync
+    assert any(width > 1 for carry, _, width in dispatched if not carry)
     assert_pools_empty(engine)
+
+
+def proposals(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> dict:
+    """Serve `prompts`; {(request index, position of its first draft): drafts} of every row
+    the drafter gave drafts."""
+    proposed = {}
+    propose = engine.drafter.propose
+
+    def logged(schedules, bucket):
+        schedules = propose(schedules, bucket)
+        for item in (item for schedule in schedules for item in schedule.decodes):
+            if item.draft_token_ids:
+                key = (int(item.request.request_id), item.start + item.num_tokens - 1)
+                proposed[key] = tuple(item.draft_token_ids)
+        return schedules
+
+    engine.drafter.propose = logged
+    for prompt, n in zip(prompts, lengths, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n))
+    while engine.has_unfinished:
+        engine.step()
+    return proposed
+
+
+def test_steps_without_drafts_still_feed_the_mtp_heads_cache():
+    """Steps above `max_batch_size` skip the head's drafting but not its KV writes: the drafts a
+    request gets once it drafts again equal those of an engine that drafts in every step (a
+    head that missed those tokens would attend to stale KV and draft otherwise)."""
+    family, prompts, lengths = "nemotron_h", [[3, 4, 3, 4], [7, 8, 9], [5, 6, 5]], [3, 5, 20]
+    every_step = proposals(spec_engine(family, "mtp", 2), prompts, lengths)
+    engine = spec_engine(family, "mtp", 2, max_batch_size=1, async_scheduling=True)
+    some_steps = proposals(engine, prompts, lengths)
+    late = [k for k in some_steps if k[0] == 2 and k[1] >= len(prompts[2]) + 6 and k in every_step]
+    assert late, "no draft of request 2 after the others finished to compare"
+    assert {key: some_steps[key] for key in late} == {key: every_step[key] for key in late}
 
 
 def test_async_scheduling_is_a_flag():
@@ -237,7 +273,7 @@ def test_warmup_compiles_the_variants_an_asynchronous_engine_dispatches():
     engine = Engine(model, config, runner=ModelRunner(model, config))
     engine.warmup()
     warmed = set(engine.runner.variants)
-    assert warmed and all(carry for _, _, carry in warmed)
+    assert warmed and all(v.carry for v in warmed)
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=3))
     engine.warmup(prefill=True)
     warmed = set(engine.runner.variants)
@@ -256,7 +292,7 @@ def test_warmup_with_sampling_covers_a_sampled_request_arriving_at_an_idle_engin
     engine.warmup(prefill="alone", sampled=True)
     warmed = set(engine.runner.variants)
     buckets = engine.buckets.warmup_buckets("alone")
-    assert {(bucket, mode.sampled) for bucket, mode, _ in warmed} == {
+    assert {(v.bucket, v.mode.sampled) for v in warmed} == {
         (bucket, sampled) for bucket in buckets for sampled in (False, True)
     }
     assert engine.runner.compile_seconds.keys() == warmed

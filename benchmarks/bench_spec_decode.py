@@ -18,6 +18,8 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
 - `ngram-K@B`, `mtp-K@B`: drafts only in steps with at most B running requests
   (`SpeculativeConfig.max_batch_size`); with `--async-scheduling` the larger steps run
   asynchronously, as the `none` baseline then does.
+- `ngram-K@auto`, `mtp-K@auto`: drafts where it measures that drafting pays
+  (`SpeculativeConfig.adaptive`, `runtime.speculative.gate.MeasuredGate`).
 
 `--size stdlib` serves the trained `tiny-stdlib` preset instead (fp32, its trained MTP head for
 `mtp-K`), on `--prompt-len`-byte prompts cut at line starts from the held-out files of the
@@ -26,10 +28,12 @@ cuts them): acceptance on real text, and what it buys in tokens/s (none, ngram-K
 
 One runner per lane width (and per draft model) serves every batch size (decode row buckets
 1, 16, 64), and a short warm-up serve of the same shape compiles every variant before timing.
+The host's speed drifts between runs on a shared machine (up to 1.5x on the H100 hosts), so the
+methods of a batch size are timed in `--rounds` interleaved rounds, a fresh engine per serve:
 tokens/s = decode tokens / wall time of the decode phase (from the first step in which no request
-is waiting or prefilling to the end; the faster of two timed serves); acceptance = accepted /
-proposed drafts; accepted per step = accepted drafts per decode row per step (the row gains
-1 + that many tokens).
+is waiting or prefilling to the end), the median over rounds, with the rounds' spread beside it
+(min-max / median); acceptance = accepted / proposed drafts; accepted per step = accepted drafts
+per decode row per step (the row gains 1 + that many tokens).
 
     python benchmarks/bench_spec_decode.py --size tiny --batches 1,2 --max-tokens 8   # CPU smoke
     python benchmarks/bench_spec_decode.py                                           # one GPU
@@ -98,14 +102,11 @@ class OracleDrafter:
     total_compile_seconds = 0.0
 
     def __init__(self, truth: dict[str, list[int]], spec: SpeculativeConfig) -> None:
-        self.truth, self.k, self.spec = truth, spec.num_speculative_tokens, spec
+        self.truth, self.k = truth, spec.num_speculative_tokens
         self._proposals: dict[Request, list[int]] = {}
 
     def check(self, params: SamplingParams) -> None:
         """Serves what the bench asks."""
-
-    def drafts_at(self, num_running: int) -> bool:
-        return self.spec.drafts_at(num_running)
 
     def num_wanted(self, request: Request) -> int:
         done = len(request.output_token_ids)
@@ -127,12 +128,13 @@ class OracleDrafter:
         """Compiles nothing."""
 
 
-def parse_method(method: str) -> tuple[str, int, int | None]:
-    """(kind, K, max_batch_size) of a method name: "mtp-2@16" is ("mtp", 2, 16), "none" is
-    ("none", 0, None)."""
+def parse_method(method: str) -> tuple[str, int, int | None, bool]:
+    """(kind, K, max_batch_size, adaptive) of a method name: "mtp-2@16" is ("mtp", 2, 16,
+    False), "ngram-3@auto" ("ngram", 3, None, True), "none" ("none", 0, None, False)."""
     name, _, limit = method.partition("@")
     kind, _, k = name.partition("-")
-    return kind, int(k or 0), int(limit) if limit else None
+    adaptive = limit == "auto"
+    return kind, int(k or 0), int(limit) if limit and not adaptive else None, adaptive
 
 
 def workload(vocab: int, count: int, phrase_len: int, repeats: int) -> list[list[int]]:
@@ -214,14 +216,13 @@ class Bench:
         self.truth: dict[str, list[int]] = {}
 
     def config(self, method: str) -> EngineConfig:
-        kind, k, limit = parse_method(method)
+        kind, k, limit, adaptive = parse_method(method)
         spec = None
-        if kind in ("ngram", "oracle"):
-            spec = SpeculativeConfig("ngram", k, max_batch_size=limit)
+        if kind in ("ngram", "oracle", "mtp"):
+            method = "mtp" if kind == "mtp" else "ngram"
+            spec = SpeculativeConfig(method, k, max_batch_size=limit, adaptive=adaptive)
         elif kind in ("draft", "self"):
             spec = SpeculativeConfig("draft_model", k)
-        elif kind == "mtp":
-            spec = SpeculativeConfig("mtp", k, max_batch_size=limit)
         sizes = (max(self.batches), self.batches, self.max_model_len, self.budget)
         return engine_config(*sizes, spec, self.args.async_scheduling)
 
@@ -231,7 +232,7 @@ class Bench:
         return self.runners[key]
 
     def engine(self, method: str) -> Engine:
-        kind, k, _ = parse_method(method)
+        kind, k, *_ = parse_method(method)
         config = self.config(method)
         model = self.mtp_model if kind == "mtp" else self.model
         runner = self.runner(
@@ -240,7 +241,7 @@ class Bench:
         if kind not in ("draft", "self"):
             engine = Engine(model, config, runner=runner)
             if kind == "oracle":
-                engine.drafter = OracleDrafter(self.truth, config.speculative)
+                engine.drafter = OracleDrafter(self.oracle_truth(), config.speculative)
             return engine
         draft = self.model if kind == "self" else self.draft_model
         draft_runner = self.runner((kind, k), draft, draft_engine_config(runner.config))
@@ -248,33 +249,57 @@ class Bench:
             self.model, config, runner=runner, draft_model=draft, draft_runner=draft_runner
         )
 
-    def run(self, method: str, batch: int) -> dict:
-        prompts = self.prompts[:batch]
-        warm = self.engine(method)
-        warm.warmup()
-        serve(warm, prompts, min(self.args.max_tokens, 8))  # compiles prefill and mixed variants
+    def oracle_truth(self) -> dict[str, list[int]]:
+        """The baseline's greedy continuation of every prompt (served once, on first use)."""
+        if not self.truth:
+            engine = self.engine("none")
+            self.truth.update(serve(engine, self.prompts, self.args.max_tokens)["outputs"])
+        return self.truth
+
+    def warm(self, method: str, batch: int) -> None:
+        """Compile what serving `batch` requests with `method` runs."""
+        engine = self.engine(method)
+        engine.warmup()
+        serve(engine, self.prompts[:batch], min(self.args.max_tokens, 8))  # prefill, mixed
+
+    def time(self, method: str, batch: int) -> tuple[dict, Engine]:
+        """One timed serve of `batch` requests by a fresh engine (the warmed runners)."""
+        engine = self.engine(method)
+        return serve(engine, self.prompts[:batch], self.args.max_tokens), engine
+
+    def rows(self, methods: list[str], batch: int) -> list[dict]:
+        """Each method at `batch`: warmed, then timed in interleaved rounds (module docstring)."""
+        for method in methods:
+            self.warm(method, batch)
         compiled = self.compile_seconds()
-        runs = []
-        for _ in range(2):  # the faster of two timed serves (a fresh engine each, same runners)
-            engine = self.engine(method)
-            runs.append((serve(engine, prompts, self.args.max_tokens), engine))
-        result, engine = min(runs, key=lambda run: run[0]["decode_s"])
-        if method == "none" and batch == max(self.batches):
-            self.truth.update(result["outputs"])
+        served: dict[str, list] = {method: [] for method in methods}
+        for _ in range(self.args.rounds):
+            for method in methods:
+                served[method].append(self.time(method, batch))
+        return [
+            self.row(method, batch, served[method], self.compile_seconds() - compiled)
+            for method in methods
+        ]
+
+    @staticmethod
+    def row(method: str, batch: int, served: list, compile_in_timing_s: float) -> dict:
+        rates = [result["decode_tokens"] / result["decode_s"] for result, _ in served]
+        median = float(np.median(rates))
+        result, engine = served[-1]
         spec = engine.stats.speculation
         return dict(
             method=method,
             batch=batch,
-            tokens_per_s=result["decode_tokens"] / result["decode_s"],
-            decode_s=result["decode_s"],
-            total_s=result["total_s"],
+            tokens_per_s=median,
+            spread=(max(rates) - min(rates)) / median,
+            rounds=rates,
             decode_tokens=result["decode_tokens"],
             steps=engine.stats.num_steps,
             drafted=spec.num_drafted,
             accepted=spec.num_accepted,
             acceptance=spec.acceptance_rate,
             accepted_per_step=spec.num_accepted / spec.num_rows if spec.num_rows else 0.0,
-            compile_in_timing_s=self.compile_seconds() - compiled,
+            compile_in_timing_s=compile_in_timing_s,
         )
 
     def compile_seconds(self) -> float:
@@ -291,6 +316,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=96, help="--size stdlib: prompt bytes")
     parser.add_argument("--budget", type=int, default=4096, help="token budget per step")
+    parser.add_argument("--rounds", type=int, default=3, help="timed serves per method")
     parser.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
@@ -300,8 +326,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     args = parser.parse_args(argv)
     methods = args.methods.split(",")
-    if "oracle" in args.methods and methods[0] != "none":
-        raise ValueError(f"--methods={args.methods}: oracle needs 'none' first (its continuation)")
     bench = Bench(args)
     print(
         f"device={jax.devices()[0].device_kind} prompt="
@@ -310,10 +334,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         flush=True,
     )
     start, rows = time.perf_counter(), []
-    for method in methods:
-        for batch in sorted(bench.batches, reverse=True):  # the largest first: the oracle's truth
-            rows.append(bench.run(method, batch))
-            print(json.dumps(rows[-1]), flush=True)
+    for batch in bench.batches:
+        for row in bench.rows(methods, batch):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     base = {r["batch"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base[r["batch"]] if r["batch"] in base else None
@@ -326,12 +350,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_spec_decode.json"), "w") as f:
             json.dump(result, f, indent=1)
-    print("method     B   tokens/s  speedup  drafted  accepted  acceptance  accepted/step")
-    for r in sorted(rows, key=lambda r: (r["batch"], methods.index(r["method"]))):
+    print(
+        "method        B   tokens/s  spread  speedup  drafted  accepted  acceptance  accepted/step"
+    )
+    for r in rows:
         speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         print(
-            f"{r['method']:9s} {r['batch']:3d} {r['tokens_per_s']:10.0f} {speedup:>8s} "
-            f"{r['drafted']:8d} {r['accepted']:9d} {r['acceptance']:10.1%} "
+            f"{r['method']:12s} {r['batch']:3d} {r['tokens_per_s']:10.0f} {r['spread']:6.0%} "
+            f"{speedup:>8s} {r['drafted']:8d} {r['accepted']:9d} {r['acceptance']:10.1%} "
             f"{r['accepted_per_step']:13.2f}"
         )
     print(

@@ -44,6 +44,7 @@ from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.prefix_cache import slot_planner
 from runtime.router import LeastOutstandingWork, Router
 from runtime.speculative.drafter import make_drafter
+from runtime.speculative.gate import draft_gate
 from runtime.speculative.verify import verified_tokens
 
 
@@ -91,6 +92,7 @@ class Engine:
         self.router = router or LeastOutstandingWork()
         self.buckets = BucketPolicy(self.config)
         self.drafter = make_drafter(self.config, model, len(self.ranks), draft_model, draft_runner)
+        self.gate = draft_gate(self.config)
         self.stats = StepStats.of_ranks([s.slots.stats for s in self.schedulers])
         self.last_bucket: Bucket | None = None
         self.last_schedules: list[Schedule] = []
@@ -98,6 +100,7 @@ class Engine:
         self.requests = RequestTable.of(self.config, self.model_config)
         self._timer = StepTimer([self.runner, self.drafter])
         self._num_launched = 0
+        self._num_retired = 0  # decode tokens the current step retired (`gate.observe`)
         self._in_flight: _Launched | None = None  # asynchronous scheduling: dispatched, unretired
         self.tokenizer = tokenizer
         self.records: collections.deque[StepRecord] = collections.deque(
@@ -184,6 +187,7 @@ class Engine:
         the host; a step with drafts first retires that one). In a multi-host run every process
         calls `step()` in lockstep (it agrees on drafting, the bucket and the sampler mode)."""
         self._timer.start()
+        self._num_retired = 0
         self.last_deltas = []  # a step that retires nothing streams nothing
         drafting = self._drafts_now()
         outputs = self._drain() if drafting else []  # drafts need every row's last token here
@@ -199,6 +203,7 @@ class Engine:
         if retiring is None and launched is None:
             return outputs
         self._timer.stop()
+        self.gate.observe(self._num_retired, self._timer.host_seconds + self._timer.device_seconds)
         self.stats.count(self._timer, None if launched is None else launched.schedules)
         if self.records.maxlen and retiring is not None:
             self._record(retiring, outputs)
@@ -223,15 +228,14 @@ class Engine:
         dispatch = self.runner.dispatch
         dispatched = self._timer.device(dispatch, bucket, batches, carry=carry, drafts=drafting)
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
-        self._num_launched += 1
-        index = self._num_launched - 1
+        index, self._num_launched = self._num_launched, self._num_launched + 1
         return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots)
 
     def _drafts_now(self) -> bool:
-        """Whether this step drafts (`Drafter.drafts_at` the most running requests of a local
+        """Whether this step drafts (the gate's answer for the most running requests of a local
         rank), agreed by every process: a step with drafts runs synchronously everywhere."""
         num_running = max(len(s.running) for s in self.schedulers)
-        return bool(agree_max(np.array([self.drafter.drafts_at(num_running)], np.int32))[0])
+        return bool(agree_max(np.array([self.gate.drafts(num_running)], np.int32))[0])
 
     def _drain(self) -> list[RequestOutput]:
         """Retire the step in flight (asynchronous scheduling) before a step with drafts is
@@ -283,10 +287,10 @@ class Engine:
         finished = []
         device_drafts = self.runner.last_drafts or [None] * len(results)
         for rank, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
-            verified = verified_tokens(
+            tokens, drafts, acceptance = verified_tokens(
                 schedule, batch.sample_rows, step.bucket.width, results[rank]
             )
-            tokens, drafts, acceptance = verified
+            self._num_retired += len(schedule.decodes) + acceptance.num_accepted
             self.stats.ranks[rank].speculation.add(acceptance)
             finished += self.schedulers[rank].retire(schedule, tokens, drafts)
             self.drafter.observe(schedule, step.bucket, device_drafts[rank])
@@ -358,14 +362,8 @@ class Engine:
             )
         modes = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
         for carry, drafts, buckets in self.buckets.warmup_variants(prefill):
-            self.runner.warmup(
-                buckets,
-                modes=modes,
-                carry=carry,
-                drafts=drafts,
-                progress=progress,
-                workers=workers,
-            )
+            kinds = dict(modes=modes, carry=carry, drafts=drafts)
+            self.runner.warmup(buckets, **kinds, progress=progress, workers=workers)
         self.drafter.warmup()
         self._freeze_gc()
 

@@ -71,7 +71,7 @@ class LLM:
             raise ValueError(f"unknown engine options {unknown}; known: {sorted(fields)}")
         if async_scheduling is None:
             spec = SpeculativeConfig.of(engine_options.get("speculative"))
-            async_scheduling = spec is None or spec.max_batch_size is not None
+            async_scheduling = spec is None or spec.drafts_selectively
         config = EngineConfig(**engine_options, async_scheduling=async_scheduling)
         compile_cache.enable()
         start = time.perf_counter()

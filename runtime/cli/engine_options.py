@@ -139,6 +139,12 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
         help="ngram / mtp: draft only while no rank runs more requests than this; larger "
         "steps run without drafts, asynchronously (default: draft in every step)",
     )
+    spec.add_argument(
+        "--speculative-adaptive",
+        action="store_true",
+        help="ngram / mtp: measure tokens/s with and without drafts at each batch size and "
+        "draft where drafting gives more (the other steps run asynchronously)",
+    )
 
 
 def _add_multi_host(parser: argparse.ArgumentParser) -> None:
@@ -165,6 +171,7 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
         args.prompt_lookup_max,
         args.draft_model,
         args.speculative_max_batch_size,
+        args.speculative_adaptive,
     )
 
 

@@ -95,9 +95,9 @@ class BucketPolicy:
         self.width = config.decode_width
         self.asynchronous = config.async_scheduling
         spec = config.speculative
-        # Steps without drafts: every step without speculation; with it, those above its batch
-        # limit (`SpeculativeConfig.max_batch_size`).
-        self.undrafted_steps = spec is None or spec.max_batch_size is not None
+        # Steps without drafts: every step without speculation; with it, those its gate skips
+        # (`SpeculativeConfig.drafts_selectively`).
+        self.undrafted_steps = spec is None or spec.drafts_selectively
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).
         self.widths = tuple(sorted({1, self.width}))

@@ -32,6 +32,9 @@ class SpeculativeConfig:
         than this many running requests; larger steps run without drafts, and asynchronously
         when the engine's `async_scheduling` is on (a step with drafts always runs
         synchronously: its rows' last tokens must be on the host). None: draft in every step.
+      adaptive: ngram and mtp only: measure the tokens per second of steps with and without
+        drafts at each batch size, and draft where drafting gives more
+        (`runtime.speculative.gate.MeasuredGate`; never above `max_batch_size` when it is set).
     """
 
     method: str = "ngram"
@@ -40,6 +43,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     draft_model: str | None = None
     max_batch_size: int | None = None
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -58,15 +62,18 @@ class SpeculativeConfig:
             raise ValueError(f"draft_model={self.draft_model!r} needs method='draft_model'")
         if self.max_batch_size is not None:
             checks.integer("max_batch_size", self.max_batch_size, low=1)
-            if self.method == "draft_model":
-                raise ValueError(
-                    f"max_batch_size={self.max_batch_size} needs method 'ngram' or 'mtp': a draft "
-                    "model follows every step of the target, so it cannot skip large ones"
-                )
+        checks.flag("adaptive", self.adaptive)
+        if self.drafts_selectively and self.method == "draft_model":
+            option = "adaptive=True" if self.adaptive else f"max_batch_size={self.max_batch_size}"
+            raise ValueError(
+                f"{option} needs method 'ngram' or 'mtp': a draft model follows every step of "
+                "the target, so it cannot skip steps"
+            )
 
-    def drafts_at(self, num_running: int) -> bool:
-        """Whether a step drafts when a rank holds at most `num_running` running requests."""
-        return self.max_batch_size is None or num_running <= self.max_batch_size
+    @property
+    def drafts_selectively(self) -> bool:
+        """Whether some steps run without drafts (`max_batch_size`, `adaptive`)."""
+        return self.max_batch_size is not None or self.adaptive
 
     @classmethod
     def of(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig | None:

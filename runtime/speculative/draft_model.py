@@ -82,11 +82,6 @@ class DraftModelDrafter:
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
 
-    def drafts_at(self, num_running: int) -> bool:
-        """Every step: the draft model follows each of the target's steps (its catch-up pass
-        feeds at most 1 + K new tokens a row), so it cannot sit steps out."""
-        return True
-
     def num_wanted(self, request: Request) -> int:
         """The draft model can always propose K drafts."""
         return self.k

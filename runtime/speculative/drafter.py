@@ -1,12 +1,13 @@
 """The drafter contract (`Drafter`), the drafter of an engine without speculation (`NoDrafts`), and
 `make_drafter`, which builds the one a config asks for.
 
-An engine always holds a drafter and calls it at fixed points of every step, so it never asks
-whether speculation is on: `drafts_at` (before scheduling: whether this step drafts at all),
-`num_wanted` (inside the scheduler, per decode row: how many drafts it would propose), `propose`
-(after the ranks agreed on the step's bucket: the decode rows given k > 0 lanes get their k
-drafts), `release_done` (after retirement and aborts: give back what finished or preempted
-requests held). With `NoDrafts` no step drafts and every row is a plain one-token decode row.
+An engine always holds a drafter and calls it at fixed points of every step that drafts (its
+`DraftGate` says which do, `runtime.speculative.gate`), so it never asks whether speculation is
+on: `num_wanted` (inside the scheduler, per decode row: how many drafts it would propose),
+`propose` (after the ranks agreed on the step's bucket: the decode rows given k > 0 lanes get
+their k drafts), `observe` (every retired step), `release_done` (after retirement and aborts:
+give back what finished or preempted requests held). With `NoDrafts` no step drafts and every
+row is a plain one-token decode row.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ class Drafter(Protocol):
 
     def check(self, params: SamplingParams) -> None:
         """ValueError for sampling params this drafter's engine cannot serve."""
-
-    def drafts_at(self, num_running: int) -> bool:
-        """Whether the coming step drafts, when no rank holds more than `num_running` running
-        requests (`SpeculativeConfig.max_batch_size`). A step that does not draft is scheduled
-        without drafts and proposes nothing."""
 
     def num_wanted(self, request: Request) -> int:
         """How many drafts it would propose for the request's next decode row."""
@@ -67,9 +63,6 @@ class NoDrafts:
 
     def check(self, params: SamplingParams) -> None:
         """Every request can be served."""
-
-    def drafts_at(self, num_running: int) -> bool:
-        return False
 
     def num_wanted(self, request: Request) -> int:
         return 0

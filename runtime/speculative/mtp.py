@@ -31,9 +31,6 @@ class MTPDrafter:
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
 
-    def drafts_at(self, num_running: int) -> bool:
-        return self.config.drafts_at(num_running)
-
     def num_wanted(self, request: Request) -> int:
         return len(self._proposals.get(request, ()))
 

@@ -54,9 +54,6 @@ class NgramDrafter:
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
 
-    def drafts_at(self, num_running: int) -> bool:
-        return self.config.drafts_at(num_running)
-
     def num_wanted(self, request: Request) -> int:
         """Look the request's tokens up; keep the proposal until `propose`."""
         c = self.config

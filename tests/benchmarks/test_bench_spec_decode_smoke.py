@@ -26,6 +26,8 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
         "8",
         "--budget",
         "64",
+        "--rounds",
+        "1",
     ]
     rows = bench_spec_decode.main(argv)
     assert {(r["method"], r["batch"]) for r in rows} == {
@@ -42,11 +44,14 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
 def test_async_run_drafts_only_at_small_batches(monkeypatch, tmp_path):
     """--async-scheduling with `oracle-2@1`: at B = 1 it drafts (synchronous steps) and every
     draft is accepted, at B = 2 no step drafts (asynchronous steps); the baseline runs
-    asynchronously too."""
+    asynchronously too. `oracle-2@auto` (the measured gate) runs, and its drafts are right."""
     monkeypatch.setenv("OUT", str(tmp_path))
-    argv = ["--size", "tiny", "--batches", "1,2", "--methods", "none,oracle-2@1"]
+    methods = "none,oracle-2@1,oracle-2@auto"
+    argv = ["--size", "tiny", "--batches", "1,2", "--methods", methods, "--rounds", "2"]
     argv += ["--phrase-len", "8", "--repeats", "4", "--max-tokens", "8", "--budget", "64"]
     rows = bench_spec_decode.main([*argv, "--async-scheduling"])
-    rows = {r["batch"]: r for r in rows if r["method"] == "oracle-2@1"}
-    assert rows[1]["drafted"] > 0 and rows[1]["accepted"] == rows[1]["drafted"]
-    assert rows[2]["drafted"] == 0
+    limited = {r["batch"]: r for r in rows if r["method"] == "oracle-2@1"}
+    assert limited[1]["drafted"] > 0 and limited[1]["accepted"] == limited[1]["drafted"]
+    assert limited[2]["drafted"] == 0
+    for row in (r for r in rows if r["method"] == "oracle-2@auto"):
+        assert row["accepted"] == row["drafted"] and len(row["rounds"]) == 2

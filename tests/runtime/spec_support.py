@@ -1,7 +1,7 @@
 """Shared speculative engines for the tests: one target runner per family (every K shares it, so
 the prefill-only variant compiles once), one draft runner per (draft, family), one runner per
-family of the preset with a random MTP head, and `Oracle`, a drafter that proposes a known
-continuation with planned mistakes."""
+family of the preset with a random MTP head, `Oracle`, a drafter that proposes a known
+continuation with planned mistakes, and `CoinGate`, a draft gate that drafts in random steps."""
 
 from __future__ import annotations
 
@@ -116,16 +116,23 @@ def spec_engine(
     ranks: int = 1,
     eos_token_ids: tuple[int, ...] | None = None,
     max_batch_size: int | None = None,
+    adaptive: bool = False,
     **options,
 ) -> Engine:
     """A fresh speculative engine on the shared runners; `eos_token_ids` replaces the model's EOS
-    ids, `max_batch_size` is the `SpeculativeConfig` field, `options` the EngineConfig fields."""
+    ids, `max_batch_size` and `adaptive` are the `SpeculativeConfig` fields, `options` the
+    EngineConfig fields."""
     model, _ = model_and_runner(family)
     if eos_token_ids is not None:
         model = model_with_eos(family, tuple(eos_token_ids))
     # 1-grams too: random models rarely repeat longer n-grams of their own output
     speculative = SpeculativeConfig(
-        method, k, prompt_lookup_min=1, prompt_lookup_max=3, max_batch_size=max_batch_size
+        method,
+        k,
+        prompt_lookup_min=1,
+        prompt_lookup_max=3,
+        max_batch_size=max_batch_size,
+        adaptive=adaptive,
     )
     config = spec_config(family, speculative, data_parallel_size=ranks, **options)
     if method == "mtp":
@@ -140,6 +147,20 @@ def spec_engine(
         draft_model=draft_model(draft),
         draft_runner=draft_runner(draft, family, ranks),
     )
+
+
+class CoinGate:
+    """A draft gate that drafts in a random half of the steps (seeded): whatever the sequence of
+    drafting and plain steps, an engine serves the same tokens."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def drafts(self, num_running: int) -> bool:
+        return bool(self.rng.integers(2))
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """Learns nothing."""
 
 
 class Oracle:
@@ -160,9 +181,6 @@ class Oracle:
 
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
-
-    def drafts_at(self, num_running: int) -> bool:
-        return True
 
     def num_wanted(self, request: Request) -> int:
         outputs = request.output_token_ids

@@ -191,23 +191,26 @@ def test_llm_passes_prefix_caching_options_and_shows_the_counters():
 
 def test_llm_schedules_asynchronously_unless_every_step_drafts():
     """LLM's default: asynchronous scheduling unless speculative decoding drafts in every step
-    (then every step would run synchronously anyway); with a max_batch_size, on; an explicit
-    value is kept."""
+    (then every step would run synchronously anyway); with a max_batch_size or adaptive
+    drafting, on; an explicit value is kept."""
     assert LLM("tiny-mamba2").engine.config.async_scheduling
     assert not LLM("tiny-mamba2", async_scheduling=False).engine.config.async_scheduling
     speculative = {"num_speculative_tokens": 2}
     assert not LLM("tiny-mamba2", speculative=speculative).engine.config.async_scheduling
-    limited = speculative | {"max_batch_size": 4}
-    assert LLM("tiny-mamba2", speculative=limited).engine.config.async_scheduling
+    for selective in ({"max_batch_size": 4}, {"adaptive": True}):
+        limited = speculative | selective
+        assert LLM("tiny-mamba2", speculative=limited).engine.config.async_scheduling
     explicit = LLM("tiny-mamba2", speculative=speculative, async_scheduling=True)
     assert explicit.engine.config.async_scheduling
 
 
-def test_cli_speculative_max_batch_size_reaches_the_config():
+def test_cli_speculative_max_batch_size_and_adaptive_reach_the_config():
     parser = argparse.ArgumentParser()
     add_engine_options(parser)
     args = parser.parse_args(["--speculative-method", "mtp", "--speculative-max-batch-size", "8"])
     assert engine_options(args)["speculative"] == SpeculativeConfig("mtp", 3, max_batch_size=8)
+    args = parser.parse_args(["--speculative-method", "ngram", "--speculative-adaptive"])
+    assert engine_options(args)["speculative"] == SpeculativeConfig("ngram", 3, adaptive=True)
 
 
 def test_llm_refuses_a_state_block_shorter_than_a_chunk():

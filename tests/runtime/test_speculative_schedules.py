@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import naive_greedy
-from tests.runtime.spec_support import Oracle, spec_engine
+from tests.runtime.spec_support import CoinGate, Oracle, spec_engine
 from tests.runtime.test_random_schedules import drawn_workload, request_strategy
 from tests.runtime.test_speculative import assert_pools_empty
 
@@ -50,7 +50,7 @@ def expected(family: str, prompt: tuple[int, ...], params: SamplingParams, eos: 
     eos_at=st.integers(0, 7),
     drafter=st.sampled_from(["oracle", "ngram", "draft_model", "mtp"]),
     async_scheduling=st.booleans(),
-    max_batch_size=st.sampled_from([None, 1, 2]),
+    gate=st.sampled_from(["every step", "max_batch_size=1", "max_batch_size=2", "coin"]),
     seed=st.integers(0, 2**16),
 )
 def test_random_schedule_with_drafts_equals_full_recompute(
@@ -61,26 +61,30 @@ def test_random_schedule_with_drafts_equals_full_recompute(
     eos_at,
     drafter,
     async_scheduling,
-    max_batch_size,
+    gate,
     seed,
 ):
     budget, prompts, free, eos, params = drawn_workload(
         family, requests, extra_budget, max_num_seqs, eos_at
     )
     method = drafter if drafter in ("draft_model", "mtp") else "ngram"
+    gate = "every step" if method == "draft_model" else gate
+    max_batch_size = int(gate.partition("=")[2]) if gate.startswith("max_batch_size") else None
     engine = spec_engine(
         family,
         method,
         K,
         draft=f"noisy:{family}",
         eos_token_ids=eos,
-        max_batch_size=None if method == "draft_model" else max_batch_size,
+        max_batch_size=max_batch_size,
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         async_scheduling=async_scheduling,
     )
     if drafter == "oracle":
         engine.drafter = Oracle({str(i): f for i, f in enumerate(free)}, K, seed=seed)
+    if gate == "coin":
+        engine.gate = CoinGate(seed)
     outputs, aborted, step, preempted_while_drafting = {}, set(), 0, False
     while step <= 4 or engine.has_unfinished:
         for i, r in enumerate(requests):
@@ -103,7 +107,7 @@ def test_random_schedule_with_drafts_equals_full_recompute(
         event(f"{drafter}: rejected drafts")
     event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
     if async_scheduling:
-        event("asynchronous steps between drafting ones" if max_batch_size else "async, drafts")
+        event(f"async, gate {gate}")
     if preempted_while_drafting:
         event("preempted in a step with drafts")
     for i in range(len(requests)):

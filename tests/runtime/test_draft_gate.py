@@ -1,0 +1,127 @@
+"""The draft gate (`runtime.speculative.gate`): which steps draft.
+
+`MeasuredGate` is driven here by a simulated engine whose two kinds of step yield known rates, so
+what it chooses can be checked exactly; the engine tests check that an adaptive engine's tokens
+equal the naive greedy loop's whatever the gate chose.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from runtime.core.config import EngineConfig
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculative_config import SpeculativeConfig
+from runtime.speculative.gate import BatchLimit, MeasuredGate, draft_gate
+from tests.runtime.conftest import naive_greedy
+from tests.runtime.spec_support import spec_engine
+from tests.runtime.test_speculative import assert_pools_empty
+
+
+def run(gate: MeasuredGate, steps: int, num_running: int, rate: dict[bool, float]) -> list[bool]:
+    """`steps` steps at `num_running` requests, each retiring `rate[kind]` tokens in 1 s; the
+    kinds the gate chose."""
+    kinds = []
+    for _ in range(steps):
+        kind = gate.drafts(num_running)
+        gate.observe(int(rate[kind]), 1.0)
+        kinds.append(kind)
+    return kinds
+
+
+def test_batch_limit_drafts_up_to_its_size():
+    assert [BatchLimit(2).drafts(n) for n in (1, 2, 3)] == [True, True, False]
+    assert not BatchLimit(0).drafts(1) and not BatchLimit(0).drafts(0)
+
+
+def test_the_gate_each_config_asks_for():
+    assert draft_gate(EngineConfig()) == BatchLimit(0)
+    spec = SpeculativeConfig("mtp", 2)
+    assert draft_gate(EngineConfig(speculative=spec)) == BatchLimit(sys.maxsize)
+    limited = SpeculativeConfig("mtp", 2, max_batch_size=8)
+    assert draft_gate(EngineConfig(speculative=limited)) == BatchLimit(8)
+    adaptive = SpeculativeConfig("ngram", 2, adaptive=True)
+    gate = draft_gate(EngineConfig(speculative=adaptive, decode_row_buckets=(1, 4, 16)))
+    assert isinstance(gate, MeasuredGate) and gate.classes == (1, 4, 16)
+
+
+def test_adaptive_needs_a_drafter_that_can_skip_steps():
+    with pytest.raises(ValueError, match="adaptive=True needs method 'ngram' or 'mtp'"):
+        SpeculativeConfig("draft_model", 2, adaptive=True)
+    with pytest.raises(ValueError, match="adaptive=1 must be True or False"):
+        SpeculativeConfig("ngram", 2, adaptive=1)
+
+
+@pytest.mark.parametrize("drafting_pays", [True, False])
+def test_measures_both_kinds_then_runs_the_faster(drafting_pays):
+    """One window of each kind, then the faster kind; the slower one is measured again after
+    4, 8, 16, ... windows (the interval doubles while the answer holds)."""
+    gate = MeasuredGate((1, 16), window=2, first_interval=4, max_interval=16)
+    rate = {True: 30.0, False: 20.0} if drafting_pays else {True: 10.0, False: 20.0}
+    kinds = run(gate, 2 * 60, 8, rate)
+    windows = kinds[::2]
+    assert kinds[1::2] == windows  # a window is one kind
+    assert windows[:2] == [True, False]  # each kind measured once
+    checks = [i for i, kind in enumerate(windows) if i >= 2 and kind != drafting_pays]
+    assert checks == [6, 15, 32, 49]  # after 4, 8, 16, 16 windows of the faster kind
+    assert gate.chooses(8) is drafting_pays
+
+
+def test_a_change_in_what_pays_is_followed():
+    """Drafting pays, then stops paying (acceptance fell): the next check finds it, and the gate
+    runs plain steps from then on, checking again soon."""
+    gate = MeasuredGate((16,), window=2, first_interval=2, max_interval=64)
+    run(gate, 2 * 20, 8, {True: 30.0, False: 20.0})
+    assert gate.chooses(8) is True
+    kinds = run(gate, 2 * 40, 8, {True: 5.0, False: 20.0})
+    assert gate.chooses(8) is False
+    assert kinds[:8].count(False) >= 4  # plain steps within two windows of the change
+    assert kinds[-2 * 3 :].count(False) == 6  # settled on plain steps
+
+
+def test_each_batch_class_decides_alone():
+    """Drafting pays at 1 request and not at 16: each class measures its own."""
+    gate = MeasuredGate((1, 16), window=2)
+    for _ in range(10):
+        run(gate, 4, 1, {True: 30.0, False: 20.0})
+        run(gate, 4, 12, {True: 10.0, False: 20.0})
+    assert gate.chooses(1) is True and gate.chooses(12) is False
+    assert gate.chooses(40) is False  # past the largest class: the largest class's answer
+
+
+def test_a_window_cut_by_a_class_change_is_not_measured():
+    gate = MeasuredGate((1, 16), window=4)
+    run(gate, 3, 1, {True: 1000.0, False: 1.0})  # three steps of a four-step window
+    run(gate, 9, 12, {True: 1.0, False: 2.0})  # a window is measured as the next one opens
+    assert gate.rates[1].rate == {}
+    assert gate.rates[16].rate == {True: 1.0, False: 2.0}
+
+
+def test_never_drafts_above_max_batch_size_or_without_requests():
+    gate = MeasuredGate((1, 16), max_batch_size=4, window=1)
+    assert not any(run(gate, 10, 5, {True: 100.0, False: 1.0}))
+    assert not gate.drafts(0)
+    assert gate.rates == {}
+
+
+@pytest.mark.parametrize("method", ["ngram", "mtp"])
+def test_an_adaptive_engine_serves_the_naive_greedy_tokens(method):
+    """Whatever the gate chooses step by step (asynchronous plain steps, synchronous drafting
+    ones), every request's tokens equal the naive greedy loop's, and the gate measured both
+    kinds at the batch sizes it saw long enough."""
+    family = "nemotron_h"
+    engine = spec_engine(family, method, 2, async_scheduling=True, adaptive=True)
+    engine.gate.window = 2
+    prompts = [[3, 4, 3, 4, 3, 4, 3], [7, 8, 9, 7, 8, 9], [5, 5, 5, 5], [1, 2, 3]]
+    lengths = [12, 20, 24, 16]
+    for prompt, n in zip(prompts, lengths, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n))
+    outputs = {}
+    while engine.has_unfinished:
+        outputs |= {o.request_id: o for o in engine.step()}
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        assert outputs[str(i)].token_ids == naive_greedy(family, prompt, n), i
+    assert any(len(rates.rate) == 2 for rates in engine.gate.rates.values())
+    assert_pools_empty(engine)

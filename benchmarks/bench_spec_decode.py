@@ -19,7 +19,8 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
   (`SpeculativeConfig.max_batch_size`); with `--async-scheduling` the larger steps run
   asynchronously, as the `none` baseline then does.
 - `ngram-K@auto`, `mtp-K@auto`: drafts where it measures that drafting pays
-  (`SpeculativeConfig.adaptive`, `runtime.speculative.gate.MeasuredGate`).
+  (`SpeculativeConfig.adaptive`, `runtime.speculative.gate.MeasuredGate`); as in a server, the
+  gate keeps what it measured from one serve to the next (it learns during the warm-up serves).
 
 `--size stdlib` serves the trained `tiny-stdlib` preset instead (fp32, its trained MTP head for
 `mtp-K`), on `--prompt-len`-byte prompts cut at line starts from the held-out files of the
@@ -68,6 +69,7 @@ from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from runtime.speculative.draft_model import draft_engine_config
+from runtime.speculative.gate import DraftGate
 from runtime.speculative.verify import with_drafts
 
 METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4", "mtp-1", "mtp-3")
@@ -214,6 +216,7 @@ class Bench:
         self.draft_model = None if args.size == "stdlib" else build_draft_model(args.size)
         self.runners: dict[tuple, ModelRunner] = {}
         self.truth: dict[str, list[int]] = {}
+        self.gates: dict[str, DraftGate] = {}
 
     def config(self, method: str) -> EngineConfig:
         kind, k, limit, adaptive = parse_method(method)
@@ -242,6 +245,8 @@ class Bench:
             engine = Engine(model, config, runner=runner)
             if kind == "oracle":
                 engine.drafter = OracleDrafter(self.oracle_truth(), config.speculative)
+            # A server's gate learns once: every serve of a method shares the first one's.
+            engine.gate = self.gates.setdefault(method, engine.gate)
             return engine
         draft = self.model if kind == "self" else self.draft_model
         draft_runner = self.runner((kind, k), draft, draft_engine_config(runner.config))

@@ -14,7 +14,10 @@ how often drafts are accepted, so the gate is a policy of its own, always presen
      decode-row bucket that holds the running requests; a change of class ends the window,
      unmeasured);
   2. a window's rate is the tokens its steps retired over their seconds (host and device,
-     compiling excluded: `Engine.step` reports both through `observe`);
+     compiling excluded: `Engine.step` reports both through `observe`), its first step left
+     out: that step still retires the previous window's last asynchronous step, or, after a
+     drafting window, retires nothing (its own tokens come with the next step), and a first
+     drafting step has no drafts yet from the head;
   3. a class measures each kind once, then runs the kind with the higher rate (each kind's rate
      a moving average over its windows), and measures the other kind again after `interval`
      windows, an interval that doubles while the answer stays the same (up to `max_interval`),
@@ -73,7 +76,7 @@ class MeasuredGate:
         classes: tuple[int, ...],
         *,
         max_batch_size: int | None = None,
-        window: int = 8,
+        window: int = 16,
         smoothing: float = 0.5,
         first_interval: int = 4,
         max_interval: int = 64,
@@ -99,8 +102,9 @@ class MeasuredGate:
         return self._kind
 
     def observe(self, num_tokens: int, seconds: float) -> None:
-        self._tokens += num_tokens
-        self._seconds += seconds
+        if self._steps > 1:  # a window's first step is not its own (module docstring, 2)
+            self._tokens += num_tokens
+            self._seconds += seconds
 
     def chooses(self, num_running: int) -> bool | None:
         """The kind the class of `num_running` runs outside its checks (True: drafting); None

@@ -99,6 +99,17 @@ def test_a_window_cut_by_a_class_change_is_not_measured():
     assert gate.rates[16].rate == {True: 1.0, False: 2.0}
 
 
+def test_a_windows_first_step_is_not_its_own():
+    """The first step of a window retires what the window before left in flight (or nothing):
+    it is left out of the window's rate."""
+    gate = MeasuredGate((16,), window=4)
+    rate = {True: 30.0, False: 20.0}
+    for step in range(2 * 4 + 1):
+        kind = gate.drafts(8)
+        gate.observe(1000 if step % 4 == 0 else int(rate[kind]), 1.0)
+    assert gate.rates[16].rate == rate
+
+
 def test_never_drafts_above_max_batch_size_or_without_requests():
     gate = MeasuredGate((1, 16), max_batch_size=4, window=1)
     assert not any(run(gate, 10, 5, {True: 100.0, False: 1.0}))

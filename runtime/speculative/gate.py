@@ -18,10 +18,14 @@ how often drafts are accepted, so the gate is a policy of its own, always presen
      out: that step still retires the previous window's last asynchronous step, or, after a
      drafting window, retires nothing (its own tokens come with the next step), and a first
      drafting step has no drafts yet from the head;
-  3. a class measures each kind once, then runs the kind with the higher rate (each kind's rate
-     a moving average over its windows), and measures the other kind again after `interval`
-     windows, an interval that doubles while the answer stays the same (up to `max_interval`),
-     so a choice that stops paying is found without paying for the check often.
+  3. the two kinds are compared only in pairs of adjacent windows (a drafting window next to a
+     plain one): the host's speed drifts by tens of percent over seconds on a shared machine,
+     so rates measured at different times do not compare. A class's ratio (drafting rate over
+     plain rate) is a moving average of its pairs' ratios;
+  4. a class measures a pair first, then runs the kind its ratio favours, and runs the other
+     kind again after `interval` windows (a check: it and the windows beside it give two more
+     pairs), an interval that doubles while the answer stays the same, up to `max_interval`, so
+     a choice that stops paying is found within that many windows without checking often.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import sys
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from runtime.core.config import EngineConfig
 
@@ -58,13 +62,26 @@ class BatchLimit:
 
 
 @dataclasses.dataclass
-class _Rates:
-    """One batch class's measurements: tokens/s per kind (True: drafting), and when to measure
-    the losing kind again."""
+class _Measured:
+    """One batch class's measurement: drafting steps' rate over plain steps' (None until a pair
+    of windows gave one), and when to measure the losing kind again."""
 
-    rate: dict[bool, float] = dataclasses.field(default_factory=dict)
+    ratio: float | None = None
     interval: int = 0
     windows_since_check: int = 0
+
+    @property
+    def best(self) -> bool:
+        """The kind that gives more tokens per second (drafting on a tie)."""
+        return self.ratio is not None and self.ratio >= 1.0
+
+
+class _Window(NamedTuple):
+    """A measured window: its class, kind and rate."""
+
+    batch_class: int
+    drafts: bool
+    rate: float
 
 
 class MeasuredGate:
@@ -79,20 +96,21 @@ class MeasuredGate:
         window: int = 16,
         smoothing: float = 0.5,
         first_interval: int = 4,
-        max_interval: int = 64,
+        max_interval: int = 16,
     ) -> None:
         self.classes = tuple(sorted(classes))
         self.max_batch_size = sys.maxsize if max_batch_size is None else max_batch_size
         self.window, self.smoothing = window, smoothing
         self.first_interval, self.max_interval = first_interval, max_interval
-        self.rates: dict[int, _Rates] = {}
+        self.measured: dict[int, _Measured] = {}
         self._class: int | None = None  # the open window's class (None: no window open)
         self._kind = False
         self._steps, self._tokens, self._seconds = 0, 0, 0.0
+        self._last: _Window | None = None  # the window just before the open one, if measured
 
     def drafts(self, num_running: int) -> bool:
         if num_running == 0 or num_running > self.max_batch_size:
-            self._class = None  # the open window, if any, ends unmeasured
+            self._class = self._last = None  # the open window, if any, ends unmeasured
             return False
         batch_class = self._class_of(num_running)
         if batch_class != self._class or self._steps == self.window:
@@ -108,44 +126,47 @@ class MeasuredGate:
 
     def chooses(self, num_running: int) -> bool | None:
         """The kind the class of `num_running` runs outside its checks (True: drafting); None
-        until it has measured both."""
-        rates = self.rates.get(self._class_of(num_running))
-        return None if rates is None or len(rates.rate) < 2 else _best(rates)
+        until a pair of windows measured it."""
+        measured = self.measured.get(self._class_of(num_running))
+        return None if measured is None or measured.ratio is None else measured.best
 
     def _class_of(self, num_running: int) -> int:
         i = bisect.bisect_left(self.classes, num_running)
         return self.classes[min(i, len(self.classes) - 1)]
 
     def _close(self) -> None:
-        """Fold a full window's rate into its class's average of that kind."""
-        if self._class is None or self._steps < self.window or self._seconds <= 0:
+        """A full window next to one of the other kind folds their ratio into its class's."""
+        full = self._class is not None and self._steps == self.window and self._seconds > 0
+        if not full:
+            self._last = None
             return
-        rates = self.rates[self._class]
-        before = _best(rates) if len(rates.rate) == 2 else None
-        measured = self._tokens / self._seconds
-        old = rates.rate.get(self._kind, measured)
-        rates.rate[self._kind] = old + self.smoothing * (measured - old)
-        if before is not None and _best(rates) != before:
-            rates.interval = self.first_interval  # the answer changed: check again soon
+        window = _Window(self._class, self._kind, self._tokens / self._seconds)
+        last, self._last = self._last, window
+        if last is None or last.batch_class != window.batch_class or last.drafts == window.drafts:
+            return
+        drafting, plain = (window, last) if window.drafts else (last, window)
+        measured = self.measured[window.batch_class]
+        before = measured.best
+        ratio = drafting.rate / plain.rate
+        old = ratio if measured.ratio is None else measured.ratio
+        measured.ratio = old + self.smoothing * (ratio - old)
+        if measured.best != before:
+            measured.interval = self.first_interval  # the answer changed: check again soon
 
     def _open(self, batch_class: int) -> None:
-        rates = self.rates.setdefault(batch_class, _Rates(interval=self.first_interval))
+        measured = self.measured.setdefault(batch_class, _Measured(interval=self.first_interval))
+        if self._last is not None and self._last.batch_class != batch_class:
+            self._last = None
         self._class, self._steps, self._tokens, self._seconds = batch_class, 0, 0, 0.0
-        unmeasured = [kind for kind in (True, False) if kind not in rates.rate]
-        if unmeasured:
-            self._kind = unmeasured[0]
+        if measured.ratio is None:  # a drafting window, then a plain one next to it
+            self._kind = self._last is None or not self._last.drafts
             return
-        rates.windows_since_check += 1
-        check = rates.windows_since_check > rates.interval
+        measured.windows_since_check += 1
+        check = measured.windows_since_check > measured.interval
         if check:
-            rates.windows_since_check = 0
-            rates.interval = min(2 * rates.interval, self.max_interval)
-        self._kind = _best(rates) != check
-
-
-def _best(rates: _Rates) -> bool:
-    """The kind with the higher rate (drafting on a tie)."""
-    return rates.rate[True] >= rates.rate[False]
+            measured.windows_since_check = 0
+            measured.interval = min(2 * measured.interval, self.max_interval)
+        self._kind = measured.best != check
 
 
 def draft_gate(config: EngineConfig) -> DraftGate:

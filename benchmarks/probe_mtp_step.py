@@ -1,0 +1,71 @@
+"""What the MTP head costs a decode step: the bench model's step without a head, and with a head
+in a step that drafts nothing (`MTPHeadCache`: the head's KV writes only) or that drafts
+(`MTPDrafts`: the head, its logits and chain), device time per step at B = 16 and 64.
+
+B requests of the bench model (`bench_spec_decode.py --size 1b`) are prefilled by an engine; its
+next plain decode step (one lane per row) is replayed `--steps` times, pipelined, with inputs
+already on the device, so the host's time is not in the figure.
+
+    PYTHONPATH=. python benchmarks/probe_mtp_step.py --size 1b --batches 16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from benchmarks.bench_spec_decode import engine_config, workload
+from benchmarks.engine.models import build_model
+from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculative_config import SpeculativeConfig
+from runtime.engine import Engine
+
+
+def decode_step(model, config, batch: int):
+    """An engine of `batch` requests stepped until its last step was a plain decode step: (its
+    runner, bucket, batches)."""
+    engine = Engine(model, config)
+    for i, prompt in enumerate(workload(model.config.vocab_size, batch, 64, 2)):
+        engine.add_request(prompt, SamplingParams(max_tokens=64, ignore_eos=True), request_id=i)
+    while engine.last_bucket is None or not engine.last_bucket.is_decode_only:
+        engine.step()
+    return engine.runner, engine.last_bucket, engine.last_batches
+
+
+def ms_per_step(runner, bucket, batches, steps: int, drafts: bool) -> float:
+    packed = runner.device_inputs(bucket, batches)
+    for _ in range(3):  # compile and warm the variant
+        np.asarray(runner.dispatch(bucket, batches, packed, drafts=drafts).tokens)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step = runner.dispatch(bucket, batches, packed, drafts=drafts)
+    np.asarray(step.tokens)
+    return 1e3 * (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="1b")
+    parser.add_argument("--batches", default="16,64")
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    batches = tuple(int(b) for b in args.batches.split(","))
+    plain, headed = build_model(args.size), build_model(args.size, mtp=True)
+    sizes = (max(batches), batches, 1024, 4096)
+    spec = SpeculativeConfig("mtp", 1, max_batch_size=1)  # B > 1: plain steps, one lane a row
+    print("B  no head ms  head, no drafts ms  head, drafts ms")
+    for batch in batches:
+        none = decode_step(plain, engine_config(*sizes, None), batch)
+        mtp = decode_step(headed, engine_config(*sizes, spec), batch)
+        row = (
+            ms_per_step(*none, args.steps, drafts=False),
+            ms_per_step(*mtp, args.steps, drafts=False),
+            ms_per_step(*mtp, args.steps, drafts=True),
+        )
+        print(f"{batch:3d} " + "  ".join(f"{ms:8.3f}" for ms in row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

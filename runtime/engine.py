@@ -203,7 +203,7 @@ class Engine:
         if retiring is None and launched is None:
             return outputs
         self._timer.stop()
-        self.gate.observe(self._num_retired, self._timer.host_seconds + self._timer.device_seconds)
+        self.gate.observe(self._num_retired, self._timer.run_seconds, drafting)
         self.stats.count(self._timer, None if launched is None else launched.schedules)
         if self.records.maxlen and retiring is not None:
             self._record(retiring, outputs)
@@ -232,9 +232,11 @@ class Engine:
         return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots)
 
     def _drafts_now(self) -> bool:
-        """Whether this step drafts (the gate's answer for the most running requests of a local
-        rank), agreed by every process: a step with drafts runs synchronously everywhere."""
-        num_running = max(len(s.running) for s in self.schedulers)
+        """Whether this step drafts, agreed by every process (a step with drafts runs
+        synchronously everywhere): asked of each process's gate for the most running requests
+        of any rank, so that every gate sees the same batch sizes."""
+        local = max(len(s.running) for s in self.schedulers)
+        num_running = int(agree_max(np.array([local], np.int32))[0])
         return bool(agree_max(np.array([self.gate.drafts(num_running)], np.int32))[0])
 
     def _drain(self) -> list[RequestOutput]:

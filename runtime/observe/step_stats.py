@@ -111,5 +111,10 @@ class StepTimer:
         self.compile_seconds = self._compiled() - self._compiled_at_start
         self.host_seconds = elapsed - self.device_seconds - self.compile_seconds
 
+    @property
+    def run_seconds(self) -> float:
+        """The step's host and device seconds (its wall time less what it compiled)."""
+        return self.host_seconds + self.device_seconds
+
     def _compiled(self) -> float:
         return sum(clock.total_compile_seconds for clock in self._clocks)

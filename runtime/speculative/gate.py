@@ -12,7 +12,8 @@ how often drafts are accepted, so the gate is a policy of its own, always presen
 
   1. steps come in windows of `window` consecutive steps of one kind, per batch class (the
      decode-row bucket that holds the running requests; a change of class ends the window,
-     unmeasured);
+     unmeasured, as does a step of the other kind: in a multi-host run a step drafts when any
+     process's gate asks, and every gate is asked about the same batch sizes);
   2. a window's rate is the tokens its steps retired over their seconds (host and device,
      compiling excluded: `Engine.step` reports both through `observe`), its first step left
      out: that step still retires the previous window's last asynchronous step, or, after a
@@ -44,8 +45,10 @@ class DraftGate(Protocol):
     def drafts(self, num_running: int) -> bool:
         """Whether the coming step drafts, when no rank runs more than `num_running` requests."""
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        """The step just asked about retired `num_tokens` tokens in `seconds`."""
+    def observe(self, num_tokens: int, seconds: float, drafted: bool) -> None:
+        """The step just asked about retired `num_tokens` tokens in `seconds`; `drafted`: whether
+        it drafted (every process agrees on that, so another process's gate may have asked for
+        it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +60,7 @@ class BatchLimit:
     def drafts(self, num_running: int) -> bool:
         return self.max_batch_size > 0 and num_running <= self.max_batch_size
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
+    def observe(self, num_tokens: int, seconds: float, drafted: bool) -> None:
         """Learns nothing from a step."""
 
 
@@ -106,6 +109,7 @@ class MeasuredGate:
         self._class: int | None = None  # the open window's class (None: no window open)
         self._kind = False
         self._steps, self._tokens, self._seconds = 0, 0, 0.0
+        self._spoiled = False  # a step of the open window ran the other kind
         self._last: _Window | None = None  # the window just before the open one, if measured
 
     def drafts(self, num_running: int) -> bool:
@@ -119,7 +123,9 @@ class MeasuredGate:
         self._steps += 1
         return self._kind
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
+    def observe(self, num_tokens: int, seconds: float, drafted: bool) -> None:
+        if drafted != self._kind:  # another process's gate chose: the window is not one kind
+            self._spoiled = True
         if self._steps > 1:  # a window's first step is not its own (module docstring, 2)
             self._tokens += num_tokens
             self._seconds += seconds
@@ -137,6 +143,7 @@ class MeasuredGate:
     def _close(self) -> None:
         """A full window next to one of the other kind folds their ratio into its class's."""
         full = self._class is not None and self._steps == self.window and self._seconds > 0
+        full = full and not self._spoiled
         if not full:
             self._last = None
             return
@@ -158,6 +165,7 @@ class MeasuredGate:
         if self._last is not None and self._last.batch_class != batch_class:
             self._last = None
         self._class, self._steps, self._tokens, self._seconds = batch_class, 0, 0, 0.0
+        self._spoiled = False
         if measured.ratio is None:  # a drafting window, then a plain one next to it
             self._kind = self._last is None or not self._last.drafts
             return

@@ -159,7 +159,7 @@ class CoinGate:
     def drafts(self, num_running: int) -> bool:
         return bool(self.rng.integers(2))
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
+    def observe(self, num_tokens: int, seconds: float, drafted: bool) -> None:
         """Learns nothing."""
 
 

@@ -26,7 +26,7 @@ def run(gate: MeasuredGate, steps: int, num_running: int, rate: dict[bool, float
     kinds = []
     for _ in range(steps):
         kind = gate.drafts(num_running)
-        gate.observe(int(rate[kind]), 1.0)
+        gate.observe(int(rate[kind]), 1.0, kind)
         kinds.append(kind)
     return kinds
 
@@ -108,8 +108,21 @@ def test_a_windows_first_step_is_not_its_own():
     rate = {True: 30.0, False: 20.0}
     for step in range(2 * 4 + 1):
         kind = gate.drafts(8)
-        gate.observe(1000 if step % 4 == 0 else int(rate[kind]), 1.0)
+        gate.observe(1000 if step % 4 == 0 else int(rate[kind]), 1.0, kind)
     assert gate.measured[16].ratio == 1.5
+
+
+def test_a_window_with_a_step_of_the_other_kind_is_not_measured():
+    """In a multi-host run a step drafts when any process's gate asks: a window in which the
+    agreed kind was not the gate's own is left out."""
+    gate = MeasuredGate((16,), window=2)
+    for step in range(2 * 3 + 1):
+        kind = gate.drafts(8)
+        overruled = step == 3  # the second (plain) window: another process asked for drafts
+        gate.observe(10, 1.0, kind or overruled)
+    assert gate.measured[16].ratio is None  # draft, (spoiled), draft: no adjacent pair yet
+    run(gate, 2 * 2, 8, {True: 10.0, False: 20.0})
+    assert gate.measured[16].ratio == 0.5
 
 
 def test_never_drafts_above_max_batch_size_or_without_requests():

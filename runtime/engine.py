@@ -204,7 +204,7 @@ class Engine:
             return outputs
         self._timer.stop()
         self.gate.observe(self._num_retired, self._timer.run_seconds, drafting)
-        self.stats.count(self._timer, None if launched is None else launched.schedules)
+        self.stats.count(self._timer, None if launched is None else launched.schedules, drafting)
         if self.records.maxlen and retiring is not None:
             self._record(retiring, outputs)
         return outputs

@@ -31,9 +31,11 @@ class RankStats:
 @dataclasses.dataclass
 class StepStats:
     """Accumulated wall time: host (schedule + build + postprocess), device (the jitted step,
-    compiling excluded) and compile seconds (first use of each step variant)."""
+    compiling excluded) and compile seconds (first use of each step variant); steps dispatched,
+    and of them the steps that drafted (the draft gate's choice)."""
 
     num_steps: int = 0
+    num_drafting_steps: int = 0
     host_seconds: float = 0.0
     device_seconds: float = 0.0
     compile_seconds: float = 0.0
@@ -57,15 +59,17 @@ class StepStats:
         parts = [rank.prefix_cache for rank in self.ranks if rank.prefix_cache is not None]
         return PrefixCacheStats.total(parts) if parts else None
 
-    def count(self, timer: StepTimer, schedules: list[Schedule] | None) -> None:
+    def count(self, timer: StepTimer, schedules: list[Schedule] | None, drafted: bool) -> None:
         """Add one engine step: its `timer`'s seconds and, when it dispatched a step (`schedules`,
-        one per rank), each rank's live or idle step and the tokens it computed."""
+        one per rank), whether it drafted, and each rank's live or idle step and the tokens it
+        computed."""
         self.host_seconds += timer.host_seconds
         self.device_seconds += timer.device_seconds
         self.compile_seconds += timer.compile_seconds
         if schedules is None:
             return
         self.num_steps += 1
+        self.num_drafting_steps += drafted
         for rank, schedule in zip(self.ranks, schedules, strict=True):
             if schedule.is_empty:
                 rank.num_idle_steps += 1

@@ -2,7 +2,8 @@
 
 Read from the engine at scrape time: running and waiting requests, KV blocks and state slots in
 use, prefix-cache lookups, hits
-and token hit rate, speculative drafts proposed and accepted, the latest step's wall time.
+and token hit rate, speculative drafts proposed and accepted and the steps that drafted, the
+latest step's wall time.
 Observed by the handlers as requests finish: time to first token, time per output token (after
 the first), end-to-end latency, requests by finish reason, prompt and generated tokens.
 """
@@ -66,6 +67,11 @@ class _EngineCollector(Collector):
         spec = engine.stats.speculation
         yield CounterMetricFamily("jmamba_spec_drafted", "Drafts verified.", spec.num_drafted)
         yield CounterMetricFamily("jmamba_spec_accepted", "Drafts accepted.", spec.num_accepted)
+        yield CounterMetricFamily(
+            "jmamba_spec_drafting_steps",
+            "Engine steps that drafted (the draft gate's choice; the others ran without drafts).",
+            engine.stats.num_drafting_steps,
+        )
 
 
 class Metrics:

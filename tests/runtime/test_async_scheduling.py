@@ -186,6 +186,7 @@ def test_speculation_drafts_synchronously_and_larger_steps_run_asynchronously(mo
     assert {(drafts, width) for carry, drafts, width in dispatched if carry} == {(False, 1)}
     assert all(drafts for carry, drafts, _ in dispatched if not carry)  # drafting steps: sync
     assert any(width > 1 for carry, _, width in dispatched if not carry)
+    assert engine.stats.num_drafting_steps == sum(drafts for _, drafts, _ in dispatched)
     assert_pools_empty(engine)
 
 

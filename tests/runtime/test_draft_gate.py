@@ -8,12 +8,14 @@ equal the naive greedy loop's whatever the gate chose.
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.serve.metrics import _EngineCollector
 from runtime.speculative.gate import BatchLimit, MeasuredGate, draft_gate
 from tests.runtime.conftest import naive_greedy
 from tests.runtime.spec_support import spec_engine
@@ -135,8 +137,9 @@ def test_never_drafts_above_max_batch_size_or_without_requests():
 @pytest.mark.parametrize("method", ["ngram", "mtp"])
 def test_an_adaptive_engine_serves_the_naive_greedy_tokens(method):
     """Whatever the gate chooses step by step (asynchronous plain steps, synchronous drafting
-    ones), every request's tokens equal the naive greedy loop's, and the gate measured both
-    kinds at the batch sizes it saw long enough."""
+    ones), every request's tokens equal the naive greedy loop's, the gate measured both kinds
+    at the batch sizes it saw long enough, and the stats and /metrics count the steps that
+    drafted."""
     family = "nemotron_h"
     engine = spec_engine(family, method, 2, async_scheduling=True, adaptive=True)
     engine.gate.window = 2
@@ -150,4 +153,8 @@ def test_an_adaptive_engine_serves_the_naive_greedy_tokens(method):
     for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
         assert outputs[str(i)].token_ids == naive_greedy(family, prompt, n), i
     assert any(measured.ratio is not None for measured in engine.gate.measured.values())
+    assert 0 < engine.stats.num_drafting_steps < engine.stats.num_steps
+    scraped = _EngineCollector(SimpleNamespace(engine=engine, step_seconds=0.0)).collect()
+    counters = {metric.name: metric.samples[0].value for metric in scraped}
+    assert counters["jmamba_spec_drafting_steps"] == engine.stats.num_drafting_steps
     assert_pools_empty(engine)

@@ -1,6 +1,7 @@
 """The MTP head (`jmamba.mtp`) against the fixtures tests/reference/mtp_runs.py recorded with
-transformers' own Qwen3-Next / Qwen3.5 decoder layers and norms (tests/reference/README.md, "MTP
-fixtures"): the head's normed output and logits over a whole sequence, and the chained drafts
+transformers' own Qwen3-Next / Qwen3.5 decoder layers and norms (Qwen3.5 dense, and MoE with the
+head's experts packed as published; tests/reference/README.md, "MTP fixtures"): the head's
+normed output and logits over a whole sequence, and the chained drafts
 `runtime.device.mtp_drafts` makes past its end."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jmamba.weights import load_pretrained
 from runtime.device.mtp_drafts import MTPDrafts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-FAMILIES = ["qwen3_next_mtp", "qwen3_5_mtp"]
+FAMILIES = ["qwen3_next_mtp", "qwen3_5_mtp", "qwen3_5_moe_mtp"]
 BLOCK = 16
 
 

@@ -58,6 +58,9 @@ class Fixture:
     # An MTP head (mtp_runs.py) beside the target: its `mtp.*` tensors are appended to
     # model.safetensors, these fields to config.json, and its arrays to expected.npz.
     mtp_config: dict[str, Any] | None = None
+    # How far a reload of the written file may move the recorded logits: 0 (byte-identical
+    # compute) except where transformers' loader takes another CPU matmul path (below).
+    reload_tol: float = 0.0
 
 
 # The five originals: 80 / 23 tokens, chunk ends on multiples of 16.
@@ -97,5 +100,14 @@ FAMILIES: dict[str, Fixture] = {
         qwen3_5,
         **_SMALL,
         mtp_config={"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False},
+    ),
+    # Qwen3.5 MoE with its head's experts packed, as the published checkpoints store both. The
+    # text-only class reloads packed experts 4.2e-7 away on the logits.
+    "qwen3_5_moe_mtp": Fixture(
+        qwen3_5_moe,
+        **_SMALL,
+        packed_experts=True,
+        mtp_config={"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False},
+        reload_tol=1e-6,
     ),
 }

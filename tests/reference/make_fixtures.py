@@ -92,7 +92,7 @@ def make_family(family: str) -> dict[str, float]:
     mtp_arrays: dict[str, np.ndarray] = {}
     if spec.mtp_config is not None:  # the MTP head on the first sequence (mtp_runs.py)
         head, diffs["mtp_margin"] = build_head(model, seq_a)
-        write_mtp(head, model, out_dir, spec.mtp_config)
+        write_mtp(head, model, out_dir, spec.mtp_config, packed=spec.packed_experts)
         mtp_arrays = run_mtp(head, model, seq_a)
 
     arrays: dict[str, np.ndarray] = {"seq_a": seq_a, "seq_b": seq_b}
@@ -108,9 +108,9 @@ def make_family(family: str) -> dict[str, float]:
     arrays["recurrent_layers"] = np.asarray(recurrent, dtype=np.int32)
     arrays.update(mtp_arrays)
     np.savez(out_dir / "expected.npz", **arrays)
-    check_reload(model, out_dir, seq_b, arrays["logits_full_b"])
+    check_reload(model, out_dir, seq_b, arrays["logits_full_b"], spec.reload_tol)
     if mtp_arrays:
-        check_head_reload(model, out_dir, seq_a, mtp_arrays)
+        check_head_reload(model, out_dir, seq_a, mtp_arrays, spec.reload_tol)
     if spec.text_class is not None:
         diffs["text"] = check_text_model(model, spec.text_class, arrays)
     return diffs
@@ -140,11 +140,14 @@ def check_text_model(model: torch.nn.Module, text_class: type, arrays: dict) -> 
     return diff
 
 
-def check_reload(model: torch.nn.Module, out_dir: Path, seq: np.ndarray, ref: np.ndarray) -> None:
-    """The saved checkpoint must reload (disk -> memory conversion) to the same logits."""
+def check_reload(
+    model: torch.nn.Module, out_dir: Path, seq: np.ndarray, ref: np.ndarray, tol: float = 0.0
+) -> None:
+    """The saved checkpoint must reload (disk -> memory conversion) to the same logits (within
+    the fixture's `reload_tol`)."""
     reloaded = type(model).from_pretrained(out_dir).eval()
     diff = float(np.abs(full_logits(reloaded, seq) - ref).max())
-    assert diff == 0.0, f"{out_dir.name}: reload changed logits by {diff:.2e}"
+    assert diff <= tol, f"{out_dir.name}: reload changed logits by {diff:.2e}"
 
 
 def tensor_listing(path: Path) -> list[str]:

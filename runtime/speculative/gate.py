@@ -141,10 +141,10 @@ class MeasuredGate:
         return self.classes[min(i, len(self.classes) - 1)]
 
     def _close(self) -> None:
-        """A full window next to one of the other kind folds their ratio into its class's."""
-        full = self._class is not None and self._steps == self.window and self._seconds > 0
-        full = full and not self._spoiled
-        if not full:
+        """A full window next to one of the other kind folds their ratio into its class's (a
+        window that retired no decode token, or took no time, measures nothing)."""
+        full = self._class is not None and self._steps == self.window and not self._spoiled
+        if not full or self._tokens == 0 or self._seconds <= 0:  # e.g. prefill chunks only
             self._last = None
             return
         window = _Window(self._class, self._kind, self._tokens / self._seconds)

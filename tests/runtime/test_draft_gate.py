@@ -127,6 +127,15 @@ def test_a_window_with_a_step_of_the_other_kind_is_not_measured():
     assert gate.measured[16].ratio == 0.5
 
 
+def test_a_window_without_decode_tokens_is_not_measured():
+    """Steps of prefill chunks only retire no decode token: no rate, and no division by it."""
+    gate = MeasuredGate((16,), window=2)
+    run(gate, 2 * 2 + 1, 8, {True: 10.0, False: 0.0})
+    assert gate.measured[16].ratio is None
+    run(gate, 2 * 2, 8, {True: 10.0, False: 20.0})
+    assert gate.measured[16].ratio == 0.5
+
+
 def test_never_drafts_above_max_batch_size_or_without_requests():
     gate = MeasuredGate((1, 16), max_batch_size=4, window=1)
     assert not any(run(gate, 10, 5, {True: 100.0, False: 1.0}))

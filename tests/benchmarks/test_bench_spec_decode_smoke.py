@@ -15,7 +15,7 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
         "--size",
         "tiny",
         "--batches",
-        "1,2",
+        "1",  # several batch sizes: the asynchronous run below
         "--methods",
         methods,
         "--phrase-len",
@@ -31,7 +31,7 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
     ]
     rows = bench_spec_decode.main(argv)
     assert {(r["method"], r["batch"]) for r in rows} == {
-        (m, b) for m in ("none", "ngram-2", "oracle-2", "self-2") for b in (1, 2)
+        (m, 1) for m in ("none", "ngram-2", "oracle-2", "self-2")
     }
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["compile_in_timing_s"] == 0

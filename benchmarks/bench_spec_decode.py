@@ -34,7 +34,8 @@ methods of a batch size are timed in `--rounds` interleaved rounds, a fresh engi
 tokens/s = decode tokens / wall time of the decode phase (from the first step in which no request
 is waiting or prefilling to the end), the median over rounds, with the rounds' spread beside it
 (min-max / median); acceptance = accepted / proposed drafts; accepted per step = accepted drafts
-per decode row per step (the row gains 1 + that many tokens).
+per decode row per step (the row gains 1 + that many tokens); drafting steps = the share of
+the last serve's steps that drafted (the draft gate's choice).
 
     python benchmarks/bench_spec_decode.py --size tiny --batches 1,2 --max-tokens 8   # CPU smoke
     python benchmarks/bench_spec_decode.py                                           # one GPU
@@ -300,6 +301,7 @@ class Bench:
             rounds=rates,
             decode_tokens=result["decode_tokens"],
             steps=engine.stats.num_steps,
+            drafting_steps=engine.stats.num_drafting_steps,
             drafted=spec.num_drafted,
             accepted=spec.num_accepted,
             acceptance=spec.acceptance_rate,
@@ -355,15 +357,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_spec_decode.json"), "w") as f:
             json.dump(result, f, indent=1)
-    print(
-        "method        B   tokens/s  spread  speedup  drafted  accepted  acceptance  accepted/step"
-    )
+    header = "method        B   tokens/s  spread  speedup  drafting steps  drafted  accepted"
+    print(header + "  acceptance  accepted/step")
     for r in rows:
         speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        drafting = r["drafting_steps"] / r["steps"]
         print(
             f"{r['method']:12s} {r['batch']:3d} {r['tokens_per_s']:10.0f} {r['spread']:6.0%} "
-            f"{speedup:>8s} {r['drafted']:8d} {r['accepted']:9d} {r['acceptance']:10.1%} "
-            f"{r['accepted_per_step']:13.2f}"
+            f"{speedup:>8s} {drafting:15.0%} {r['drafted']:8d} {r['accepted']:9d} "
+            f"{r['acceptance']:10.1%} {r['accepted_per_step']:13.2f}"
         )
     print(
         f"wall {result['wall_s']:.0f} s, compile {result['compile_s']:.0f} s "

@@ -53,5 +53,7 @@ def test_async_run_drafts_only_at_small_batches(monkeypatch, tmp_path):
     limited = {r["batch"]: r for r in rows if r["method"] == "oracle-2@1"}
     assert limited[1]["drafted"] > 0 and limited[1]["accepted"] == limited[1]["drafted"]
     assert limited[2]["drafted"] == 0
+    assert limited[2]["drafting_steps"] <= 1  # the first, before a request runs
+    assert 0 < limited[1]["drafting_steps"] <= limited[1]["steps"]
     for row in (r for r in rows if r["method"] == "oracle-2@auto"):
         assert row["accepted"] == row["drafted"] and len(row["rounds"]) == 2

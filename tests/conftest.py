@@ -97,3 +97,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run_cache = os.environ.pop(RUN_CACHE_ENV, None)
     if run_cache:
         shutil.rmtree(run_cache, ignore_errors=True)
+
+
+# The longest files first. With `--dist loadfile` a file runs whole on one worker, and the files
+# collected last (tests/runtime/test_tensor_parallel.py, tests/test_readme.py: about 90 s
+# together) kept one worker busy at the end of CI while the other sat idle. Measured with
+# `pytest --durations`; the other files keep their order.
+_LONGEST_FIRST = (
+    "tests/test_readme.py",
+    "tests/runtime/test_async_scheduling.py",
+    "tests/runtime/test_speculative.py",
+    "tests/jmamba/test_parity.py",
+    "tests/runtime/test_tensor_parallel.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))

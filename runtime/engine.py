@@ -205,8 +205,7 @@ class Engine:
         self._timer.stop()
         self.gate.observe(self._num_retired, self._timer.run_seconds, drafting)
         self.stats.count(self._timer, None if launched is None else launched.schedules, drafting)
-        if self.records.maxlen and retiring is not None:
-            self._record(retiring, outputs)
+        self._record(retiring, outputs)
         return outputs
 
     def _launch(self, drafting: bool) -> _Launched | None:
@@ -232,9 +231,8 @@ class Engine:
         return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots)
 
     def _drafts_now(self) -> bool:
-        """Whether this step drafts, agreed by every process (a step with drafts runs
-        synchronously everywhere): asked of each process's gate for the most running requests
-        of any rank, so that every gate sees the same batch sizes."""
+        """Whether this step drafts, agreed by every process (drafting steps run synchronously):
+        every process's gate is asked about the same batch size, the most running of any rank."""
         local = max(len(s.running) for s in self.schedulers)
         num_running = int(agree_max(np.array([local], np.int32))[0])
         return bool(agree_max(np.array([self.gate.drafts(num_running)], np.int32))[0])
@@ -244,8 +242,7 @@ class Engine:
         scheduled; returns what finished in it."""
         retiring, self._in_flight = self._in_flight, None
         outputs = [] if retiring is None else self._retire(retiring)
-        if self.records.maxlen and retiring is not None:
-            self._record(retiring, outputs)
+        self._record(retiring, outputs)
         return outputs
 
     def _agree(self, schedules: list[Schedule]) -> tuple[Bucket, SamplingMode] | None:
@@ -319,7 +316,10 @@ class Engine:
         self.requests.remove(request.request_id)
         return self.outputs.finish(request)
 
-    def _record(self, step: _Launched, outputs: list[RequestOutput]) -> None:
+    def _record(self, step: _Launched | None, outputs: list[RequestOutput]) -> None:
+        """Keep the retired step's record (when records are kept and a step was retired)."""
+        if not self.records.maxlen or step is None:
+            return
         finished = [output.request_id for output in outputs]
         parts = (step.index, step.bucket, step.mode, step.snapshots, finished, self._timer)
         self.records.append(StepRecord.of(*parts))

@@ -83,8 +83,7 @@ class MTPDrafts:
     ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
         """x [T, hidden] the target's last layer output, sampled / accepted [N] per logits row
         -> (drafts [1 + k, N], caches)."""
-        next_ids = next_token_ids(inputs, following, sampled)
-        hidden, caches = model.mtp_hidden(model.final_norm(x), next_ids, inputs, caches)
+        hidden, caches = _head_pass(model, x, sampled, inputs, following, caches)
         base, drafting = _base_lanes(inputs, accepted, following)
         positions = inputs.positions[base]
         hidden = hidden[base]
@@ -126,12 +125,25 @@ class MTPHeadCache:
         following: NextTokens,
         caches: tuple[LayerCache, ...],
     ) -> tuple[None, tuple[LayerCache, ...]]:
-        next_ids = next_token_ids(inputs, following, sampled)
-        _, caches = model.mtp_hidden(model.final_norm(x), next_ids, inputs, caches)
+        _, caches = _head_pass(model, x, sampled, inputs, following, caches)
         return None, caches
 
 
 DeviceDrafter = NoDeviceDrafts | MTPDrafts | MTPHeadCache
+
+
+def _head_pass(
+    model: HybridLM,
+    x: jax.Array,
+    sampled: jax.Array,
+    inputs: StepInputs,
+    following: NextTokens,
+    caches: tuple[LayerCache, ...],
+) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+    """The head's main pass (module docstring, 1): [T, hidden] its output at every token lane,
+    fed the target's final-normed output and the token after each lane; its KV written."""
+    next_ids = next_token_ids(inputs, following, sampled)
+    return model.mtp_hidden(model.final_norm(x), next_ids, inputs, caches)
 
 
 def _greedy(model: HybridLM, hidden: jax.Array) -> jax.Array:

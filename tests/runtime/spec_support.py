@@ -25,7 +25,13 @@ from runtime.engine import Engine
 from runtime.speculative.draft_model import draft_engine_config
 from runtime.speculative.verify import check_verifiable, with_drafts
 from tests.compiled import per_module
-from tests.runtime.conftest import MAX_NUM_SEQS, base_config, model_and_runner, model_with_eos
+from tests.runtime.conftest import (
+    MAX_NUM_SEQS,
+    base_config,
+    model_and_runner,
+    model_with_eos,
+    naive_greedy,
+)
 
 MAX_K = 4
 SPEC_SLOTS = 1 + MAX_NUM_SEQS * (2 + MAX_K)  # the default slot count at K = MAX_K
@@ -147,6 +153,20 @@ def spec_engine(
         draft_model=draft_model(draft),
         draft_runner=draft_runner(draft, family, ranks),
     )
+
+
+def assert_serves_naive_greedy(
+    engine: Engine, family: str, prompts: list[list[int]], lengths: list[int]
+) -> None:
+    """Serve greedy requests of `lengths` tokens to completion: each request's tokens equal the
+    naive greedy loop's."""
+    for prompt, n in zip(prompts, lengths, strict=True):
+        engine.add_request(prompt, SamplingParams(max_tokens=n))
+    outputs = {}
+    while engine.has_unfinished:
+        outputs |= {o.request_id: o for o in engine.step()}
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        assert outputs[str(i)].token_ids == naive_greedy(family, prompt, n), i
 
 
 class CoinGate:

@@ -28,7 +28,7 @@ from tests.runtime.conftest import (
     naive_greedy,
     naive_logits,
 )
-from tests.runtime.spec_support import spec_engine
+from tests.runtime.spec_support import assert_serves_naive_greedy, spec_engine
 from tests.runtime.test_penalties import reference_logits
 from tests.runtime.test_speculative import assert_pools_empty
 
@@ -176,13 +176,7 @@ def test_speculation_drafts_synchronously_and_larger_steps_run_asynchronously(mo
     monkeypatch.setattr(engine.runner, "dispatch", logged)
     prompts = [[3, 4, 3, 4, 3, 4, 3], [7, 8, 9, 7, 8, 9], [5, 5, 5, 5]]
     lengths = [4, 7, 16]
-    for prompt, n in zip(prompts, lengths, strict=True):
-        engine.add_request(prompt, SamplingParams(max_tokens=n))
-    outputs = {}
-    while engine.has_unfinished:
-        outputs |= {o.request_id: o for o in engine.step()}
-    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
-        assert outputs[str(i)].token_ids == naive_greedy(family, prompt, n), i
+    assert_serves_naive_greedy(engine, family, prompts, lengths)
     assert {(drafts, width) for carry, drafts, width in dispatched if carry} == {(False, 1)}
     assert all(drafts for carry, drafts, _ in dispatched if not carry)  # drafting steps: sync
     assert any(width > 1 for carry, _, width in dispatched if not carry)

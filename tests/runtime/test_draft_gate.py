@@ -13,12 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from runtime.core.config import EngineConfig
-from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.serve.metrics import _EngineCollector
 from runtime.speculative.gate import BatchLimit, MeasuredGate, draft_gate
-from tests.runtime.conftest import naive_greedy
-from tests.runtime.spec_support import spec_engine
+from tests.runtime.spec_support import assert_serves_naive_greedy, spec_engine
 from tests.runtime.test_speculative import assert_pools_empty
 
 
@@ -154,13 +152,7 @@ def test_an_adaptive_engine_serves_the_naive_greedy_tokens():
     engine.gate.window = 2
     prompts = [[3, 4, 3, 4, 3, 4, 3], [7, 8, 9, 7, 8, 9], [5, 5, 5, 5], [1, 2, 3]]
     lengths = [12, 20, 24, 16]
-    for prompt, n in zip(prompts, lengths, strict=True):
-        engine.add_request(prompt, SamplingParams(max_tokens=n))
-    outputs = {}
-    while engine.has_unfinished:
-        outputs |= {o.request_id: o for o in engine.step()}
-    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
-        assert outputs[str(i)].token_ids == naive_greedy(family, prompt, n), i
+    assert_serves_naive_greedy(engine, family, prompts, lengths)
     assert any(measured.ratio is not None for measured in engine.gate.measured.values())
     assert 0 < engine.stats.num_drafting_steps < engine.stats.num_steps
     scraped = _EngineCollector(SimpleNamespace(engine=engine, step_seconds=0.0)).collect()

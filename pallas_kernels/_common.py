@@ -36,6 +36,13 @@ def check_int(name: str, value: int, low: int, high: int | None = None) -> None:
         raise ValueError(f"{name}={value} must be in [{low}, {'inf' if high is None else high}]")
 
 
+# Decode launch order. CUDA runs a grid's first axis fastest, so the decode kernels list a row's
+# tiles first and the rows last, grid (tiles, heads, rows): programs that run at the same time
+# then read one slot's state in memory order. With the rows first they read B slots a state's
+# stride apart (2 MiB per slot at the Qwen3-Next layer), and the fused and unfused decode paths
+# took 1-8% longer (benchmarks/probe_grid_order.py, RESULTS.md 2026-11-27).
+
+
 def live_slot(slots: jax.Array, num_slots: int) -> jax.Array:
     """True where a slot index names a real slot: NULL < slot < num_slots (works in kernels)."""
     return (slots > NULL) & (slots < num_slots)
@@ -197,6 +204,7 @@ def conv_update_lanes(
     bias_ref,
     state_ref,
     *,
+    row,
     channel,
     column,
     mask,
@@ -205,7 +213,7 @@ def conv_update_lanes(
     dtype,
     on_gpu: bool,
 ) -> list[jax.Array]:
-    """In a decode kernel: silu(causal conv) of one channel block of row `program_id(0)` for
+    """In a decode kernel: silu(causal conv) of one channel block of decode row `row` for
     every lane, fp32 rounded to `dtype` as an unfused conv would store it (0 on dead lanes); stores
     the window after each lane to that lane's write slot in `state_ref` [S, channels, W - 1].
 
@@ -214,7 +222,7 @@ def conv_update_lanes(
     window is loaded, by every thread (`loads_before_stores`), before the first store: lane 0 may
     write its own read slot.
     """
-    b, num_slots = pl.program_id(0), state_ref.shape[0]
+    b, num_slots = row, state_ref.shape[0]
     read = read_ref[b]
     seq = [
         plgpu.load(

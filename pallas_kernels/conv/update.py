@@ -1,5 +1,6 @@
 """Causal depthwise conv1d over 1 + K decode lanes: the kernel of `causal_conv1d_update_reference`
-(`conv/reference.py`, with the glossary).
+(`conv/reference.py`, with the glossary). Grid (D / block_d, B): a row's channel blocks first
+(`pallas_kernels/_common.py`, "Decode launch order").
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def _update_kernel(
 ):
     """One (row, channel block): the window is W - 1 register vectors shifted lane by lane."""
     del state_in_ref  # aliased to state_ref
-    b = pl.program_id(0)
-    d_sl = pl.ds(pl.program_id(1) * block_d, block_d)
-    d_mask = pl.program_id(1) * block_d + jnp.arange(block_d) < channels
+    d0, b = pl.program_id(0) * block_d, pl.program_id(1)
+    d_sl = pl.ds(d0, block_d)
+    d_mask = d0 + jnp.arange(block_d) < channels
     num_slots = state_ref.shape[0]
     seq = load_window(state_ref, read_ref[b], d_sl, d_mask, width)
     loads_before_stores(on_gpu)  # lane 0 may write the slot it read (in place)
@@ -68,7 +69,7 @@ def causal_conv1d_update(
     block_d: int = 256,
     num_warps: int = 4,
 ) -> tuple[jax.Array, jax.Array]:
-    """Pallas kernel for `causal_conv1d_update_reference`; grid (B, D / block_d), state aliased."""
+    """Pallas kernel for `causal_conv1d_update_reference`; grid (D / block_d, B), state aliased."""
     width = check_update_args(x, weight, bias, conv_state, read_slots, write_slots, activation)
     batch, lanes, channels = x.shape
     bias = jnp.zeros((channels,), jnp.float32) if bias is None else bias
@@ -84,7 +85,7 @@ def causal_conv1d_update(
             on_gpu=not interpret,
         ),
         out_shape=(sds_like(x), sds_like(conv_state)),
-        grid=(batch, pl.cdiv(channels, block_d)),
+        grid=(pl.cdiv(channels, block_d), batch),
         input_output_aliases={5: 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,

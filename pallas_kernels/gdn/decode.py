@@ -18,8 +18,9 @@ dtype, as the unfused path materialises it. Slots as in the other decode ops
 Two launches, reading `mixed` by column offset, for the reason given in `ssd/decode.py`: the q / k
 columns are shared by the HV / HK value heads of a key head, and a one-token decode rewrites its
 read slot in place, so their windows are convolved (and written) once per row by launch 1
-(`_qk_conv_kernel`, grid (B, 2 key_dim / block_c)); launch 2 (`_delta_kernel`, grid
-(B, HV, V / block_v)) convolves the tile's v columns and runs the state update.
+(`_qk_conv_kernel`, grid (2 key_dim / block_c, B)); launch 2 (`_delta_kernel`, grid
+(V / block_v, HV, B)) convolves the tile's v columns and runs the state update (a row's tiles
+first: `pallas_kernels/_common.py`, "Decode launch order").
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _qk_conv_kernel(
 ):
     """One (row, block of q/k channels): their conv; windows and qk [B, L, 2 key_dim] out."""
     del conv_in_ref  # aliased to conv_ref
-    b, start = pl.program_id(0), pl.program_id(1) * block_c
+    start, b = pl.program_id(0) * block_c, pl.program_id(1)
     block = pl.ds(start, block_c)  # q and k are the first channels and the first columns
     mask = start + jnp.arange(block_c) < 2 * geo.key_dim
     outs = conv_update_lanes(
@@ -68,6 +69,7 @@ def _qk_conv_kernel(
         w_ref,
         bias_ref,
         conv_ref,
+        row=b,
         channel=block,
         column=block,
         mask=mask,
@@ -108,7 +110,7 @@ def _delta_kernel(
     """One (row, value head, V tile): conv of the tile's v columns, then the gated delta rule with
     the [block_v, K] state tile in registers across the row's lanes."""
     del conv_in_ref, state_in_ref  # aliased to conv_ref, state_ref
-    b, hv, vt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    vt, hv, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hk = hv // (geo.v_heads // geo.k_heads)
     block_k = pow2(geo.k_dim)
     v0 = vt * block_v
@@ -123,6 +125,7 @@ def _delta_kernel(
         w_ref,
         bias_ref,
         conv_ref,
+        row=b,
         channel=pl.ds(c0, block_v),
         column=pl.ds(c0, block_v),
         mask=v_mask,
@@ -217,7 +220,7 @@ def gdn_decode(
     qk, conv_state = pl.pallas_call(
         functools.partial(_qk_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
         out_shape=(sds_like(mixed, (geo.batch, geo.lanes, 2 * geo.key_dim)), sds_like(conv_state)),
-        grid=(geo.batch, pl.cdiv(2 * geo.key_dim, block_c)),
+        grid=(pl.cdiv(2 * geo.key_dim, block_c), geo.batch),
         input_output_aliases={5: 1},
         compiler_params=params,
         interpret=interpret,
@@ -236,7 +239,7 @@ def gdn_decode(
     return pl.pallas_call(
         kernel,
         out_shape=(sds_like(mixed, o_shape), sds_like(conv_state), sds_like(state)),
-        grid=(geo.batch, geo.v_heads, pl.cdiv(geo.v_dim, block_v)),
+        grid=(pl.cdiv(geo.v_dim, block_v), geo.v_heads, geo.batch),
         input_output_aliases={8: 1, 9: 2},
         compiler_params=params,
         interpret=interpret,

@@ -1,6 +1,7 @@
 """Gated DeltaNet decode with fused gating and l2norm (rows of L = 1 + K tokens), Pallas/Triton.
 
-One program per (row b, value head hv, V tile): the [BV, K] slice of state[read_slots[b], hv]
+One program per (V tile, value head hv, row b), in that launch order (`_common.py`,
+"Decode launch order"): the [BV, K] slice of state[read_slots[b], hv]
 (V-first, rows contiguous in memory) stays in registers across the L lanes; after lane t it is
 stored to write_slots[b, t] when live. A slot that is not live (<= 0 or >= S) reads zeros / writes
 nothing; dead lanes output 0.
@@ -50,7 +51,7 @@ def _kernel(
     """Program (row, value head, V tile): the [block_v, K] state tile in registers across the
     row's lanes."""
     del state_in_ref  # aliased to s_ref
-    b, hv, vt = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    vt, hv, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hk = hv // heads_per_key
     kcol = jnp.arange(block_k)
     vrow = vt * block_v + jnp.arange(block_v)
@@ -136,7 +137,7 @@ def gdn_state_update(
     return pl.pallas_call(
         kernel,
         out_shape=(sds_like(v, (batch, lanes, v_heads, v_dim)), sds_like(state)),
-        grid=(batch, v_heads, pl.cdiv(v_dim, block_v)),
+        grid=(pl.cdiv(v_dim, block_v), v_heads, batch),
         input_output_aliases={9: 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -16,12 +16,13 @@ after lane t go to write_slots[b, t]; a slot that is not live (<= 0 or >= S) rea
 nothing, and its lanes output 0.
 
 Two launches, reading zxbcdt by column offset (no slice is materialised):
-1. `_bc_conv_kernel`, grid (B, 2GN / block_c): the conv of the B and C columns, once per row (not
+1. `_bc_conv_kernel`, grid (2GN / block_c, B): the conv of the B and C columns, once per row (not
    once per head), writing their windows and a small [B, L, 2GN] buffer.
-2. `_ssm_kernel`, grid (B, H, P / block_p): the conv of the head's x columns, then the state update.
+2. `_ssm_kernel`, grid (P / block_p, H, B): the conv of the head's x columns, then the state update.
 B and C cannot be convolved inside launch 2: every head of a group reads the group's B/C windows
 and one of them must write them, but a one-token decode updates its slot in place (write slot ==
 read slot), so that write would race with the other heads' reads. Launch order makes it safe.
+Each grid lists a row's tiles first: see `pallas_kernels/_common.py`, "Decode launch order".
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _bc_conv_kernel(
 ):
     """One (row, block of B/C channels): the conv of B and C; windows and bc [B, L, 2GN] out."""
     del conv_in_ref  # aliased to conv_ref
-    b, start = pl.program_id(0), pl.program_id(1) * block_c
+    start, b = pl.program_id(0) * block_c, pl.program_id(1)
     mask = start + jnp.arange(block_c) < geo.bc_dim
     outs = conv_update_lanes(
         read_ref,
@@ -70,6 +71,7 @@ def _bc_conv_kernel(
         w_ref,
         bias_ref,
         conv_ref,
+        row=b,
         channel=pl.ds(geo.d_inner + start, block_c),
         column=pl.ds(2 * geo.d_inner + start, block_c),
         mask=mask,
@@ -109,7 +111,7 @@ def _ssm_kernel(
     """One (row, head, P-block): conv of the head's x columns, then the state update with the
     state block in registers across the row's lanes."""
     del conv_in_ref, ssm_in_ref  # aliased to conv_ref, ssm_ref
-    b, h, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    pb, h, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     g = h // (geo.heads // geo.groups)
     block_n = pow2(geo.state_size)
     p0 = pb * block_p
@@ -124,6 +126,7 @@ def _ssm_kernel(
         w_ref,
         bias_ref,
         conv_ref,
+        row=b,
         channel=pl.ds(x0, block_p),
         column=pl.ds(geo.d_inner + x0, block_p),
         mask=p_mask,
@@ -225,7 +228,7 @@ def mamba2_decode(
     bc, conv_state = pl.pallas_call(
         functools.partial(_bc_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
         out_shape=(sds_like(zxbcdt, bc_shape), sds_like(conv_state)),
-        grid=(geo.batch, pl.cdiv(geo.bc_dim, block_c)),
+        grid=(pl.cdiv(geo.bc_dim, block_c), geo.batch),
         input_output_aliases={5: 1},
         compiler_params=params,
         interpret=interpret,
@@ -244,7 +247,7 @@ def mamba2_decode(
     return pl.pallas_call(
         kernel,
         out_shape=(sds_like(zxbcdt, y_shape), sds_like(conv_state), sds_like(ssm_state)),
-        grid=(geo.batch, geo.heads, pl.cdiv(geo.head_dim, block_p)),
+        grid=(pl.cdiv(geo.head_dim, block_p), geo.heads, geo.batch),
         input_output_aliases={9: 1, 10: 2},
         compiler_params=params,
         interpret=interpret,

@@ -1,7 +1,8 @@
 """Mamba2 decode: the selective state update over rows of 1 + K tokens (speculative lanes).
 
 The kernel of `ssd_state_update_reference` (`ssd/reference.py`, with the glossary): the same
-recurrence as the prefill scan; the state after lane t goes to write_slots[b, t].
+recurrence as the prefill scan; the state after lane t goes to write_slots[b, t]. Grid
+(P / block_p, H, B): a row's tiles first (`_common.py`, "Decode launch order").
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _ssu_kernel(
 ):
     """One (row, head, P-block): the state block stays in registers across the row's lanes."""
     del state_in_ref  # aliased to state_ref
-    b, h, pb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    pb, h, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     g = h // heads_per_group
     p_idx = pb * block_p + jnp.arange(block_p)
     p_mask, n_mask = p_idx < head_dim, jnp.arange(block_n) < state_size
@@ -141,7 +142,7 @@ def ssd_state_update(
     return pl.pallas_call(
         kernel,
         out_shape=(sds_like(x), sds_like(ssm_state)),
-        grid=(batch, heads, pl.cdiv(head_dim, block_p)),
+        grid=(pl.cdiv(head_dim, block_p), heads, batch),
         input_output_aliases={10: 1},
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -13,5 +13,5 @@ def test_quick_fixture_and_batch_checks_pass(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))
     assert gpu_checks.main(["--quick", "--only", "fixtures,batch"]) == 0
     out = capsys.readouterr().out
-    assert "fixture nemotron_h_odd chunked" in out and "batch mamba2" in out
+    assert "fixture mamba2_odd chunked" in out and "batch mamba2" in out
     assert (tmp_path / "gpu_checks.json").is_file()

@@ -1,0 +1,96 @@
+"""The decode kernels' launch order, before and after: rows fastest (old) or tiles fastest (new).
+
+The old kernels (HEAD's copies in benchmarks/_grid_old/) launch grid (B, heads, tiles): CUDA runs
+the first grid axis fastest, so programs that run together read B different slots, a state's
+stride apart. The new ones launch (tiles, heads, B): programs that run together walk one slot's
+state in memory order. Each batch times the fused and unfused decode paths of
+bench_fused_decode.py with the old modules, then the new, then the old again (the host's speed
+drifts), and prints the ratio of the old (mean of both) over the new.
+
+The old copies are not kept in the tree (git-ignored; carry them to the device). Make them with
+
+    mkdir -p benchmarks/_grid_old && touch benchmarks/_grid_old/__init__.py
+    for f in gdn/state_update gdn/decode ssd/state_update ssd/decode conv/update; do
+        git show 8284ad2:pallas_kernels/$f.py > benchmarks/_grid_old/$(echo $f | tr / _).py
+    done
+    sed -i 's/^        channel=/        row=b,\n        channel=/' benchmarks/_grid_old/*_decode.py
+
+(the last line: `conv_update_lanes` now takes the row it used to read from `program_id(0)`).
+
+    PYTHONPATH=. python benchmarks/probe_grid_order.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+
+from benchmarks import bench_fused_decode as fd
+from benchmarks._grid_old import (
+    conv_update,
+    gdn_decode,
+    gdn_state_update,
+    ssd_decode,
+    ssd_state_update,
+)
+from benchmarks.bench_mamba2_kernels import log
+
+NEW = {"conv": fd.conv, "m2d": fd.m2d, "gdnd": fd.gdnd, "ssu": fd.ssu, "gdnu": fd.gdnu}
+OLD = {
+    "conv": conv_update,
+    "m2d": ssd_decode,
+    "gdnd": gdn_decode,
+    "ssu": ssd_state_update,
+    "gdnu": gdn_state_update,
+}
+
+# The two tiles that won most often in bench_fused_decode's sweep (RESULTS.md).
+CONFIGS = (dict(block_p=32, num_warps=4), dict(block_p=16, num_warps=4))
+
+
+def run(modules: dict, layer: fd.Layer, batch: int) -> dict:
+    for name, module in modules.items():
+        setattr(fd, name, module)
+    return fd.bench_batch(layer, np.random.default_rng(batch), batch)
+
+
+def main(argv: list[str]) -> None:
+    names = argv[0].split(",") if argv else list(fd.LAYERS)
+    rows = []
+    for name in names:
+        layer = dataclasses.replace(fd.LAYERS[name], configs=CONFIGS)
+        for batch in (1, 16, 64, 256):
+            old1, new, old2 = (run(m, layer, batch) for m in (OLD, NEW, OLD))
+            row = dict(op=layer.name, batch=batch)
+            for path, key in (("fused", "ours_us"), ("unfused", "unfused_us")):
+                old_us = (old1[key] + old2[key]) / 2
+                row[path] = dict(
+                    old_us=[old1[key], old2[key]],
+                    new_us=new[key],
+                    old_over_new=old_us / new[key],
+                    new_pct_roofline=new[
+                        "pct_roofline" if path == "fused" else "unfused_pct_roofline"
+                    ],
+                )
+            row["new_err_vs_ref_y"] = new["err_vs_ref_y"]
+            row["new_err_vs_ref_state"] = new["err_vs_ref_state"]
+            log("GRID", json.dumps(row))
+            rows.append(row)
+    with open(os.path.join(fd.OUT, "grid_order.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    log("\nop | B | path | old us (two runs) | new us | old / new | new % roofline")
+    for r in rows:
+        for path in ("fused", "unfused"):
+            p = r[path]
+            log(
+                f"{r['op']} | {r['batch']} | {path} | {p['old_us'][0]:.1f}, {p['old_us'][1]:.1f} | "
+                f"{p['new_us']:.1f} | {p['old_over_new']:.2f} | {p['new_pct_roofline']:.0f}%"
+            )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

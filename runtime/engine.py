@@ -231,11 +231,13 @@ class Engine:
         return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots)
 
     def _drafts_now(self) -> bool:
-        """Whether this step drafts, agreed by every process (drafting steps run synchronously):
-        every process's gate is asked about the same batch size, the most running of any rank."""
+        """Whether this step drafts (drafting steps run synchronously): every process's gate is
+        asked about the same batch size, the most running of any rank, and the answers of gates
+        that are not `uniform` are agreed too."""
         local = max(len(s.running) for s in self.schedulers)
         num_running = int(agree_max(np.array([local], np.int32))[0])
-        return bool(agree_max(np.array([self.gate.drafts(num_running)], np.int32))[0])
+        drafts = self.gate.drafts(num_running)
+        return drafts if self.gate.uniform else bool(agree_max(np.array([drafts], np.int32))[0])
 
     def _drain(self) -> list[RequestOutput]:
         """Retire the step in flight (asynchronous scheduling) before a step with drafts is

@@ -34,13 +34,19 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import sys
-from typing import NamedTuple, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 from runtime.core.config import EngineConfig
 
 
 class DraftGate(Protocol):
-    """Decides, step by step, whether the engine drafts (module docstring)."""
+    """Decides, step by step, whether the engine drafts (module docstring).
+
+    `uniform`: whether `drafts` answers from `num_running` alone, so every process's gate gives
+    the same answer and a multi-host engine need not agree on it (one collective per step less).
+    """
+
+    uniform: bool
 
     def drafts(self, num_running: int) -> bool:
         """Whether the coming step drafts, when no rank runs more than `num_running` requests."""
@@ -56,6 +62,7 @@ class BatchLimit:
     """Drafts while at most `max_batch_size` requests run (0: never)."""
 
     max_batch_size: int
+    uniform: ClassVar[bool] = True
 
     def drafts(self, num_running: int) -> bool:
         return self.max_batch_size > 0 and num_running <= self.max_batch_size
@@ -89,7 +96,10 @@ class _Window(NamedTuple):
 
 class MeasuredGate:
     """Drafts at the batch sizes where measured drafting steps beat plain ones (module
-    docstring). `classes`: the batch classes' upper ends (the engine's decode-row buckets)."""
+    docstring). `classes`: the batch classes' upper ends (the engine's decode-row buckets).
+    Not `uniform`: each process measures its own host."""
+
+    uniform = False
 
     def __init__(
         self,

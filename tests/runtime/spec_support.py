@@ -173,6 +173,8 @@ class CoinGate:
     """A draft gate that drafts in a random half of the steps (seeded): whatever the sequence of
     drafting and plain steps, an engine serves the same tokens."""
 
+    uniform = False
+
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 

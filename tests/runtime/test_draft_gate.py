@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from runtime import engine as engine_module
 from runtime.core.config import EngineConfig
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.engine import Engine
 from runtime.serve.metrics import _EngineCollector
 from runtime.speculative.gate import BatchLimit, MeasuredGate, draft_gate
 from tests.runtime.spec_support import assert_serves_naive_greedy, spec_engine
@@ -45,6 +47,20 @@ def test_the_gate_each_config_asks_for():
     adaptive = SpeculativeConfig("ngram", 2, adaptive=True)
     gate = draft_gate(EngineConfig(speculative=adaptive, decode_row_buckets=(1, 4, 16)))
     assert isinstance(gate, MeasuredGate) and gate.classes == (1, 4, 16)
+
+
+@pytest.mark.parametrize("gate", [BatchLimit(0), BatchLimit(4), MeasuredGate((4,))])
+def test_only_the_answer_of_a_gate_that_is_not_uniform_is_agreed(monkeypatch, gate):
+    """Every step agrees on the batch size across processes; a gate that answers from the batch
+    size alone (`uniform`) is not agreed again: a multi-host run without speculation, or with a
+    batch limit, runs one collective per step for it, not two."""
+    agreed = []
+    monkeypatch.setattr(engine_module, "agree_max", lambda x: agreed.append(x.tolist()) or x)
+    local = SimpleNamespace(schedulers=[SimpleNamespace(running=[1, 2, 3])], gate=gate)
+    drafts = Engine._drafts_now(local)
+    assert drafts == (gate != BatchLimit(0))  # 3 running: BatchLimit(4) drafts, as does a
+    assert agreed == [[3]] if gate.uniform else [[3], [int(drafts)]]  # first measured window
+    assert gate.uniform == isinstance(gate, BatchLimit)
 
 
 def test_adaptive_needs_a_drafter_that_can_skip_steps():

@@ -7,16 +7,19 @@ normed output and logits over a whole sequence, and the chained drafts
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jmamba.families import from_hf_config
 from jmamba.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from jmamba.model import rows_or_zeros
 from jmamba.mtp import next_token_ids
 from jmamba.prefill import prefill_inputs
+from jmamba.tensor_sources import tensor_sources
 from jmamba.weights import load_pretrained
 from runtime.device.mtp_drafts import MTPDrafts
 
@@ -131,3 +134,39 @@ def test_next_token_ids_follow_each_lane():
     assert next_token_ids(inputs, ends, sampled).tolist() == [6, 7, 9]
     goes_on = NextTokens(np.asarray([8], np.int32), np.zeros(1, bool))
     assert next_token_ids(inputs, goes_on, sampled).tolist() == [6, 7, 8]
+
+
+# NemotronH's MTP tensors as a published Nemotron 3 checkpoint lists them (pattern "*E": an
+# attention block holding the fusion, then a MoE block holding the final norm), typed from that
+# listing; its latent MoE projections (`fc1_latent_proj`, `fc2_latent_proj`) are left out, as
+# `moe_latent_size` is refused.
+PUBLISHED_NEMOTRON_H_MTP = {
+    "mtp.layers.0.eh_proj.weight",
+    "mtp.layers.0.enorm.weight",
+    "mtp.layers.0.hnorm.weight",
+    "mtp.layers.0.norm.weight",
+    "mtp.layers.0.mixer.q_proj.weight",
+    "mtp.layers.0.mixer.k_proj.weight",
+    "mtp.layers.0.mixer.v_proj.weight",
+    "mtp.layers.0.mixer.o_proj.weight",
+    "mtp.layers.1.final_layernorm.weight",
+    "mtp.layers.1.norm.weight",
+    "mtp.layers.1.mixer.gate.weight",
+    "mtp.layers.1.mixer.gate.e_score_correction_bias",
+    "mtp.layers.1.mixer.shared_experts.up_proj.weight",
+    "mtp.layers.1.mixer.shared_experts.down_proj.weight",
+}
+
+
+def test_nemotron_h_head_reads_the_published_tensor_names():
+    """The NemotronH fixture's config with one MTP layer of blocks ["full_attention", "moe"]:
+    the head reads exactly the published names, one up / down pair per routed expert."""
+    hf = json.loads((FIXTURES / "nemotron_h" / "config.json").read_text())
+    config = from_hf_config(hf | {"num_nextn_predict_layers": 1})
+    names = {n for source in tensor_sources(config).values() for n in source.names}
+    experts = {
+        f"mtp.layers.1.mixer.experts.{e}.{proj}.weight"
+        for e in range(hf["n_routed_experts"])
+        for proj in ("up_proj", "down_proj")
+    }
+    assert {n for n in names if n.startswith("mtp.")} == PUBLISHED_NEMOTRON_H_MTP | experts

@@ -62,9 +62,10 @@ def serve(engine: Engine, prompts: list[list[int]]) -> dict:
     return {rid: (outputs[rid], *streamed[rid]) for rid in outputs}
 
 
-# Both recurrent mixers (Mamba2, Gated DeltaNet), one with attention; nemotron_h (Mamba2 +
-# attention) adds nothing the two do not cover and ~45 s of CI.
-@pytest.mark.parametrize("family", ["mamba2", "qwen3_next"])
+# One family: what this test adds (sampling, logprobs, stop strings, streams under asynchronous
+# scheduling) is the same code whatever the model; test_random_schedules.py serves every mixer,
+# with attention, asynchronously against the naive loop (qwen3_next here cost 31 s of CI).
+@pytest.mark.parametrize("family", ["mamba2"])
 def test_async_outputs_equal_the_synchronous_engine(family):
     """Greedy, seeded sampling, min_tokens, logprobs, a stop string, max_tokens=1; prompts long
     enough to preempt in the small pools: identical outputs, streams and finish reasons."""

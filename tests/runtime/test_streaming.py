@@ -21,6 +21,14 @@ from tests.runtime.conftest import (
 )
 
 
+@pytest.fixture(params=["mamba2"])
+def family(request) -> str:
+    """One family: streams, logprobs and stop strings are the same code whatever the model (the
+    engine's tokens and logits per mixer are checked by test_random_schedules.py and
+    test_checkpoints.py); the other two families cost 16 s of CI here."""
+    return request.param
+
+
 def text_engine(family: str) -> Engine:
     """An engine on the family's shared runner, reading text through the byte tokenizer."""
     model, runner = model_and_runner(family)

@@ -1,23 +1,23 @@
-"""The decode kernels' launch order, before and after: rows fastest (old) or tiles fastest (new).
+"""A change to the decode kernels, timed: a commit's copies (old) against the tree's (new).
 
-The old kernels (HEAD's copies in benchmarks/_grid_old/) launch grid (B, heads, tiles): CUDA runs
-the first grid axis fastest, so programs that run together read B different slots, a state's
-stride apart. The new ones launch (tiles, heads, B): programs that run together walk one slot's
-state in memory order. Each batch times the fused and unfused decode paths of
-bench_fused_decode.py with the old modules, then the new, then the old again (the host's speed
-drifts), and prints the ratio of the old (mean of both) over the new.
+Each batch times the fused and unfused decode paths of bench_fused_decode.py with the old
+modules, then the new, then the old again (the host's speed drifts), and prints the ratio of the
+old (mean of both) over the new. The old copies are not kept in the tree (benchmarks/_old/,
+git-ignored; carry it to the device). Make them from commit C with
 
-The old copies are not kept in the tree (git-ignored; carry them to the device). Make them with
-
-    mkdir -p benchmarks/_grid_old && touch benchmarks/_grid_old/__init__.py
+    mkdir -p benchmarks/_old && touch benchmarks/_old/__init__.py
     for f in gdn/state_update gdn/decode ssd/state_update ssd/decode conv/update; do
-        git show 8284ad2:pallas_kernels/$f.py > benchmarks/_grid_old/$(echo $f | tr / _).py
+        git show C:pallas_kernels/$f.py > benchmarks/_old/$(echo $f | tr / _).py
     done
-    sed -i 's/^        channel=/        row=b,\n        channel=/' benchmarks/_grid_old/*_decode.py
 
-(the last line: `conv_update_lanes` now takes the row it used to read from `program_id(0)`).
+(for C = 8284ad2, before `conv_update_lanes` took its row, also pass `row=b`:
+`sed -i 's/^        channel=/        row=b,\n        channel=/' benchmarks/_old/*_decode.py`).
 
-    PYTHONPATH=. python benchmarks/probe_grid_order.py
+Runs so far (RESULTS.md, 2026-11-27): the launch order (C = 8284ad2: rows first), and a change
+that was measured and not kept (every lane input loaded before the barrier, against C =
+c76bada).
+
+    PYTHONPATH=. python benchmarks/probe_decode_change.py [mamba2,gdn]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from benchmarks import bench_fused_decode as fd
-from benchmarks._grid_old import (
+from benchmarks._old import (
     conv_update,
     gdn_decode,
     gdn_state_update,

@@ -17,6 +17,7 @@ eager loop over four state tensors, timed as the JAX part times ours.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 
@@ -192,7 +193,7 @@ def fla_part(out_path: str) -> None:
                 call()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        return sorted(times)[len(times) // 2] / len(calls) * 1e6
+        return statistics.median(times) / len(calls) * 1e6
 
     for B in DECODE_B:
         q = torch.randn(B, 1, HK, D, device=dev, dtype=torch.bfloat16)

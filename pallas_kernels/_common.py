@@ -222,8 +222,8 @@ def conv_update_lanes(
     window is loaded, by every thread (`loads_before_stores`), before the first store: lane 0 may
     write its own read slot.
     """
-    b, num_slots = row, state_ref.shape[0]
-    read = read_ref[b]
+    num_slots = state_ref.shape[0]
+    read = read_ref[row]
     seq = [
         plgpu.load(
             state_ref.at[safe_slot(read, num_slots), channel, jnp.int32(k)],
@@ -241,11 +241,11 @@ def conv_update_lanes(
     outs = []
     for t in range(lanes):
         tt = jnp.int32(t)  # a traced index (interpret mode rejects Python ints in .at[])
-        seq.append(plgpu.load(x_ref.at[b, tt, column], mask=mask, other=0.0).astype(jnp.float32))
+        seq.append(plgpu.load(x_ref.at[row, tt, column], mask=mask, other=0.0).astype(jnp.float32))
         acc = bias
         for j in range(width):
             acc = acc + taps[j] * seq[t + j]
-        write = write_ref[b, tt]
+        write = write_ref[row, tt]
         writes = live_slot(write, num_slots)
         outs.append(jnp.where(writes, silu(acc), 0.0).astype(dtype).astype(jnp.float32))
         for k in range(width - 1):

@@ -18,7 +18,6 @@ import gc
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-import numpy as np
 from flax import nnx
 
 from runtime.core import checks
@@ -32,7 +31,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler, no_drafts
 from runtime.core.step_batch import StepBatch
-from runtime.device.distributed import agree_max
+from runtime.device.distributed import agree_max, agree_max_int
 from runtime.device.memory import pool_memory
 from runtime.device.model_runner import DispatchedStep, ModelRunner, served_model
 from runtime.observe.describe import describe_engine
@@ -177,7 +176,7 @@ class Engine:
     def any_unfinished(self) -> bool:
         """Whether any process holds unfinished requests (a collective in a multi-host run: every
         process calls it at the same point of its loop)."""
-        return bool(agree_max(np.array([self.has_unfinished], np.int32))[0])
+        return bool(agree_max_int(self.has_unfinished))
 
     # --------------------------------------------------------------------------------- the step
 
@@ -234,10 +233,9 @@ class Engine:
         """Whether this step drafts (drafting steps run synchronously): every process's gate is
         asked about the same batch size, the most running of any rank, and the answers of gates
         that are not `uniform` are agreed too."""
-        local = max(len(s.running) for s in self.schedulers)
-        num_running = int(agree_max(np.array([local], np.int32))[0])
+        num_running = agree_max_int(max(len(s.running) for s in self.schedulers))
         drafts = self.gate.drafts(num_running)
-        return drafts if self.gate.uniform else bool(agree_max(np.array([drafts], np.int32))[0])
+        return drafts if self.gate.uniform else bool(agree_max_int(drafts))
 
     def _drain(self) -> list[RequestOutput]:
         """Retire the step in flight (asynchronous scheduling) before a step with drafts is

@@ -142,3 +142,8 @@ def agree_max(local: np.ndarray) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(local)).max(axis=0)
+
+
+def agree_max_int(local: int) -> int:
+    """The largest of every process's `local` (`agree_max` of one int; a collective too)."""
+    return int(agree_max(np.array([local], np.int32))[0])

@@ -44,7 +44,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import default_num_slots
 from runtime.core.step_batch import StepBatch
-from runtime.device.distributed import agree_max
+from runtime.device.distributed import agree_max, agree_max_int
 from runtime.device.model_runner import ModelRunner
 from runtime.speculative.draft_sequences import RankDrafts
 from runtime.speculative.verify import check_verifiable
@@ -98,7 +98,7 @@ class DraftModelDrafter:
         for rank, draft, tokens in zip(self.ranks, passes, self._run(first, passes), strict=True):
             rank.after_catch_up(draft, tokens)
         local = max((item.num_tokens - 1 for s in schedules for item in s.decodes), default=0)
-        num_drafts = int(agree_max(np.array([local], np.int32))[0])
+        num_drafts = agree_max_int(local)
         for j in range(2, num_drafts + 1):
             passes = [rank.proposal(s, j) for rank, s in zip(self.ranks, schedules, strict=True)]
             step = Bucket(bucket.num_decode_rows, 1, 0, 0)

@@ -159,7 +159,7 @@ class MeasuredGate:
             return
         window = _Window(self._class, self._kind, self._tokens / self._seconds)
         last, self._last = self._last, window
-        if last is None or last.batch_class != window.batch_class or last.drafts == window.drafts:
+        if last is None or last.drafts == window.drafts:  # `_open` drops a last of another class
             return
         drafting, plain = (window, last) if window.drafts else (last, window)
         measured = self.measured[window.batch_class]

@@ -55,11 +55,12 @@ def test_only_the_answer_of_a_gate_that_is_not_uniform_is_agreed(monkeypatch, ga
     size alone (`uniform`) is not agreed again: a multi-host run without speculation, or with a
     batch limit, runs one collective per step for it, not two."""
     agreed = []
-    monkeypatch.setattr(engine_module, "agree_max", lambda x: agreed.append(x.tolist()) or x)
+    monkeypatch.setattr(engine_module, "agree_max_int", lambda x: agreed.append([int(x)]) or x)
     local = SimpleNamespace(schedulers=[SimpleNamespace(running=[1, 2, 3])], gate=gate)
     drafts = Engine._drafts_now(local)
-    assert drafts == (gate != BatchLimit(0))  # 3 running: BatchLimit(4) drafts, as does a
-    assert agreed == [[3]] if gate.uniform else [[3], [int(drafts)]]  # first measured window
+    # 3 running: BatchLimit(4) drafts, and so does a measured gate's first window
+    assert drafts == (gate != BatchLimit(0))
+    assert agreed == ([[3]] if gate.uniform else [[3], [int(drafts)]])
     assert gate.uniform == isinstance(gate, BatchLimit)
 
 

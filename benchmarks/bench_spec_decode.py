@@ -12,7 +12,8 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
 - `draft-K`: a small random draft model of the same vocabulary (~10x fewer weights; random models
   rarely agree, so its acceptance shows the cost side).
 - `self-K` (UPPER BOUND of draft-model acceptance): the target as its own draft model; every draft
-  must be accepted, at the price of K + 1 target-sized draft passes per step.
+  must be accepted, at the price of K + 1 target-sized draft passes per step (in bf16 on the GPU
+  only with `--batch-invariant`: XLA's GEMM rounds a row differently at another row count).
 - `mtp-K`: a random MTP head (an attention block and an MLP block, `jmamba.mtp`) drafting inside
   the target's step: random, its drafts are rejected, so it shows the cost side of the head.
 - `ngram-K@B`, `mtp-K@B`: drafts only in steps with at most B running requests
@@ -152,6 +153,7 @@ def engine_config(
     budget: int,
     speculative: SpeculativeConfig | None,
     async_scheduling: bool = False,
+    batch_invariant: bool = False,
 ) -> EngineConfig:
     return EngineConfig(
         max_num_seqs=max_batch,
@@ -163,6 +165,7 @@ def engine_config(
         prefill_row_buckets=(max_batch,),
         speculative=speculative,
         async_scheduling=async_scheduling,
+        batch_invariant=batch_invariant,
     )
 
 
@@ -228,7 +231,8 @@ class Bench:
         elif kind in ("draft", "self"):
             spec = SpeculativeConfig("draft_model", k)
         sizes = (max(self.batches), self.batches, self.max_model_len, self.budget)
-        return engine_config(*sizes, spec, self.args.async_scheduling)
+        args = self.args
+        return engine_config(*sizes, spec, args.async_scheduling, args.batch_invariant)
 
     def runner(self, key: tuple, model: HybridLM, config: EngineConfig) -> ModelRunner:
         if key not in self.runners:
@@ -330,6 +334,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default=False,
         help="every engine schedules asynchronously (speculative ones in the steps without "
         "drafts: a method 'kind-K@B' drafts only while at most B requests run)",
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="every projection runs the fixed-tile matmul (EngineConfig.batch_invariant): "
+        "self-K then accepts every draft in bf16 too",
     )
     args = parser.parse_args(argv)
     methods = args.methods.split(",")

@@ -26,7 +26,8 @@ from flax import nnx
 from jmamba.config import Mixer, ModelConfig
 from jmamba.inputs import StepInputs
 from jmamba.layer import Layer, LayerCache
-from jmamba.layers.linear import PRECISION, Linear
+from jmamba.layers.linear import Linear
+from jmamba.layers.matmul import matmul
 from jmamba.layers.norms import RMSNorm
 from jmamba.mixers.attention import KVCache
 from jmamba.mixers.gated_deltanet import GDNState
@@ -201,8 +202,6 @@ class HybridLM(nnx.Module):
         its vocabulary slice; the slices are gathered, so the sampler sees the whole vocabulary
         (the padding of the last slice cut off)."""
         head = self.embed[...].T if self.lm_head is None else self.lm_head.kernel[...]
-        logits = jnp.dot(
-            x.astype(head.dtype), head, preferred_element_type=jnp.float32, precision=PRECISION
-        )
+        logits = matmul(x, head, jnp.float32)
         logits = self.tp.all_gather(logits, axis=-1)[:, : self.config.vocab_size]
         return logits * self.config.logits_multiplier

@@ -18,6 +18,8 @@ from pallas_kernels.gdn import chunk as _gdn_chunk
 from pallas_kernels.gdn import decode as _gdn_decode
 from pallas_kernels.gdn import reference as _gdn_reference
 from pallas_kernels.gdn import state_update as _gdn_state_update
+from pallas_kernels.matmul import fixed_tiles as _matmul
+from pallas_kernels.matmul import reference as _matmul_reference
 from pallas_kernels.moe import grouped_matmul as _grouped_matmul
 from pallas_kernels.moe import reference as _moe_reference
 from pallas_kernels.rows import Rows as Rows  # the prefill ops' argument type, for the models
@@ -63,3 +65,6 @@ write_kv = _attention_reference.write_kv
 
 # MoE routed experts: rows grouped by expert; the kernel reads only the experts that have rows.
 grouped_matmul = dispatched(_grouped_matmul.grouped_matmul, _moe_reference.grouped_matmul_reference)
+
+# Dense projections whose rounding of a row does not depend on the other rows (batch invariant).
+matmul = dispatched(_matmul.matmul, _matmul_reference.matmul_reference)

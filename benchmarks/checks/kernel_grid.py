@@ -29,6 +29,7 @@ from benchmarks.checks.kernels.attention import paged_decode, paged_prefill
 from benchmarks.checks.kernels.case import BF16, F32, Case, Shape
 from benchmarks.checks.kernels.conv import conv_prefill, conv_update
 from benchmarks.checks.kernels.gdn import gdn_chunk, gdn_decode, gdn_update
+from benchmarks.checks.kernels.matmul import matmul
 from benchmarks.checks.kernels.moe import grouped_matmul
 from benchmarks.checks.kernels.runner import check_shape, compile_all
 from benchmarks.checks.kernels.ssd import mamba2_decode, ssd_scan, ssd_update
@@ -55,6 +56,7 @@ def grid(quick: bool) -> list[Shape]:
             paged_decode(2, 6, 3, 24, 8, F32, (1, 9, 30)),
             paged_prefill(6, 3, 24, 8, F32, ((0, 1), (0, 19), (13, 6))),
             grouped_matmul(24, 12, 5, BF16),
+            matmul(5, 80, 45, BF16, BF16),
         ]
     ssd_dims = [
         (5, 12, 1, 16, F32, 128),
@@ -124,6 +126,12 @@ def grid(quick: bool) -> list[Shape]:
         grouped_matmul(80, 96, 7, BF16, BF16),
         grouped_matmul(2048, 512, 24, BF16),  # Qwen3-Next's up / gate shape, fewer experts
         grouped_matmul(512, 2048, 24, F32),  # and its down shape
+        matmul(1, 24, 12, F32),
+        matmul(37, 200, 45, BF16, BF16),
+        matmul(70, 1100, 96, F32),
+        matmul(9, 4096, 2048, BF16, BF16),  # the 0.87B model's out_proj: K split in 2
+        matmul(300, 8192, 2048, BF16, BF16),  # and its MLP's down: K split in 4
+        matmul(17, 2048, 32000, BF16),  # its head, fp32 logits
     ]
 
 

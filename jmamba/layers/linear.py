@@ -1,8 +1,7 @@
 """A bias-free linear layer storing its kernel as [in, out] (HF stores [out, in]).
 
-`PRECISION` is used by every matmul of the model library: an fp32 model computes in fp32 (XLA would
-otherwise use TF32 on the GPU, which flips near-tied MoE routing decisions); bf16 operands are
-unaffected.
+Its product is `jmamba.layers.matmul.matmul`, the model's one matmul (fp32 at full precision,
+batch invariant when asked).
 """
 
 from __future__ import annotations
@@ -11,14 +10,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-PRECISION = jax.lax.Precision.HIGHEST
+from jmamba.layers.matmul import matmul
 
 
 class Linear(nnx.Module):
     """`x @ kernel` with kernel [in_features, out_features], emitted in the kernel's dtype.
 
     A bf16 kernel gives a bf16 product straight from the GEMM (which accumulates in fp32), so no
-    convert follows it; an fp32 kernel computes at `PRECISION`. `param` is the kernel's variable
+    convert follows it; an fp32 kernel computes in full fp32. `param` is the kernel's variable
     type: `Fp32Param` for a kernel that stays fp32 in a bf16 model (the MoE router).
     """
 
@@ -37,6 +36,4 @@ class Linear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel = self.kernel[...]
-        return jnp.dot(
-            x.astype(kernel.dtype), kernel, preferred_element_type=kernel.dtype, precision=PRECISION
-        )
+        return matmul(x, kernel, kernel.dtype)

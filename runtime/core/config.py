@@ -25,8 +25,9 @@ DEFAULT_PREFIX_CACHING = "all"
 # request's own deeper states would push a shared one out of a budget of one or two.
 DEFAULT_MIN_CACHED_STATES = 16
 
-# The fields that fix a compiled step's shapes, and the pool sizes of its caches: engines may share
-# a runner (its compiled steps and caches) when these agree (`EngineConfig.check_same_shapes`).
+# The fields that fix a compiled step (its shapes, how its products round), and the pool sizes of
+# its caches: engines may share a runner (its compiled steps and caches) when these agree
+# (`EngineConfig.check_same_shapes`).
 STEP_SHAPE_FIELDS = (
     "block_size",
     "max_model_len",
@@ -35,6 +36,7 @@ STEP_SHAPE_FIELDS = (
     "prefill_row_buckets",
     "data_parallel_size",
     "tensor_parallel_size",
+    "batch_invariant",
 )
 POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
@@ -147,6 +149,7 @@ class EngineConfig:
     max_cached_states: int | None = None
     speculative: SpeculativeConfig | None = None
     async_scheduling: bool = False
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -178,6 +181,7 @@ class EngineConfig:
         speculative = SpeculativeConfig.of(self.speculative)
         object.__setattr__(self, "speculative", speculative)
         checks.flag("async_scheduling", self.async_scheduling)
+        checks.flag("batch_invariant", self.batch_invariant)
         if self.num_slots is not None:
             low = min_num_slots(self.max_num_seqs, speculative)
             checks.integer("num_slots", self.num_slots, low=low)

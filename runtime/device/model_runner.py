@@ -139,7 +139,7 @@ class ModelRunner:
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(
             functools.partial(spmd_step, self.mesh, cache_specs),
-            static_argnums=(0, 1, 2, 3, 4, 5),
+            static_argnums=(0, 1, 2, 3, 4, 5, 6),
             donate_argnames=("caches", "outputs", "carried"),
             keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses
         )
@@ -314,6 +314,7 @@ class ModelRunner:
             self.graphdef,
             self._param_treedef,
             self.keep_logits,
+            self.config.batch_invariant,
             self._layouts[key],
             key.mode,
             self.drafter if key.drafts else self.drafter.without_drafts(),

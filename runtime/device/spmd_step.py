@@ -16,6 +16,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jmamba.inputs import StepInputs
+from jmamba.layers.matmul import batch_invariant_matmuls
 from jmamba.model import rows_or_zeros
 from jmamba.tensor_parallel import TP_AXIS
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
@@ -30,6 +31,7 @@ def _rank_step(
     graphdef,
     param_treedef,
     keep_logits: bool,
+    batch_invariant: bool,
     layout: Layout,
     mode: SamplingMode,
     drafter: DeviceDrafter,
@@ -43,24 +45,26 @@ def _rank_step(
     (when `mode.logprobs`), logits (when `keep_logits`), the drafts for the next step [1, 1 + k,
     N] (when `drafter` drafts; `runtime.device.mtp_drafts`), caches, this step's tokens [1, C]
     for the next step. The packed tree is (inputs, sampling, token sources, what follows each
-    prefill chunk), the last two None where the step does not read them (`packed_tree`)."""
+    prefill chunk), the last two None where the step does not read them (`packed_tree`).
+    `batch_invariant`: the model's products run the fixed-tile matmul (`jmamba.layers.matmul`)."""
     inputs, sampling, sources, following = unpack(packed[0], layout)
     if previous is not None:
         inputs = _with_previous_tokens(inputs, sources, previous[0])
     shard_params = [leaf[0] for leaf in param_leaves]
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
-    x, caches = model.hidden_states(inputs, caches)
-    with jax.named_scope("lm_head"):
-        logits = model.logits(rows_or_zeros(x, inputs.logits_indices))
-    with jax.named_scope("sampler"):
-        tokens = sample(logits, sampling, mode, fed_tokens(inputs))
-        token_logprobs = None
-        if mode.logprobs:
-            computed = logprobs(logits, tokens, mode.top_logprobs)
-            token_logprobs = jax.tree.map(lambda a: a[None], computed)
-        accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
-    with jax.named_scope("drafter"):
-        drafts, caches = drafter(model, x, tokens, accepted, inputs, following, caches)
+    with batch_invariant_matmuls(batch_invariant):
+        x, caches = model.hidden_states(inputs, caches)
+        with jax.named_scope("lm_head"):
+            logits = model.logits(rows_or_zeros(x, inputs.logits_indices))
+        with jax.named_scope("sampler"):
+            tokens = sample(logits, sampling, mode, fed_tokens(inputs))
+            token_logprobs = None
+            if mode.logprobs:
+                computed = logprobs(logits, tokens, mode.top_logprobs)
+                token_logprobs = jax.tree.map(lambda a: a[None], computed)
+            accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
+        with jax.named_scope("drafter"):
+            drafts, caches = drafter(model, x, tokens, accepted, inputs, following, caches)
     tokens_and_flags = jnp.stack([tokens, accepted])[None]
     carried = None
     if previous is not None:
@@ -86,6 +90,7 @@ def spmd_step(
     graphdef,
     param_treedef,
     keep_logits: bool,
+    batch_invariant: bool,
     layout: Layout,
     mode: SamplingMode,
     drafter: DeviceDrafter,
@@ -103,7 +108,7 @@ def spmd_step(
     by_rank = P(AXIS)
     param_specs = [P(TP_AXIS)] * len(param_leaves)
     step = functools.partial(
-        _rank_step, graphdef, param_treedef, keep_logits, layout, mode, drafter
+        _rank_step, graphdef, param_treedef, keep_logits, batch_invariant, layout, mode, drafter
     )
     logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
     tokens, token_logprobs, logits, drafts, caches, carried = jax.shard_map(

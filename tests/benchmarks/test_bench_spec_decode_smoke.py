@@ -1,5 +1,6 @@
 """benchmarks/bench_spec_decode.py on CPU with the tiny model: every kind of method runs, the
-upper-bound rows accept every draft, and the JSON lands in $OUT."""
+upper-bound rows accept every draft, and the JSON lands in $OUT; `--batch-invariant` runs the
+fixed-tile products (their reference on the CPU)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
         "64",
         "--rounds",
         "1",
+        "--batch-invariant",
     ]
     rows = bench_spec_decode.main(argv)
     assert {(r["method"], r["batch"]) for r in rows} == {

@@ -6,7 +6,7 @@ rows and lanes, and a prefill chunk): microseconds per product, each timed as a 
 8 products over 4 weight copies (so the weight is not served from L2 by the product before),
 queued 20 times back to back, the median of 5 such runs; the ratio XLA / ours (above 1: ours is
 faster); and the weight's bytes over the time as a share of `--bandwidth`. Compile seconds are
-printed apart. `--tunings sweep` also times other launch knobs at M = 16 and 8192.
+printed apart. `--tunings sweep` also times other launch knobs (`SWEEP`) at `--sweep-ms`.
 
 Beside the time, the rounding: row 0 of `x[:M] @ w` against the same row computed alone (M = 1):
 how many of its N outputs differ bitwise, for XLA's GEMM and for ours (0 everywhere for ours is
@@ -43,11 +43,11 @@ SHAPES = {
 }
 SWEEP = {
     "m32": dict(block_m=32),
-    "m64_s3": dict(block_m=64, num_stages=3),
     "m64_n128_w8": dict(block_m=64, block_n=128, num_warps=8, num_stages=3),
+    "m64_n128_w8_p64": dict(block_m=64, block_n=128, num_warps=8, num_stages=3, min_programs=64),
     "m128_n128_w8": dict(block_m=128, block_n=128, num_warps=8, num_stages=3),
-    "k128_s3": dict(block_k=128, num_stages=3),
-    "programs256": dict(min_programs=256),
+    "m128_n128_w8_p64": dict(block_m=128, block_n=128, num_warps=8, num_stages=3, min_programs=64),
+    "m64_n64_w4_s3": dict(block_m=64, num_stages=3),
 }
 COPIES, PER_PROGRAM, QUEUED, RUNS = 4, 8, 20, 5
 
@@ -84,7 +84,8 @@ def fixed_product(out_dtype, tuning: MatmulTuning | None = None):
     """Ours: as the model calls it, or under other launch knobs."""
     if tuning is None:
         return lambda x, w: ops.matmul(x, w, out_dtype=out_dtype)
-    return lambda x, w: matmul(x, w, out_dtype=out_dtype, tuning=tuning)
+    interpret = jax.default_backend() != "gpu"
+    return lambda x, w: matmul(x, w, out_dtype=out_dtype, tuning=tuning, interpret=interpret)
 
 
 def rounding(product, x: jax.Array, w: jax.Array, m: int) -> int:
@@ -104,8 +105,8 @@ def operands(k: int, n: int, m: int) -> tuple[list[jax.Array], list[jax.Array]]:
     return xs, ws
 
 
-def measure(name: str, ms: list[int], bandwidth: float) -> list[dict]:
-    k, n, out_dtype = SHAPES[name]
+def measure(name: str, shape: tuple, ms: list[int], bandwidth: float) -> list[dict]:
+    k, n, out_dtype = shape
     rows = []
     for m in ms:
         xs, ws = operands(k, n, m)
@@ -132,8 +133,8 @@ def measure(name: str, ms: list[int], bandwidth: float) -> list[dict]:
     return rows
 
 
-def sweep(name: str, ms: list[int]) -> list[dict]:
-    k, n, out_dtype = SHAPES[name]
+def sweep(name: str, shape: tuple, ms: list[int]) -> list[dict]:
+    k, n, out_dtype = shape
     rows = []
     for m in ms:
         xs, ws = operands(k, n, m)
@@ -145,22 +146,29 @@ def sweep(name: str, ms: list[int]) -> list[dict]:
     return rows
 
 
+def by_size(name: str) -> tuple[int, int, jnp.dtype]:
+    """A weight named "KxN": (K, N, bf16 out)."""
+    k, n = (int(v) for v in name.split("x"))
+    return k, n, jnp.bfloat16
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default=",".join(SHAPES), help="names, or KxN (bf16)")
     parser.add_argument("--ms", default="1,2,16,64,256,1280,8192")
     parser.add_argument("--bandwidth", type=float, default=3.35e12, help="bytes/s for the %%")
     parser.add_argument("--tunings", choices=["default", "sweep"], default="default")
+    parser.add_argument("--sweep-ms", default="2,16,64,8192", help="M of the --tunings sweep")
     args = parser.parse_args(argv)
-    for name in args.shapes.split(","):
-        if name not in SHAPES:
-            k, n = (int(v) for v in name.split("x"))
-            SHAPES[name] = (k, n, jnp.bfloat16)
-    names, ms = args.shapes.split(","), [int(m) for m in args.ms.split(",")]
+    shapes = {name: SHAPES.get(name) or by_size(name) for name in args.shapes.split(",")}
+    ms = [int(m) for m in args.ms.split(",")]
     print(f"device={jax.devices()[0].device_kind}", flush=True)
-    result = dict(rows=[row for name in names for row in measure(name, ms, args.bandwidth)])
+    result = dict(
+        rows=[row for item in shapes.items() for row in measure(*item, ms, args.bandwidth)]
+    )
     if args.tunings == "sweep":
-        result["sweep"] = [row for name in names for row in sweep(name, [16, 8192])]
+        sweep_ms = [int(m) for m in args.sweep_ms.split(",")]
+        result["sweep"] = [row for item in shapes.items() for row in sweep(*item, sweep_ms)]
     print("shape      K     N      M     S  XLA us  ours us  XLA/ours  ours %bw  differ XLA/ours")
     for r in result["rows"]:
         print(
@@ -169,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['ours_bandwidth']:8.0%}  {r['xla_differ']:6d} / {r['ours_differ']}"
         )
     print(f"compile {sum(r['compile_s'] for r in result['rows']):.0f} s (apart from the times)")
+    for r in result.get("sweep", []):
+        print(f"sweep {r['shape']:10s} M={r['m']:<5d} {r['tuning']:18s} {r['us']:8.1f} us")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_matmul.json"), "w") as f:
             json.dump(result, f, indent=1)

@@ -42,6 +42,13 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         choices=["auto", "float32", "bfloat16"],
         help="parameter dtype; auto: the checkpoint's",
     )
+    parser.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="every projection runs a fixed-tile matmul: a request's tokens do not depend on "
+        "its batch or on speculative lanes, in bfloat16 on the GPU too (slower prefill)",
+    )
     budgets = parser.add_argument_group("engine budgets (per data-parallel rank)")
     budgets.add_argument(
         "--max-num-seqs", type=int, default=max_num_seqs, help="most requests in one step"
@@ -189,6 +196,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         state_block_size=args.state_block_size,
         max_cached_states=args.max_cached_states,
         async_scheduling=args.async_scheduling,
+        batch_invariant=args.batch_invariant,
         speculative=speculative_config(args),
     )
 

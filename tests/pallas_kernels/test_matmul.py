@@ -72,7 +72,7 @@ def test_output_in_bf16_is_rounded_once(tuning):
 def test_plan_comes_from_the_weight_shape():
     """K splits while one row tile has fewer than min_programs programs and each part keeps
     min_split of K; parts are whole block_k slices; small weights shrink the tiles."""
-    tuning = MatmulTuning()  # 64 x 64 tiles, 128 programs, parts of >= 512
+    tuning = MatmulTuning(block_n=64, block_k=64, min_programs=128, min_split=512)
     assert plan(8192, 2048, tuning).num_splits == 4  # 32 column tiles
     assert plan(2048, 8192, tuning).num_splits == 1  # 128 column tiles
     assert plan(1000, 64, tuning).num_splits == 1  # 2 * 512 > 1000: no room to split

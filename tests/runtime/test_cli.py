@@ -74,6 +74,7 @@ def test_generate_with_a_real_chunk_size_uses_a_derived_budget(tmp_path, capsys)
             "2",
             "--ignore-eos",
             "--async-scheduling",
+            "--batch-invariant",
         ]
     )
     out = capsys.readouterr().out
@@ -204,13 +205,15 @@ def test_llm_schedules_asynchronously_unless_every_step_drafts():
     assert explicit.engine.config.async_scheduling
 
 
-def test_cli_speculative_max_batch_size_and_adaptive_reach_the_config():
+def test_cli_speculative_and_batch_invariant_options_reach_the_config():
     parser = argparse.ArgumentParser()
     add_engine_options(parser)
     args = parser.parse_args(["--speculative-method", "mtp", "--speculative-max-batch-size", "8"])
     assert engine_options(args)["speculative"] == SpeculativeConfig("mtp", 3, max_batch_size=8)
     args = parser.parse_args(["--speculative-method", "ngram", "--speculative-adaptive"])
     assert engine_options(args)["speculative"] == SpeculativeConfig("ngram", 3, adaptive=True)
+    assert not engine_options(args)["batch_invariant"]
+    assert engine_options(parser.parse_args(["--batch-invariant"]))["batch_invariant"]
 
 
 def test_llm_refuses_a_state_block_shorter_than_a_chunk():

@@ -31,11 +31,13 @@ MAX_PROMPT = 150
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """How many prompts, how many greedy tokens each, and the seed of their lengths and ids."""
+    """How many prompts, how many greedy tokens each, the seed of their lengths and ids, and
+    whether the engines run the batch-invariant products (`EngineConfig.batch_invariant`)."""
 
     num_prompts: int = 64
     max_tokens: int = 4
     seed: int = 0
+    batch_invariant: bool = False
 
 
 @dataclasses.dataclass
@@ -66,6 +68,7 @@ def engine_config(prompts: list[list[int]], setup: Setup) -> EngineConfig:
         decode_row_buckets=(1, n),
         prefill_row_buckets=(1, n),
         prefill_token_buckets=(ALONE_TOKENS, max(budget, ALONE_TOKENS)),
+        batch_invariant=setup.batch_invariant,
     )
 
 

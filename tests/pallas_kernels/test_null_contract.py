@@ -39,6 +39,7 @@ NOT_STATEFUL = {
     "attention",
     "write_kv",
     "grouped_matmul",  # no state pool: MoE experts (tests in test_grouped_matmul.py)
+    "matmul",  # no state pool: the batch-invariant projections (tests in test_matmul.py)
 }
 
 

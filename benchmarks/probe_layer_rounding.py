@@ -23,7 +23,7 @@ from flax import nnx
 
 from benchmarks.checks.batch_invariance import Setup, engine_config, make_prompts
 from benchmarks.engine.models import build_model
-from jmamba.layers.matmul import batch_invariant_matmuls
+from jmamba.layers.invariance import batch_invariant
 from jmamba.model import rows_or_zeros
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             block_size=resolved.block_size,
             num_slots=resolved.num_slots,
         )
-        with batch_invariant_matmuls(args.batch_invariant):
+        with batch_invariant(args.batch_invariant):
             if decode:  # the prefill step's caches first
                 _, caches = model.hidden_states(steps[0], caches)
             return parts(model, steps[1] if decode else steps[0], caches)

@@ -5,7 +5,8 @@ and `Rows`, the ragged-rows-with-slots argument of the prefill ops (`rows.py`). 
 alone picks the kernel, the interpreted kernel or the plain-jnp reference; `_common.py` holds the
 shape checks, slot helpers and kernel pieces the families share. Families: `ssd/` (Mamba2),
 `gdn/` (Gated DeltaNet), `conv/` (causal depthwise conv1d), `attention/` (paged attention), `moe/`
-(grouped matmul), `matmul/` (the batch-invariant dense matmul). Each holds its kernels, its plain-jnp `reference.py` (with the input checks the
-kernels share) and a file per public op. Imports point down: `ops` -> families -> `rows` ->
+(grouped matmul), `matmul/` and `norm/` (the batch-invariant dense matmul and norm statistics).
+Each holds its kernels, its plain-jnp `reference.py` (with the input checks the kernels share)
+and a file per public op. Imports point down: `ops` -> families -> `rows` ->
 `_common`; `ssd/` and `gdn/` read `conv/reference.py` for their fused decode references.
 """

@@ -22,6 +22,8 @@ from pallas_kernels.matmul import fixed_tiles as _matmul
 from pallas_kernels.matmul import reference as _matmul_reference
 from pallas_kernels.moe import grouped_matmul as _grouped_matmul
 from pallas_kernels.moe import reference as _moe_reference
+from pallas_kernels.norm import reference as _norm_reference
+from pallas_kernels.norm import sum_squares as _sum_squares
 from pallas_kernels.rows import Rows as Rows  # the prefill ops' argument type, for the models
 from pallas_kernels.ssd import chunk_scan as _ssd_chunk_scan
 from pallas_kernels.ssd import decode as _ssd_decode
@@ -66,5 +68,9 @@ write_kv = _attention_reference.write_kv
 # MoE routed experts: rows grouped by expert; the kernel reads only the experts that have rows.
 grouped_matmul = dispatched(_grouped_matmul.grouped_matmul, _moe_reference.grouped_matmul_reference)
 
-# Dense projections whose rounding of a row does not depend on the other rows (batch invariant).
+# Batch invariant: dense projections and the norms' row statistics, each row rounded the same
+# whatever other rows share the call.
 matmul = dispatched(_matmul.matmul, _matmul_reference.matmul_reference)
+row_sum_squares = dispatched(
+    _sum_squares.row_sum_squares, _norm_reference.row_sum_squares_reference
+)

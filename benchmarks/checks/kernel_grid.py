@@ -31,6 +31,7 @@ from benchmarks.checks.kernels.conv import conv_prefill, conv_update
 from benchmarks.checks.kernels.gdn import gdn_chunk, gdn_decode, gdn_update
 from benchmarks.checks.kernels.matmul import matmul
 from benchmarks.checks.kernels.moe import grouped_matmul
+from benchmarks.checks.kernels.norm import row_sum_squares
 from benchmarks.checks.kernels.runner import check_shape, compile_all
 from benchmarks.checks.kernels.ssd import mamba2_decode, ssd_scan, ssd_update
 from pallas_kernels.ssd import reference as ssd_ref
@@ -57,6 +58,7 @@ def grid(quick: bool) -> list[Shape]:
             paged_prefill(6, 3, 24, 8, F32, ((0, 1), (0, 19), (13, 6))),
             grouped_matmul(24, 12, 5, BF16),
             matmul(5, 80, 45, BF16, BF16),
+            row_sum_squares(7, 80, BF16),
         ]
     ssd_dims = [
         (5, 12, 1, 16, F32, 128),
@@ -132,6 +134,10 @@ def grid(quick: bool) -> list[Shape]:
         matmul(9, 4096, 2048, BF16, BF16),  # the 0.87B model's out_proj: K split in 8
         matmul(300, 8192, 2048, BF16, BF16),  # and its MLP's down: K in 8 (3 row tiles)
         matmul(17, 2048, 32000, BF16),  # its head, fp32 logits
+        row_sum_squares(1, 24, F32),
+        row_sum_squares(37, 2048, BF16),  # the 0.87B model's hidden size
+        row_sum_squares(1500, 512, F32),  # its gated norm's groups, rows of a prefill step
+        row_sum_squares(5, 9000, BF16),  # rows walked in three slices
     ]
 
 

@@ -1,5 +1,6 @@
 """RMSNorm and the two gated RMSNorms of the recurrent mixers (all computed in fp32, their weights
-held in fp32: `Fp32Param`)."""
+held in fp32: `Fp32Param`). Their sums of squares run `ops.row_sum_squares` under
+`jmamba.layers.invariance.batch_invariant()`, so a row's statistics do not depend on the batch."""
 
 from __future__ import annotations
 
@@ -8,13 +9,25 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.layers.fp32_param import Fp32Param
+from jmamba.layers.invariance import is_batch_invariant
 from jmamba.tensor_parallel import WHOLE, TensorParallel
+from pallas_kernels import ops
+
+
+def sum_of_squares(x: jax.Array) -> jax.Array:
+    """[..., D] -> [..., 1] fp32: sum of x^2 over the last axis (in a fixed order per row under
+    `batch_invariant()`, else XLA's reduction)."""
+    if is_batch_invariant():
+        rows = x.reshape(-1, x.shape[-1])
+        return ops.row_sum_squares(rows).reshape(*x.shape[:-1], 1)
+    x = x.astype(jnp.float32)
+    return jnp.sum(x * x, axis=-1, keepdims=True)
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
     """x / sqrt(mean(x^2) + eps) over the last axis, in fp32."""
-    x = x.astype(jnp.float32)
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    mean_sq = sum_of_squares(x) / x.shape[-1]
+    return x.astype(jnp.float32) * jax.lax.rsqrt(mean_sq + eps)
 
 
 class RMSNorm(nnx.Module):
@@ -59,7 +72,7 @@ class GroupGatedRMSNorm(nnx.Module):
 
     def _normalize(self, x: jax.Array) -> jax.Array:
         groups = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, self.group_size)
-        sum_sq = self.tp.sum_over_span(jnp.sum(groups * groups, axis=-1, keepdims=True), self.span)
+        sum_sq = self.tp.sum_over_span(sum_of_squares(groups), self.span)
         mean_sq = sum_sq / (self.group_size * self.span)
         normed = groups * jax.lax.rsqrt(mean_sq + self.eps)
         return normed.reshape(x.shape) * self.weight[...]

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jmamba.inputs import StepInputs
-from jmamba.layers.matmul import batch_invariant_matmuls
+from jmamba.layers import invariance
 from jmamba.model import rows_or_zeros
 from jmamba.tensor_parallel import TP_AXIS
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
@@ -46,13 +46,14 @@ def _rank_step(
     N] (when `drafter` drafts; `runtime.device.mtp_drafts`), caches, this step's tokens [1, C]
     for the next step. The packed tree is (inputs, sampling, token sources, what follows each
     prefill chunk), the last two None where the step does not read them (`packed_tree`).
-    `batch_invariant`: the model's products run the fixed-tile matmul (`jmamba.layers.matmul`)."""
+    `batch_invariant`: the model's products and norm statistics run in an order fixed by static
+    shapes (`jmamba.layers.invariance`)."""
     inputs, sampling, sources, following = unpack(packed[0], layout)
     if previous is not None:
         inputs = _with_previous_tokens(inputs, sources, previous[0])
     shard_params = [leaf[0] for leaf in param_leaves]
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
-    with batch_invariant_matmuls(batch_invariant):
+    with invariance.batch_invariant(batch_invariant):
         x, caches = model.hidden_states(inputs, caches)
         with jax.named_scope("lm_head"):
             logits = model.logits(rows_or_zeros(x, inputs.logits_indices))

@@ -3,7 +3,7 @@ XLA's dot (the reference); its static plan (the split of K comes from the weight
 a row's bitwise independence from the other rows, their number and its place among them.
 
 Odd M / K / N (one partial tile of each), K split in parts with a short last part, bf16 and fp32
-operands, outputs in bf16 and fp32, the `Linear` layer under `batch_invariant_matmuls`.
+operands, outputs in bf16 and fp32, the `Linear` layer under `batch_invariant()`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jmamba.layers.invariance import batch_invariant
 from jmamba.layers.linear import Linear
-from jmamba.layers.matmul import batch_invariant_matmuls
 from pallas_kernels import ops
 from pallas_kernels.matmul.fixed_tiles import MatmulTuning, matmul, plan
 from pallas_kernels.matmul.reference import matmul_reference
@@ -107,7 +107,7 @@ def test_dispatched_op_runs_the_kernel_and_the_reference():
 
 
 def test_linear_runs_the_kernel_under_the_switch(monkeypatch):
-    """Inside `batch_invariant_matmuls` a Linear layer (leading axes kept) runs ops.matmul;
+    """Inside `batch_invariant()` a Linear layer (leading axes kept) runs ops.matmul;
     outside it XLA's dot. Same values either way."""
     monkeypatch.setenv("JMAMBA_KERNELS", "interpret")
     layer = Linear(80, 24, rngs=nnx.Rngs(0))
@@ -117,7 +117,7 @@ def test_linear_runs_the_kernel_under_the_switch(monkeypatch):
     monkeypatch.setattr(ops, "matmul", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     plain = layer(x)
     assert not calls
-    with batch_invariant_matmuls():
+    with batch_invariant():
         fixed = layer(x)
     assert calls and fixed.shape == (3, 5, 24)
     assert rel_err(fixed, plain) <= 1e-5

@@ -4,6 +4,7 @@ One run on the GPU; exits 1 if any check fails. Sections (each a module of `benc
   kernels   every Pallas kernel against its plain-jnp reference on a grid of odd shapes
   fixtures  every transformers fixture (tests/fixtures) through the compiled kernels
   batch     a request's prefill output does not depend on the batch it shares (architecture.md 5.8)
+  bf16      the same, bitwise, for the bf16 bench model under EngineConfig.batch_invariant
 
     PYTHONPATH=. python benchmarks/gpu_checks.py [--quick] [--only kernels,fixtures,batch]
         [--families mamba2,qwen3_5_odd] [--jobs 8]
@@ -32,12 +33,14 @@ import jax
 
 from benchmarks.checks import Check
 
-SECTIONS = ("kernels", "fixtures", "batch")
+SECTIONS = ("kernels", "fixtures", "batch", "bf16")
 _MODULES = {
     "kernels": "benchmarks.checks.kernel_grid",
     "fixtures": "benchmarks.checks.fixtures",
     "batch": "benchmarks.checks.batch_invariance",
+    "bf16": "benchmarks.checks.bf16_batch",
 }
+_PER_FIXTURE = ("fixtures", "batch")  # sections run once per fixture family
 
 
 def run_sections(names: list[str], quick: bool, families: list[str] | None) -> list[Check]:
@@ -58,8 +61,8 @@ def run_in_processes(
     from tests.jmamba import fixture_runs
 
     every = families or fixture_runs.ALL
-    tasks = [(n, [f]) for n in names if n != "kernels" for f in every]
-    tasks = ([("kernels", None)] if "kernels" in names else []) + tasks
+    tasks = [(n, None) for n in names if n not in _PER_FIXTURE]
+    tasks += [(n, [f]) for n in names if n in _PER_FIXTURE for f in every]
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     env.pop("OUT", None)
 

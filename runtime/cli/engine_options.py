@@ -46,8 +46,8 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         "--batch-invariant",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="every projection runs a fixed-tile matmul: a request's tokens do not depend on "
-        "its batch or on speculative lanes, in bfloat16 on the GPU too (slower prefill)",
+        help="products and norms in an order fixed by static shapes: a request's tokens do not "
+        "depend on its batch or on speculative lanes, in bfloat16 on the GPU too (slower prefill)",
     )
     budgets = parser.add_argument_group("engine budgets (per data-parallel rank)")
     budgets.add_argument(

@@ -25,9 +25,8 @@ DEFAULT_PREFIX_CACHING = "all"
 # request's own deeper states would push a shared one out of a budget of one or two.
 DEFAULT_MIN_CACHED_STATES = 16
 
-# The fields that fix a compiled step (its shapes, how its products round), and the pool sizes of
-# its caches: engines may share a runner (its compiled steps and caches) when these agree
-# (`EngineConfig.check_same_shapes`).
+# The fields that fix a compiled step (shapes, how it rounds) and the pool sizes of its caches:
+# engines may share a runner when these agree (`EngineConfig.check_same_shapes`).
 STEP_SHAPE_FIELDS = (
     "block_size",
     "max_model_len",
@@ -126,6 +125,9 @@ class EngineConfig:
         without drafts run so (`SpeculativeConfig.max_batch_size`): a step with drafts first
         retires the one in flight. Off by default here (stepping an engine by hand shows each
         step's own finishes); `LLM` turns it on unless speculation drafts in every step.
+      batch_invariant: products and norms' sums in an order fixed by static shapes
+        (`jmamba.layers.invariance`): a request's bf16 outputs on the GPU do not depend on its batch
+        or on speculative lanes; slower prefill. Off: XLA's, which round a row by the step's shape.
     """
 
     max_num_seqs: int = 8

@@ -1,17 +1,19 @@
 """The model sections of benchmarks/gpu_checks.py run on CPU (kernels interpreted), so they cannot
-rot between device runs: `--quick --only fixtures,batch` must pass (one fixture through every
-check, one model's batch-invariance check with 4 prompts)."""
+rot between device runs: `--quick --only fixtures,batch,bf16` must pass (one fixture through every
+check, one model's batch-invariance check with 4 prompts, the tiny bf16 bench model's bitwise one
+with 3)."""
 
 from __future__ import annotations
 
 from benchmarks import gpu_checks
 
 
-def test_quick_fixture_and_batch_checks_pass(monkeypatch, tmp_path, capsys):
+def test_quick_fixture_batch_and_bf16_checks_pass(monkeypatch, tmp_path, capsys):
     # The sections set JMAMBA_KERNELS for the rest of the process; restore it for later tests.
     monkeypatch.delenv("JMAMBA_KERNELS", raising=False)
     monkeypatch.setenv("OUT", str(tmp_path))
-    assert gpu_checks.main(["--quick", "--only", "fixtures,batch"]) == 0
+    assert gpu_checks.main(["--quick", "--only", "fixtures,batch,bf16"]) == 0
     out = capsys.readouterr().out
     assert "fixture mamba2_odd chunked" in out and "batch mamba2" in out
+    assert "ok   bf16 batch tiny (batch_invariant)" in out
     assert (tmp_path / "gpu_checks.json").is_file()

@@ -1,10 +1,12 @@
 """`EngineConfig.batch_invariant`: the compiled steps run every projection (the layers' `Linear`s
-and the LM head) through the fixed-tile matmul, and serve the same greedy tokens as a naive loop.
+and the LM head) through the fixed-tile matmul and every norm's sums of squares through
+`row_sum_squares`, and serve the same greedy tokens as a naive loop.
 
-On the CPU `ops.matmul` runs its reference, so here it is replaced by the kernel in interpret
-mode: the engine then serves through the kernel itself. Whether the kernel's rounding is
-independent of the batch is checked on the GPU (benchmarks/gpu_checks.py, the matmul grid
-points) and in interpret mode by tests/pallas_kernels/test_matmul.py.
+On the CPU both ops run their references, so here they are replaced by their kernels in interpret
+mode: the engine then serves through the kernels themselves. Whether the kernels' rounding is
+independent of the batch is checked on the GPU (benchmarks/gpu_checks.py: their grid points, and
+the bf16 section's bitwise together-and-alone run) and in interpret mode by
+tests/pallas_kernels/test_matmul.py and test_row_sum_squares.py.
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ from tests.runtime.conftest import (
 FAMILY = "nemotron_h"  # Mamba2, attention and MLP layers: every kind of projection
 
 
-def test_steps_run_the_fixed_tile_kernel_and_equal_the_naive_loop(monkeypatch):
-    calls = []
+def test_steps_run_the_fixed_order_kernels_and_equal_the_naive_loop(monkeypatch):
+    calls, norms = [], []
     interpreted = functools.partial(ops.matmul, implementation="interpret")
+    sums = functools.partial(ops.row_sum_squares, implementation="interpret")
 
     def counted(*args, **kwargs):
         calls.append(args[1].shape)  # traced once per product per compiled variant
         return interpreted(*args, **kwargs)
 
     monkeypatch.setattr(ops, "matmul", counted)
+    monkeypatch.setattr(ops, "row_sum_squares", lambda x: norms.append(x.shape) or sums(x))
     model, _ = model_and_runner(FAMILY)
     engine = Engine(model, dataclasses.replace(base_config(FAMILY), batch_invariant=True))
     rng = np.random.default_rng(2)
@@ -50,6 +54,9 @@ def test_steps_run_the_fixed_tile_kernel_and_equal_the_naive_loop(monkeypatch):
     vocab = engine.model_config.vocab_size
     assert any(shape[-1] == vocab for shape in calls), "the LM head runs the kernel too"
     assert len({shape for shape in calls}) >= 4  # in / out projections, MLP, attention, head
+    hidden, mamba = engine.model_config.hidden_size, engine.model_config.mamba2
+    group = mamba.num_heads * mamba.head_dim // mamba.n_groups
+    assert {shape[1] for shape in norms} == {hidden, group}  # the RMSNorms, the gated norm
 
 
 def test_a_runner_is_shared_only_with_the_same_setting():

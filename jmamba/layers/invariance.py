@@ -9,6 +9,10 @@ in the step: a request's greedy tokens then depend on its batch and on speculati
 `pallas_kernels.ops.row_sum_squares` (`jmamba.layers.norms`): kernels whose every choice comes
 from the weight's or the row's shape alone. The switch is read when a step is traced, so it is
 part of what a compiled step is specialised on. On the CPU both ops run their references.
+
+Not covered: the MoE router's softmax and the sum over a token's chosen experts
+(`jmamba.layers.moe`) are XLA's reductions still; the GPU check (`benchmarks/gpu_checks.py --only
+bf16`) runs the dense NemotronH-shaped bench model.
 """
 
 from __future__ import annotations

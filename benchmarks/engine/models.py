@@ -119,12 +119,16 @@ def _qwen3_next_config(tiny: bool) -> dict:
     )
 
 
-def build_model(size: str, *, mtp: bool = False) -> HybridLM:
+def build_model(size: str, *, mtp: bool = False, num_layers: int | None = None) -> HybridLM:
     """The random bench model in bf16 (`jmamba.weights.cast`), initialised inside one jitted call so
     the fp32 initial values of a 20B model never all exist at once. `mtp`: with a random MTP head
     of an attention block and an MLP block (NemotronH's kind; the head's weights are drawn after
-    the model's, so the model is the one without it)."""
-    config = from_hf_config(hf_config(size))
+    the model's, so the model is the one without it). `num_layers` (Qwen3-Next shapes): the first
+    layers of its pattern only, for checks that need its shapes but not its depth."""
+    fields = hf_config(size)
+    if num_layers is not None:
+        fields |= dict(layer_types=fields["layer_types"][:num_layers], num_hidden_layers=num_layers)
+    config = from_hf_config(fields)
     if mtp:
         config = dataclasses.replace(
             config, mtp_mixers=(Mixer.ATTENTION, Mixer.NONE), mtp_ffns=(Ffn.NONE, Ffn.MLP)

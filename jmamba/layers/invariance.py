@@ -6,13 +6,11 @@ fuses the operation with, so a row's bf16 outputs can round differently with the
 in the step: a request's greedy tokens then depend on its batch and on speculative lanes
 (benchmarks/RESULTS.md, 2026-11-27). Inside `batch_invariant()` the model's products run
 `pallas_kernels.ops.matmul` (`jmamba.layers.matmul`) and its norms' sums of squares
-`pallas_kernels.ops.row_sum_squares` (`jmamba.layers.norms`): kernels whose every choice comes
-from the weight's or the row's shape alone. The switch is read when a step is traced, so it is
+`pallas_kernels.ops.row_sum_squares` (`jmamba.layers.norms`), and the MoE router's softmax and
+its sums over experts and choices fold in order or run as that product (`jmamba.layers.moe`):
+every choice comes from the weight's or the row's shape alone. The switch is read when a step is traced, so it is
 part of what a compiled step is specialised on. On the CPU both ops run their references.
-
-Not covered: the MoE router's softmax and the sum over a token's chosen experts
-(`jmamba.layers.moe`) are XLA's reductions still; the GPU check (`benchmarks/gpu_checks.py --only
-bf16`) runs the dense NemotronH-shaped bench model.
+`benchmarks/gpu_checks.py --only bf16` checks the NemotronH and Qwen3-Next bench shapes.
 """
 
 from __future__ import annotations

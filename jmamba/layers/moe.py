@@ -4,8 +4,9 @@ The routed experts run as grouped matmuls over the (token, choice) pairs sorted 
 (`ops.grouped_matmul`, the semantics of `jax.lax.ragged_dot`; on the GPU a Pallas kernel that reads
 only the experts that have pairs, where XLA's ragged_dot reads all of them): each token reaches
 only its top-k experts' weights (Qwen3-Next routes 10 of 512); fp32 operands get full-precision
-fp32 dots. The per-choice outputs are put back in token order and summed over the k choices in a
-fixed order (a gather, not a scatter-add, so the sum is deterministic).
+fp32 dots. The per-choice outputs are put back in token order and summed over the k choices (a
+gather, not a scatter-add, so the sum is deterministic; under `batch_invariant()` the router's
+softmax and every sum over experts or choices also run in an order fixed by their sizes).
 
 Expert parallelism: each tensor-parallel shard holds `num_experts / T` experts and the whole
 router. Every shard routes every token (the same choices on each), then runs the grouped matmuls
@@ -18,25 +19,50 @@ all-reduce (`jmamba.model.Layer`): tokens never move between shards, each shard 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import MoeConfig
 from jmamba.layers.fp32_param import Fp32Param
+from jmamba.layers.invariance import is_batch_invariant
 from jmamba.layers.linear import Linear
+from jmamba.layers.matmul import matmul
 from jmamba.layers.mlp import MLP, mlp_tp_rules, relu2
 from jmamba.shard_rules import REPLICATED, Segment, ShardRule, split
 from jmamba.tensor_parallel import WHOLE, TensorParallel
 from pallas_kernels import ops
 
+FOLD_TERMS = 32  # sums of at most this many terms fold in order; longer ones run as a product
+
+
+def _sum(x: jax.Array, axis: int = -1) -> jax.Array:
+    """Sum over `axis` (kept, of size 1). Under `batch_invariant()` in an order fixed by the axis'
+    size n (the terms folded in order, or for more than FOLD_TERMS the fixed-tile product with a
+    column of ones), else XLA's reduction, whose order may follow the step's shape."""
+    n = x.shape[axis]
+    if not is_batch_invariant():
+        return jnp.sum(x, axis=axis, keepdims=True)
+    if n <= FOLD_TERMS:
+        terms = [jax.lax.slice_in_dim(x, j, j + 1, axis=axis) for j in range(n)]
+        return functools.reduce(jnp.add, terms)
+    last = jnp.moveaxis(x, axis, -1)
+    return jnp.moveaxis(matmul(last, jnp.ones((n, 1), x.dtype), x.dtype), -1, axis)
+
+
+def _softmax(logits: jax.Array) -> jax.Array:
+    """Softmax over the last axis (`jax.nn.softmax`'s arithmetic, its sum through `_sum`)."""
+    e = jnp.exp(logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
+    return e / _sum(e)
+
 
 def _softmax_topk(logits: jax.Array, cfg: MoeConfig) -> tuple[jax.Array, jax.Array]:
     """Qwen routing: softmax over experts, top-k, optional renormalisation."""
-    probs = jax.nn.softmax(logits, axis=-1)
-    weights, ids = jax.lax.top_k(probs, cfg.top_k)
+    weights, ids = jax.lax.top_k(_softmax(logits), cfg.top_k)
     if cfg.norm_topk_prob:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights / _sum(weights)
     return weights, ids
 
 
@@ -55,7 +81,7 @@ def _sigmoid_grouped_topk(
     _, ids = jax.lax.top_k(jnp.where(expert_mask, choice, -jnp.inf), cfg.top_k)
     weights = jnp.take_along_axis(scores, ids, axis=-1)
     if cfg.norm_topk_prob:
-        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+        weights = weights / (_sum(weights) + 1e-20)
     return weights * cfg.routed_scaling_factor, ids
 
 
@@ -114,7 +140,7 @@ class MoE(nnx.Module):
         out = grouped(act.astype(x.dtype), self.down_proj)  # [T * k, hidden], expert order
         out = out[jnp.argsort(order)]  # back to (token, choice) order
         out = out.reshape(num_tokens, k, -1) * weights[..., None]
-        return jnp.sum(out, axis=1)
+        return _sum(out, axis=1)[:, 0]  # over the k choices
 
     def __call__(self, x: jax.Array) -> jax.Array:
         routed = self.experts(x, *self.route(x))

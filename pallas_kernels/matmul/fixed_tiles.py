@@ -95,16 +95,16 @@ def plan(k_dim: int, n_dim: int, tuning: MatmulTuning) -> Plan:
 
 
 def _matmul_kernel(
-    x_ref, w_ref, out_ref, *, m_dim, k_dim, n_dim, block_m, plan, compute_dtype, precision
+    x_ref, w_ref, out_ref, *, m_dim, k_dim, n_dim, block_m, tiles, compute_dtype, precision
 ):
     """Program (m tile, n tile, split): the split's slices of K, in order (module docstring)."""
     mb, nb, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    block_n, block_k = plan.block_n, plan.block_k
+    block_n, block_k = tiles.block_n, tiles.block_k
     rows = pl.ds(mb * block_m, block_m)
     row_mask = (mb * block_m + jnp.arange(block_m) < m_dim)[:, None]
     cols = pl.ds(nb * block_n, block_n)
     col_mask = (nb * block_n + jnp.arange(block_n) < n_dim)[None, :]
-    k_first = s * plan.split_len
+    k_first = s * tiles.split_len
 
     def k_step(j, acc):
         k0 = k_first + j * block_k
@@ -115,8 +115,8 @@ def _matmul_kernel(
         return acc + jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
     zeros = jnp.zeros((block_m, block_n), jnp.float32)
-    acc = jax.lax.fori_loop(0, plan.split_len // block_k, k_step, zeros)
-    tile = out_ref.at[rows, cols] if plan.num_splits == 1 else out_ref.at[s, rows, cols]
+    acc = jax.lax.fori_loop(0, tiles.split_len // block_k, k_step, zeros)
+    tile = out_ref.at[rows, cols] if tiles.num_splits == 1 else out_ref.at[s, rows, cols]
     plgpu.store(tile, acc.astype(out_ref.dtype), mask=row_mask & col_mask)
 
 
@@ -145,7 +145,7 @@ def matmul(
         k_dim=k_dim,
         n_dim=n_dim,
         block_m=tuning.block_m,
-        plan=shape,
+        tiles=shape,
         compute_dtype=x.dtype,
         precision=HIGHEST if x.dtype == jnp.float32 else None,
     )

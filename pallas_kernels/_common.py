@@ -36,6 +36,20 @@ def check_int(name: str, value: int, low: int, high: int | None = None) -> None:
         raise ValueError(f"{name}={value} must be in [{low}, {'inf' if high is None else high}]")
 
 
+def check_tile_knobs(tuning, counts: Sequence[str] = ("num_stages",)) -> None:
+    """Raise ValueError unless `tuning`'s block_m, block_n and block_k are powers of two >= 16
+    (tensor-core dots need 16), its num_warps one of 1, 2, 4, 8, 16 and each field of `counts`
+    >= 1: the launch knobs of the tiled matmul kernels."""
+    for name in ("block_m", "block_n", "block_k"):
+        value = getattr(tuning, name)
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name}={value} must be a power of two >= 16")
+    if tuning.num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps={tuning.num_warps} must be one of 1, 2, 4, 8, 16")
+    for name in counts:
+        check_int(name, getattr(tuning, name), low=1)
+
+
 # Decode launch order. CUDA runs a grid's first axis fastest, so the decode kernels list a row's
 # tiles first and the rows last, grid (tiles, heads, rows): programs that run at the same time
 # then read one slot's state in memory order. With the rows first they read B slots a state's

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import pow2, sds_like
+from pallas_kernels._common import check_tile_knobs, pow2, sds_like
 from pallas_kernels.matmul.reference import HIGHEST, check_args
 
 
@@ -58,15 +58,7 @@ class MatmulTuning:
     min_split: int = 512
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name}={value} must be a power of two >= 16")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
-        for name in ("num_stages", "min_programs", "min_split"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [1, inf]")
+        check_tile_knobs(self, ("num_stages", "min_programs", "min_split"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import pow2, sds_like
+from pallas_kernels._common import check_tile_knobs, pow2, sds_like
 from pallas_kernels.moe.reference import HIGHEST, check_args
 
 
@@ -45,14 +45,7 @@ class GroupedMatmulTuning:
     num_stages: int = 4
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name}={value} must be a power of two >= 16")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps={self.num_warps} must be one of 1, 2, 4, 8, 16")
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages={self.num_stages} must be in [1, inf]")
+        check_tile_knobs(self)
 
 
 def _grouped_matmul_kernel(

@@ -12,10 +12,8 @@ row by the step's shape), so this is the check that the switch covers every such
 
 from __future__ import annotations
 
-import time
-
 from benchmarks.checks import Check, use_kernels
-from benchmarks.checks.batch_invariance import Setup, compare, together_and_alone
+from benchmarks.checks.batch_invariance import Setup, check_model
 from benchmarks.engine.models import build_model
 
 # (bench model size, its first layers only or None, prompts, tokens each) per run.
@@ -33,18 +31,10 @@ def run(quick: bool, families: list[str] | None = None) -> list[Check]:
 
 
 def _check(size: str, num_layers: int | None, num_prompts: int, max_tokens: int) -> Check:
-    start = time.perf_counter()
+    """Bitwise together vs alone (tolerance 0) for the bench model `size`."""
+    name = size if num_layers is None else f"{size} ({num_layers} layers)"
     model = build_model(size, num_layers=num_layers)
     setup = Setup(num_prompts, max_tokens, batch_invariant=True)
-    prompts, together, alone, engine = together_and_alone(model, setup)
-    results = [compare(t, a) for t, a in zip(together, alone, strict=True)]
-    error = max(e for e, _ in results)
-    differing = sum(k is not None for _, k in results)
-    detail = (
-        f"{len(prompts)} prompts, max|d logits|={error:.1e} (must be 0), {differing} with other "
-        f"tokens; {engine.num_variants} variants; {time.perf_counter() - start:.0f} s"
-    )
-    name = size if num_layers is None else f"{size} ({num_layers} layers)"
-    check = Check(f"bf16 batch {name} (batch_invariant)", error == 0.0 and not differing, detail)
+    check = check_model(f"bf16 batch {name} (batch_invariant)", model, setup, tol=0.0)
     print(f"   {check.name}: {check.detail}", flush=True)
     return check

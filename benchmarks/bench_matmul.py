@@ -88,11 +88,16 @@ def fixed_product(out_dtype, tuning: MatmulTuning | None = None):
     return lambda x, w: matmul(x, w, out_dtype=out_dtype, tuning=tuning, interpret=interpret)
 
 
+def row_zero_differs(rows_of, m: int) -> int:
+    """Outputs of row 0 that differ bitwise between `rows_of(m)` and `rows_of(1)` (the result of
+    the first m rows of some input, and of its first row alone)."""
+    alone = np.asarray(rows_of(1)[0].astype(jnp.float32))
+    return int((np.asarray(rows_of(m)[0].astype(jnp.float32)) != alone).sum())
+
+
 def rounding(product, x: jax.Array, w: jax.Array, m: int) -> int:
     """Outputs of row 0 that differ bitwise between the product of x[:m] and of x[:1]."""
-    alone = np.asarray(jax.jit(product)(x[:1], w)[0].astype(jnp.float32))
-    shared = np.asarray(jax.jit(product)(x[:m], w)[0].astype(jnp.float32))
-    return int((alone != shared).sum())
+    return row_zero_differs(jax.jit(lambda m: product(x[:m], w), static_argnums=0), m)
 
 
 def operands(k: int, n: int, m: int) -> tuple[list[jax.Array], list[jax.Array]]:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.bench_matmul import row_zero_differs
 from benchmarks.checks.batch_invariance import Setup, compare, together_and_alone
 from benchmarks.engine.models import build_model
 from jmamba.layers.norms import GroupGatedRMSNorm, RMSNorm
@@ -35,8 +36,7 @@ def norm_rounding(hidden: int, inner: int, group: int, ms: list[int]) -> list[st
     }
     lines = []
     for name, fn in norms.items():
-        alone = np.asarray(fn(1)[0].astype(jnp.float32))
-        counts = [int((np.asarray(fn(m)[0].astype(jnp.float32)) != alone).sum()) for m in ms]
+        counts = [row_zero_differs(fn, m) for m in ms]
         lines.append(
             f"{name:8s} " + " ".join(f"M={m}:{c}" for m, c in zip(ms, counts, strict=True))
         )

@@ -13,7 +13,7 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
   rarely agree, so its acceptance shows the cost side).
 - `self-K` (UPPER BOUND of draft-model acceptance): the target as its own draft model; every draft
   must be accepted, at the price of K + 1 target-sized draft passes per step (in bf16 on the GPU
-  only with `--batch-invariant`: XLA's GEMM rounds a row differently at another row count).
+  only with `--batch-invariant`: XLA's GEMMs and reductions round a row by the step's shape).
 - `mtp-K`: a random MTP head (an attention block and an MLP block, `jmamba.mtp`) drafting inside
   the target's step: random, its drafts are rejected, so it shows the cost side of the head.
 - `ngram-K@B`, `mtp-K@B`: drafts only in steps with at most B running requests
@@ -339,8 +339,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--batch-invariant",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="every projection runs the fixed-tile matmul (EngineConfig.batch_invariant): "
-        "self-K then accepts every draft in bf16 too",
+        help="products and norms in an order fixed by static shapes "
+        "(EngineConfig.batch_invariant): self-K then accepts every draft in bf16 too",
     )
     args = parser.parse_args(argv)
     methods = args.methods.split(",")

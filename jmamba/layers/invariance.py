@@ -8,8 +8,9 @@ in the step: a request's greedy tokens then depend on its batch and on speculati
 `pallas_kernels.ops.matmul` (`jmamba.layers.matmul`) and its norms' sums of squares
 `pallas_kernels.ops.row_sum_squares` (`jmamba.layers.norms`), and the MoE router's softmax and
 its sums over experts and choices fold in order or run as that product (`jmamba.layers.moe`):
-every choice comes from the weight's or the row's shape alone. The switch is read when a step is traced, so it is
-part of what a compiled step is specialised on. On the CPU both ops run their references.
+every choice comes from the weight's or the row's shape alone. The switch is read when a step is
+traced, so it is part of what a compiled step is specialised on. On the CPU both ops run their
+references.
 `benchmarks/gpu_checks.py --only bf16` checks the NemotronH and Qwen3-Next bench shapes.
 """
 

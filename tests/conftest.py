@@ -46,10 +46,6 @@ def _use_compile_cache(path: str) -> None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    # A size limit turns on JAX's file lock around every read and write of an entry. Without it
-    # an entry is written in place, and a worker (or a thread of gpu_checks' parallel compiles)
-    # that loads the same program meanwhile reads a truncated file: CI failed on that warning once.
-    jax.config.update("jax_compilation_cache_max_size", 2**34)
 
 
 def _cache_dir() -> str | None:

@@ -7,7 +7,7 @@ One run on the GPU; exits 1 if any check fails. Sections (each a module of `benc
   bf16      the same, bitwise, for the bf16 bench model under EngineConfig.batch_invariant
 
     PYTHONPATH=. python benchmarks/gpu_checks.py [--quick] [--only kernels,fixtures,batch]
-        [--families mamba2,qwen3_5_odd] [--jobs 8]
+        [--families mamba2,qwen3_5_odd] [--ops matmul,row_sum_squares] [--jobs 8]
 
 Compiling dominates on the GPU (an fp32 `gdn_chunk` takes ~45 s), so `--jobs N` runs the kernel
 grid and each (section, fixture) pair in its own process, N at a time, all on the one GPU (no
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small subset (CPU smoke test)")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--families", help="comma-separated fixtures (fixtures and batch sections)")
+    parser.add_argument(
+        "--ops", help="comma-separated ops, e.g. matmul,gdn_chunk: only their kernel grid points"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="child processes at a time")
     parser.add_argument("--json", help="where to write the checks (default $OUT/gpu_checks.json)")
     args = parser.parse_args(argv)
@@ -112,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown sections {unknown}; known: {list(SECTIONS)}")
+    if args.ops:  # read by the kernel section, here and in the child processes of --jobs
+        from benchmarks.checks import kernel_grid
+
+        try:
+            kernel_grid.selected(kernel_grid.grid(args.quick), args.ops)
+        except ValueError as e:
+            parser.error(str(e))
+        os.environ[kernel_grid.OPS_ENV] = args.ops
     print(f"device={jax.devices()[0].device_kind} backend={jax.default_backend()}", flush=True)
     if args.jobs > 1:
         checks = run_in_processes(names, args.quick, families, args.jobs)

@@ -36,9 +36,10 @@ from benchmarks.checks.kernels.runner import check_shape, compile_all
 from benchmarks.checks.kernels.ssd import mamba2_decode, ssd_scan, ssd_update
 from pallas_kernels.ssd import reference as ssd_ref
 
-__all__ = ["COMPILE_LIMIT_S", "RUN_LIMIT_S", "Case", "Shape", "grid", "run"]
+__all__ = ["COMPILE_LIMIT_S", "OPS_ENV", "RUN_LIMIT_S", "Case", "Shape", "grid", "run", "selected"]
 
 COMPILE_LIMIT_S, RUN_LIMIT_S = (300.0, 60.0) if on_gpu() else (600.0, 300.0)
+OPS_ENV = "JMAMBA_CHECK_OPS"  # comma-separated ops: only their grid points run
 
 
 def grid(quick: bool) -> list[Shape]:
@@ -141,12 +142,29 @@ def grid(quick: bool) -> list[Shape]:
     ]
 
 
+def op_of(shape: Shape) -> str:
+    """The op a grid point checks: the first word of its name ("matmul", "gdn_chunk", ...)."""
+    return shape.name.split()[0]
+
+
+def selected(shapes: list[Shape], ops: str) -> list[Shape]:
+    """The grid points of the comma-separated `ops` (every point when empty); ValueError naming
+    the known ops for an op the grid does not have."""
+    wanted = [op for op in ops.split(",") if op]
+    known = sorted({op_of(shape) for shape in shapes})
+    unknown = sorted(set(wanted) - set(known))
+    if unknown:
+        raise ValueError(f"{OPS_ENV}: no grid points for {unknown}; the grid's ops: {known}")
+    return [shape for shape in shapes if not wanted or op_of(shape) in wanted]
+
+
 def run(quick: bool, families: list[str] | None = None) -> list[Check]:
-    """Every kernel against its reference on the odd-shape grid (`families` does not apply)."""
+    """Every kernel against its reference on the odd-shape grid, or the ops named in
+    $JMAMBA_CHECK_OPS (`gpu_checks.py --ops`; `families` does not apply)."""
     del families
     seed = int(os.environ.get("JMAMBA_CHECK_SEED", secrets.randbelow(2**31)))
     print(f"kernel grid: seed {seed} (set JMAMBA_CHECK_SEED to repeat it)", flush=True)
-    shapes = grid(quick)
+    shapes = selected(grid(quick), os.environ.get(OPS_ENV, ""))
     cases = [s.build(np.random.default_rng(seed + i)) for i, s in enumerate(shapes)]
     start = time.perf_counter()
     compiled = compile_all(cases, workers=min(16, os.cpu_count() or 1))

@@ -8,6 +8,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from benchmarks import gpu_checks
 from benchmarks.checks import kernel_grid
@@ -56,3 +57,16 @@ def test_full_grid_lowers_for_triton():
         text = lower_for_cuda(functools.partial(case.kernel, interpret=False), *case.args)
         assert "triton" in text, shape.name
         jax.eval_shape(case.reference, *case.args)
+
+
+def test_ops_pick_their_grid_points_and_unknown_ops_are_refused(monkeypatch, capsys):
+    """`--ops matmul` runs the matmul points only; an op the grid lacks is a usage error naming
+    the grid's ops."""
+    monkeypatch.setenv("JMAMBA_CHECK_SEED", "0")
+    monkeypatch.setenv(kernel_grid.OPS_ENV, "")  # main sets it; restored (unset) afterwards
+    assert gpu_checks.main(["--quick", "--only", "kernels", "--ops", "matmul"]) == 0
+    run = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ok")]
+    assert run and all(line.split()[1] == "matmul" for line in run)
+    with pytest.raises(SystemExit):
+        gpu_checks.main(["--only", "kernels", "--ops", "matmul,nope"])
+    assert "no grid points for ['nope']" in capsys.readouterr().err

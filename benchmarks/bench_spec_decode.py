@@ -18,7 +18,8 @@ phrase `--repeats` times (a different phrase per request), so prompt lookup can 
   the target's step: random, its drafts are rejected, so it shows the cost side of the head.
 - `ngram-K@B`, `mtp-K@B`: drafts only in steps with at most B running requests
   (`SpeculativeConfig.max_batch_size`); with `--async-scheduling` the larger steps run
-  asynchronously, as the `none` baseline then does.
+  asynchronously, as the `none` baseline then does, and so do mtp's drafting steps (the next
+  step is scheduled as if every draft will be accepted; docs/architecture.md section 4).
 - `ngram-K@auto`, `mtp-K@auto`: drafts where it measures that drafting pays
   (`SpeculativeConfig.adaptive`, `runtime.speculative.gate.MeasuredGate`); as in a server, the
   gate keeps what it measured from one serve to the next (it learns during the warm-up serves).
@@ -104,6 +105,7 @@ class OracleDrafter:
     """UPPER BOUND drafter: proposes the next K tokens of a known continuation (`truth`)."""
 
     total_compile_seconds = 0.0
+    drafts_on_device = False  # proposes on the host: its drafting steps run synchronously
 
     def __init__(self, truth: dict[str, list[int]], spec: SpeculativeConfig) -> None:
         self.truth, self.k = truth, spec.num_speculative_tokens
@@ -121,6 +123,11 @@ class OracleDrafter:
         """Nothing to run: each row with lanes feeds its proposal."""
         proposals, self._proposals = self._proposals, {}
         return [with_drafts(schedule, proposals) for schedule in schedules]
+
+    def dispatched(
+        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
+    ) -> None:
+        """Proposes from the truth, not from the step."""
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: object) -> None:
         """Learns nothing from a step."""
@@ -332,8 +339,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="every engine schedules asynchronously (speculative ones in the steps without "
-        "drafts: a method 'kind-K@B' drafts only while at most B requests run)",
+        help="every engine schedules asynchronously (ngram in the steps without drafts, mtp in "
+        "every step: a method 'kind-K@B' drafts only while at most B requests run)",
     )
     parser.add_argument(
         "--batch-invariant",

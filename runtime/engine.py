@@ -183,15 +183,17 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step on every rank; returns the requests that finished in it (with
         `async_scheduling`: in the step before, whose tokens this step's retirement brought to
-        the host; a step with drafts first retires that one). In a multi-host run every process
-        calls `step()` in lockstep (it agrees on drafting, the bucket and the sampler mode)."""
+        the host; a step with drafts proposed on the host first retires that one). In a
+        multi-host run every process calls `step()` in lockstep (it agrees on drafting, the
+        bucket and the sampler mode)."""
         self._timer.start()
         self._num_retired = 0
         self.last_deltas = []  # a step that retires nothing streams nothing
         drafting = self._drafts_now()
-        outputs = self._drain() if drafting else []  # drafts need every row's last token here
-        launched = self._launch(drafting)
-        if self.config.async_scheduling and not drafting:  # retire N - 1 while N runs
+        synchronous = drafting and not self.drafter.drafts_on_device
+        outputs = self._drain() if synchronous else []  # host drafts need every row's last token
+        launched = self._launch(drafting, synchronous)
+        if self.config.async_scheduling and not synchronous:  # retire N - 1 while N runs
             retiring, self._in_flight = self._in_flight, launched
             outputs += [] if retiring is None else self._retire(retiring)
             self._advance(launched)
@@ -207,7 +209,7 @@ class Engine:
         self._record(retiring, outputs)
         return outputs
 
-    def _launch(self, drafting: bool) -> _Launched | None:
+    def _launch(self, drafting: bool, synchronous: bool) -> _Launched | None:
         """Schedule every rank, agree on a bucket, draft, build and dispatch the step; None
         (nothing dispatched) when no rank of any process has work."""
         num_drafts = self.drafter.num_wanted if drafting else no_drafts
@@ -222,17 +224,17 @@ class Engine:
             with_mode(self._build(scheduler, schedule, bucket), mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
-        carry = self.config.async_scheduling and not drafting
+        carry = self.config.async_scheduling and not synchronous
         dispatch = self.runner.dispatch
         dispatched = self._timer.device(dispatch, bucket, batches, carry=carry, drafts=drafting)
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         index, self._num_launched = self._num_launched, self._num_launched + 1
-        return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots)
+        return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots, drafting)
 
     def _drafts_now(self) -> bool:
-        """Whether this step drafts (drafting steps run synchronously): every process's gate is
-        asked about the same batch size, the most running of any rank, and the answers of gates
-        that are not `uniform` are agreed too."""
+        """Whether this step drafts: every process's gate is asked about the same batch size,
+        the most running of any rank, and the answers of gates that are not `uniform` are agreed
+        too."""
         num_running = agree_max_int(max(len(s.running) for s in self.schedulers))
         drafts = self.gate.drafts(num_running)
         return drafts if self.gate.uniform else bool(agree_max_int(drafts))
@@ -272,7 +274,8 @@ class Engine:
             return
         parts = zip(self.schedulers, step.schedules, step.batches, strict=True)
         for scheduler, schedule, batch in parts:
-            scheduler.advance(schedule, batch.sample_rows)
+            moved = scheduler.advance(schedule, batch.sample_rows)
+            self.drafter.dispatched(schedule, step.bucket, moved, step.drafted)
 
     def _retire(self, step: _Launched) -> list[RequestOutput]:
         """Wait for the step's tokens and hand them to the schedulers (verifying drafts,
@@ -286,10 +289,11 @@ class Engine:
         finished = []
         device_drafts = self.runner.last_drafts or [None] * len(results)
         for rank, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
+            stale = [self.schedulers[rank].is_stale(item) for item in schedule.decodes]
             tokens, drafts, acceptance = verified_tokens(
-                schedule, batch.sample_rows, step.bucket.width, results[rank]
+                schedule, batch.sample_rows, step.bucket.width, results[rank], stale
             )
-            self._num_retired += len(schedule.decodes) + acceptance.num_accepted
+            self._num_retired += len(schedule.decodes) - sum(stale) + acceptance.num_accepted
             self.stats.ranks[rank].speculation.add(acceptance)
             finished += self.schedulers[rank].retire(schedule, tokens, drafts)
             self.drafter.observe(schedule, step.bucket, device_drafts[rank])
@@ -395,7 +399,8 @@ class Engine:
 @dataclasses.dataclass(frozen=True)
 class _Launched:
     """A dispatched step and what its retirement needs: its number, shape, sampler mode, each
-    rank's schedule and batch, the device handle, and (with step records) the schedules' records."""
+    rank's schedule and batch, the device handle, (with step records) the schedules' records,
+    and whether it drafted."""
 
     index: int
     bucket: Bucket
@@ -404,3 +409,4 @@ class _Launched:
     batches: list[StepBatch]
     dispatched: DispatchedStep
     snapshots: list[ScheduleRecord]
+    drafted: bool

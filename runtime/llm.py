@@ -53,8 +53,8 @@ class LLM:
         directory; `dtype` is "auto" (the checkpoint's), "float32" or "bfloat16"; `warmup`
         compiles step variants now instead of on first use, with a progress bar: True the
         decode-only ones, "all" every one the config can use; `async_scheduling` (the
-        `EngineConfig` field) None: on unless speculative decoding drafts in every step (step
-        N + 1 is scheduled while N runs, same outputs); `engine_options` are the other
+        `EngineConfig` field) None: on unless speculative decoding drafts on the host in every
+        step (step N + 1 is scheduled while N runs, same outputs); `engine_options` are the other
         `EngineConfig` fields (max_num_seqs, max_model_len, prefix_caching, state_block_size,
         max_cached_states, data_parallel_size, tensor_parallel_size, ...). The model's
         parameters stay in host memory (`model`); the engine's runner copies each device's
@@ -71,7 +71,7 @@ class LLM:
             raise ValueError(f"unknown engine options {unknown}; known: {sorted(fields)}")
         if async_scheduling is None:
             spec = SpeculativeConfig.of(engine_options.get("speculative"))
-            async_scheduling = spec is None or spec.drafts_selectively
+            async_scheduling = spec is None or spec.has_asynchronous_steps
         config = EngineConfig(**engine_options, async_scheduling=async_scheduling)
         compile_cache.enable()
         start = time.perf_counter()

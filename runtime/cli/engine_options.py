@@ -90,7 +90,7 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         action=argparse.BooleanOptionalAction,
         default=None,
         help="schedule each step while the previous one runs on the device (same tokens; "
-        "default: on unless speculative decoding drafts in every step)",
+        "default: on unless ngram or draft-model speculation drafts in every step)",
     )
     _add_prefix_caching(parser)
     _add_speculative(parser)
@@ -144,7 +144,7 @@ def _add_speculative(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="ngram / mtp: draft only while no rank runs more requests than this; larger "
-        "steps run without drafts, asynchronously (default: draft in every step)",
+        "steps run without drafts (default: draft in every step)",
     )
     spec.add_argument(
         "--speculative-adaptive",

@@ -98,6 +98,9 @@ class BucketPolicy:
         # Steps without drafts: every step without speculation; with it, those its gate skips
         # (`SpeculativeConfig.drafts_selectively`).
         self.undrafted_steps = spec is None or spec.drafts_selectively
+        # Drafting steps carry tokens (and drafts) when the engine is asynchronous and its
+        # drafts come out of its own steps; else they run synchronously.
+        self.drafting_carries = self.asynchronous and spec is not None and spec.drafts_on_device
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).
         self.widths = tuple(sorted({1, self.width}))
@@ -151,14 +154,15 @@ class BucketPolicy:
     def warmup_variants(self, prefill: bool | Literal["alone"]) -> list[WarmupGroup]:
         """`warmup_buckets` split by how their steps run. Steps without drafts use the width-1
         buckets, asynchronously in an asynchronous engine; steps that may carry drafts (a
-        speculative engine's drafting steps, whatever their width) run synchronously."""
+        speculative engine's drafting steps, whatever their width) run synchronously, unless
+        the engine is asynchronous and drafts on the device (`drafting_carries`)."""
         buckets = self.warmup_buckets(prefill)
         groups = []
         if self.undrafted_steps:
             narrow = [b for b in buckets if b.width == 1]
             groups.append(WarmupGroup(self.asynchronous, False, narrow))
         if self.width > 1:
-            groups.append(WarmupGroup(False, True, buckets))
+            groups.append(WarmupGroup(self.drafting_carries, True, buckets))
         return groups
 
     def lone_prefill_buckets(self) -> list[Bucket]:

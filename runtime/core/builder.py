@@ -245,8 +245,9 @@ def _fill_decode(
         rows, lanes = _ragged(query_lens)
         index = rows * width + lanes
         columns = params[rows].T
-        tokens = itertools.chain.from_iterable(item.token_ids for item in decodes)
-        a.token_ids[index] = np.fromiter(tokens, np.int32, num_lanes)
+        lane_tokens, lane_sources = _lane_tokens(decodes, first_tokens, sources)
+        a.token_ids[index] = lane_tokens
+        a.token_sources[index] = lane_sources
     positions = starts[rows] + lanes
     a.positions[index] = positions
     if total_blocks:
@@ -269,6 +270,27 @@ def _fill_decode(
         penalties = []
     masks = [(row, ids) for row, ids in masks if ids]
     return sample_rows.tolist(), masks, [(i, _history(r), bool(p)) for i, r, p in penalties]
+
+
+def _lane_tokens(
+    decodes: list[ScheduledRequest], first_tokens: np.ndarray, sources: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token id and source of every live lane of the decode rows, rows in order: the row's
+    tokens the host has (or its first token pending on the device: `_decode_scalars`), then its
+    drafts (known ids, or entries of the previous step's carried drafts: `draft_sources`)."""
+    tokens: list[int] = []
+    lane_sources: list[int] = []
+    for item, first, source in zip(decodes, first_tokens.tolist(), sources.tolist(), strict=True):
+        known = item.request.token_ids(item.start, item.start + item.num_tokens)
+        head, head_sources = (known, [0] * len(known)) if known else ([first], [source])
+        k = item.num_tokens - len(head)
+        if item.draft_sources:
+            tokens += head + [0] * k
+            lane_sources += head_sources + list(item.draft_sources[:k])
+        else:
+            tokens += head + list(item.draft_token_ids[:k])
+            lane_sources += head_sources + [0] * k
+    return np.asarray(tokens, np.int32), np.asarray(lane_sources, np.int32)
 
 
 def _history(request: Request) -> PenaltyHistory:

@@ -13,6 +13,7 @@ from runtime.core.model_len import blocks_per_seq, default_num_blocks, resolve_m
 from runtime.core.pool_memory import PoolMemory
 from runtime.core.speculative_config import (
     SpeculativeConfig,
+    chained_lane_slots,
     default_num_slots,
     min_num_slots,
 )
@@ -267,6 +268,7 @@ class EngineConfig:
         slots = self.num_slots
         if slots is None:
             slots = default_num_slots(seqs, self.speculative) + cached
+            slots += chained_lane_slots(seqs, self.speculative, self.async_scheduling)
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = default_token_budget(sbs if mode == "align" else chunk_size, seqs)

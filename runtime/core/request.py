@@ -47,10 +47,11 @@ class Request:
     repetition penalties; else None) lists its prompt's distinct tokens and counts its outputs
     (`runtime.core.penalties`).
 
-    Asynchronous scheduling (`EngineConfig.async_scheduling`): `num_pending` counts tokens a
-    dispatched step samples that the host has not seen yet (0 or 1); `pending_row` is the logits
-    row of that step which holds it (the next step's decode row takes it from there on the
-    device). `num_computed <= num_tokens + num_pending` always; `num_sampled` counts outputs
+    Asynchronous scheduling (`EngineConfig.async_scheduling`): `num_pending` counts outputs a
+    dispatched step gives that the host has not seen yet (1, or 1 + k for a row with k drafts,
+    counted as if all are accepted: `Scheduler.advance`); `pending_row` is the logits row of
+    that step which holds the last of them (the next step's decode row takes it from there on
+    the device). `num_computed <= num_tokens + num_pending` always; `num_sampled` counts outputs
     known or pending (the index of the next output: its sampling counter).
     """
 

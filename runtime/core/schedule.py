@@ -71,6 +71,9 @@ class ScheduledRequest(NamedTuple):
         row without drafts, which writes `write_slot`.
       draft_token_ids: the drafts its lanes feed after the request's last token (num_tokens - 1
         of them once the drafter has proposed; output only once verified).
+      draft_sources: drafts still on the device instead (an asynchronous step drafting with the
+        MTP head): per draft lane, the entry of the previous step's carried array it takes
+        (s + 1, as `StepBatch.token_sources`); its lanes' token ids are then 0.
     """
 
     request: RowSequence
@@ -82,6 +85,7 @@ class ScheduledRequest(NamedTuple):
     new_states: tuple[tuple[bytes | None, int], ...] = ()
     lane_slots: tuple[int, ...] = ()
     draft_token_ids: tuple[int, ...] = ()
+    draft_sources: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:

@@ -101,6 +101,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._stale: set[tuple[Request, int]] = set()  # (request, start) of stale rows in flight
 
     @property
     def budget(self) -> int:
@@ -163,22 +164,39 @@ class Scheduler:
         self.advance(schedule)
         return self.retire(schedule, sampled, drafts)
 
-    def advance(self, schedule: Schedule, sample_rows: Sequence[int] | None = None) -> None:
+    def advance(self, schedule: Schedule, sample_rows: Sequence[int] | None = None) -> list[bool]:
         """Once the step is dispatched: count its tokens as computed and move each row's slot
         bookkeeping to what the step writes, so the next step can be scheduled before this one's
         tokens are known. A row whose chunk reaches the last known token samples a token the
         host does not know yet: it is pending, in logits row `sample_rows[i]`, until `retire`.
-        Rows with drafts advance in `retire` (how many drafts are accepted decides by how much);
-        a request finished or preempted since it was scheduled does not advance."""
+        A row with k drafts moves on as if all k will be accepted: its 1 + k outputs are pending
+        and the next row starts after them (`retire` corrects both). Returns, per item, whether
+        it moved: not for a request finished or preempted since it was scheduled, nor for a
+        stale row (`is_stale`)."""
+        moved = []
         for i, item in enumerate(schedule.items):
             request = item.request
-            if item.lane_slots or request.status is not RequestStatus.RUNNING:
+            if request.status is not RequestStatus.RUNNING:
+                moved.append(False)
                 continue
+            if request.num_computed != item.start:  # scheduled on drafts since rejected
+                self._stale.add((request, item.start))
+                moved.append(False)
+                continue
+            moved.append(True)
             request.num_computed += item.num_tokens
-            if request.num_computed >= request.num_tokens + request.num_pending:
-                request.num_pending += 1
+            if item.lane_slots or request.num_computed >= request.num_tokens + request.num_pending:
+                request.num_pending += max(len(item.lane_slots), 1)
                 request.pending_row = 0 if sample_rows is None else int(sample_rows[i])
             self.slots.advance(item)
+        return moved
+
+    def is_stale(self, item: ScheduledRequest) -> bool:
+        """Whether a dispatched row was scheduled on drafts its request's previous step then
+        rejected (asynchronous drafting: the row started where the rejected drafts would have
+        ended). Its tokens are dropped when it retires. True only between `advance` and
+        `retire`."""
+        return (item.request, item.start) in self._stale
 
     def retire(
         self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] = ()
@@ -190,15 +208,16 @@ class Scheduler:
         for a decode row with drafts the target's token after the accepted drafts `drafts[i]`:
         that row appends drafts[i] + [sampled[i]], cut at the first stop, and keeps the state of
         its lane len(drafts[i]). Rows of requests finished since the step was scheduled (a stop
-        learned one step late, an abort) are dropped; the states they wrote are still published.
+        learned one step late, an abort) and stale rows are dropped; the states they wrote are
+        still published (a stale row's are unkeyed, so dropped).
         """
         finished = []
         now = time.perf_counter()
         for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
             reason = None
-            if request.status is RequestStatus.FINISHED:
-                pass
+            if self._take_stale(item) or request.is_finished:
+                self.slots.drop_lanes(item)
             elif item.lane_slots:
                 reason = self._retire_lanes(item, [*drafts[i], int(token)], now)
             elif request.num_pending:  # its chunk sampled a token (else: a prefill, not the last)
@@ -214,18 +233,32 @@ class Scheduler:
                 finished.append(request)
         return finished
 
+    def _take_stale(self, item: ScheduledRequest) -> bool:
+        """Whether `item` is stale (`is_stale`); it is not any more after this."""
+        key = (item.request, item.start)
+        if key not in self._stale:
+            return False
+        self._stale.remove(key)
+        return True
+
     def _retire_lanes(
         self, item: ScheduledRequest, tokens: list[int], now: float
     ) -> FinishReason | None:
         """A row with drafts: its request gains the accepted drafts and the target's token after
-        them, and keeps the state of the last accepted lane."""
+        them, and keeps the state of the last accepted lane. `advance` counted all of its drafts
+        as accepted: the rejected ones are taken back. A request preempted since then recomputes
+        every token it has, these included."""
         request = item.request
-        request.num_computed += len(tokens)
+        request.num_pending -= item.num_tokens
         if request.first_token_time is None:
             request.first_token_time = now
         reason = stopping.append_tokens(request, tokens, self.config)
-        self.slots.advance(item)  # past what the row read
-        self.slots.keep_lane(item, len(tokens) - 1)
+        if request.status is RequestStatus.RUNNING:
+            request.num_computed -= item.num_tokens - len(tokens)
+            self.slots.keep_lane(item, len(tokens) - 1)
+        else:
+            request.num_prefill_tokens = request.num_tokens
+            self.slots.drop_lanes(item)
         return reason
 
     def _decode_rows(
@@ -248,9 +281,9 @@ class Scheduler:
         """The most of `wanted` drafts the row may take: within K, the tokens it may still
         generate minus one, the token budget, the free lane slots and the free KV blocks."""
         params = request.sampling_params
-        room = min(
-            params.max_tokens - len(request.output_token_ids),
-            self.config.max_model_len - request.num_tokens,
+        room = min(  # pending outputs count (asynchronous steps)
+            params.max_tokens - request.num_sampled,
+            self.config.max_model_len - request.num_tokens - request.num_pending,
         )
         k = min(wanted, self.max_drafts, room - 1, budget, self.slots.free_for_lanes() - 1)
         while k > 0 and not self.slots.can_allocate_blocks(self._blocks_needed(request, 1 + k)):

@@ -93,10 +93,16 @@ class SlotPlanner(Protocol):
 
     # After the step.
     def advance(self, item: ScheduledRequest) -> None:
-        """The row's step is dispatched: move the request's slot bookkeeping past it."""
+        """The row's step is dispatched: move the request's slot bookkeeping past it (a row with
+        drafts as if every draft will be accepted: its last lane's slot is what the request's
+        next row reads, until `keep_lane`)."""
 
     def keep_lane(self, item: ScheduledRequest, lane: int) -> None:
         """Verification kept lane `lane` of a row with drafts: its state becomes the request's."""
+
+    def drop_lanes(self, item: ScheduledRequest) -> None:
+        """A row with drafts whose tokens are not kept (its request finished, was preempted, or
+        the row was scheduled on drafts its previous step rejected): its lane slots go back."""
 
     def retired(self, item: ScheduledRequest) -> None:
         """The row's step has run and its tokens are appended: publish what it wrote."""
@@ -120,6 +126,12 @@ class PlainSlots:
         self.uses_slots = uses_slots
         self.block_pool = Pool("KV block", config.num_blocks)
         self.slot_pool = Pool("state slot", config.num_slots)
+        # The last lane's slot of a dispatched row with drafts, per request, until verification
+        # keeps a lane: the request's next row reads it, and a one-token row writes it in place
+        # (those requests are in `_overwritten`: that lane's state is then not the cache's to
+        # take, `CachingSlots.keep_lane`).
+        self._last_lanes: dict[Request, int] = {}
+        self._overwritten: set[Request] = set()
 
     def take_hit(self, request: Request) -> None:
         """Nothing is cached: every request starts at token 0."""
@@ -154,13 +166,22 @@ class PlainSlots:
         if request.state_slot:
             self.slot_pool.free([request.state_slot])
         request.block_ids, request.state_slot = [], NULL
+        self._last_lanes.pop(request, None)  # the row that holds it gives it back (`drop_lanes`)
+        self._overwritten.discard(request)
 
     def read_slot(self, request: Request) -> int:
         """The slot holding the request's state after its computed tokens."""
-        return request.state_slot
+        return self.own_slot(request)
+
+    def own_slot(self, request: Request) -> int:
+        """The slot a one-token row of the request writes: its own, or the last lane of its
+        dispatched row with drafts (in place)."""
+        return self._last_lanes.get(request) or request.state_slot
 
     def decode_row(self, request: Request) -> ScheduledRequest:
-        slot = request.state_slot
+        slot = self.own_slot(request)
+        if request in self._last_lanes:
+            self._overwritten.add(request)
         return ScheduledRequest(request, request.num_computed, 1, self.read_slot(request), slot)
 
     def draft_row(self, request: Request, lanes: tuple[int, ...]) -> ScheduledRequest:
@@ -174,16 +195,26 @@ class PlainSlots:
         return item._replace(read_slot=read, write_slot=request.state_slot)
 
     def advance(self, item: ScheduledRequest) -> None:
-        """Nothing moves: the request's own slot holds its state before and after."""
+        """A one-token row: nothing moves (the request's slot holds its state before and after).
+        A row with drafts: its last lane's slot is what the next row reads, until `keep_lane`."""
+        if item.lane_slots:
+            self._last_lanes[item.request] = item.lane_slots[-1]
 
     def keep_lane(self, item: ScheduledRequest, lane: int) -> None:
         """The state after `lane` becomes the request's; its old slot and the other lanes go
-        back (rollback by slot choice: no copy)."""
+        back (rollback by slot choice: no copy). A row dispatched after this one read the last
+        lane: the device runs it before any later step that reuses the slot."""
+        self._last_lanes.pop(item.request, None)
+        self._overwritten.discard(item.request)
         if not self.uses_slots:
             return
         request, lanes = item.request, item.lane_slots
         old, request.state_slot = request.state_slot, lanes[lane]
         self.slot_pool.free([old, *lanes[:lane], *lanes[lane + 1 :]])
+
+    def drop_lanes(self, item: ScheduledRequest) -> None:
+        if self.uses_slots and item.lane_slots:
+            self.slot_pool.free(list(item.lane_slots))
 
     def retired(self, item: ScheduledRequest) -> None:
         """Nothing to publish."""

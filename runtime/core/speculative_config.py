@@ -30,8 +30,9 @@ class SpeculativeConfig:
         when the engine is given the draft model object itself (`Engine(..., draft_model=m)`).
       max_batch_size: ngram and mtp only: draft only in steps scheduled while no rank holds more
         than this many running requests; larger steps run without drafts, and asynchronously
-        when the engine's `async_scheduling` is on (a step with drafts always runs
-        synchronously: its rows' last tokens must be on the host). None: draft in every step.
+        when the engine's `async_scheduling` is on (a step with ngram drafts runs synchronously:
+        its rows' last tokens must be on the host; one with mtp drafts asynchronously too,
+        `drafts_on_device`). None: draft in every step.
       adaptive: ngram and mtp only: measure the tokens per second of steps with and without
         drafts at each batch size, and draft where drafting gives more
         (`runtime.speculative.gate.MeasuredGate`; never above `max_batch_size` when it is set).
@@ -88,6 +89,18 @@ class SpeculativeConfig:
         return cls(**value)
 
     @property
+    def has_asynchronous_steps(self) -> bool:
+        """Whether an asynchronous engine runs some of its steps asynchronously: those without
+        drafts (`drafts_selectively`), or all of them (`drafts_on_device`)."""
+        return self.drafts_selectively or self.drafts_on_device
+
+    @property
+    def drafts_on_device(self) -> bool:
+        """Whether drafts come out of the target's own steps (the MTP head), so that a drafting
+        step may run asynchronously (`runtime.speculative.drafter.Drafter.drafts_on_device`)."""
+        return self.method == "mtp"
+
+    @property
     def width(self) -> int:
         """Lanes of a decode row with drafts: the last sampled token and K drafts."""
         return 1 + self.num_speculative_tokens
@@ -98,6 +111,17 @@ def default_num_slots(max_num_seqs: int, speculative: SpeculativeConfig | None) 
     lane slots per decode row held during a step."""
     per_request = 1 if speculative is None else 1 + speculative.width
     return 1 + max_num_seqs * per_request
+
+
+def chained_lane_slots(
+    max_num_seqs: int, speculative: SpeculativeConfig | None, async_scheduling: bool
+) -> int:
+    """Lane slots the default pool adds when drafting steps chain (asynchronous, drafts on the
+    device): a request then holds the lanes of its step in flight, unverified, while the next
+    step gives it 1 + K more. Without them the second row's drafts would be trimmed to the
+    slots left (`Scheduler`, step 5)."""
+    chains = async_scheduling and speculative is not None and speculative.drafts_on_device
+    return max_num_seqs * speculative.width if chains else 0
 
 
 def min_num_slots(max_num_seqs: int, speculative: SpeculativeConfig | None) -> int:

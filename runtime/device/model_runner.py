@@ -129,9 +129,9 @@ class ModelRunner:
             block_size=config.block_size,
             num_slots=config.num_slots,
         )
-        self.buffers = StepBuffers(self.mesh, carried_tokens(config))
         self.keep_logits = keep_logits
         self.drafter = device_drafter(config)
+        self.buffers = StepBuffers(self.mesh, (1 + self.drafter.num_drafts, carried_tokens(config)))
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
         self.last_drafts: list[np.ndarray] | None = None
@@ -153,8 +153,9 @@ class ModelRunner:
 
     @property
     def num_carried(self) -> int:
-        """C, the tokens a carrying step hands to the next (`carried_tokens`)."""
-        return self.buffers.carried.shape[1]
+        """(1 + D) x C, the entries a carrying step hands to the next: its tokens and its
+        device drafts (`carried_tokens`; a token source indexes them flattened)."""
+        return self.buffers.carried.shape[1] * self.buffers.carried.shape[2]
 
     @property
     def num_params(self) -> int:

@@ -41,16 +41,17 @@ def _rank_step(
     previous,
 ):
     """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
-    the previous step's tokens [1, C] -> [1, 2, N] (tokens, accept flags), log-probabilities
-    (when `mode.logprobs`), logits (when `keep_logits`), the drafts for the next step [1, 1 + k,
-    N] (when `drafter` drafts; `runtime.device.mtp_drafts`), caches, this step's tokens [1, C]
-    for the next step. The packed tree is (inputs, sampling, token sources, what follows each
-    prefill chunk), the last two None where the step does not read them (`packed_tree`).
+    what the previous step carried [1, 1 + D, C] -> [1, 2, N] (tokens, accept flags),
+    log-probabilities (when `mode.logprobs`), logits (when `keep_logits`), the drafts for the
+    next step [1, 1 + k, N] (when `drafter` drafts; `runtime.device.mtp_drafts`), caches, what
+    this step carries to the next [1, 1 + D, C] (`_carried`). The packed tree is (inputs,
+    sampling, token sources, what follows each prefill chunk), the last two None where the step
+    does not read them (`packed_tree`).
     `batch_invariant`: the model's products and norm statistics run in an order fixed by static
     shapes (`jmamba.layers.invariance`)."""
     inputs, sampling, sources, following = unpack(packed[0], layout)
     if previous is not None:
-        inputs = _with_previous_tokens(inputs, sources, previous[0])
+        inputs = _with_previous_tokens(inputs, sources, previous[0].reshape(-1))
     shard_params = [leaf[0] for leaf in param_leaves]
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
     with invariance.batch_invariant(batch_invariant):
@@ -67,20 +68,31 @@ def _rank_step(
         with jax.named_scope("drafter"):
             drafts, caches = drafter(model, x, tokens, accepted, inputs, following, caches)
     tokens_and_flags = jnp.stack([tokens, accepted])[None]
-    carried = None
-    if previous is not None:
-        n = min(tokens.shape[0], previous.shape[1])  # a draft model's wider buckets feed nothing
-        carried = jnp.pad(tokens[:n], (0, previous.shape[1] - n))[None]
+    carried = None if previous is None else _carried(tokens, drafts, previous.shape[1:])[None]
     logits_out = logits[None] if keep_logits else None
     drafts_out = None if drafts is None else drafts[None]
     return tokens_and_flags, token_logprobs, logits_out, drafts_out, caches, carried
 
 
+def _carried(tokens: jax.Array, drafts: jax.Array | None, shape: tuple[int, int]) -> jax.Array:
+    """What this step hands the next, [1 + D, C]: row 0 its sampled token of each logits row,
+    rows 1..D the drafts its device drafter made at each row's column (zeros without drafts;
+    `runtime.device.mtp_drafts`). A draft model's wider buckets feed nothing past C."""
+    depth, width = shape
+    n = min(tokens.shape[0], width)
+    rows = [tokens[:n]]
+    for j in range(1, depth):
+        made = drafts is not None and j < drafts.shape[0]
+        rows.append(drafts[j, :n] if made else jnp.zeros(n, tokens.dtype))
+    return jnp.pad(jnp.stack(rows), ((0, 0), (0, width - n)))
+
+
 def _with_previous_tokens(
     inputs: StepInputs, sources: jax.Array, previous: jax.Array
 ) -> StepInputs:
-    """Token lanes with a source r + 1 take the previous step's token of logits row r (the
-    builder's `StepBatch.token_sources`); NULL sources keep their token id."""
+    """Token lanes with a source s + 1 take entry s of the previous step's carried array,
+    flattened (the builder's `StepBatch.token_sources`): row 0 (s < C) its sampled tokens, row
+    j its j-th drafts; NULL sources keep their token id."""
     taken = previous[jnp.maximum(sources - 1, 0)]
     return dataclasses.replace(inputs, token_ids=jnp.where(sources > 0, taken, inputs.token_ids))
 

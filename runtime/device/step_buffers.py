@@ -15,8 +15,8 @@ per step:
                                                       host->device transfer into the slot
     outputs           one set per variant             donated, written in place; `download`
                                                       copies them out for the host
-    carried tokens    one [ranks, C] for all          donated, read then written in place
-                      carrying variants
+    carried tokens    one [ranks, 1 + D, C] for all   donated, read then written in place
+    and drafts        carrying variants
 
 `upload` and `download` are programs of one copy each, outside the step's graph, so the step's
 graph sees the same addresses every call.
@@ -67,11 +67,13 @@ class StepBuffers:
     """The packed-input slots and output buffers of every compiled variant, and the carried
     tokens, each on the mesh split by rank. Keys are the runner's variant keys."""
 
-    def __init__(self, mesh: DeviceMesh, carried_width: int):
+    def __init__(self, mesh: DeviceMesh, carried_shape: tuple[int, int]):
+        """`carried_shape`: (1 + D, C), a step's sampled tokens and its device drafts' D rows
+        for each of C logits rows (`spmd_step._carried`)."""
         self._mesh = mesh
         self._packed: dict[Any, jax.Array] = {}
         self._outputs: dict[Any, StepOutputs] = {}
-        self.carried = self._zeros(jax.ShapeDtypeStruct((mesh.size, carried_width), np.int32))
+        self.carried = self._zeros(jax.ShapeDtypeStruct((mesh.size, *carried_shape), np.int32))
 
     def add_variant(
         self, key: Any, packed: jax.ShapeDtypeStruct, outputs: StepOutputs

@@ -98,7 +98,7 @@ class CachingSlots(PlainSlots):
     # ------------------------------------------------------------------------------- rows
 
     def read_slot(self, request: Request) -> int:
-        return self.cached_read(request) or request.state_slot
+        return self.cached_read(request) or self.own_slot(request)
 
     def cached_read(self, request: Request) -> int:
         """The cached slot the request's next step reads instead of its own (NULL: none)."""
@@ -118,7 +118,10 @@ class CachingSlots(PlainSlots):
         else:
             key = self.cache.state_key(request, end)
             slot = self.cache.reserve_state(key)
-        return row._replace(write_slot=slot, new_states=((key, slot),)) if slot else row
+        if not slot:
+            return row
+        self._overwritten.discard(request)  # it writes the cache slot, not a last lane
+        return row._replace(write_slot=slot, new_states=((key, slot),))
 
     def prefill_row(self, item: ScheduledRequest) -> ScheduledRequest:
         """The chunk with its slots, and a fresh cache slot for each state block boundary it
@@ -152,21 +155,27 @@ class CachingSlots(PlainSlots):
         if read and item.read_slot == read:
             self.slot_pool.free([read])
             del self._reads[request]
-        if item.write_slot and item.write_slot != request.state_slot:
+        if item.write_slot and item.write_slot != self.own_slot(request):
             self.slot_pool.share([item.write_slot])
             self._reads[request] = item.write_slot
+        super().advance(item)
 
     def keep_lane(self, item: ScheduledRequest, lane: int) -> None:
         """In "all" mode the accepted lanes (0..lane) that end on a state block boundary first
         give their slot to the cache (their step has run, so they are published at once). When
         the kept lane is one of them, its state is the cache's: the request reads it next step
         (holding the lane's reference) and keeps its own slot to write, so no step writes a
-        published slot. Call it after `advance`, which drops what the row read."""
+        published slot. Nor does a one-token row dispatched after this one that writes the last
+        lane in place (`PlainSlots.decode_row`): that lane is not offered. Call it after
+        `advance`, which drops what the row read."""
         if not (self.uses_slots and self.caches_every_boundary):
             return super().keep_lane(item, lane)
         request, lanes = item.request, item.lane_slots
+        offered = len(lanes) - (request in self._overwritten)
+        self._last_lanes.pop(request, None)
+        self._overwritten.discard(request)
         kept_published = False
-        for t in range(lane + 1):
+        for t in range(min(lane + 1, offered)):
             end = item.start + t + 1  # tokens summarised by lane t's state
             if end % self.state_block_size == 0 and end <= request.num_tokens:
                 key = self.cache.state_key(request, end)

@@ -53,6 +53,8 @@ from runtime.speculative.verify import check_verifiable
 class DraftModelDrafter:
     """Proposes drafts with a draft model (see the module docstring)."""
 
+    drafts_on_device = False  # its passes run on the host's schedule, before the target's step
+
     def __init__(
         self,
         model: nnx.Module,
@@ -109,6 +111,11 @@ class DraftModelDrafter:
             _with_proposals(schedule, rank.end_proposals(schedule))
             for rank, schedule in zip(self.ranks, schedules, strict=True)
         ]
+
+    def dispatched(
+        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
+    ) -> None:
+        """Its drafts are proposed on the host, from the tokens the last retired step gave."""
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
         """Learns nothing from the target's step."""

@@ -22,14 +22,22 @@ from runtime.core.config import EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
-from runtime.device.model_runner import ModelRunner
+from runtime.device.model_runner import ModelRunner, carried_tokens
 from runtime.speculative.draft_model import DraftModelDrafter, check_draft_model
 from runtime.speculative.mtp import MTPDrafter
 from runtime.speculative.ngram import NgramDrafter
 
 
 class Drafter(Protocol):
-    """Proposes drafts for decode rows (see the module docstring)."""
+    """Proposes drafts for decode rows (see the module docstring).
+
+    `drafts_on_device`: whether its drafts come out of the target's own steps
+    (`runtime.device.mtp_drafts`), so that a drafting step may run asynchronously: the next step
+    takes them from the device before the host has seen them. The others propose from tokens
+    the host must have, so their drafting steps run synchronously.
+    """
+
+    drafts_on_device: bool
 
     def check(self, params: SamplingParams) -> None:
         """ValueError for sampling params this drafter's engine cannot serve."""
@@ -40,6 +48,12 @@ class Drafter(Protocol):
     def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
         """The schedules (one per local rank) with each decode row of 1 + k lanes given its k
         drafts (`ScheduledRequest.draft_token_ids`)."""
+
+    def dispatched(
+        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
+    ) -> None:
+        """One rank's step was dispatched (`drafted`: with drafts) and `Scheduler.advance` moved
+        the items flagged in `moved` on."""
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
         """One rank's retired step and the drafts its step made on the device (`None` unless the
@@ -60,6 +74,7 @@ class NoDrafts:
     """The drafter of an engine without speculative decoding: it never proposes."""
 
     total_compile_seconds = 0.0
+    drafts_on_device = False
 
     def check(self, params: SamplingParams) -> None:
         """Every request can be served."""
@@ -69,6 +84,11 @@ class NoDrafts:
 
     def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
         return schedules
+
+    def dispatched(
+        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
+    ) -> None:
+        """Nothing was drafted."""
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
         """Learns nothing from a step."""
@@ -101,7 +121,7 @@ def make_drafter(
         return NgramDrafter(spec)
     if spec.method == "mtp":
         check_mtp_head(model)
-        return MTPDrafter(spec)
+        return MTPDrafter(spec, carried_tokens(config))
     if draft_model is None:
         if spec.draft_model is None:
             raise ValueError(

@@ -1,64 +1,131 @@
 """`MTPDrafter`: the host side of drafting with the model's multi-token-prediction head.
 
-The head runs inside the target's step (`runtime.device.mtp_drafts`): after a step, each row that
-drafted has up to K drafts on the host, computed from the token the step just sampled. They are
-that request's proposal for its next decode row: `num_wanted` is how many it has, `propose` hands
-them to the rows the scheduler gave lanes. Nothing runs here, and nothing is compiled apart from
-the target's steps.
+The head runs inside the target's step (`runtime.device.mtp_drafts`): each row that samples
+drafts up to K tokens from the token the step just sampled. They are that request's proposal for
+its next decode row, in one of two places:
+
+- on the device, while the step that made them is in flight (an asynchronous engine schedules
+  the next step before it retires): the next row's draft lanes take them from the step's carried
+  array (`ScheduledRequest.draft_sources`), as its first lane takes the pending token;
+- on the host, once the step retired (`observe`): a synchronous engine's next step, and the row
+  after a stale one (`Scheduler.is_stale`: scheduled on drafts the step before then rejected),
+  feed them as token ids.
+
+`num_wanted` is how many it has (K on the device: how many the chain made is known only there; a
+lane fed a draft the chain did not make carries an arbitrary token, which verification accepts
+only if the target samples it). Nothing runs here, and nothing is compiled apart from the
+target's steps.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from runtime.core.buckets import Bucket
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
-from runtime.core.schedule import Schedule
+from runtime.core.schedule import Schedule, ScheduledRequest
 from runtime.core.speculative_config import SpeculativeConfig
-from runtime.speculative.verify import check_verifiable, with_drafts
+from runtime.speculative.verify import check_verifiable
 
 
 class MTPDrafter:
-    """Keeps each request's drafts from the step that last ran it (module docstring)."""
+    """Keeps each request's drafts from the step that last ran it (module docstring).
+
+    `carried_width`: C, the logits rows a step carries to the next (`carried_tokens`): draft j
+    of the row whose first logits row is c is carried entry j * C + c."""
 
     total_compile_seconds = 0.0  # drafting is compiled into the target's steps
+    drafts_on_device = True
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, carried_width: int) -> None:
         self.config = config
-        self._proposals: dict[Request, list[int]] = {}
+        self._width = carried_width
+        self._proposals: dict[Request, list[int]] = {}  # retired steps' drafts
+        self._on_device: dict[Request, tuple[int, ...]] = {}  # the in-flight step's: sources
+        self._moved: set[tuple[Request, int]] = set()  # rows whose drafts `observe` keeps
 
     def check(self, params: SamplingParams) -> None:
         check_verifiable(params)
 
     def num_wanted(self, request: Request) -> int:
-        return len(self._proposals.get(request, ()))
+        on_device = self._on_device.get(request)
+        return len(on_device) if on_device else len(self._proposals.get(request, ()))
 
     def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
-        """Each row of 1 + k lanes feeds the first k drafts its request got last step."""
-        return [with_drafts(schedule, self._proposals) for schedule in schedules]
+        """Each row of 1 + k lanes feeds the first k drafts of its request: from the device
+        when the step that made them is in flight, else their ids."""
+        return [self._proposed(schedule) for schedule in schedules]
+
+    def dispatched(
+        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
+    ) -> None:
+        """A drafting step's rows that moved on have drafts on the device for the next step;
+        a step without drafts leaves its rows none (their older drafts no longer follow their
+        tokens)."""
+        for column, item, went in zip(
+            _columns(schedule, bucket), schedule.items, moved, strict=True
+        ):
+            if not went:
+                continue
+            request = item.request
+            self._moved.add((request, item.start))
+            if drafted:
+                self._on_device[request] = tuple(
+                    j * self._width + column + 1
+                    for j in range(1, 1 + self.config.num_speculative_tokens)
+                )
+            else:
+                self._on_device.pop(request, None)
+                self._proposals.pop(request, None)
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
         """One rank's retired step of `bucket`: `drafts` [1 + K, N] (`runtime.device.mtp_drafts`)
         holds each scheduled row's count and drafts at its first logits row; None from a step
-        that did not draft, whose rows' older drafts no longer follow their tokens."""
-        if drafts is None:
-            for item in schedule.items:
-                self._proposals.pop(item.request, None)
-            return
-        width, num_decodes = bucket.width, len(schedule.decodes)
-        first_prefill = bucket.num_decode_rows * width
-        for i, item in enumerate(schedule.items):
-            column = i * width if i < num_decodes else first_prefill + i - num_decodes
-            count = int(drafts[0, column])
+        that did not draft. The step's drafts are on the host now: the next step (scheduled
+        after this) feeds them by id. A stale row's are not kept."""
+        for column, item in zip(_columns(schedule, bucket), schedule.items, strict=True):
+            request = item.request
+            self._on_device.pop(request, None)
+            key = (request, item.start)
+            if key not in self._moved:
+                continue
+            self._moved.remove(key)
+            count = 0 if drafts is None else int(drafts[0, column])
             if count:
-                self._proposals[item.request] = drafts[1 : 1 + count, column].tolist()
+                self._proposals[request] = drafts[1 : 1 + count, column].tolist()
             else:
-                self._proposals.pop(item.request, None)
+                self._proposals.pop(request, None)
 
     def release_done(self) -> None:
         """Forget the drafts of requests that finished."""
         self._proposals = {r: d for r, d in self._proposals.items() if not r.is_finished}
+        self._on_device = {r: d for r, d in self._on_device.items() if not r.is_finished}
 
     def warmup(self) -> None:
         """Compiles nothing of its own."""
+
+    def _proposed(self, schedule: Schedule) -> Schedule:
+        decodes = [
+            self._with_drafts(item) if item.lane_slots else item for item in schedule.decodes
+        ]
+        return dataclasses.replace(schedule, decodes=decodes)
+
+    def _with_drafts(self, item: ScheduledRequest) -> ScheduledRequest:
+        k = item.num_tokens - 1
+        on_device = self._on_device.get(item.request)
+        if on_device:
+            return item._replace(draft_sources=on_device[:k])
+        return item._replace(draft_token_ids=tuple(self._proposals[item.request][:k]))
+
+
+def _columns(schedule: Schedule, bucket: Bucket) -> list[int]:
+    """Each item's first logits row: decode row i's i * W, prefill row j's R_d * W + j."""
+    width, num_decodes = bucket.width, len(schedule.decodes)
+    first_prefill = bucket.num_decode_rows * width
+    return [
+        i * width if i < num_decodes else first_prefill + i - num_decodes
+        for i in range(len(schedule.items))
+    ]

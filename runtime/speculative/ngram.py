@@ -46,6 +46,7 @@ class NgramDrafter:
     wants; `propose` hands each row with lanes the first k tokens of its proposal."""
 
     total_compile_seconds = 0.0  # nothing runs on the device
+    drafts_on_device = False
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
@@ -68,6 +69,11 @@ class NgramDrafter:
         """Nothing to run: each row of 1 + k lanes feeds the first k tokens of its proposal."""
         proposals, self._proposals = self._proposals, {}
         return [with_drafts(schedule, proposals) for schedule in schedules]
+
+    def dispatched(
+        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
+    ) -> None:
+        """Its drafts are proposed on the host, from the tokens the last retired step gave."""
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
         """Learns nothing from the target's step."""

@@ -14,6 +14,7 @@ sampling params verification serves (no log-probabilities, no penalties).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -63,7 +64,11 @@ class SpeculationStats:
 
 
 def verified_tokens(
-    schedule: Schedule, sample_rows: np.ndarray, width: int, result: np.ndarray
+    schedule: Schedule,
+    sample_rows: np.ndarray,
+    width: int,
+    result: np.ndarray,
+    stale: Sequence[bool] = (),
 ) -> tuple[list[int], list[list[int]], SpeculationStats]:
     """Split one rank's sampled lanes into what `Scheduler.retire` appends.
 
@@ -73,6 +78,8 @@ def verified_tokens(
       width: W, lanes per decode row of the step's bucket (1: no row carried drafts).
       result: [2, N] per logits row, the target's token and whether it equals the draft the next
         lane fed.
+      stale: per decode item, whether its tokens will be dropped (`Scheduler.is_stale`): it
+        counts in no counter.
     Returns:
       (sampled, drafts, stats): per item the target's token after its accepted drafts, and the
       accepted drafts themselves (empty for items without drafts); the step's counters.
@@ -91,6 +98,9 @@ def verified_tokens(
     for i, a in enumerate(num_accepted.tolist()):
         drafts[i] = lane_tokens[i, :a].tolist()  # == the drafts d_1..d_a
         sampled[i] = int(lane_tokens[i, a])
+    if len(stale):
+        counted = ~np.asarray(stale, bool)
+        num_drafts, num_accepted = num_drafts[counted], num_accepted[counted]
     stats = SpeculationStats(
         int((num_drafts > 0).sum()), int(num_drafts.sum()), int(num_accepted.sum())
     )

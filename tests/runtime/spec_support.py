@@ -192,6 +192,7 @@ class Oracle:
     it planned, so a test can compute how many drafts the engine must accept."""
 
     total_compile_seconds = 0.0
+    drafts_on_device = False  # proposes on the host, so its drafting steps run synchronously
 
     def __init__(self, truth: dict[str, list[int]], k: int, seed: int = 0) -> None:
         self.truth, self.k = truth, k
@@ -225,6 +226,11 @@ class Oracle:
                 self.expected_accepted += min(self._right.pop(item.request, 0), granted)
         proposals, self._proposals = self._proposals, {}
         return [with_drafts(schedule, proposals) for schedule in schedules]
+
+    def dispatched(
+        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
+    ) -> None:
+        """Proposes from the truth, not from the step."""
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: object) -> None:
         """Learns nothing from a step."""

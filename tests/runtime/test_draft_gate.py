@@ -159,14 +159,15 @@ def test_never_drafts_above_max_batch_size_or_without_requests():
 
 
 def test_an_adaptive_engine_serves_the_naive_greedy_tokens():
-    """Whatever the gate chooses step by step (asynchronous plain steps, synchronous drafting
-    ones, here with the MTP head; the hypothesis schedules draw random gates with every drafter),
-    every request's tokens equal the naive greedy loop's, the gate measured both kinds
-    at the batch sizes it saw long enough, and the stats and /metrics count the steps that
-    drafted."""
+    """Whatever the gate chooses step by step (plain steps and drafting ones, all asynchronous
+    with the MTP head; the hypothesis schedules draw random gates with every drafter), every
+    request's tokens equal the naive greedy loop's, the gate measured both kinds at the batch
+    sizes it saw long enough, and the stats and /metrics count the steps that drafted. Windows
+    of 3 steps: the random head's drafts are all rejected, so the row after a drafting step is
+    stale and the first counted step of a plain window retires nothing."""
     family = "nemotron_h"
     engine = spec_engine(family, "mtp", 2, async_scheduling=True, adaptive=True)
-    engine.gate.window = 2
+    engine.gate.window = 3
     prompts = [[3, 4, 3, 4, 3, 4, 3], [7, 8, 9, 7, 8, 9], [5, 5, 5, 5], [1, 2, 3]]
     lengths = [12, 20, 24, 16]
     assert_serves_naive_greedy(engine, family, prompts, lengths)

@@ -17,22 +17,26 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, model_and_runner
-from tests.runtime.spec_support import mtp_model
+from tests.runtime.spec_support import CoinGate, mtp_model
 from tests.runtime.test_prefix_caching import (
     MAX_CACHED,
     MAX_NUM_SEQS,
     assert_lossless,
     prefix_config,
     serve,
+    serve_and_check_with_aborts,
     shared_prefix_arrivals,
     tokens,
 )
+from tests.runtime.test_speculative_prefix import request_strategy as prefix_request_strategy
 
 K = 3
 FAMILIES = ("nemotron_h", "qwen3_next")
@@ -51,8 +55,9 @@ def mtp_runner(family: str, mode: str) -> ModelRunner:
     return ModelRunner(mtp_model(family), mtp_config(family, mode))
 
 
-def mtp_engine(family: str, mode: str) -> Engine:
-    return Engine(mtp_model(family), mtp_config(family, mode), runner=mtp_runner(family, mode))
+def mtp_engine(family: str, mode: str, async_scheduling: bool = False) -> Engine:
+    config = dataclasses.replace(mtp_config(family, mode), async_scheduling=async_scheduling)
+    return Engine(mtp_model(family), config, runner=mtp_runner(family, mode))
 
 
 def test_the_head_is_drawn_after_the_target():
@@ -77,11 +82,16 @@ def arrivals(seed: int) -> list[tuple[int, list[int], int]]:
     return [*drawn, (12, list(drawn[0][1]), 12)]  # request 0's prompt again, once it is cached
 
 
-@pytest.mark.parametrize(("family", "mode"), [("qwen3_next", "off"), ("qwen3_next", "all")])
-def test_mtp_greedy_equals_full_recompute(family, mode):
+@pytest.mark.parametrize(
+    ("family", "mode", "async_scheduling"),
+    [("qwen3_next", "off", False), ("qwen3_next", "off", True), ("qwen3_next", "all", True)],
+)
+def test_mtp_greedy_equals_full_recompute(family, mode, async_scheduling):
     """Drafts from the head change no token: preemption ("off": 13 KV blocks for five
-    requests), prefix hits ("align", "all"), and drafts were proposed and verified."""
-    engine = mtp_engine(family, mode)
+    requests), prefix hits ("align", "all"), asynchronous drafting steps (rows scheduled on
+    drafts then rejected are dropped: the random head's drafts are), and drafts were proposed
+    and verified."""
+    engine = mtp_engine(family, mode, async_scheduling)
     cases = arrivals(seed=7) if mode != "off" else [(a, p[:40], n) for a, p, n in arrivals(7)]
     outputs = serve(engine, cases)
     assert_lossless(family, cases, outputs)
@@ -89,6 +99,33 @@ def test_mtp_greedy_equals_full_recompute(family, mode):
     assert speculation.num_drafted > 0
     if mode == "off":
         assert sum(s.num_preemptions for s in engine.schedulers) > 0
+
+
+# 3 examples in CI (each serves its requests on the qwen3_next tiny model: ~8 s); the "long"
+# profile runs 50.
+@settings(max_examples=max(settings.default.max_examples // 20, 3))
+@given(
+    requests=st.lists(prefix_request_strategy, min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_random_cached_schedules_with_asynchronous_drafts_are_lossless(requests, seed):
+    """Prefix caching "all", asynchronous steps, a gate that drafts in a random half of the
+    steps: rows scheduled on the random head's rejected drafts are dropped, one-token rows write
+    a last lane in place (which the cache then does not take), shared prefixes hit, aborts and
+    preemption land between steps; validate() on every step; every request that was not
+    aborted equals full recompute, and the pools hold only the cache's entries at the end."""
+    family = "qwen3_next"
+    prefixes = [tokens(80 + k, 60) for k in range(2)]
+    arrivals = shared_prefix_arrivals(requests, prefixes, seed=90)
+    engine = mtp_engine(family, "all", async_scheduling=True)
+    engine.gate = CoinGate(seed)
+    serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
+    spec = engine.stats.speculation
+    event("drafted" if spec.num_drafted else "no draft")
+    event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
+    scheduler = engine.inspect.scheduler
+    scheduler.slots.cache.reset()
+    assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
 
 
 def test_a_repeated_prompt_hits_on_its_first_repeat_with_drafts():

@@ -57,12 +57,13 @@ def heldout_prompts(count: int) -> list[list[int]]:
     pytest.skip("too few of the held-out files are in this interpreter's standard library")
 
 
-def engine(speculative: SpeculativeConfig | None) -> Engine:
+def engine(speculative: SpeculativeConfig | None, async_scheduling: bool = False) -> Engine:
     config = EngineConfig(
         max_num_seqs=2,
         max_model_len=PROMPT_BYTES + MAX_TOKENS + 16,
         prefix_caching="all",
         speculative=speculative,
+        async_scheduling=async_scheduling,
     )
     return Engine(preset(), config)
 
@@ -82,11 +83,24 @@ def test_the_preset_has_a_trained_head():
     assert record["mtp_head"]["results"]["heldout"]["head_top1_accuracy"] > 0.3
 
 
-def test_the_head_drafts_losslessly_and_hits_on_the_first_repeat():
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_the_head_drafts_losslessly_and_hits_on_the_first_repeat(monkeypatch, async_scheduling):
+    """Asynchronous: every drafting step is dispatched before the one in flight retires, its
+    drafts taken from that step on the device; rows scheduled on rejected drafts are dropped."""
     prompts = heldout_prompts(2)
     plain = serve(engine(None), prompts)
-    drafting = engine(SpeculativeConfig("mtp", K))
+    drafting = engine(SpeculativeConfig("mtp", K), async_scheduling)
+    carried = []
+    dispatch = drafting.runner.dispatch
+    monkeypatch.setattr(
+        drafting.runner,
+        "dispatch",
+        lambda bucket, batches, **options: (
+            carried.append(options["carry"]) or dispatch(bucket, batches, **options)
+        ),
+    )
     assert serve(drafting, prompts) == plain
+    assert set(carried) == {async_scheduling}
     spec = drafting.stats.speculation
     assert spec.num_drafted > 0 and spec.acceptance_rate > ACCEPTANCE_FLOOR, spec
     cache = drafting.stats.prefix_cache
@@ -104,19 +118,21 @@ def test_sampled_requests_keep_their_tokens_with_drafts():
         SamplingParams(max_tokens=MAX_TOKENS, temperature=0.7, top_p=0.95, seed=s) for s in (1, 2)
     ]
 
-    def run(speculative: SpeculativeConfig | None) -> tuple[list[list[int]], Engine]:
-        served = engine(speculative)
+    def run(speculative: SpeculativeConfig | None, async_scheduling: bool = False):
+        served = engine(speculative, async_scheduling)
         ids = [served.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
         outputs = run_to_completion(served)
         return [outputs[i] for i in ids], served
 
     plain, _ = run(None)
-    drafted, served = run(SpeculativeConfig("mtp", K))
-    assert drafted == plain
-    assert served.stats.speculation.num_accepted > 0
+    for async_scheduling in (False, True):
+        drafted, served = run(SpeculativeConfig("mtp", K), async_scheduling)
+        assert drafted == plain
+        assert served.stats.speculation.num_accepted > 0
 
 
-def test_an_idle_rank_keeps_every_pool_untouched_while_the_other_drafts():
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_an_idle_rank_keeps_every_pool_untouched_while_the_other_drafts(async_scheduling):
     """Two data-parallel ranks, every request on rank 0: rank 1 runs all-padding steps (the
     head's chained passes included) and its shard of every pool, the head's KV pool among them,
     stays zero past its NULL entry; the tokens are those of one device without drafts."""
@@ -127,6 +143,7 @@ def test_an_idle_rank_keeps_every_pool_untouched_while_the_other_drafts():
         max_model_len=PROMPT_BYTES + MAX_TOKENS + 16,
         speculative=SpeculativeConfig("mtp", K),
         data_parallel_size=2,
+        async_scheduling=async_scheduling,
     )
     served = Engine(preset(), config)
     served.router = PinnedRouter({"0": 0, "1": 0})

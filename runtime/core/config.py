@@ -77,9 +77,10 @@ class EngineConfig:
         running request, with speculative decoding 1 + K fresh lane slots per decode row during
         a step (the state after each lane, kept or given back after verification), plus the
         prefix cache's `max_cached_states`. None gives exactly that: 1 + max_num_seqs * (1, or
-        2 + K with speculation) + max_cached_states, derived by `resolved`. With speculation at
-        least 1 + 2 * max_num_seqs (+ max_cached_states); fewer than the default trims drafts
-        to the slots left.
+        2 + K with speculation, 3 + 2K when MTP drafting steps chain asynchronously: two rows'
+        lanes at once) + max_cached_states, derived by `resolved`. With speculation at least
+        1 + 2 * max_num_seqs (+ max_cached_states); fewer than the default trims drafts to the
+        slots left.
       decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
         sections; None picks powers of two up to the budgets, decode rows from 2: XLA rewrites a
         one-row matmul into a multiply + reduce at 35-45% of bandwidth (H100: the 0.87B bench

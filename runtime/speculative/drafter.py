@@ -5,8 +5,9 @@ An engine always holds a drafter and calls it at fixed points of every step that
 `DraftGate` says which do, `runtime.speculative.gate`), so it never asks whether speculation is
 on: `num_wanted` (inside the scheduler, per decode row: how many drafts it would propose),
 `propose` (after the ranks agreed on the step's bucket: the decode rows given k > 0 lanes get
-their k drafts), `observe` (every retired step), `release_done` (after retirement and aborts:
-give back what finished or preempted requests held). With `NoDrafts` no step drafts and every
+their k drafts), `dispatched` (every dispatched step, once its rows moved on), `observe` (every
+retired step), `release_done` (after retirement and aborts: give back what finished or preempted
+requests held). With `NoDrafts` no step drafts and every
 row is a plain one-token decode row.
 """
 

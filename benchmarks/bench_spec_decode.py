@@ -34,8 +34,10 @@ One runner per lane width (and per draft model) serves every batch size (decode 
 The host's speed drifts between runs on a shared machine (up to 1.5x on the H100 hosts), so the
 methods of a batch size are timed in `--rounds` interleaved rounds, a fresh engine per serve:
 tokens/s = decode tokens / wall time of the decode phase (from the first step in which no request
-is waiting or prefilling to the end), the median over rounds, with the rounds' spread beside it
-(min-max / median); acceptance = accepted / proposed drafts; accepted per step = accepted drafts
+is waiting or prefilling and every request's first token has retired, to the end; before
+2026-11-27 an asynchronous engine's decode phase began one step early and held the wait for the
+prefill), the median over rounds, with the rounds' spread beside it (min-max / median);
+acceptance = accepted / proposed drafts; accepted per step = accepted drafts
 per decode row per step (the row gains 1 + that many tokens); drafting steps = the share of
 the last serve's steps that drafted (the draft gate's choice).
 
@@ -177,7 +179,9 @@ def engine_config(
 
 
 def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Serve every prompt to completion, timing the decode phase."""
+    """Serve every prompt to completion, timing the decode phase: from the first step after
+    every request's prefill has retired (its first token is on the host; an asynchronous engine
+    retires a step one step late, and the step that waits for the prefill is not decode time)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params, request_id=i)
@@ -185,7 +189,8 @@ def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
     total = time.perf_counter()
     while engine.has_unfinished:
         scheduler = engine.inspect.scheduler
-        if start is None and not scheduler.waiting and all(r.is_decode for r in scheduler.running):
+        decoding = all(r.is_decode and r.output_token_ids for r in scheduler.running)
+        if start is None and not scheduler.waiting and decoding:
             before = sum(len(r.output_token_ids) for r in scheduler.running) + sum(
                 len(t) for t in outputs.values()
             )

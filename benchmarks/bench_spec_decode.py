@@ -107,7 +107,6 @@ class OracleDrafter:
     """UPPER BOUND drafter: proposes the next K tokens of a known continuation (`truth`)."""
 
     total_compile_seconds = 0.0
-    drafts_on_device = False  # proposes on the host: its drafting steps run synchronously
 
     def __init__(self, truth: dict[str, list[int]], spec: SpeculativeConfig) -> None:
         self.truth, self.k = truth, spec.num_speculative_tokens
@@ -189,8 +188,7 @@ def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
     total = time.perf_counter()
     while engine.has_unfinished:
         scheduler = engine.inspect.scheduler
-        decoding = all(r.is_decode and r.output_token_ids for r in scheduler.running)
-        if start is None and not scheduler.waiting and decoding:
+        if start is None and not scheduler.waiting and _first_tokens_retired(scheduler.running):
             before = sum(len(r.output_token_ids) for r in scheduler.running) + sum(
                 len(t) for t in outputs.values()
             )
@@ -201,6 +199,11 @@ def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
     return dict(
         outputs=outputs, decode_s=end - start, total_s=end - total, decode_tokens=decode_tokens
     )
+
+
+def _first_tokens_retired(running: list[Request]) -> bool:
+    """Every running request is decoding and has its first token on the host."""
+    return all(r.is_decode and r.output_token_ids for r in running)
 
 
 def stdlib_prompts(count: int, length: int) -> list[list[int]]:

@@ -190,7 +190,7 @@ class Engine:
         self._num_retired = 0
         self.last_deltas = []  # a step that retires nothing streams nothing
         drafting = self._drafts_now()
-        synchronous = drafting and not self.drafter.drafts_on_device
+        synchronous = drafting and not self.buckets.drafting_carries
         outputs = self._drain() if synchronous else []  # host drafts need every row's last token
         launched = self._launch(drafting, synchronous)
         if self.config.async_scheduling and not synchronous:  # retire N - 1 while N runs
@@ -289,7 +289,7 @@ class Engine:
         finished = []
         device_drafts = self.runner.last_drafts or [None] * len(results)
         for rank, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
-            stale = [self.schedulers[rank].is_stale(item) for item in schedule.decodes]
+            stale = self.schedulers[rank].stale_decodes(schedule)
             tokens, drafts, acceptance = verified_tokens(
                 schedule, batch.sample_rows, step.bucket.width, results[rank], stale
             )

@@ -99,7 +99,7 @@ class BucketPolicy:
         # (`SpeculativeConfig.drafts_selectively`).
         self.undrafted_steps = spec is None or spec.drafts_selectively
         # Drafting steps carry tokens (and drafts) when the engine is asynchronous and its
-        # drafts come out of its own steps; else they run synchronously.
+        # drafts come out of its own steps; else they run synchronously (`Engine.step`).
         self.drafting_carries = self.asynchronous and spec is not None and spec.drafts_on_device
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).

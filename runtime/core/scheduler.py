@@ -198,6 +198,11 @@ class Scheduler:
         `retire`."""
         return (item.request, item.start) in self._stale
 
+    def stale_decodes(self, schedule: Schedule) -> list[bool]:
+        """`is_stale` of each decode row of a dispatched schedule; empty when no row in flight is
+        stale (every step without chained drafts: no per-row work)."""
+        return [self.is_stale(item) for item in schedule.decodes] if self._stale else []
+
     def retire(
         self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] = ()
     ) -> list[Request]:

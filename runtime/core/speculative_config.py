@@ -97,7 +97,9 @@ class SpeculativeConfig:
     @property
     def drafts_on_device(self) -> bool:
         """Whether drafts come out of the target's own steps (the MTP head), so that a drafting
-        step may run asynchronously (`runtime.speculative.drafter.Drafter.drafts_on_device`)."""
+        step may run asynchronously: the next step takes them from the device before the host
+        has seen them (`runtime.speculative.mtp`). Other drafters propose from tokens the host
+        must have, so their drafting steps run synchronously."""
         return self.method == "mtp"
 
     @property

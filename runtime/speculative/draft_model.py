@@ -53,8 +53,6 @@ from runtime.speculative.verify import check_verifiable
 class DraftModelDrafter:
     """Proposes drafts with a draft model (see the module docstring)."""
 
-    drafts_on_device = False  # its passes run on the host's schedule, before the target's step
-
     def __init__(
         self,
         model: nnx.Module,

@@ -30,15 +30,7 @@ from runtime.speculative.ngram import NgramDrafter
 
 
 class Drafter(Protocol):
-    """Proposes drafts for decode rows (see the module docstring).
-
-    `drafts_on_device`: whether its drafts come out of the target's own steps
-    (`runtime.device.mtp_drafts`), so that a drafting step may run asynchronously: the next step
-    takes them from the device before the host has seen them. The others propose from tokens
-    the host must have, so their drafting steps run synchronously.
-    """
-
-    drafts_on_device: bool
+    """Proposes drafts for decode rows (see the module docstring)."""
 
     def check(self, params: SamplingParams) -> None:
         """ValueError for sampling params this drafter's engine cannot serve."""
@@ -75,7 +67,6 @@ class NoDrafts:
     """The drafter of an engine without speculative decoding: it never proposes."""
 
     total_compile_seconds = 0.0
-    drafts_on_device = False
 
     def check(self, params: SamplingParams) -> None:
         """Every request can be served."""

@@ -38,7 +38,6 @@ class MTPDrafter:
     of the row whose first logits row is c is carried entry j * C + c."""
 
     total_compile_seconds = 0.0  # drafting is compiled into the target's steps
-    drafts_on_device = True
 
     def __init__(self, config: SpeculativeConfig, carried_width: int) -> None:
         self.config = config

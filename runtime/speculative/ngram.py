@@ -46,7 +46,6 @@ class NgramDrafter:
     wants; `propose` hands each row with lanes the first k tokens of its proposal."""
 
     total_compile_seconds = 0.0  # nothing runs on the device
-    drafts_on_device = False
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config

@@ -192,7 +192,6 @@ class Oracle:
     it planned, so a test can compute how many drafts the engine must accept."""
 
     total_compile_seconds = 0.0
-    drafts_on_device = False  # proposes on the host, so its drafting steps run synchronously
 
     def __init__(self, truth: dict[str, list[int]], k: int, seed: int = 0) -> None:
         self.truth, self.k = truth, k

@@ -39,7 +39,8 @@ is waiting or prefilling and every request's first token has retired, to the end
 prefill), the median over rounds, with the rounds' spread beside it (min-max / median);
 acceptance = accepted / proposed drafts; accepted per step = accepted drafts
 per decode row per step (the row gains 1 + that many tokens); drafting steps = the share of
-the last serve's steps that drafted (the draft gate's choice).
+the last serve's steps that drafted (the draft gate's choice); differ = requests of the last
+serve whose greedy tokens are not `none`'s (lossless drafting gives 0 in fp32).
 
     python benchmarks/bench_spec_decode.py --size tiny --batches 1,2 --max-tokens 8   # CPU smoke
     python benchmarks/bench_spec_decode.py                                           # one GPU
@@ -206,6 +207,11 @@ def _first_tokens_retired(running: list[Request]) -> bool:
     return all(r.is_decode and r.output_token_ids for r in running)
 
 
+def _differing(outputs: dict[str, list[int]], truth: dict[str, list[int]]) -> int:
+    """How many requests' tokens differ from `truth`'s."""
+    return sum(outputs[request] != tokens for request, tokens in truth.items())
+
+
 def stdlib_prompts(count: int, length: int) -> list[list[int]]:
     """`count` held-out prompts of `length` bytes (`scripts/measure_mtp.heldout_prompts`)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
@@ -301,13 +307,22 @@ class Bench:
         for _ in range(self.args.rounds):
             for method in methods:
                 served[method].append(self.time(method, batch))
+        truth = served["none"][-1][0]["outputs"] if "none" in methods else None
         return [
-            self.row(method, batch, served[method], self.compile_seconds() - compiled)
+            self.row(method, batch, served[method], self.compile_seconds() - compiled, truth)
             for method in methods
         ]
 
     @staticmethod
-    def row(method: str, batch: int, served: list, compile_in_timing_s: float) -> dict:
+    def row(
+        method: str,
+        batch: int,
+        served: list,
+        compile_in_timing_s: float,
+        truth: dict[str, list[int]] | None,
+    ) -> dict:
+        """`differ`: requests of the last serve whose greedy tokens are not `none`'s (None without
+        a `none` row); fp32 must give 0, bf16 may not (lane shapes change the rounding)."""
         rates = [result["decode_tokens"] / result["decode_s"] for result, _ in served]
         median = float(np.median(rates))
         result, engine = served[-1]
@@ -326,6 +341,7 @@ class Bench:
             acceptance=spec.acceptance_rate,
             accepted_per_step=spec.num_accepted / spec.num_rows if spec.num_rows else 0.0,
             compile_in_timing_s=compile_in_timing_s,
+            differ=None if truth is None else _differing(result["outputs"], truth),
         )
 
     def compile_seconds(self) -> float:
@@ -384,14 +400,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with open(os.path.join(os.environ["OUT"], "bench_spec_decode.json"), "w") as f:
             json.dump(result, f, indent=1)
     header = "method        B   tokens/s  spread  speedup  drafting steps  drafted  accepted"
-    print(header + "  acceptance  accepted/step")
+    print(header + "  acceptance  accepted/step  differ")
     for r in rows:
         speedup = "" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         drafting = r["drafting_steps"] / r["steps"]
         print(
             f"{r['method']:12s} {r['batch']:3d} {r['tokens_per_s']:10.0f} {r['spread']:6.0%} "
             f"{speedup:>8s} {drafting:15.0%} {r['drafted']:8d} {r['accepted']:9d} "
-            f"{r['acceptance']:10.1%} {r['accepted_per_step']:13.2f}"
+            f"{r['acceptance']:10.1%} {r['accepted_per_step']:13.2f} {r['differ']!s:>7s}"
         )
     print(
         f"wall {result['wall_s']:.0f} s, compile {result['compile_s']:.0f} s "

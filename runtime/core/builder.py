@@ -22,7 +22,7 @@ from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs, w
 from runtime.core.request import PENALIZED, Request
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.core.schedule import RowSequence, Schedule, ScheduledRequest
-from runtime.core.step_batch import StepBatch
+from runtime.core.step_batch import ChainedRows, StepBatch
 
 Masks = list[tuple[int, tuple[int, ...]]]  # (logits row, token ids it may not produce)
 
@@ -37,10 +37,13 @@ def boundary_columns(bucket: Bucket, state_block_size: int) -> int:
 class _Arrays:
     """Zeroed numpy arrays of one bucket (every padding value is NULL / 0 / False).
 
-    `state_block_size` > 0 adds the prefill rows' boundary slots (prefix caching).
+    `state_block_size` > 0 adds the prefill rows' boundary slots (prefix caching);
+    `chain_width` is the widest decode row a row may chain on (`ChainedRows`; 1: none).
     """
 
-    def __init__(self, bucket: Bucket, max_blocks: int, state_block_size: int) -> None:
+    def __init__(
+        self, bucket: Bucket, max_blocks: int, state_block_size: int, chain_width: int = 1
+    ) -> None:
         rd, w, rp, n = (
             bucket.num_decode_rows,
             bucket.width,
@@ -54,6 +57,7 @@ class _Arrays:
         self.d_query_lens, self.d_seq_lens, self.d_read = (np.zeros(rd, i32) for _ in range(3))
         self.d_write = np.zeros((rd, w), i32)
         self.d_table = np.zeros((rd, max_blocks), i32)
+        self.d_may_shift, self.d_fallback = np.zeros(rd, bool), np.zeros((rd, chain_width), i32)
         self.qsl = np.zeros(rp + 1, i32)
         self.p_computed, self.p_seq_lens = np.zeros(rp, i32), np.zeros(rp, i32)
         self.p_read, self.p_write = np.zeros(rp, i32), np.zeros(rp, i32)
@@ -120,7 +124,10 @@ class _Arrays:
     def batch(self, sampling: SamplingInputs, mode: SamplingMode, rows: np.ndarray) -> StepBatch:
         """The `StepBatch` of these arrays, with `sample_rows` = `rows`."""
         following = NextTokens(self.p_next_ids, self.p_next_samples)
-        return StepBatch(self.step_inputs(), sampling, mode, rows, self.token_sources, following)
+        chained = ChainedRows(self.d_may_shift, self.d_fallback)
+        return StepBatch(
+            self.step_inputs(), sampling, mode, rows, self.token_sources, following, chained
+        )
 
     def set_following(self, row: int, item: ScheduledRequest) -> None:
         """Prefill row `row`: the known token after its chunk, or that it samples the next."""
@@ -152,12 +159,14 @@ def build_step(
     block_size: int,
     max_blocks: int,
     state_block_size: int = 0,
+    chain_width: int = 1,
 ) -> StepBatch:
     """Build the padded inputs of one step (shapes fixed by `bucket`, values from `schedule`).
 
-    `state_block_size` > 0 (prefix caching on) gives prefill rows their boundary slots.
+    `state_block_size` > 0 (prefix caching on) gives prefill rows their boundary slots;
+    `chain_width`: the widest decode row (1 + K) a row may chain on (`ChainedRows`).
     """
-    a = _Arrays(bucket, max_blocks, state_block_size)
+    a = _Arrays(bucket, max_blocks, state_block_size, chain_width)
     sample_rows, masks, penalized = _fill_decode(a, schedule.decodes, bucket.width, block_size)
     num_decode_lanes = bucket.num_decode_rows * bucket.width
     offset = 0
@@ -236,6 +245,7 @@ def _fill_decode(
         )
         lane_rows, lane_columns = _ragged(query_lens)
         a.d_write[lane_rows, lane_columns] = np.fromiter(lane_slots, np.int32, num_lanes)
+    _fill_chained(a, decodes)
     if num_lanes == n:  # one token per row: whole columns of the tables, no gather
         rows, lanes, index = np.arange(n), 0, np.arange(0, n * width, width)
         columns = params.T  # temperature, top_k, top_p, seed, min_tokens, penalized per lane
@@ -270,6 +280,16 @@ def _fill_decode(
         penalties = []
     masks = [(row, ids) for row, ids in masks if ids]
     return sample_rows.tolist(), masks, [(i, _history(r), bool(p)) for i, r, p in penalties]
+
+
+def _fill_chained(a: _Arrays, decodes: list[ScheduledRequest]) -> None:
+    """Rows that may move back by their previous row's rejected drafts (`ChainedRows`): column
+    d of a row's fallback slots is lane K - d of the row it chains on."""
+    for i, item in enumerate(decodes):
+        lanes = item.chained_lanes
+        if lanes:
+            a.d_may_shift[i] = True
+            a.d_fallback[i, 1 : len(lanes)] = lanes[-2::-1]
 
 
 def _lane_tokens(
@@ -343,9 +363,11 @@ def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
     return dataclasses.replace(batch, sampling=sampling, mode=mode)
 
 
-def build_dummy(bucket: Bucket, *, max_blocks: int, state_block_size: int = 0) -> StepBatch:
+def build_dummy(
+    bucket: Bucket, *, max_blocks: int, state_block_size: int = 0, chain_width: int = 1
+) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
-    a = _Arrays(bucket, max_blocks, state_block_size)
+    a = _Arrays(bucket, max_blocks, state_block_size, chain_width)
     return a.batch(a.sampling([], []), SamplingMode(), np.zeros(0, np.int64))
 
 
@@ -354,13 +376,11 @@ def build_rank(
 ) -> StepBatch:
     """One rank's step of `bucket`: its schedule's inputs, or (an idle rank, an empty schedule)
     the all-padding dummy step."""
-    max_blocks = config.max_blocks_per_seq
-    if schedule.is_empty:
-        return build_dummy(bucket, max_blocks=max_blocks, state_block_size=state_block_size)
-    return build_step(
-        schedule,
-        bucket,
-        block_size=config.block_size,
-        max_blocks=max_blocks,
+    shapes = dict(
+        max_blocks=config.max_blocks_per_seq,
         state_block_size=state_block_size,
+        chain_width=config.decode_width,
     )
+    if schedule.is_empty:
+        return build_dummy(bucket, **shapes)
+    return build_step(schedule, bucket, block_size=config.block_size, **shapes)

@@ -74,6 +74,12 @@ class ScheduledRequest(NamedTuple):
       draft_sources: drafts still on the device instead (an asynchronous step drafting with the
         MTP head): per draft lane, the entry of the previous step's carried array it takes
         (s + 1, as `StepBatch.token_sources`); its lanes' token ids are then 0.
+      chained_lanes: (decode row of an asynchronous drafting engine) the lane slots of the
+        request's row in flight, when this row may start back by the drafts that row rejects:
+        the device then reads (a one-token row: also writes in place) the slot of the last
+        accepted lane, and moves the row's positions back (docs/architecture.md section 4,
+        "Drafting steps chain"). Empty: the row starts where it was scheduled, and is stale if
+        that row rejects a draft (`Scheduler.is_stale`).
     """
 
     request: RowSequence
@@ -86,6 +92,7 @@ class ScheduledRequest(NamedTuple):
     lane_slots: tuple[int, ...] = ()
     draft_token_ids: tuple[int, ...] = ()
     draft_sources: tuple[int, ...] = ()
+    chained_lanes: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:

@@ -102,6 +102,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._stale: set[tuple[Request, int]] = set()  # (request, start) of stale rows in flight
+        # Chained rows in flight that start back by the drafts the row before rejected: the
+        # row as the device runs it, by (request, start as scheduled).
+        self._shifted: dict[tuple[Request, int], ScheduledRequest] = {}
 
     @property
     def budget(self) -> int:
@@ -180,9 +183,11 @@ class Scheduler:
                 moved.append(False)
                 continue
             if request.num_computed != item.start:  # scheduled on drafts since rejected
-                self._stale.add((request, item.start))
-                moved.append(False)
-                continue
+                if not item.chained_lanes:
+                    self._stale.add((request, item.start))
+                    moved.append(False)
+                    continue
+                item = self._shift(item)
             moved.append(True)
             request.num_computed += item.num_tokens
             if item.lane_slots or request.num_computed >= request.num_tokens + request.num_pending:
@@ -190,6 +195,20 @@ class Scheduler:
                 request.pending_row = 0 if sample_rows is None else int(sample_rows[i])
             self.slots.advance(item)
         return moved
+
+    def _shift(self, item: ScheduledRequest) -> ScheduledRequest:
+        """A chained row whose previous row rejected drafts, as the device runs it: from the
+        request's verified position, reading (a one-token row: writing in place) the slot of the
+        lane verification kept (`ScheduledRequest.chained_lanes`)."""
+        request = item.request
+        slot = self.slots.read_slot(request)
+        shifted = item._replace(
+            start=request.num_computed,
+            read_slot=slot,
+            write_slot=item.write_slot and slot,  # in place; NULL for a row with drafts
+        )
+        self._shifted[(request, item.start)] = shifted
+        return shifted
 
     def is_stale(self, item: ScheduledRequest) -> bool:
         """Whether a dispatched row was scheduled on drafts its request's previous step then
@@ -221,6 +240,7 @@ class Scheduler:
         for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
             reason = None
+            item = self._shifted.pop((request, item.start), item)
             if self._take_stale(item) or request.is_finished:
                 self.slots.drop_lanes(item)
             elif item.lane_slots:
@@ -275,12 +295,25 @@ class Scheduler:
             wanted = num_drafts(request)
             k = self._affordable_drafts(request, wanted, budget) if wanted > 0 else 0
             if k == 0:
-                rows.append(self.slots.decode_row(request))
+                rows.append(self._chained(self.slots.decode_row(request)))
                 continue
             request.block_ids += self.slots.allocate_blocks(self._blocks_needed(request, 1 + k))
-            rows.append(self.slots.draft_row(request, self.slots.lane_slots(1 + k)))
+            rows.append(self._chained(self.slots.draft_row(request, self.slots.lane_slots(1 + k))))
             budget -= k
         return rows
+
+    def _chained(self, row: ScheduledRequest) -> ScheduledRequest:
+        """`row` that may start back by the drafts its request's row in flight rejects (the
+        device learns how many; `ScheduledRequest.chained_lanes`): not when it writes a state
+        for the prefix cache (keyed by where it ends), nor while a lane could still be short of
+        `min_tokens` were every draft rejected (its masks follow the output count)."""
+        lanes = self.slots.lanes_in_flight(row.request)
+        if len(lanes) < 2 or row.new_states:
+            return row
+        request = row.request
+        if request.num_sampled - (len(lanes) - 1) < request.sampling_params.min_tokens:
+            return row
+        return row._replace(chained_lanes=lanes)
 
     def _affordable_drafts(self, request: Request, wanted: int, budget: int) -> int:
         """The most of `wanted` drafts the row may take: within K, the tokens it may still

@@ -97,6 +97,10 @@ class SlotPlanner(Protocol):
         drafts as if every draft will be accepted: its last lane's slot is what the request's
         next row reads, until `keep_lane`)."""
 
+    def lanes_in_flight(self, request: Request) -> tuple[int, ...]:
+        """The lane slots of the request's dispatched row with drafts, until `keep_lane`; empty
+        when it has none."""
+
     def keep_lane(self, item: ScheduledRequest, lane: int) -> None:
         """Verification kept lane `lane` of a row with drafts: its state becomes the request's."""
 
@@ -126,11 +130,12 @@ class PlainSlots:
         self.uses_slots = uses_slots
         self.block_pool = Pool("KV block", config.num_blocks)
         self.slot_pool = Pool("state slot", config.num_slots)
-        # The last lane's slot of a dispatched row with drafts, per request, until verification
-        # keeps a lane: the request's next row reads it, and a one-token row writes it in place
-        # (those requests are in `_overwritten`: that lane's state is then not the cache's to
-        # take, `CachingSlots.keep_lane`).
-        self._last_lanes: dict[Request, int] = {}
+        # The lane slots of a dispatched row with drafts, per request, until verification keeps
+        # a lane: the request's next row reads the last (or, chained, the last accepted one:
+        # `ScheduledRequest.chained_lanes`), and a one-token row writes that lane in place
+        # (those requests are in `_overwritten`: the kept lane's state is then not the cache's
+        # to take, `CachingSlots.keep_lane`).
+        self._in_flight: dict[Request, tuple[int, ...]] = {}
         self._overwritten: set[Request] = set()
 
     def take_hit(self, request: Request) -> None:
@@ -166,7 +171,7 @@ class PlainSlots:
         if request.state_slot:
             self.slot_pool.free([request.state_slot])
         request.block_ids, request.state_slot = [], NULL
-        self._last_lanes.pop(request, None)  # the row that holds it gives it back (`drop_lanes`)
+        self._in_flight.pop(request, None)  # the row that holds them gives them back (`drop_lanes`)
         self._overwritten.discard(request)
 
     def read_slot(self, request: Request) -> int:
@@ -176,11 +181,15 @@ class PlainSlots:
     def own_slot(self, request: Request) -> int:
         """The slot a one-token row of the request writes: its own, or the last lane of its
         dispatched row with drafts (in place)."""
-        return self._last_lanes.get(request) or request.state_slot
+        lanes = self._in_flight.get(request)
+        return lanes[-1] if lanes else request.state_slot
+
+    def lanes_in_flight(self, request: Request) -> tuple[int, ...]:
+        return self._in_flight.get(request, ())
 
     def decode_row(self, request: Request) -> ScheduledRequest:
         slot = self.own_slot(request)
-        if request in self._last_lanes:
+        if request in self._in_flight:
             self._overwritten.add(request)
         return ScheduledRequest(request, request.num_computed, 1, self.read_slot(request), slot)
 
@@ -198,13 +207,14 @@ class PlainSlots:
         """A one-token row: nothing moves (the request's slot holds its state before and after).
         A row with drafts: its last lane's slot is what the next row reads, until `keep_lane`."""
         if item.lane_slots:
-            self._last_lanes[item.request] = item.lane_slots[-1]
+            self._in_flight[item.request] = item.lane_slots
 
     def keep_lane(self, item: ScheduledRequest, lane: int) -> None:
         """The state after `lane` becomes the request's; its old slot and the other lanes go
         back (rollback by slot choice: no copy). A row dispatched after this one read the last
-        lane: the device runs it before any later step that reuses the slot."""
-        self._last_lanes.pop(item.request, None)
+        lane, or (chained) this one: the device runs it before any later step that reuses a
+        slot given back here."""
+        self._in_flight.pop(item.request, None)
         self._overwritten.discard(item.request)
         if not self.uses_slots:
             return

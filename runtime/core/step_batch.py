@@ -4,6 +4,7 @@ are, where each token lane's token comes from) and the checks of its invariants.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -11,6 +12,26 @@ from jmamba.step_inputs import NextTokens, StepInputs
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import check_penalties
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode
+
+
+class ChainedRows(NamedTuple):
+    """How a carrying step's decode rows follow the rows of the step before it, which the device
+    verifies just before (asynchronous drafting: docs/architecture.md section 4, "Drafting steps
+    chain"). A row that chains on a row with K drafts was scheduled as if all K are accepted;
+    when the device finds the last d of them rejected, it moves the row back by d: its first
+    lane feeds the token sampled at the last accepted lane, its positions, KV slots, context
+    length and sample counters drop by d, and it reads the state of the last accepted lane.
+
+    Attributes:
+      may_shift: [R_d] bool, row r moves back by its previous row's rejected drafts (False: it
+        runs where it was scheduled; padding rows False).
+      fallback_slots: [R_d, W] int32, column d of row r is the slot it reads (a one-token row
+        also writes it, in place) when the last d drafts were rejected: lane K - d of the row
+        it chains on. NULL in column 0, past K, and in rows that do not shift.
+    """
+
+    may_shift: np.ndarray
+    fallback_slots: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +48,8 @@ class StepBatch:
         still on the device (asynchronous scheduling; `inputs.token_ids` holds 0 there).
       following: what follows each prefill row's chunk (read by a step that drafts with the MTP
         head, `jmamba.mtp`).
+      chained: how its decode rows follow the previous step's (read by a carrying step of an
+        engine that drafts on the device).
     """
 
     inputs: StepInputs
@@ -35,6 +58,7 @@ class StepBatch:
     sample_rows: np.ndarray
     token_sources: np.ndarray
     following: NextTokens
+    chained: ChainedRows
 
     def validate(
         self,
@@ -58,9 +82,35 @@ class StepBatch:
             published_blocks=published_blocks,
         )
         self.validate_token_sources(num_carried)
+        self.validate_chained()
         if self.sampling.penalties is not None:
             fed_lanes = self.token_sources[np.asarray(self.inputs.logits_indices)]
             check_penalties(self.sampling.penalties, fed_lanes, vocab_size)
+
+    def validate_chained(self) -> None:
+        """ValueError unless fallback slots sit only in decode rows that may shift (column 0
+        NULL) and none is a slot another row reads or writes: the device may read (and a
+        one-token row write) one instead of the row's read slot (invariant 2)."""
+        fallback, may_shift = self.chained.fallback_slots, self.chained.may_shift
+        misplaced = np.nonzero((fallback[:, 0] != 0) | (~may_shift & (fallback != 0).any(1)))[0]
+        if misplaced.size:
+            rows = misplaced.tolist()
+            raise ValueError(f"decode rows {rows} hold fallback slots they may not use")
+        decode, prefill = self.inputs.decode, self.inputs.prefill
+        for row in np.nonzero(may_shift)[0]:
+            others = np.concatenate(
+                [
+                    np.delete(np.asarray(decode.read_slots), row),
+                    np.delete(np.asarray(decode.write_slots), row, axis=0).reshape(-1),
+                    np.asarray(prefill.read_slots),
+                    np.asarray(prefill.write_slots),
+                ]
+            )
+            shared = np.intersect1d(fallback[row][fallback[row] != 0], others[others != 0])
+            if shared.size:
+                raise ValueError(
+                    f"decode row {row}'s fallback slots {shared.tolist()} are other rows' slots"
+                )
 
     def validate_token_sources(self, num_carried: int) -> None:
         """ValueError unless every non-NULL source is a live decode lane's, within the

@@ -51,6 +51,7 @@ from runtime.core.builder import build_dummy
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.core.step_batch import StepBatch
+from runtime.device.chaining import carried_depth
 from runtime.device.distributed import make_mesh
 from runtime.device.memory import pool_memory
 from runtime.device.mtp_drafts import DeviceDrafter, MTPDrafts, NoDeviceDrafts
@@ -131,14 +132,15 @@ class ModelRunner:
         )
         self.keep_logits = keep_logits
         self.drafter = device_drafter(config)
-        self.buffers = StepBuffers(self.mesh, (1 + self.drafter.num_drafts, carried_tokens(config)))
+        depth = carried_depth(self.drafter.num_drafts)
+        self.buffers = StepBuffers(self.mesh, (depth, carried_tokens(config)))
         self.last_logits: np.ndarray | None = None
         self.last_logprobs: list[TokenLogprobs] | None = None
         self.last_drafts: list[np.ndarray] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(
-            functools.partial(spmd_step, self.mesh, cache_specs),
+            functools.partial(spmd_step, self.mesh, cache_specs, config.block_size),
             static_argnums=(0, 1, 2, 3, 4, 5, 6),
             donate_argnames=("caches", "outputs", "carried"),
             keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses
@@ -153,9 +155,9 @@ class ModelRunner:
 
     @property
     def num_carried(self) -> int:
-        """(1 + D) x C, the entries a carrying step hands to the next: its tokens and its
-        device drafts (`carried_tokens`; a token source indexes them flattened)."""
-        return self.buffers.carried.shape[1] * self.buffers.carried.shape[2]
+        """(1 + D) x C, the entries a token source of a carrying step may take: the previous
+        step's tokens and its device drafts (`runtime.device.chaining`)."""
+        return (1 + self.drafter.num_drafts) * self.buffers.carried.shape[2]
 
     @property
     def num_params(self) -> int:
@@ -295,6 +297,7 @@ class ModelRunner:
             bucket,
             max_blocks=self.config.max_blocks_per_seq,
             state_block_size=self.config.boundary_block_size,
+            chain_width=self.config.decode_width,
         )
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
@@ -339,10 +342,12 @@ class ModelRunner:
         return compiled
 
     def _packed_tree(self, batch: StepBatch, carry: bool) -> tuple:
-        """What the step reads of `batch`: (inputs, sampling, token sources, what follows each
-        prefill chunk), the last two None where the variant does not read them."""
-        sources = batch.token_sources if carry else None
-        following = batch.following if self.drafter.num_drafts else None
+        """What the step reads of `batch`: (inputs, sampling, (token sources, chained rows),
+        what follows each prefill chunk), the last two None where the variant does not read
+        them, chained rows None where no row can move (no head drafts)."""
+        drafts = self.drafter.num_drafts > 0
+        sources = (batch.token_sources, batch.chained if drafts else None) if carry else None
+        following = batch.following if drafts else None
         return batch.inputs, batch.sampling, sources, following
 
 

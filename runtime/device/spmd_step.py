@@ -7,7 +7,6 @@ variant.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -15,11 +14,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jmamba.inputs import StepInputs
 from jmamba.layers import invariance
 from jmamba.model import rows_or_zeros
 from jmamba.tensor_parallel import TP_AXIS
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
+from runtime.device.chaining import carried, follow, rejected_drafts
 from runtime.device.distributed import AXIS, DeviceMesh
 from runtime.device.mtp_drafts import DeviceDrafter
 from runtime.device.packing import Layout, unpack
@@ -28,6 +27,7 @@ from runtime.device.step_buffers import StepOutputs
 
 
 def _rank_step(
+    block_size: int,
     graphdef,
     param_treedef,
     keep_logits: bool,
@@ -41,17 +41,20 @@ def _rank_step(
     previous,
 ):
     """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
-    what the previous step carried [1, 1 + D, C] -> [1, 2, N] (tokens, accept flags),
+    what the previous step carried [1, depth, C] -> [1, 2, N] (tokens, accept flags),
     log-probabilities (when `mode.logprobs`), logits (when `keep_logits`), the drafts for the
     next step [1, 1 + k, N] (when `drafter` drafts; `runtime.device.mtp_drafts`), caches, what
-    this step carries to the next [1, 1 + D, C] (`_carried`). The packed tree is (inputs,
-    sampling, token sources, what follows each prefill chunk), the last two None where the step
-    does not read them (`packed_tree`).
+    this step carries to the next [1, depth, C] (`runtime.device.chaining`). The packed tree is
+    (inputs, sampling, (token sources, chained rows), what follows each prefill chunk), the
+    last two None where the step does not read them (`ModelRunner._packed_tree`; chained rows
+    None too without a head). `block_size`: tokens per KV block (rows moved back recompute
+    their KV slots).
     `batch_invariant`: the model's products and norm statistics run in an order fixed by static
     shapes (`jmamba.layers.invariance`)."""
     inputs, sampling, sources, following = unpack(packed[0], layout)
     if previous is not None:
-        inputs = _with_previous_tokens(inputs, sources, previous[0].reshape(-1))
+        token_sources, chained = sources
+        inputs, sampling = follow(inputs, sampling, token_sources, chained, previous[0], block_size)
     shard_params = [leaf[0] for leaf in param_leaves]
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
     with invariance.batch_invariant(batch_invariant):
@@ -68,38 +71,19 @@ def _rank_step(
         with jax.named_scope("drafter"):
             drafts, caches = drafter(model, x, tokens, accepted, inputs, following, caches)
     tokens_and_flags = jnp.stack([tokens, accepted])[None]
-    carried = None if previous is None else _carried(tokens, drafts, previous.shape[1:])[None]
+    carried_out = None
+    if previous is not None:
+        rejected = None if chained is None else rejected_drafts(accepted, inputs)
+        carried_out = carried(tokens, drafts, rejected, previous.shape[1:])[None]
     logits_out = logits[None] if keep_logits else None
     drafts_out = None if drafts is None else drafts[None]
-    return tokens_and_flags, token_logprobs, logits_out, drafts_out, caches, carried
-
-
-def _carried(tokens: jax.Array, drafts: jax.Array | None, shape: tuple[int, int]) -> jax.Array:
-    """What this step hands the next, [1 + D, C]: row 0 its sampled token of each logits row,
-    rows 1..D the drafts its device drafter made at each row's column (zeros without drafts;
-    `runtime.device.mtp_drafts`). A draft model's wider buckets feed nothing past C."""
-    depth, width = shape
-    n = min(tokens.shape[0], width)
-    rows = [tokens[:n]]
-    for j in range(1, depth):
-        made = drafts is not None and j < drafts.shape[0]
-        rows.append(drafts[j, :n] if made else jnp.zeros(n, tokens.dtype))
-    return jnp.pad(jnp.stack(rows), ((0, 0), (0, width - n)))
-
-
-def _with_previous_tokens(
-    inputs: StepInputs, sources: jax.Array, previous: jax.Array
-) -> StepInputs:
-    """Token lanes with a source s + 1 take entry s of the previous step's carried array,
-    flattened (the builder's `StepBatch.token_sources`): row 0 (s < C) its sampled tokens, row
-    j its j-th drafts; NULL sources keep their token id."""
-    taken = previous[jnp.maximum(sources - 1, 0)]
-    return dataclasses.replace(inputs, token_ids=jnp.where(sources > 0, taken, inputs.token_ids))
+    return tokens_and_flags, token_logprobs, logits_out, drafts_out, caches, carried_out
 
 
 def spmd_step(
     mesh: DeviceMesh,
     cache_specs,
+    block_size: int,
     graphdef,
     param_treedef,
     keep_logits: bool,
@@ -114,15 +98,14 @@ def spmd_step(
     carried,
 ):
     """The step over all devices: -> (caches, StepOutputs, carried). `cache_specs`: each cache
-    array's `PartitionSpec`. `outputs` (the variant's buffers, or None when only shapes are asked
-    for) is never read: donated, it gives the new outputs their addresses
-    (`runtime.device.step_buffers`)."""
+    array's `PartitionSpec`; `block_size`: tokens per KV block. `outputs` (the variant's
+    buffers, or None when only shapes are asked for) is never read: donated, it gives the new
+    outputs their addresses (`runtime.device.step_buffers`)."""
     del outputs
     by_rank = P(AXIS)
     param_specs = [P(TP_AXIS)] * len(param_leaves)
-    step = functools.partial(
-        _rank_step, graphdef, param_treedef, keep_logits, batch_invariant, layout, mode, drafter
-    )
+    static = (graphdef, param_treedef, keep_logits, batch_invariant, layout, mode, drafter)
+    step = functools.partial(_rank_step, block_size, *static)
     logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
     tokens, token_logprobs, logits, drafts, caches, carried = jax.shard_map(
         step,

@@ -15,8 +15,8 @@ per step:
                                                       host->device transfer into the slot
     outputs           one set per variant             donated, written in place; `download`
                                                       copies them out for the host
-    carried tokens    one [ranks, 1 + D, C] for all   donated, read then written in place
-    and drafts        carrying variants
+    carried tokens,   one [ranks, depth, C] for all   donated, read then written in place
+    drafts, shifts    carrying variants
 
 `upload` and `download` are programs of one copy each, outside the step's graph, so the step's
 graph sees the same addresses every call.
@@ -68,8 +68,8 @@ class StepBuffers:
     tokens, each on the mesh split by rank. Keys are the runner's variant keys."""
 
     def __init__(self, mesh: DeviceMesh, carried_shape: tuple[int, int]):
-        """`carried_shape`: (1 + D, C), a step's sampled tokens and its device drafts' D rows
-        for each of C logits rows (`spmd_step._carried`)."""
+        """`carried_shape`: (depth, C), what a carrying step hands the next for each of C logits
+        rows (`runtime.device.chaining`)."""
         self._mesh = mesh
         self._packed: dict[Any, jax.Array] = {}
         self._outputs: dict[Any, StepOutputs] = {}

@@ -165,17 +165,18 @@ class CachingSlots(PlainSlots):
         give their slot to the cache (their step has run, so they are published at once). When
         the kept lane is one of them, its state is the cache's: the request reads it next step
         (holding the lane's reference) and keeps its own slot to write, so no step writes a
-        published slot. Nor does a one-token row dispatched after this one that writes the last
-        lane in place (`PlainSlots.decode_row`): that lane is not offered. Call it after
-        `advance`, which drops what the row read."""
+        published slot. Nor does a one-token row dispatched after this one that writes the kept
+        lane in place (`PlainSlots.decode_row`: the last lane, or chained the last accepted
+        one): that lane is not offered. Call it after `advance`, which drops what the row
+        read."""
         if not (self.uses_slots and self.caches_every_boundary):
             return super().keep_lane(item, lane)
         request, lanes = item.request, item.lane_slots
-        offered = len(lanes) - (request in self._overwritten)
-        self._last_lanes.pop(request, None)
+        offered = lane + 1 - (request in self._overwritten)
+        self._in_flight.pop(request, None)
         self._overwritten.discard(request)
         kept_published = False
-        for t in range(min(lane + 1, offered)):
+        for t in range(offered):
             end = item.start + t + 1  # tokens summarised by lane t's state
             if end % self.state_block_size == 0 and end <= request.num_tokens:
                 key = self.cache.state_key(request, end)

@@ -190,19 +190,26 @@ def test_drafting_steps_and_larger_steps_run_as_their_drafter_allows(monkeypatch
 
 def proposals(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> dict:
     """Serve `prompts`; {(request index, position of its first draft): drafts} of every row
-    the drafter gave drafts."""
+    the head drafted for, read once its step retired (the head drafts at a row's first logits
+    row, after the row's last accepted token: the request's next position then), the first K
+    of them (what a row may feed; a shared runner's head may make more)."""
     proposed = {}
-    propose = engine.drafter.propose
+    observe, k = engine.drafter.observe, engine.config.num_speculative_tokens
 
-    def logged(schedules, bucket):
-        schedules = propose(schedules, bucket)
-        for item in (item for schedule in schedules for item in schedule.decodes):
-            if item.draft_token_ids:
-                key = (int(item.request.request_id), item.start + item.num_tokens - 1)
-                proposed[key] = tuple(item.draft_token_ids)
-        return schedules
+    def logged(schedule, bucket, drafts):
+        observe(schedule, bucket, drafts)
+        if drafts is None:
+            return
+        first_prefill = bucket.num_decode_rows * bucket.width
+        for i, item in enumerate(schedule.items):
+            decode = i < len(schedule.decodes)
+            column = i * bucket.width if decode else first_prefill + i - len(schedule.decodes)
+            count, request = min(int(drafts[0, column]), k), item.request
+            if count and not request.is_finished:
+                key = (int(request.request_id), request.num_tokens)
+                proposed[key] = tuple(drafts[1 : 1 + count, column].tolist())
 
-    engine.drafter.propose = logged
+    engine.drafter.observe = logged
     for prompt, n in zip(prompts, lengths, strict=True):
         engine.add_request(prompt, SamplingParams(max_tokens=n))
     while engine.has_unfinished:

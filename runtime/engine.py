@@ -289,7 +289,7 @@ class Engine:
         finished = []
         device_drafts = self.runner.last_drafts or [None] * len(results)
         for rank, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
-            stale = self.schedulers[rank].stale_decodes(schedule)
+            stale = self.schedulers[rank].in_flight.stale_decodes(schedule)
             tokens, drafts, acceptance = verified_tokens(
                 schedule, batch.sample_rows, step.bucket.width, results[rank], stale
             )

@@ -79,7 +79,7 @@ class ScheduledRequest(NamedTuple):
         the device then reads (a one-token row: also writes in place) the slot of the last
         accepted lane, and moves the row's positions back (docs/architecture.md section 4,
         "Drafting steps chain"). Empty: the row starts where it was scheduled, and is stale if
-        that row rejects a draft (`Scheduler.is_stale`).
+        that row rejects a draft (`runtime.core.in_flight`).
     """
 
     request: RowSequence

@@ -48,7 +48,8 @@ starved either.
 
 Which slot each row reads and writes, which cached prefix a request starts after and what a step
 publishes to the prefix cache are the slot planner's (`runtime/core/slots.py`; with caching on,
-`runtime/prefix_cache/slots.py`); the schedule itself is `runtime/core/schedule.py`; when a
+`runtime/prefix_cache/slots.py`); which rows scheduled on unverified drafts move back or are
+dropped is `runtime/core/in_flight.py`; the schedule itself is `runtime/core/schedule.py`; when a
 request stops is `runtime/core/stopping.py`.
 """
 
@@ -60,6 +61,7 @@ from collections.abc import Callable, Sequence
 
 from runtime.core import stopping
 from runtime.core.config import EngineConfig, min_token_budget
+from runtime.core.in_flight import RowsInFlight
 from runtime.core.request import FinishReason, Request, RequestStatus
 from runtime.core.schedule import Schedule, ScheduledRequest
 from runtime.core.slots import SlotPlanner
@@ -101,10 +103,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self._stale: set[tuple[Request, int]] = set()  # (request, start) of stale rows in flight
-        # Chained rows in flight that start back by the drafts the row before rejected: the
-        # row as the device runs it, by (request, start as scheduled).
-        self._shifted: dict[tuple[Request, int], ScheduledRequest] = {}
+        self.in_flight = RowsInFlight(slots)  # rows scheduled on drafts not verified yet
 
     @property
     def budget(self) -> int:
@@ -173,9 +172,10 @@ class Scheduler:
         tokens are known. A row whose chunk reaches the last known token samples a token the
         host does not know yet: it is pending, in logits row `sample_rows[i]`, until `retire`.
         A row with k drafts moves on as if all k will be accepted: its 1 + k outputs are pending
-        and the next row starts after them (`retire` corrects both). Returns, per item, whether
-        it moved: not for a request finished or preempted since it was scheduled, nor for a
-        stale row (`is_stale`)."""
+        and the next row starts after them (`retire` corrects both). A row scheduled so, whose
+        previous row then rejected drafts, moves back as the device moves it when it chains,
+        else it is stale (`runtime.core.in_flight`). Returns, per item, whether it moved: not
+        for a request finished or preempted since it was scheduled, nor for a stale row."""
         moved = []
         for i, item in enumerate(schedule.items):
             request = item.request
@@ -184,10 +184,10 @@ class Scheduler:
                 continue
             if request.num_computed != item.start:  # scheduled on drafts since rejected
                 if not item.chained_lanes:
-                    self._stale.add((request, item.start))
+                    self.in_flight.mark_stale(item)
                     moved.append(False)
                     continue
-                item = self._shift(item)
+                item = self.in_flight.moved_back(item)
             moved.append(True)
             request.num_computed += item.num_tokens
             if item.lane_slots or request.num_computed >= request.num_tokens + request.num_pending:
@@ -195,32 +195,6 @@ class Scheduler:
                 request.pending_row = 0 if sample_rows is None else int(sample_rows[i])
             self.slots.advance(item)
         return moved
-
-    def _shift(self, item: ScheduledRequest) -> ScheduledRequest:
-        """A chained row whose previous row rejected drafts, as the device runs it: from the
-        request's verified position, reading (a one-token row: writing in place) the slot of the
-        lane verification kept (`ScheduledRequest.chained_lanes`)."""
-        request = item.request
-        slot = self.slots.read_slot(request)
-        shifted = item._replace(
-            start=request.num_computed,
-            read_slot=slot,
-            write_slot=item.write_slot and slot,  # in place; NULL for a row with drafts
-        )
-        self._shifted[(request, item.start)] = shifted
-        return shifted
-
-    def is_stale(self, item: ScheduledRequest) -> bool:
-        """Whether a dispatched row was scheduled on drafts its request's previous step then
-        rejected (asynchronous drafting: the row started where the rejected drafts would have
-        ended). Its tokens are dropped when it retires. True only between `advance` and
-        `retire`."""
-        return (item.request, item.start) in self._stale
-
-    def stale_decodes(self, schedule: Schedule) -> list[bool]:
-        """`is_stale` of each decode row of a dispatched schedule; empty when no row in flight is
-        stale (every step without chained drafts: no per-row work)."""
-        return [self.is_stale(item) for item in schedule.decodes] if self._stale else []
 
     def retire(
         self, schedule: Schedule, sampled: list[int], drafts: Sequence[list[int]] = ()
@@ -240,8 +214,8 @@ class Scheduler:
         for i, (item, token) in enumerate(zip(schedule.items, sampled, strict=True)):
             request = item.request
             reason = None
-            item = self._shifted.pop((request, item.start), item)
-            if self._take_stale(item) or request.is_finished:
+            item, stale = self.in_flight.retiring(item)
+            if stale or request.is_finished:
                 self.slots.drop_lanes(item)
             elif item.lane_slots:
                 reason = self._retire_lanes(item, [*drafts[i], int(token)], now)
@@ -257,14 +231,6 @@ class Scheduler:
                 self._finish(request, reason)
                 finished.append(request)
         return finished
-
-    def _take_stale(self, item: ScheduledRequest) -> bool:
-        """Whether `item` is stale (`is_stale`); it is not any more after this."""
-        key = (item.request, item.start)
-        if key not in self._stale:
-            return False
-        self._stale.remove(key)
-        return True
 
     def _retire_lanes(
         self, item: ScheduledRequest, tokens: list[int], now: float
@@ -295,25 +261,13 @@ class Scheduler:
             wanted = num_drafts(request)
             k = self._affordable_drafts(request, wanted, budget) if wanted > 0 else 0
             if k == 0:
-                rows.append(self._chained(self.slots.decode_row(request)))
+                rows.append(self.in_flight.chained(self.slots.decode_row(request)))
                 continue
             request.block_ids += self.slots.allocate_blocks(self._blocks_needed(request, 1 + k))
-            rows.append(self._chained(self.slots.draft_row(request, self.slots.lane_slots(1 + k))))
+            row = self.slots.draft_row(request, self.slots.lane_slots(1 + k))
+            rows.append(self.in_flight.chained(row))
             budget -= k
         return rows
-
-    def _chained(self, row: ScheduledRequest) -> ScheduledRequest:
-        """`row` that may start back by the drafts its request's row in flight rejects (the
-        device learns how many; `ScheduledRequest.chained_lanes`): not when it writes a state
-        for the prefix cache (keyed by where it ends), nor while a lane could still be short of
-        `min_tokens` were every draft rejected (its masks follow the output count)."""
-        lanes = self.slots.lanes_in_flight(row.request)
-        if len(lanes) < 2 or row.new_states:
-            return row
-        request = row.request
-        if request.num_sampled - (len(lanes) - 1) < request.sampling_params.min_tokens:
-            return row
-        return row._replace(chained_lanes=lanes)
 
     def _affordable_drafts(self, request: Request, wanted: int, budget: int) -> int:
         """The most of `wanted` drafts the row may take: within K, the tokens it may still

@@ -19,9 +19,9 @@ how often drafts are accepted, so the gate is a policy of its own, always presen
      out: that step still retires the previous window's last asynchronous step, or, after a
      synchronous drafting window, retires nothing (its own tokens come with the next step),
      and a first drafting step has no drafts yet from the head. (With the MTP head drafting
-     steps are asynchronous too; a row scheduled on drafts that were then rejected retires
-     nothing, `Scheduler.is_stale`, so the window after a drafting one pays for the rows its
-     last step wasted.);
+     steps are asynchronous too; a row scheduled on drafts that were then rejected moves back
+     on the device, or, when it may not, retires nothing, `RowsInFlight.is_stale`, so the window
+     after a drafting one pays for the rows its last step wasted.);
   3. the two kinds are compared only in pairs of adjacent windows (a drafting window next to a
      plain one): the host's speed drifts by tens of percent over seconds on a shared machine,
      so rates measured at different times do not compare. A class's ratio (drafting rate over

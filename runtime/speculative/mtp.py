@@ -8,8 +8,8 @@ its next decode row, in one of two places:
   the next step before it retires): the next row's draft lanes take them from the step's carried
   array (`ScheduledRequest.draft_sources`), as its first lane takes the pending token;
 - on the host, once the step retired (`observe`): a synchronous engine's next step, and the row
-  after a stale one (`Scheduler.is_stale`: scheduled on drafts the step before then rejected),
-  feed them as token ids.
+  after a stale one (`RowsInFlight.is_stale`: scheduled on drafts the step before then
+  rejected, and not moved back), feed them as token ids.
 
 `num_wanted` is how many it has (K on the device: how many the chain made is known only there; a
 lane fed a draft the chain did not make carries an arbitrary token, which verification accepts

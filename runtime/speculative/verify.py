@@ -78,7 +78,7 @@ def verified_tokens(
       width: W, lanes per decode row of the step's bucket (1: no row carried drafts).
       result: [2, N] per logits row, the target's token and whether it equals the draft the next
         lane fed.
-      stale: per decode item, whether its tokens will be dropped (`Scheduler.is_stale`): it
+      stale: per decode item, whether its tokens will be dropped (`RowsInFlight.is_stale`): it
         counts in no counter.
     Returns:
       (sampled, drafts, stats): per item the target's token after its accepted drafts, and the

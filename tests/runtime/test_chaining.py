@@ -136,7 +136,7 @@ def test_a_chained_row_moves_back_to_the_row_built_from_the_truth(accepted, next
     # The host moves the row back the same way once it is dispatched.
     s.advance(step_next, optimistic.sample_rows)
     assert request.num_computed == 6 + 1 + accepted + lanes
-    assert not s.is_stale(step_next.decodes[0])
+    assert not s.in_flight.is_stale(step_next.decodes[0])
 
 
 def test_validation_refuses_fallback_slots_of_other_rows_or_rows_that_may_not_shift():

@@ -284,7 +284,10 @@ def _fill_decode(
 
 def _fill_chained(a: _Arrays, decodes: list[ScheduledRequest]) -> None:
     """Rows that may move back by their previous row's rejected drafts (`ChainedRows`): column
-    d of a row's fallback slots is lane K - d of the row it chains on."""
+    d of a row's fallback slots is lane K - d of the row it chains on. Nothing to do (no pass
+    over the rows) in an engine without drafts, whose rows chain on none."""
+    if a.d_fallback.shape[1] == 1:
+        return
     for i, item in enumerate(decodes):
         lanes = item.chained_lanes
         if lanes:

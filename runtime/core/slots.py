@@ -214,13 +214,20 @@ class PlainSlots:
         back (rollback by slot choice: no copy). A row dispatched after this one read the last
         lane, or (chained) this one: the device runs it before any later step that reuses a
         slot given back here."""
-        self._in_flight.pop(item.request, None)
-        self._overwritten.discard(item.request)
+        self._verified(item.request)
         if not self.uses_slots:
             return
         request, lanes = item.request, item.lane_slots
         old, request.state_slot = request.state_slot, lanes[lane]
         self.slot_pool.free([old, *lanes[:lane], *lanes[lane + 1 :]])
+
+    def _verified(self, request: Request) -> bool:
+        """The request's row in flight was verified: forget its lanes. Returns whether a
+        one-token row dispatched after it writes the kept lane in place (`decode_row`)."""
+        self._in_flight.pop(request, None)
+        overwritten = request in self._overwritten
+        self._overwritten.discard(request)
+        return overwritten
 
     def drop_lanes(self, item: ScheduledRequest) -> None:
         if self.uses_slots and item.lane_slots:

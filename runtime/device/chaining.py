@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from jmamba.inputs import StepInputs
 from runtime.core.sampling_inputs import SamplingInputs
 from runtime.core.step_batch import ChainedRows
+from runtime.device.kv_addressing import kv_slots_at
+from runtime.device.sampler import num_accepted
 
 
 def carried_depth(num_drafts: int) -> int:
@@ -65,10 +67,9 @@ def rejected_drafts(accepted: jax.Array, inputs: StepInputs) -> jax.Array:
     leading accepted ones; `sampler.accept_drafts`), at every lane of the row; 0 for prefill
     and padding rows."""
     rows, width = inputs.decode.num_rows, inputs.decode.width
-    flags = accepted[: rows * width].reshape(rows, width).astype(jnp.int32)
-    num_accepted = jnp.cumprod(flags, axis=1).sum(axis=1)
     num_drafts = jnp.maximum(inputs.decode.query_lens - 1, 0)
-    per_lane = jnp.broadcast_to((num_drafts - num_accepted)[:, None], (rows, width))
+    rejected = num_drafts - num_accepted(accepted, inputs)
+    per_lane = jnp.broadcast_to(rejected[:, None], (rows, width))
     return jnp.pad(per_lane.reshape(-1), (0, accepted.shape[0] - rows * width))
 
 
@@ -78,12 +79,13 @@ def follow(
     token_sources: jax.Array,
     chained: ChainedRows | None,
     previous: jax.Array,
-    block_size: int | None,
+    block_size: int,
 ) -> tuple[StepInputs, SamplingInputs]:
     """This step's inputs once the previous step's carried array `previous` [depth, C] is
     known (module docstring): rows moved back where `chained` says they may (None: an engine
     without a head, nothing moves), then every lane with a source takes its token.
-    `block_size`: tokens per KV block (None: a model without attention, no KV slots)."""
+    `block_size`: tokens per KV block (a row without blocks, of a model without attention,
+    keeps NULL KV slots)."""
     if chained is not None:
         shift = _shift(inputs, token_sources, chained, previous[-1])
         inputs, sampling = _moved_back(inputs, sampling, chained, shift, block_size)
@@ -116,7 +118,7 @@ def _moved_back(
     sampling: SamplingInputs,
     chained: ChainedRows,
     shift: jax.Array,
-    block_size: int | None,
+    block_size: int,
 ) -> tuple[StepInputs, SamplingInputs]:
     """The decode rows moved back by `shift` (positions, KV slots, context lengths, slots,
     sample counters); prefill rows and padding unchanged. Token-level fields change by a
@@ -129,13 +131,9 @@ def _moved_back(
     back = jnp.where(live, shift[:, None], 0)  # [R_d, W]
     back_tokens = _over(back, inputs.num_tokens)
     positions = inputs.positions - back_tokens
-    kv_slots = inputs.kv_slots
-    if block_size is not None:
-        lanes = positions[: rows * width].reshape(rows, width)
-        columns = jnp.minimum(lanes // block_size, decode.block_table.shape[1] - 1)
-        blocks = jnp.take_along_axis(decode.block_table, columns, axis=1)
-        moved = _over(blocks * block_size + lanes % block_size, inputs.num_tokens)
-        kv_slots = jnp.where(back_tokens > 0, moved, kv_slots)
+    lanes = positions[: rows * width].reshape(rows, width)
+    moved = _over(kv_slots_at(decode.block_table, lanes, block_size), inputs.num_tokens)
+    kv_slots = jnp.where(back_tokens > 0, moved, inputs.kv_slots)
     fallback = jnp.take_along_axis(chained.fallback_slots, shift[:, None], axis=1)[:, 0]
     moves = shift > 0
     in_place = moves & (decode.write_slots[:, 0] == decode.read_slots)

@@ -37,6 +37,8 @@ import jax.numpy as jnp
 from jmamba.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from jmamba.model import HybridLM, LayerCache
 from jmamba.mtp import next_token_ids
+from runtime.device.kv_addressing import kv_slots_at
+from runtime.device.sampler import num_accepted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +96,7 @@ class MTPDrafts:
         block_size = _block_size(model, caches)
         for step in range(1, self.num_drafts):
             position = positions + step
-            alive = alive & (_block_at(block_tables, position, block_size) != 0)
+            alive = alive & (kv_slots_at(block_tables, position, block_size) != 0)
             chain = _chain_inputs(drafts[-1], position, alive, block_tables, block_size, inputs)
             out, caches = model.mtp_hidden(hidden, drafts[-1], chain, caches)
             hidden = jnp.where(alive[:, None], out, hidden)
@@ -157,9 +159,7 @@ def _base_lanes(
     """([R] token lane each row drafts from, [R] bool whether it drafts), decode rows then
     prefill rows (module docstring, 2)."""
     rows, width = inputs.decode.num_rows, inputs.decode.width
-    flags = accepted[: rows * width].reshape(rows, width).astype(jnp.int32)
-    num_accepted = jnp.cumprod(flags, axis=1).sum(axis=1)
-    decode_base = jnp.arange(rows, dtype=jnp.int32) * width + num_accepted
+    decode_base = jnp.arange(rows, dtype=jnp.int32) * width + num_accepted(accepted, inputs)
     decode_drafts = inputs.decode.query_lens > 0
     prefill_base = inputs.logits_indices[rows * width :]
     return (
@@ -174,15 +174,6 @@ def _block_size(model: HybridLM, caches: tuple[LayerCache, ...]) -> int:
     return next(cache.k.shape[1] for cache in head_caches if cache is not None)
 
 
-def _block_at(block_tables: jax.Array, position: jax.Array, block_size: int) -> jax.Array:
-    """[R] each row's KV block holding `position` (NULL where its table has none there, past
-    the table's width included)."""
-    column = position // block_size
-    width = block_tables.shape[1]
-    block = jnp.take_along_axis(block_tables, jnp.minimum(column, width - 1)[:, None], axis=1)
-    return jnp.where(column < width, block[:, 0], 0)
-
-
 def _chain_inputs(
     token_ids: jax.Array,
     position: jax.Array,
@@ -194,7 +185,6 @@ def _chain_inputs(
     """A decode-only `StepInputs` of R rows of one lane each: row r feeds `token_ids[r]` at
     `position[r]`, writing its KV there; rows not `alive` are padding (NULL everywhere)."""
     live = alive.astype(jnp.int32)
-    block = _block_at(block_tables, position, block_size)
     num_rows = token_ids.shape[0]
     zeros = jnp.zeros(num_rows, jnp.int32)
     decode = DecodeRows(
@@ -217,7 +207,7 @@ def _chain_inputs(
     return StepInputs(
         token_ids=token_ids * live,
         positions=position * live,
-        kv_slots=(block * block_size + position % block_size) * live,
+        kv_slots=kv_slots_at(block_tables, position, block_size) * live,
         decode=decode,
         prefill=prefill,
         logits_indices=jnp.arange(num_rows, dtype=jnp.int32) * live,

@@ -130,6 +130,14 @@ def accept_drafts(tokens: jax.Array, inputs: StepInputs) -> jax.Array:
     return jnp.pad(flat, (0, tokens.shape[0] - rows * width))
 
 
+def num_accepted(accepted: jax.Array, inputs: StepInputs) -> jax.Array:
+    """[R_d] int32 each decode row's accepted drafts: the leading lanes whose flag
+    (`accept_drafts`) is set; 0 for padding rows."""
+    rows, width = inputs.decode.num_rows, inputs.decode.width
+    flags = accepted[: rows * width].reshape(rows, width).astype(jnp.int32)
+    return jnp.cumprod(flags, axis=1).sum(axis=1)
+
+
 def _mask(logits: jax.Array, masked_ids: jax.Array, num_masked: jax.Array) -> jax.Array:
     """Set to -inf the first `num_masked[r]` ids of `masked_ids[r]` in row r."""
     rows = jnp.arange(logits.shape[0])[:, None]

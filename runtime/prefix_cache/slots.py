@@ -172,9 +172,7 @@ class CachingSlots(PlainSlots):
         if not (self.uses_slots and self.caches_every_boundary):
             return super().keep_lane(item, lane)
         request, lanes = item.request, item.lane_slots
-        offered = lane + 1 - (request in self._overwritten)
-        self._in_flight.pop(request, None)
-        self._overwritten.discard(request)
+        offered = lane + 1 - self._verified(request)
         kept_published = False
         for t in range(offered):
             end = item.start + t + 1  # tokens summarised by lane t's state

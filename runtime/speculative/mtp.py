@@ -65,7 +65,7 @@ class MTPDrafter:
         a step without drafts leaves its rows none (their older drafts no longer follow their
         tokens)."""
         for column, item, went in zip(
-            _columns(schedule, bucket), schedule.items, moved, strict=True
+            first_logits_rows(schedule, bucket), schedule.items, moved, strict=True
         ):
             if not went:
                 continue
@@ -85,7 +85,7 @@ class MTPDrafter:
         holds each scheduled row's count and drafts at its first logits row; None from a step
         that did not draft. The step's drafts are on the host now: the next step (scheduled
         after this) feeds them by id. A stale row's are not kept."""
-        for column, item in zip(_columns(schedule, bucket), schedule.items, strict=True):
+        for column, item in zip(first_logits_rows(schedule, bucket), schedule.items, strict=True):
             request = item.request
             self._on_device.pop(request, None)
             key = (request, item.start)
@@ -120,7 +120,7 @@ class MTPDrafter:
         return item._replace(draft_token_ids=tuple(self._proposals[item.request][:k]))
 
 
-def _columns(schedule: Schedule, bucket: Bucket) -> list[int]:
+def first_logits_rows(schedule: Schedule, bucket: Bucket) -> list[int]:
     """Each item's first logits row: decode row i's i * W, prefill row j's R_d * W + j."""
     width, num_decodes = bucket.width, len(schedule.decodes)
     first_prefill = bucket.num_decode_rows * width

@@ -21,6 +21,7 @@ from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
+from runtime.speculative.mtp import first_logits_rows
 from tests.runtime.conftest import (
     base_config,
     make_engine,
@@ -200,10 +201,7 @@ def proposals(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> d
         observe(schedule, bucket, drafts)
         if drafts is None:
             return
-        first_prefill = bucket.num_decode_rows * bucket.width
-        for i, item in enumerate(schedule.items):
-            decode = i < len(schedule.decodes)
-            column = i * bucket.width if decode else first_prefill + i - len(schedule.decodes)
+        for column, item in zip(first_logits_rows(schedule, bucket), schedule.items, strict=True):
             count, request = min(int(drafts[0, column]), k), item.request
             if count and not request.is_finished:
                 key = (int(request.request_id), request.num_tokens)

@@ -82,7 +82,6 @@ class DispatchedStep:
     tokens: jax.Array
     token_logprobs: TokenLogprobs | None
     logits: jax.Array | None
-    drafts: jax.Array | None
 
 
 class ModelRunner:
@@ -202,7 +201,8 @@ class ModelRunner:
         device (`device_inputs`), for benchmarks that replay one step."""
         key = self._variant(bucket, batches, carry, drafts)
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
-        packed = self.buffers.upload(key, self._packed(key, batches) if inputs is None else inputs)
+        fresh = self.mesh.step_rows(self._rows(key, batches)) if inputs is None else inputs
+        packed = self.buffers.upload(key, fresh)
         self.caches, outputs, carried = compiled(
             self._param_leaves,
             self.caches,
@@ -238,9 +238,10 @@ class ModelRunner:
         """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,
         `last_logprobs` set from it)."""
         self.last_logits = None if step.logits is None else self.mesh.local_rows(step.logits)
-        self.last_drafts = None if step.drafts is None else list(self.mesh.local_rows(step.drafts))
         self.last_logprobs = self._local_logprobs(step.token_logprobs, step.batches)
-        return list(self.mesh.local_rows(step.tokens))
+        rows = self.mesh.local_rows(step.tokens)  # [ranks, 2 (+ 1 + k), N]: `StepOutputs`
+        self.last_drafts = list(rows[:, 2:]) if rows.shape[1] > 2 else None
+        return list(rows[:, :2])
 
     def _local_logprobs(
         self, token_logprobs: TokenLogprobs | None, batches: list[StepBatch]
@@ -300,10 +301,14 @@ class ModelRunner:
             chain_width=self.config.decode_width,
         )
 
-    def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
+    def _rows(self, key: VariantKey, batches: list[StepBatch]) -> np.ndarray:
+        """The batches packed, one row per local rank."""
         layout = self._layouts[key]
-        rows = np.stack([pack(self._packed_tree(b, key.carry), layout) for b in batches])
-        return self.mesh.global_array(rows)
+        return np.stack([pack(self._packed_tree(b, key.carry), layout) for b in batches])
+
+    def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
+        """The batches packed, as the global array the variant was lowered for."""
+        return self.mesh.global_array(self._rows(key, batches))
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
         return self._finish_compile(key, *self._lower(key, batch))

@@ -41,9 +41,9 @@ def _rank_step(
     previous,
 ):
     """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
-    what the previous step carried [1, depth, C] -> [1, 2, N] (tokens, accept flags),
-    log-probabilities (when `mode.logprobs`), logits (when `keep_logits`), the drafts for the
-    next step [1, 1 + k, N] (when `drafter` drafts; `runtime.device.mtp_drafts`), caches, what
+    what the previous step carried [1, depth, C] -> [1, 2 (+ 1 + k), N] (tokens, accept flags,
+    then the drafts for the next step when `drafter` drafts: `runtime.device.mtp_drafts`),
+    log-probabilities (when `mode.logprobs`), logits (when `keep_logits`), caches, what
     this step carries to the next [1, depth, C] (`runtime.device.chaining`). The packed tree is
     (inputs, sampling, (token sources, chained rows), what follows each prefill chunk), the
     last two None where the step does not read them (`ModelRunner._packed_tree`; chained rows
@@ -70,14 +70,15 @@ def _rank_step(
             accepted = accept_drafts(tokens, inputs).astype(jnp.int32)
         with jax.named_scope("drafter"):
             drafts, caches = drafter(model, x, tokens, accepted, inputs, following, caches)
-    tokens_and_flags = jnp.stack([tokens, accepted])[None]
+    tokens_and_flags = jnp.stack([tokens, accepted])
+    if drafts is not None:  # one array for the host to fetch (`StepOutputs.tokens`)
+        tokens_and_flags = jnp.concatenate([tokens_and_flags, drafts])
     carried_out = None
     if previous is not None:
         rejected = None if chained is None else rejected_drafts(accepted, inputs)
         carried_out = carried(tokens, drafts, rejected, previous.shape[1:])[None]
     logits_out = logits[None] if keep_logits else None
-    drafts_out = None if drafts is None else drafts[None]
-    return tokens_and_flags, token_logprobs, logits_out, drafts_out, caches, carried_out
+    return tokens_and_flags[None], token_logprobs, logits_out, caches, carried_out
 
 
 def spmd_step(
@@ -107,7 +108,7 @@ def spmd_step(
     static = (graphdef, param_treedef, keep_logits, batch_invariant, layout, mode, drafter)
     step = functools.partial(_rank_step, block_size, *static)
     logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
-    tokens, token_logprobs, logits, drafts, caches, carried = jax.shard_map(
+    tokens, token_logprobs, logits, caches, carried = jax.shard_map(
         step,
         mesh=mesh.mesh,
         in_specs=(param_specs, cache_specs, by_rank, None if carried is None else by_rank),
@@ -115,10 +116,9 @@ def spmd_step(
             by_rank,
             logprob_specs,
             by_rank if keep_logits else None,
-            by_rank if drafter.num_drafts else None,
             cache_specs,
             None if carried is None else by_rank,
         ),
         check_vma=False,  # Pallas calls declare plain output shapes
     )(param_leaves, caches, packed, carried)
-    return caches, StepOutputs(tokens, token_logprobs, logits, drafts), carried
+    return caches, StepOutputs(tokens, token_logprobs, logits), carried

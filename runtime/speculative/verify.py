@@ -94,10 +94,10 @@ def verified_tokens(
     flags = result[1][: num_decodes * width].reshape(num_decodes, width).astype(bool)
     flags &= np.arange(width)[None, :] < num_drafts[:, None]
     num_accepted = np.cumprod(flags, axis=1).sum(axis=1)  # the longest accepted prefix
-    lane_tokens = tokens[: num_decodes * width].reshape(num_decodes, width)
-    for i, a in enumerate(num_accepted.tolist()):
-        drafts[i] = lane_tokens[i, :a].tolist()  # == the drafts d_1..d_a
-        sampled[i] = int(lane_tokens[i, a])
+    lane_tokens = tokens[: num_decodes * width].reshape(num_decodes, width).tolist()
+    for i, (lanes, a) in enumerate(zip(lane_tokens, num_accepted.tolist(), strict=True)):
+        drafts[i] = lanes[:a]  # == the drafts d_1..d_a
+        sampled[i] = lanes[a]
     if len(stale):
         counted = ~np.asarray(stale, bool)
         num_drafts, num_accepted = num_drafts[counted], num_accepted[counted]

@@ -4,11 +4,17 @@ The engine of `bench_engine.py` (B requests of 16-token prompts, warmed up, one 
 pure decode) runs with its compiled step replaced by a stub that returns constant tokens, so
 only the host's work runs: schedule, agree (bucket and sampling mode), snapshot (the step
 record's copy of the schedule), build, postprocess (the scheduler's advance and retire),
-record. Times are CPU seconds of this thread (`time.thread_time`), which other processes on a
-loaded machine do not inflate the way they inflate wall time; each part is the sum of its
-calls, "other" the rest of `Engine.step`.
+verify (splitting the lanes into accepted drafts), drafter (its bookkeeping), record. Times are
+CPU seconds of this thread (`time.thread_time`), which other processes on a loaded machine do
+not inflate the way they inflate wall time; each part is the sum of its calls, "other" the rest
+of `Engine.step`.
 
-    python benchmarks/profile_host.py --batches 1,16,64,256 --steps 1000
+`--drafts K` runs the asynchronous MTP engine of `bench_spec_decode.py --async-scheduling`
+instead (the tiny model with a random head): every step drafts K tokens a row and the stub
+accepts every draft, so each row runs 1 + K lanes a step. Requests are long enough never to
+finish while timed.
+
+    python benchmarks/profile_host.py --batches 1,16,64,256 --steps 1000 [--drafts 2]
 """
 
 from __future__ import annotations
@@ -23,27 +29,36 @@ from collections.abc import Callable
 import numpy as np
 
 from benchmarks.engine.models import build_model
-from benchmarks.engine.serving import make_engine
+from benchmarks.engine.serving import PROMPT_LEN, make_engine
 from runtime import engine as engine_module
+from runtime.core.speculative_config import SpeculativeConfig
 from runtime.engine import Engine
 
 WARM_STEPS = 8  # the prefill step, then decode steps before timing
+PARTS = ("schedule", "agree", "snapshot", "build", "postprocess", "verify", "drafter", "record")
 
 
 class _StubRunner:
-    """Stands for `ModelRunner.dispatch` / `fetch`: token 7 for every logits row, nothing
-    accepted."""
+    """Stands for `runner`'s `dispatch` / `fetch`: token 7 for every logits row; with
+    `num_drafts` K, every draft accepted and, from a drafting step, K drafts (7 each) at every
+    column (`StepOutputs.tokens`, `ModelRunner.last_drafts`)."""
 
-    @staticmethod
-    def dispatch(bucket, batches, **options):
-        return bucket, len(batches)
+    def __init__(self, runner, num_drafts: int) -> None:
+        self.runner, self.num_drafts = runner, num_drafts
+        self._fetch = runner.fetch  # for the real step still in flight (asynchronous engine)
 
-    @staticmethod
-    def fetch(dispatched) -> list[np.ndarray]:
-        bucket, num_batches = dispatched
-        tokens = np.zeros((2, bucket.num_logits), np.int32)
-        tokens[0] = 7
-        return [tokens] * num_batches
+    def dispatch(self, bucket, batches, **options):
+        return bucket, len(batches), self.num_drafts if options.get("drafts", True) else 0
+
+    def fetch(self, dispatched) -> list[np.ndarray]:
+        if not isinstance(dispatched, tuple):
+            return self._fetch(dispatched)
+        bucket, num_batches, num_drafts = dispatched
+        rows = np.full((3 + num_drafts, bucket.num_logits), 7, np.int32)
+        rows[1] = 1 if self.num_drafts else 0  # whether each lane's draft was accepted
+        rows[2] = num_drafts  # the count row of the drafts
+        self.runner.last_drafts = [rows[2:]] * num_batches if num_drafts else None
+        return [rows[:2]] * num_batches
 
 
 def _timed(seconds: collections.Counter, name: str, fn: Callable) -> Callable:
@@ -65,17 +80,32 @@ def _instrument(engine: Engine, seconds: collections.Counter) -> None:
     engine._agree = _timed(seconds, "agree", engine._agree)
     engine._build = _timed(seconds, "build", engine._build)
     engine._record = _timed(seconds, "record", engine._record)
-    engine.runner.dispatch, engine.runner.fetch = _StubRunner.dispatch, _StubRunner.fetch
+    drafter = engine.drafter
+    for name in ("propose", "dispatched", "observe", "release_done"):
+        setattr(drafter, name, _timed(seconds, "drafter", getattr(drafter, name)))
+    stub = _StubRunner(engine.runner, engine.runner.drafter.num_drafts)
+    engine.runner.dispatch, engine.runner.fetch = stub.dispatch, stub.fetch
 
 
-def profile_batch(model, batch: int, steps: int) -> dict:
+def profile_batch(model, batch: int, steps: int, num_drafts: int = 0) -> dict:
     """Host CPU ms per step of `steps` pure-decode steps at `batch` rows, per part."""
-    engine = make_engine(model, batch, steps + WARM_STEPS)
+    lanes = (1 + num_drafts) * (steps + WARM_STEPS)  # the most tokens a request gains
+    max_model_len = -(-(PROMPT_LEN + lanes + 64) // 256) * 256
+    speculative = SpeculativeConfig("mtp", num_drafts) if num_drafts else None
+    engine = make_engine(
+        model,
+        batch,
+        steps + WARM_STEPS,
+        max_model_len,
+        async_scheduling=speculative is not None,
+        speculative=speculative,
+    )
     engine.step()  # the prefill step, with the real runner (compiles it)
-    seconds: collections.Counter = collections.Counter()
+    seconds: collections.Counter = collections.Counter(dict.fromkeys(PARTS, 0.0))
     _instrument(engine, seconds)
-    record_of = engine_module.ScheduleRecord.of
+    record_of, verify = engine_module.ScheduleRecord.of, engine_module.verified_tokens
     engine_module.ScheduleRecord.of = _timed(seconds, "snapshot", record_of)
+    engine_module.verified_tokens = _timed(seconds, "verify", verify)
     try:
         for _ in range(WARM_STEPS - 1):
             engine.step()
@@ -85,11 +115,14 @@ def profile_batch(model, batch: int, steps: int) -> dict:
             engine.step()
         total = time.thread_time() - start
     finally:
-        engine_module.ScheduleRecord.of = record_of
+        engine_module.ScheduleRecord.of, engine_module.verified_tokens = record_of, verify
+    if len(engine.inspect.scheduler.running) != batch:
+        raise RuntimeError("a request finished while timed: the steps were not all decode steps")
     parts = {name: 1e3 * s / steps for name, s in seconds.items()}
     parts["other"] = 1e3 * total / steps - sum(parts.values())
     return dict(
         batch=batch,
+        drafts=num_drafts,
         host_cpu_ms=1e3 * total / steps,
         parts={k: round(v, 4) for k, v in parts.items()},
     )
@@ -99,11 +132,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--drafts", type=int, default=0, help="K: the MTP engine drafting K")
     args = parser.parse_args(argv)
-    model = build_model("tiny")  # the host's work does not depend on the model's size
+    # The host's work does not depend on the model's size.
+    model = build_model("tiny", mtp=args.drafts > 0)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        rows.append(profile_batch(model, batch, args.steps))
+        rows.append(profile_batch(model, batch, args.steps, args.drafts))
         parts = ", ".join(f"{k} {v:.3f}" for k, v in rows[-1]["parts"].items())
         print(f"B={batch:4d} host {rows[-1]['host_cpu_ms']:.3f} CPU ms/step: {parts}", flush=True)
     if os.environ.get("OUT"):

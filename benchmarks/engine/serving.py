@@ -10,6 +10,7 @@ import numpy as np
 from jmamba import HybridLM
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
+from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.model_runner import ModelRunner
 from runtime.device.placement import ParamSource, place_params
 from runtime.engine import Engine
@@ -27,11 +28,13 @@ def make_engine(
     runner: ModelRunner | None = None,
     tensor_parallel_size: int = 1,
     params: ParamSource = place_params,
+    speculative: SpeculativeConfig | None = None,
 ) -> Engine:
     """A warmed-up engine holding `batch` requests of PROMPT_LEN random tokens (not yet stepped),
     prefilled `budget` tokens a step (default: all prompts in one step); `runner`: another such
     engine's runner (its compiled steps); else one on `tensor_parallel_size` devices whose
-    parameters come from `params` (`RandomShards` for a model given as shapes)."""
+    parameters come from `params` (`RandomShards` for a model given as shapes); `speculative`:
+    the engine's speculative decoding (None: off)."""
     least = model.config.chunk_size + batch - 1
     budget = max(budget or batch * PROMPT_LEN, least)
     config = EngineConfig(
@@ -44,6 +47,7 @@ def make_engine(
         prefill_row_buckets=(batch,),
         async_scheduling=async_scheduling,
         tensor_parallel_size=tensor_parallel_size,
+        speculative=speculative,
     )
     engine = Engine(model, config, runner=runner or ModelRunner(model, config, params=params))
     engine.warmup()

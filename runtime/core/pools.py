@@ -41,7 +41,8 @@ class Pool:
         if not self.can_allocate(n):
             raise RuntimeError(f"{self.name} pool: {n} ids asked, {self.num_free} free")
         ids = [heapq.heappop(self._free) for _ in range(n)]
-        self.ref_counts[ids] = 1
+        for i in ids:  # a few ids a call: scalar stores beat numpy's fancy indexing
+            self.ref_counts[i] = 1
         return ids
 
     def share(self, ids: list[int]) -> None:
@@ -54,8 +55,9 @@ class Pool:
         """Drop one owner of each id; an id with no owner left returns to the free list."""
         for i in ids:
             self._check_live(i)
-            self.ref_counts[i] -= 1
-            if self.ref_counts[i] == 0:
+            count = self.ref_counts[i] - 1
+            self.ref_counts[i] = count
+            if count == 0:
                 heapq.heappush(self._free, i)
 
     def _check_live(self, i: int) -> None:

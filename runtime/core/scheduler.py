@@ -263,7 +263,9 @@ class Scheduler:
             if k == 0:
                 rows.append(self.in_flight.chained(self.slots.decode_row(request)))
                 continue
-            request.block_ids += self.slots.allocate_blocks(self._blocks_needed(request, 1 + k))
+            needed = self._blocks_needed(request, 1 + k)
+            if needed:
+                request.block_ids += self.slots.allocate_blocks(needed)
             row = self.slots.draft_row(request, self.slots.lane_slots(1 + k))
             rows.append(self.in_flight.chained(row))
             budget -= k

@@ -23,6 +23,15 @@ def stop_reason(request: Request, token: int, config: EngineConfig) -> FinishRea
 def append_tokens(request: Request, tokens: list[int], config: EngineConfig) -> FinishReason | None:
     """Append `tokens` to the request's output up to the first that stops it; returns why it
     stops (None: it goes on)."""
+    outputs, stop_ids = request.output_token_ids, request.stop_ids
+    end = len(outputs) + len(tokens)
+    if (  # none of them can stop it (the usual row): all at once
+        end < request.sampling_params.max_tokens
+        and len(request.prompt_token_ids) + end < config.max_model_len
+        and not any(token in stop_ids for token in tokens)
+    ):
+        outputs.extend(map(int, tokens))
+        return None
     for token in tokens:
         request.output_token_ids.append(int(token))
         reason = stop_reason(request, int(token), config)

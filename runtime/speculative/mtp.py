@@ -64,6 +64,8 @@ class MTPDrafter:
         """A drafting step's rows that moved on have drafts on the device for the next step;
         a step without drafts leaves its rows none (their older drafts no longer follow their
         tokens)."""
+        k, width = self.config.num_speculative_tokens, self._width
+        entries = tuple(j * width + 1 for j in range(1, 1 + k))  # draft j's, less the column
         for column, item, went in zip(
             first_logits_rows(schedule, bucket), schedule.items, moved, strict=True
         ):
@@ -72,10 +74,7 @@ class MTPDrafter:
             request = item.request
             self._moved.add((request, item.start))
             if drafted:
-                self._on_device[request] = tuple(
-                    j * self._width + column + 1
-                    for j in range(1, 1 + self.config.num_speculative_tokens)
-                )
+                self._on_device[request] = tuple(column + entry for entry in entries)
             else:
                 self._on_device.pop(request, None)
                 self._proposals.pop(request, None)
@@ -85,6 +84,7 @@ class MTPDrafter:
         holds each scheduled row's count and drafts at its first logits row; None from a step
         that did not draft. The step's drafts are on the host now: the next step (scheduled
         after this) feeds them by id. A stale row's are not kept."""
+        columns = None if drafts is None else drafts.T.tolist()  # [N][1 + K]: count, drafts
         for column, item in zip(first_logits_rows(schedule, bucket), schedule.items, strict=True):
             request = item.request
             self._on_device.pop(request, None)
@@ -92,9 +92,9 @@ class MTPDrafter:
             if key not in self._moved:
                 continue
             self._moved.remove(key)
-            count = 0 if drafts is None else int(drafts[0, column])
+            count = 0 if columns is None else columns[column][0]
             if count:
-                self._proposals[request] = drafts[1 : 1 + count, column].tolist()
+                self._proposals[request] = columns[column][1 : 1 + count]
             else:
                 self._proposals.pop(request, None)
 

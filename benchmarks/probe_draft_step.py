@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 
 import jax
 import numpy as np
@@ -110,44 +112,41 @@ def replay_ms(engine: Engine, steps: int) -> dict:
     return row
 
 
-def annotate(engine: Engine) -> None:
-    """Wrap the engine's parts in named trace annotations (instance attributes shadow methods;
-    the runner may be shared with later engines: its wrappers are taken off by `unannotate`)."""
-
-    def wrapped(name, fn):
-        def call(*args, **kwargs):
-            with jax.profiler.TraceAnnotation(f"jm:{name}"):
-                return fn(*args, **kwargs)
-
-        return call
-
-    for scheduler in engine.schedulers:
-        scheduler.schedule = wrapped("schedule", scheduler.schedule)
-    for name in ("build", "retire", "advance"):
-        setattr(engine, f"_{name}", wrapped(name, getattr(engine, f"_{name}")))
-    for name in ("dispatch", "fetch"):
-        setattr(engine.runner, name, wrapped(name, getattr(engine.runner, name)))
-
-
-def unannotate(engine: Engine) -> None:
-    for name in ("dispatch", "fetch"):
-        delattr(engine.runner, name)
-
-
-def part_times(engine: Engine, steps: int) -> dict:
-    """Untraced: ms per step in each part of `steps` engine steps (perf_counter around each;
-    parts nest: dispatch holds pack .. copy_to_host, retire holds fetch and sched_retire)."""
-    runner, totals = engine.runner, collections.Counter()
-    targets = [(s, "schedule", "schedule") for s in engine.schedulers]
-    targets += [(s, "retire", "sched_retire") for s in engine.schedulers]
-    targets += [(engine, f"_{n}", n) for n in ("build", "retire", "advance")]
-    targets += [(engine.drafter, n, "drafter") for n in ("propose", "dispatched", "observe")]
+def _parts(engine: Engine) -> tuple[list, list]:
+    """(object, attribute, part name) of each timed part of an engine step: the engine's own
+    (its schedulers', its drafter's), and those of its runner, mesh and buffers, which later
+    engines share. Parts nest: dispatch holds pack .. copy_to_host, retire holds fetch and
+    sched_retire."""
+    runner = engine.runner
+    own = [(s, "schedule", "schedule") for s in engine.schedulers]
+    own += [(s, "retire", "sched_retire") for s in engine.schedulers]
+    own += [(engine, f"_{n}", n) for n in ("build", "retire", "advance")]
+    own += [(engine.drafter, n, "drafter") for n in ("propose", "dispatched", "observe")]
     shared = [(runner, "dispatch", "dispatch"), (runner, "fetch", "fetch")]
-    pack = "_rows" if hasattr(runner, "_rows") else "_packed"  # an older runtime: `_packed`
-    shared += [(runner, pack, "pack"), (runner.mesh, "global_array", "h2d")]
+    shared += [(runner, "_rows", "pack"), (runner.mesh, "global_array", "h2d")]
     shared += [(runner.buffers, "upload", "upload"), (runner.buffers, "download", "download")]
     shared += [(runner.mesh, "start_copy_to_host", "copy_to_host")]
     shared += [(runner.mesh, "local_rows", "local_rows")]
+    return own, shared
+
+
+@contextlib.contextmanager
+def wrapped_parts(engine: Engine, wrapper: Callable[[str, Callable], Callable]) -> Iterator[None]:
+    """Each part of the engine's step (`_parts`) replaced by `wrapper(name, part)` while inside
+    (instance attributes shadow methods; frozen objects too); the shared ones taken off after."""
+    own, shared = _parts(engine)
+    for obj, attr, name in own + shared:
+        object.__setattr__(obj, attr, wrapper(name, getattr(obj, attr)))
+    try:
+        yield
+    finally:
+        for obj, attr, _ in shared:
+            object.__delattr__(obj, attr)
+
+
+def part_times(engine: Engine, steps: int) -> dict:
+    """Untraced: ms per step in each part of `steps` engine steps (perf_counter around each)."""
+    totals = collections.Counter()
 
     def timed(name, fn):
         def call(*args, **kwargs):
@@ -159,39 +158,38 @@ def part_times(engine: Engine, steps: int) -> dict:
 
         return call
 
-    for obj, attr, name in targets + shared:
-        object.__setattr__(obj, attr, timed(name, getattr(obj, attr)))  # frozen ones too
     start = time.perf_counter()
-    try:
+    with wrapped_parts(engine, timed):
         for _ in range(steps):
             engine.step()
-    finally:
-        for obj, attr, _ in shared:
-            object.__delattr__(obj, attr)
     wall = time.perf_counter() - start
     return {"wall": 1e3 * wall / steps} | {k: 1e3 * v / steps for k, v in totals.items()}
 
 
 def timeline(engine: Engine, steps: int) -> dict:
     """The mean asynchronous step from its dispatch's start (module docstring), in ms."""
-    annotate(engine)
+
+    def annotated(name, fn):
+        def call(*args, **kwargs):
+            with jax.profiler.TraceAnnotation(f"jm:{name}"):
+                return fn(*args, **kwargs)
+
+        return call
+
     trace_dir = tempfile.mkdtemp()
-    try:
-        with jax.profiler.trace(trace_dir):
-            for _ in range(steps):
-                engine.step()
-    finally:
-        unannotate(engine)
+    with wrapped_parts(engine, annotated), jax.profiler.trace(trace_dir):
+        for _ in range(steps):
+            engine.step()
     data = load_trace(trace_dir)
-    host, gpu = [], []
-    for plane in data.planes:
-        for line in plane.lines:
-            for event in line.events:
-                span = (event.start_ns, event.start_ns + event.duration_ns)
-                if plane.name.startswith("/host:") and event.name.startswith("jm:"):
-                    host.append((event.name[3:], *span))
-                elif plane.name.startswith("/device:GPU") and "tream" in line.name:
-                    gpu.append(span)
+    gpu = [(s, s + d) for line, _, s, d, _ in profile_events(data) if "tream" in line]
+    host = [
+        (event.name[3:], event.start_ns, event.start_ns + event.duration_ns)
+        for plane in data.planes
+        if plane.name.startswith("/host:")
+        for line in plane.lines
+        for event in line.events
+        if event.name.startswith("jm:")
+    ]
     if not gpu:  # no GPU: the host parts alone
         gpu = [(0, 0)]
     host.sort(key=lambda e: e[1])

@@ -13,7 +13,6 @@ the loop has no feature branches. docs/architecture.md describes the design.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import gc
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
@@ -33,7 +32,8 @@ from runtime.core.scheduler import Scheduler, no_drafts
 from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import agree_max, agree_max_int
 from runtime.device.memory import pool_memory
-from runtime.device.model_runner import DispatchedStep, ModelRunner, served_model
+from runtime.device.model_runner import ModelRunner, served_model
+from runtime.launched_step import LaunchedStep
 from runtime.observe.describe import describe_engine
 from runtime.observe.step_record import ScheduleRecord, StepRecord
 from runtime.observe.step_stats import StepStats, StepTimer
@@ -100,7 +100,7 @@ class Engine:
         self._timer = StepTimer([self.runner, self.drafter])
         self._num_launched = 0
         self._num_retired = 0  # decode tokens the current step retired (`gate.observe`)
-        self._in_flight: _Launched | None = None  # asynchronous scheduling: dispatched, unretired
+        self._in_flight: LaunchedStep | None = None  # asynchronous: dispatched, not retired
         self.tokenizer = tokenizer
         self.records: collections.deque[StepRecord] = collections.deque(
             maxlen=self.config.step_records
@@ -209,7 +209,7 @@ class Engine:
         self._record(retiring, outputs)
         return outputs
 
-    def _launch(self, drafting: bool, synchronous: bool) -> _Launched | None:
+    def _launch(self, drafting: bool, synchronous: bool) -> LaunchedStep | None:
         """Schedule every rank, agree on a bucket, draft, build and dispatch the step; None
         (nothing dispatched) when no rank of any process has work."""
         num_drafts = self.drafter.num_wanted if drafting else no_drafts
@@ -229,7 +229,8 @@ class Engine:
         dispatched = self._timer.device(dispatch, bucket, batches, carry=carry, drafts=drafting)
         self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         index, self._num_launched = self._num_launched, self._num_launched + 1
-        return _Launched(index, bucket, mode, schedules, batches, dispatched, snapshots, drafting)
+        parts = (index, bucket, mode, schedules, batches, dispatched, snapshots, drafting)
+        return LaunchedStep(*parts)
 
     def _drafts_now(self) -> bool:
         """Whether this step drafts: every process's gate is asked about the same batch size,
@@ -267,7 +268,7 @@ class Engine:
             )
         return batch
 
-    def _advance(self, step: _Launched | None) -> None:
+    def _advance(self, step: LaunchedStep | None) -> None:
         """The dispatched step's rows move on (`Scheduler.advance`): the next step can be
         scheduled before its tokens are known. Nothing to do when no step was dispatched."""
         if step is None:
@@ -277,7 +278,7 @@ class Engine:
             moved = scheduler.advance(schedule, batch.sample_rows)
             self.drafter.dispatched(schedule, step.bucket, moved, step.drafted)
 
-    def _retire(self, step: _Launched) -> list[RequestOutput]:
+    def _retire(self, step: LaunchedStep) -> list[RequestOutput]:
         """Wait for the step's tokens and hand them to the schedulers (verifying drafts,
         appending tokens, stops, prefix publication); logprobs, text and stream deltas; release
         what finished."""
@@ -320,7 +321,7 @@ class Engine:
         self.requests.remove(request.request_id)
         return self.outputs.finish(request)
 
-    def _record(self, step: _Launched | None, outputs: list[RequestOutput]) -> None:
+    def _record(self, step: LaunchedStep | None, outputs: list[RequestOutput]) -> None:
         """Keep the retired step's record (when records are kept and a step was retired)."""
         if not self.records.maxlen or step is None:
             return
@@ -394,19 +395,3 @@ class Engine:
 
     def __repr__(self) -> str:
         return describe_engine(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Launched:
-    """A dispatched step and what its retirement needs: its number, shape, sampler mode, each
-    rank's schedule and batch, the device handle, (with step records) the schedules' records,
-    and whether it drafted."""
-
-    index: int
-    bucket: Bucket
-    mode: SamplingMode
-    schedules: list[Schedule]
-    batches: list[StepBatch]
-    dispatched: DispatchedStep
-    snapshots: list[ScheduleRecord]
-    drafted: bool

@@ -57,6 +57,17 @@ def flag(name: str, value: object) -> bool:
     return bool(value)
 
 
+def sizes(name: str, value: object, *, reaching: int) -> tuple[int, ...]:
+    """A tuple or list of ints >= 1 as a sorted tuple without repeats whose largest is at least
+    `reaching` (bucket sizes); else ValueError."""
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        raise ValueError(f"{name}={value!r} must be a tuple of ints")
+    entries = tuple(sorted({integer(f"{name} entry", v, low=1) for v in value}))
+    if not entries or entries[-1] < reaching:
+        raise ValueError(f"{name}={entries} must be positive sizes reaching at least {reaching}")
+    return entries
+
+
 def token_ids(name: str, value: object, vocab_size: int | None = None) -> list[int]:
     """A flat sequence of int token ids (list, tuple or 1-D integer array) as a list of ints.
 

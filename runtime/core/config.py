@@ -381,15 +381,8 @@ class EngineConfig:
         return None
 
     def _set_buckets(self, name: str, default: tuple[int, ...], needed: int) -> None:
-        buckets = getattr(self, name)
-        if buckets is None:
-            buckets = default
-        elif isinstance(buckets, str) or not isinstance(buckets, tuple | list):
-            raise ValueError(f"{name}={buckets!r} must be a tuple of ints")
-        else:
-            buckets = tuple(sorted({checks.integer(f"{name} entry", b, low=1) for b in buckets}))
-        if not buckets or buckets[-1] < needed:
-            raise ValueError(f"{name}={buckets} must be positive sizes reaching at least {needed}")
+        given = getattr(self, name)
+        buckets = checks.sizes(name, default if given is None else given, reaching=needed)
         object.__setattr__(self, name, buckets)
 
     def _largest_step(self, budget: int) -> tuple[int, int]:

@@ -32,9 +32,9 @@ def append_tokens(request: Request, tokens: list[int], config: EngineConfig) -> 
     ):
         outputs.extend(map(int, tokens))
         return None
-    for token in tokens:
-        request.output_token_ids.append(int(token))
-        reason = stop_reason(request, int(token), config)
+    for token in map(int, tokens):
+        outputs.append(token)
+        reason = stop_reason(request, token, config)
         if reason is not None:
             return reason
     return None

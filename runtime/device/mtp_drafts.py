@@ -96,8 +96,9 @@ class MTPDrafts:
         block_size = _block_size(model, caches)
         for step in range(1, self.num_drafts):
             position = positions + step
-            alive = alive & (kv_slots_at(block_tables, position, block_size) != 0)
-            chain = _chain_inputs(drafts[-1], position, alive, block_tables, block_size, inputs)
+            kv_slots = kv_slots_at(block_tables, position, block_size)
+            alive = alive & (kv_slots != 0)
+            chain = _chain_inputs(drafts[-1], position, kv_slots, alive, block_tables, inputs)
             out, caches = model.mtp_hidden(hidden, drafts[-1], chain, caches)
             hidden = jnp.where(alive[:, None], out, hidden)
             drafts.append(_greedy(model, hidden))
@@ -177,13 +178,14 @@ def _block_size(model: HybridLM, caches: tuple[LayerCache, ...]) -> int:
 def _chain_inputs(
     token_ids: jax.Array,
     position: jax.Array,
+    kv_slots: jax.Array,
     alive: jax.Array,
     block_tables: jax.Array,
-    block_size: int,
     like: StepInputs,
 ) -> StepInputs:
     """A decode-only `StepInputs` of R rows of one lane each: row r feeds `token_ids[r]` at
-    `position[r]`, writing its KV there; rows not `alive` are padding (NULL everywhere)."""
+    `position[r]`, writing its KV to `kv_slots[r]`; rows not `alive` are padding (NULL
+    everywhere)."""
     live = alive.astype(jnp.int32)
     num_rows = token_ids.shape[0]
     zeros = jnp.zeros(num_rows, jnp.int32)
@@ -207,7 +209,7 @@ def _chain_inputs(
     return StepInputs(
         token_ids=token_ids * live,
         positions=position * live,
-        kv_slots=kv_slots_at(block_tables, position, block_size) * live,
+        kv_slots=kv_slots * live,
         decode=decode,
         prefill=prefill,
         logits_indices=jnp.arange(num_rows, dtype=jnp.int32) * live,

@@ -52,8 +52,8 @@ def _rank_step(
     `batch_invariant`: the model's products and norm statistics run in an order fixed by static
     shapes (`jmamba.layers.invariance`)."""
     inputs, sampling, sources, following = unpack(packed[0], layout)
+    token_sources, chained = (None, None) if previous is None else sources
     if previous is not None:
-        token_sources, chained = sources
         inputs, sampling = follow(inputs, sampling, token_sources, chained, previous[0], block_size)
     shard_params = [leaf[0] for leaf in param_leaves]
     model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))

@@ -1,0 +1,29 @@
+"""`LaunchedStep`: an engine step handed to the device, and what retiring it needs (the engine
+retires it in the same call, or, with asynchronous scheduling, in the next)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from runtime.core.buckets import Bucket
+from runtime.core.sampling_inputs import SamplingMode
+from runtime.core.schedule import Schedule
+from runtime.core.step_batch import StepBatch
+from runtime.device.model_runner import DispatchedStep
+from runtime.observe.step_record import ScheduleRecord
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchedStep:
+    """A dispatched step and what its retirement needs: its number, shape, sampler mode, each
+    rank's schedule and batch, the device handle, (with step records) the schedules' records,
+    and whether it drafted."""
+
+    index: int
+    bucket: Bucket
+    mode: SamplingMode
+    schedules: list[Schedule]
+    batches: list[StepBatch]
+    dispatched: DispatchedStep
+    snapshots: list[ScheduleRecord]
+    drafted: bool

@@ -1,8 +1,9 @@
 """Speculative decoding: decode tokens/s and acceptance with and without drafts at B = 1, 16, 64.
 
-The ~1B NemotronH-shaped random bench model of `bench_engine.py` (bf16 weights) serves B greedy
-requests (ignore_eos, `--max-tokens` each) whose prompts repeat a random `--phrase-len`-token
-phrase `--repeats` times (a different phrase per request), so prompt lookup can hit. Methods:
+The ~1B NemotronH-shaped random bench model of `bench_engine.py` (bf16 weights) serves greedy
+requests B at a time (ignore_eos, `--max-tokens` each) whose prompts repeat a random
+`--phrase-len`-token phrase `--repeats` times (a different phrase per request), so prompt lookup
+can hit. Methods:
 
 - `none`: no speculation (decode rows of one lane): the baseline.
 - `ngram-K`: prompt lookup (n = 2..4) with K drafts.
@@ -32,11 +33,15 @@ cuts them): acceptance on real text, and what it buys in tokens/s (none, ngram-K
 One runner per lane width (and per draft model) serves every batch size (decode row buckets
 1, 16, 64), and a short warm-up serve of the same shape compiles every variant before timing.
 The host's speed drifts between runs on a shared machine (up to 1.5x on the H100 hosts), so the
-methods of a batch size are timed in `--rounds` interleaved rounds, a fresh engine per serve:
-tokens/s = decode tokens / wall time of the decode phase (from the first step in which no request
-is waiting or prefilling and every request's first token has retired, to the end; before
-2026-11-27 an asynchronous engine's decode phase began one step early and held the wait for the
-prefill), the median over rounds, with the rounds' spread beside it (min-max / median);
+methods of a batch size are timed in `--rounds` interleaved rounds, a fresh engine per serve.
+A serve at batch size B serves max(B, `--requests`) prompts in waves of B, each wave once the
+one before has finished (at B = 1 one request at a time, as an idle server gets them: until
+2026-11-27 the B = 1 rows served one prompt, so one prompt's acceptance made the figure).
+tokens/s = decode tokens / wall time of the decode phases (in each wave, from the first step in
+which no request is waiting or prefilling and every request's first token has retired, to the
+end; before 2026-11-27 an asynchronous engine's decode phase began one step early and held the
+wait for the prefill), the median over rounds, with the rounds' spread beside it (min-max /
+median);
 acceptance = accepted / proposed drafts; accepted per step = accepted drafts
 per decode row per step (the row gains 1 + that many tokens); drafting steps = the share of
 the last serve's steps that drafted (the draft gate's choice); differ = requests of the last
@@ -178,12 +183,13 @@ def engine_config(
     )
 
 
-def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Serve every prompt to completion, timing the decode phase: from the first step after
-    every request's prefill has retired (its first token is on the host; an asynchronous engine
-    retires a step one step late, and the step that waits for the prefill is not decode time)."""
+def serve(engine: Engine, prompts: list[list[int]], max_tokens: int, first_id: int = 0) -> dict:
+    """Serve every prompt to completion (request ids from `first_id`), timing the decode phase:
+    from the first step after every request's prefill has retired (its first token is on the
+    host; an asynchronous engine retires a step one step late, and the step that waits for the
+    prefill is not decode time)."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
+    for i, prompt in enumerate(prompts, start=first_id):
         engine.add_request(prompt, params, request_id=i)
     outputs, start, before = {}, None, 0
     total = time.perf_counter()
@@ -199,6 +205,22 @@ def serve(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
     decode_tokens = len(prompts) * max_tokens - before
     return dict(
         outputs=outputs, decode_s=end - start, total_s=end - total, decode_tokens=decode_tokens
+    )
+
+
+def serve_waves(engine: Engine, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
+    """`serve` the prompts `batch` at a time, each wave after the one before has finished; the
+    waves' decode tokens and seconds summed."""
+    waves = [
+        serve(engine, prompts[i : i + batch], max_tokens, first_id=i)
+        for i in range(0, len(prompts), batch)
+    ]
+    return dict(
+        outputs={k: v for wave in waves for k, v in wave["outputs"].items()},
+        **{
+            key: sum(wave[key] for wave in waves)
+            for key in ("decode_s", "total_s", "decode_tokens")
+        },
     )
 
 
@@ -225,14 +247,15 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.batches = tuple(int(b) for b in args.batches.split(","))
+        self.num_prompts = max(*self.batches, args.requests)
         if args.size == "stdlib":
             self.model = self.mtp_model = load_model("tiny-stdlib")[0]
-            self.prompts = stdlib_prompts(max(self.batches), args.prompt_len)
+            self.prompts = stdlib_prompts(self.num_prompts, args.prompt_len)
             prompt_len = args.prompt_len
         else:
             self.model, self.mtp_model = build_model(args.size), build_model(args.size, mtp=True)
             self.prompts = workload(
-                self.model.config.vocab_size, max(self.batches), args.phrase_len, args.repeats
+                self.model.config.vocab_size, self.num_prompts, args.phrase_len, args.repeats
             )
             prompt_len = args.phrase_len * args.repeats
         max_len = prompt_len + args.max_tokens + 16
@@ -294,9 +317,11 @@ class Bench:
         serve(engine, self.prompts[:batch], min(self.args.max_tokens, 8))  # prefill, mixed
 
     def time(self, method: str, batch: int) -> tuple[dict, Engine]:
-        """One timed serve of `batch` requests by a fresh engine (the warmed runners)."""
+        """One timed serve of max(`batch`, --requests) requests in waves of `batch`, by a fresh
+        engine (the warmed runners)."""
         engine = self.engine(method)
-        return serve(engine, self.prompts[:batch], self.args.max_tokens), engine
+        prompts = self.prompts[: max(batch, self.args.requests)]
+        return serve_waves(engine, prompts, batch, self.args.max_tokens), engine
 
     def rows(self, methods: list[str], batch: int) -> list[dict]:
         """Each method at `batch`: warmed, then timed in interleaved rounds (module docstring)."""
@@ -322,7 +347,8 @@ class Bench:
         truth: dict[str, list[int]] | None,
     ) -> dict:
         """`differ`: requests of the last serve whose greedy tokens are not `none`'s (None without
-        a `none` row); fp32 must give 0, bf16 may not (lane shapes change the rounding)."""
+        a `none` row); fp32 must give 0, bf16 may not (lane shapes change the rounding). The
+        step and draft counts are the last serve's, every wave of it."""
         rates = [result["decode_tokens"] / result["decode_s"] for result, _ in served]
         median = float(np.median(rates))
         result, engine = served[-1]
@@ -359,6 +385,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--prompt-len", type=int, default=96, help="--size stdlib: prompt bytes")
     parser.add_argument("--budget", type=int, default=4096, help="token budget per step")
     parser.add_argument("--rounds", type=int, default=3, help="timed serves per method")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=16,
+        help="requests a serve at batch size B serves, in waves of B (B more when larger)",
+    )
     parser.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,

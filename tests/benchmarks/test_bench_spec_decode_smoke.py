@@ -1,5 +1,6 @@
 """benchmarks/bench_spec_decode.py on CPU with the tiny model: every kind of method runs, the
-upper-bound rows accept every draft, and the JSON lands in $OUT; `--batch-invariant` runs the
+upper-bound rows accept every draft, a serve of more requests than the batch size serves them in
+waves, and the JSON lands in $OUT; `--batch-invariant` runs the
 fixed-tile products (their reference on the CPU)."""
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
         "64",
         "--rounds",
         "1",
+        "--requests",
+        "2",  # two waves of one request each
         "--batch-invariant",
     ]
     rows = bench_spec_decode.main(argv)
@@ -37,6 +40,7 @@ def test_tiny_run_reports_every_method(monkeypatch, tmp_path):
     }
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["compile_in_timing_s"] == 0
+        assert r["decode_tokens"] == 2 * (8 - 1)  # each wave's first token is its prefill's
         if r["method"] in ("oracle-2", "self-2"):  # draft = the target's own greedy tokens
             assert r["drafted"] > 0 and r["accepted"] == r["drafted"]
     saved = json.loads((tmp_path / "bench_spec_decode.json").read_text())
@@ -51,6 +55,7 @@ def test_async_run_drafts_only_at_small_batches(monkeypatch, tmp_path):
     methods = "none,oracle-2@1,oracle-2@auto"
     argv = ["--size", "tiny", "--batches", "1,2", "--methods", methods, "--rounds", "2"]
     argv += ["--phrase-len", "8", "--repeats", "4", "--max-tokens", "8", "--budget", "64"]
+    argv += ["--requests", "1"]  # one wave at each batch size
     rows = bench_spec_decode.main([*argv, "--async-scheduling"])
     limited = {r["batch"]: r for r in rows if r["method"] == "oracle-2@1"}
     assert limited[1]["drafted"] > 0 and limited[1]["accepted"] == limited[1]["drafted"]

@@ -61,30 +61,32 @@ class MTPDrafter:
     def dispatched(
         self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
     ) -> None:
-        """A drafting step's rows that moved on have drafts on the device for the next step;
-        a step without drafts leaves its rows none (their older drafts no longer follow their
-        tokens)."""
+        """A drafting step's rows that moved on have drafts on the device for the next step. A
+        step without drafts forgets every draft at once, with no per-row work (what makes such a
+        step cost what a plain engine's does): its rows' older drafts no longer follow their
+        tokens, and a request it did not run drafts again from the next drafting step's head."""
+        if not drafted:
+            self._on_device.clear()
+            self._proposals.clear()
+            return
         k, width = self.config.num_speculative_tokens, self._width
         entries = tuple(j * width + 1 for j in range(1, 1 + k))  # draft j's, less the column
         for column, item, went in zip(
             first_logits_rows(schedule, bucket), schedule.items, moved, strict=True
         ):
-            if not went:
-                continue
-            request = item.request
-            self._moved.add((request, item.start))
-            if drafted:
-                self._on_device[request] = tuple(column + entry for entry in entries)
-            else:
-                self._on_device.pop(request, None)
-                self._proposals.pop(request, None)
+            if went:
+                self._moved.add((item.request, item.start))
+                self._on_device[item.request] = tuple(column + entry for entry in entries)
 
     def observe(self, schedule: Schedule, bucket: Bucket, drafts: np.ndarray | None) -> None:
         """One rank's retired step of `bucket`: `drafts` [1 + K, N] (`runtime.device.mtp_drafts`)
         holds each scheduled row's count and drafts at its first logits row; None from a step
-        that did not draft. The step's drafts are on the host now: the next step (scheduled
-        after this) feeds them by id. A stale row's are not kept."""
-        columns = None if drafts is None else drafts.T.tolist()  # [N][1 + K]: count, drafts
+        that did not draft, whose `dispatched` forgot every draft already. The step's drafts
+        are on the host now: the next step (scheduled after this) feeds them by id. A stale
+        row's are not kept."""
+        if drafts is None:
+            return
+        columns = drafts.T.tolist()  # [N][1 + K]: count, drafts
         for column, item in zip(first_logits_rows(schedule, bucket), schedule.items, strict=True):
             request = item.request
             self._on_device.pop(request, None)
@@ -92,7 +94,7 @@ class MTPDrafter:
             if key not in self._moved:
                 continue
             self._moved.remove(key)
-            count = 0 if columns is None else columns[column][0]
+            count = columns[column][0]
             if count:
                 self._proposals[request] = columns[column][1 : 1 + count]
             else:

@@ -167,7 +167,8 @@ def test_drafting_steps_and_larger_steps_run_as_their_drafter_allows(monkeypatch
     it drafts. Prompt lookup needs every token on the host: its drafting steps are synchronous
     (the step in flight is retired first). The MTP head's drafts come out of the step itself:
     its drafting steps stay asynchronous and take them from the step before, as the tokens.
-    Tokens equal the naive greedy loop's."""
+    After an MTP step without drafts no request has drafts to feed. Tokens equal the naive
+    greedy loop's."""
     family = "nemotron_h"
     engine = spec_engine(family, method, 2, max_batch_size=1, async_scheduling=True)
     dispatched = []
@@ -178,6 +179,17 @@ def test_drafting_steps_and_larger_steps_run_as_their_drafter_allows(monkeypatch
         return dispatch(bucket, batches, **options)
 
     monkeypatch.setattr(engine.runner, "dispatch", logged)
+    forgot = []  # after each step without drafts: whether no running request has drafts left
+    dispatched_to_drafter = engine.drafter.dispatched
+
+    def dispatched_logged(schedule, bucket, moved, drafted):
+        dispatched_to_drafter(schedule, bucket, moved, drafted)
+        if not drafted:
+            running = engine.inspect.scheduler.running
+            forgot.append(all(engine.drafter.num_wanted(r) == 0 for r in running))
+
+    if method == "mtp":  # (prompt lookup proposes from the host's tokens, whenever asked)
+        monkeypatch.setattr(engine.drafter, "dispatched", dispatched_logged)
     prompts = [[3, 4, 3, 4, 3, 4, 3], [7, 8, 9, 7, 8, 9], [5, 5, 5, 5]]
     lengths = [4, 7, 16]
     assert_serves_naive_greedy(engine, family, prompts, lengths)
@@ -186,6 +198,7 @@ def test_drafting_steps_and_larger_steps_run_as_their_drafter_allows(monkeypatch
     assert all(carry for carry, drafts, _ in dispatched if not drafts)  # plain steps: async
     assert any(width > 1 for _, drafts, width in dispatched if drafts)
     assert engine.stats.num_drafting_steps == sum(drafts for _, drafts, _ in dispatched)
+    assert method != "mtp" or (forgot and all(forgot))  # drafts that no longer follow tokens
     assert_pools_empty(engine)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import operator
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -59,6 +60,9 @@ class Bucket:
     @property
     def num_logits(self) -> int:
         return self.num_decode_rows * self.width + self.num_prefill_rows
+
+
+_num_tokens = operator.attrgetter("num_tokens")
 
 
 def lane_width(num_decode_rows: int, width: int) -> int:
@@ -110,7 +114,7 @@ class BucketPolicy:
         num_decode_rows = round_up(self.decode_rows, len(schedule.decodes))
         lanes = 1  # without speculation every decode row has one lane: no pass over them
         if len(self.widths) > 1:
-            lanes = max((item.num_tokens for item in schedule.decodes), default=1)
+            lanes = max(map(_num_tokens, schedule.decodes), default=1)  # no Python loop
         return Bucket(
             num_decode_rows=num_decode_rows,
             width=lane_width(num_decode_rows, round_up(self.widths, lanes)),

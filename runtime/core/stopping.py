@@ -14,23 +14,25 @@ def stop_reason(request: Request, token: int, config: EngineConfig) -> FinishRea
     num_outputs = len(request.output_token_ids)  # `token` included
     if token in request.stop_ids and num_outputs > params.min_tokens:
         return FinishReason.STOP
-    num_tokens = len(request.prompt_token_ids) + num_outputs  # request.num_tokens, inlined
-    if num_outputs >= params.max_tokens or num_tokens >= config.max_model_len:
+    if reaches_length(request, num_outputs, config):
         return FinishReason.LENGTH
     return None
+
+
+def reaches_length(request: Request, num_outputs: int, config: EngineConfig) -> bool:
+    """Whether `num_outputs` outputs reach the request's `max_tokens`, or with its prompt the
+    engine's `max_model_len` (the one length rule: counts alone, no token needed)."""
+    num_tokens = len(request.prompt_token_ids) + num_outputs  # request.num_tokens, inlined
+    return num_outputs >= request.sampling_params.max_tokens or num_tokens >= config.max_model_len
 
 
 def append_tokens(request: Request, tokens: list[int], config: EngineConfig) -> FinishReason | None:
     """Append `tokens` to the request's output up to the first that stops it; returns why it
     stops (None: it goes on)."""
     outputs, stop_ids = request.output_token_ids, request.stop_ids
-    end = len(outputs) + len(tokens)
-    if (  # none of them can stop it (the usual row): all at once
-        end < request.sampling_params.max_tokens
-        and len(request.prompt_token_ids) + end < config.max_model_len
-        and not any(token in stop_ids for token in tokens)
-    ):
-        outputs.extend(map(int, tokens))
+    end = len(outputs) + len(tokens)  # the counts only grow: the last token reaches length first
+    if not reaches_length(request, end, config) and not any(t in stop_ids for t in tokens):
+        outputs.extend(map(int, tokens))  # none of them can stop it (the usual row): at once
         return None
     for token in map(int, tokens):
         outputs.append(token)
@@ -43,6 +45,4 @@ def append_tokens(request: Request, tokens: list[int], config: EngineConfig) -> 
 def ends_with_pending(request: Request, config: EngineConfig) -> bool:
     """Whether the pending token reaches max_tokens or max_model_len (counts, known before the
     token itself arrives)."""
-    num_outputs = request.num_sampled
-    num_tokens = len(request.prompt_token_ids) + num_outputs
-    return num_outputs >= request.sampling_params.max_tokens or num_tokens >= config.max_model_len
+    return reaches_length(request, request.num_sampled, config)

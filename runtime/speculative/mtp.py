@@ -62,9 +62,9 @@ class MTPDrafter:
         self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
     ) -> None:
         """A drafting step's rows that moved on have drafts on the device for the next step. A
-        step without drafts forgets every draft at once, with no per-row work (what makes such a
-        step cost what a plain engine's does): its rows' older drafts no longer follow their
-        tokens, and a request it did not run drafts again from the next drafting step's head."""
+        step without drafts forgets every draft at once, with no per-row work: its rows' older
+        drafts no longer follow their tokens, and a request it did not run drafts again from
+        the next drafting step's head."""
         if not drafted:
             self._on_device.clear()
             self._proposals.clear()

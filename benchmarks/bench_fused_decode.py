@@ -9,9 +9,10 @@ place, B = 1, 16, 64, 256.
 
 Each timing is one jitted, unrolled loop of many calls (`bench_mamba2_kernels.time_loop`), rotating
 state slots so the state comes from DRAM. Roofline: the pools' bytes read + written (recurrent
-state and conv windows) at 2.9 TB/s (read + write, measured by bench_gdn_kernels on the H100;
-RESULTS.md). Also reported per batch: fused vs the jnp reference and vs the unfused kernels, and
-the kernels each path launches (non-trivial instructions of the compiled entry computation).
+state and conv windows) at the copy bandwidth measured at the start of the run
+(`bench_mamba2_kernels.copy_bandwidth`, read + write). Also reported per batch: fused vs the
+jnp reference and vs the unfused kernels, and the kernels each path launches (non-trivial
+instructions of the compiled entry computation).
 
     PYTHONPATH=. python benchmarks/bench_fused_decode.py [mamba2,gdn]
     (writes $OUT/fused_decode.json)
@@ -32,7 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.bench_mamba2_kernels import log, rel_err, time_loop  # noqa: E402
+from benchmarks.bench_mamba2_kernels import copy_bandwidth, log, rel_err, time_loop  # noqa: E402
 from pallas_kernels.conv import update as conv  # noqa: E402
 from pallas_kernels.gdn import decode as gdnd  # noqa: E402
 from pallas_kernels.gdn import reference as gdn_ref  # noqa: E402
@@ -42,7 +43,6 @@ from pallas_kernels.ssd import reference as ssd_ref  # noqa: E402
 from pallas_kernels.ssd import state_update as ssu  # noqa: E402
 
 BF, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
-ROOF_TB_S = 2.9
 W = 4
 OUT = os.environ.get("OUT", ".")
 
@@ -201,7 +201,9 @@ def count_kernels(fn, *args) -> int:
     return sum(not any(t in line for t in trivial) for line in ops)
 
 
-def bench_batch(layer: Layer, rng, batch: int) -> dict:
+def bench_batch(layer: Layer, rng, batch: int, roof_tb_s: float) -> dict:
+    """One batch size: errors, kernel counts, and the fused and unfused paths' best times and
+    % of the `roof_tb_s` roofline."""
     f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
     mixed = f(batch, 1, layer.columns)
     mixed[..., -layer.gate_columns :] -= 2.0
@@ -264,8 +266,8 @@ def bench_batch(layer: Layer, rng, batch: int) -> dict:
         ours_us=ours,
         unfused_us=old_us,
         ratio=old_us / ours,
-        pct_roofline=100.0 * nbytes / (ours * 1e-6) / (ROOF_TB_S * 1e12),
-        unfused_pct_roofline=100.0 * nbytes / (old_us * 1e-6) / (ROOF_TB_S * 1e12),
+        pct_roofline=100.0 * nbytes / (ours * 1e-6) / (roof_tb_s * 1e12),
+        unfused_pct_roofline=100.0 * nbytes / (old_us * 1e-6) / (roof_tb_s * 1e12),
         config=times["fused"][1],
         unfused_config=times["unfused"][1],
         kernels=kernels,
@@ -276,11 +278,13 @@ def bench_batch(layer: Layer, rng, batch: int) -> dict:
 def main(argv: list[str]) -> None:
     names = argv[0].split(",") if argv else list(LAYERS)
     log("devices", jax.devices())
+    roof_tb_s = copy_bandwidth()
+    log(f"copy bandwidth (read + write) {roof_tb_s:.2f} TB/s")
     rng = np.random.default_rng(0)
     results = []
     for name in names:
         for batch in (1, 16, 64, 256):
-            row = bench_batch(LAYERS[name], rng, batch)
+            row = bench_batch(LAYERS[name], rng, batch, roof_tb_s)
             log("RESULT", json.dumps(row, default=str))
             results.append(row)
             with open(os.path.join(OUT, "fused_decode.json"), "w") as fh:

@@ -9,7 +9,8 @@ The prefill kernel (`gdn_chunk`) is checked by `gpu_checks.py` and timed beside 
 `bench_prefill.py`; this file's prefill parts were removed when their loop was found to run the
 intra kernel once per loop instead of once per call.
 JAX timings: jitted, warm, median of many; decode runs many calls inside one jitted fori_loop,
-cycling through state pools larger than L2 (FLA's do_bench flushes L2 before each rep).
+cycling through state pools larger than L2, the host's round trip of a timing cancelled
+(`bench_mamba2_kernels.device_seconds`) (FLA's do_bench flushes L2 before each rep).
 FLA timings: triton.testing.do_bench (CUDA graph where capture works), and at B >= 64 also an
 eager loop over four state tensors, timed as the JAX part times ours.
 """
@@ -37,6 +38,7 @@ def jax_part(out_path: str) -> None:
     import jax.numpy as jnp
     import numpy as np
 
+    from benchmarks.bench_mamba2_kernels import copy_bandwidth, device_seconds
     from pallas_kernels.gdn.reference import gdn_state_update_reference
     from pallas_kernels.gdn.state_update import gdn_state_update
 
@@ -47,23 +49,7 @@ def jax_part(out_path: str) -> None:
     def rnd(*s, dtype=bf):
         return jnp.asarray(rng.standard_normal(s, np.float32)).astype(dtype)
 
-    def median_time(f, *args, reps=30, carry=None):
-        out = f(*args)
-        jax.block_until_ready(out)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            out = f(*args)
-            jax.block_until_ready(out)
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
-
-    # copy bandwidth (read + write)
-    x = jnp.ones((256 * 1024 * 1024,), jnp.float32)
-    cp = jax.jit(lambda x: x + 1.0)
-    t = median_time(cp, x, reps=20)
-    res["copy_TBps"] = 2 * x.size * 4 / t / 1e12
-    del x
+    res["copy_TBps"] = copy_bandwidth()  # read + write
     print(f"copy bandwidth {res['copy_TBps']:.2f} TB/s", flush=True)
 
     def rms_ratio(a, b):
@@ -114,15 +100,12 @@ def jax_part(out_path: str) -> None:
             return jax.lax.fori_loop(0, n, body, pools)
 
         f = jax.jit(loop, donate_argnums=0)
-        pools = f(pools)
-        jax.block_until_ready(pools)
-        ts = []
-        for _ in range(10):
-            t0 = time.perf_counter()
-            pools = f(pools)
-            jax.block_until_ready(pools)
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts)) / (n * NL)
+        held = [jax.block_until_ready(f(pools))]
+
+        def run() -> None:
+            held[0] = f(held[0])
+
+        return device_seconds(run, jax.block_until_ready, lambda: held[0], reps=5) / (n * NL)
 
     sweep = [dict(block_v=bv, num_warps=nw) for bv in (8, 16, 32, 64, 128) for nw in (1, 2, 4, 8)]
     for B in DECODE_B:

@@ -9,9 +9,10 @@ without the package __init__, which needs the CUDA extension) and FLA (fla-core 
 256; conv D = 8192, W = 4.
 
 JAX side: jitted calls after a warm-up, median of many; each timed call runs `inner` kernel calls in
-one lax.fori_loop (so JAX's ~40 us dispatch is amortised) and rotates state slots so the state
-comes from DRAM, not L2. Anchors: triton.testing.do_bench medians (L2 flushed between reps), decode
-kernels replayed from a CUDA graph.
+one unrolled loop (so JAX's ~40 us dispatch is amortised) and rotates state slots so the state
+comes from DRAM, not L2; the host's round trip of a timing cancels (`device_seconds`). Anchors:
+triton.testing.do_bench medians (L2 flushed between reps), decode kernels replayed from a CUDA
+graph.
 """
 
 from __future__ import annotations
@@ -82,40 +83,55 @@ def input_sets(arrays: tuple[jax.Array, ...], count: int) -> list[tuple[jax.Arra
 def time_loop(step, pool, inner: int, reps: int = 15, inputs=()) -> float:
     """Median microseconds per call of `step(i, pool, inputs) -> (y, pool)`.
 
-    One jitted, fully unrolled loop of `inner` calls per timing (an XLA while loop would add a
+    One jitted, fully unrolled loop of `inner` calls (an XLA while loop would add a
     device-to-host predicate sync per call); `step` gets its call's index as a Python int and
     `inputs` as arguments of the loop (see `input_sets`). A scalar of every y is summed into the
-    carry so no kernel can be dead-code eliminated.
+    carry so no kernel can be dead-code eliminated. Each timing is `device_seconds` of the loop.
     """
     loop = jax.jit(functools.partial(unrolled, step, inner), donate_argnums=0)
-    carry = jax.block_until_ready(loop((pool, jnp.zeros((), F32)), inputs))
-    times = []
-    for _ in range(reps):
+    carry = [jax.block_until_ready(loop((pool, jnp.zeros((), F32)), inputs))]
+
+    def run() -> None:
+        carry[0] = loop(carry[0], inputs)
+
+    return device_seconds(run, jax.block_until_ready, lambda: carry[0], reps) / inner * 1e6
+
+
+def device_seconds(run, wait, result, reps: int, chain: int = 5) -> float:
+    """Median seconds of one `run()` on the device, host round trip excluded.
+
+    A timing that dispatches one call and waits for it also pays the host's side of the round
+    trip: a traced H200 run showed 0.55-0.64 ms of idle GPU between one timed loop's last kernel
+    and the next loop's first, a fifth of a loop of eight 0.28 ms kernels (RESULTS.md, "Timing
+    harness"). So each timing runs `chain` calls back to back (each dispatched while the one
+    before runs) and once alone, and takes the difference over `chain - 1`: the round trip
+    cancels. `wait(result())` blocks until the last call is done.
+    """
+
+    def timed(calls: int) -> float:
         t0 = time.perf_counter()
-        carry = jax.block_until_ready(loop(carry, inputs))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / inner * 1e6
+        for _ in range(calls):
+            run()
+        wait(result())
+        return time.perf_counter() - t0
+
+    return statistics.median((timed(chain) - timed(1)) / (chain - 1) for _ in range(reps))
 
 
 def copy_bandwidth() -> float:
-    """Read + write TB/s of a jitted `a + 1` over 1 GiB of fp32 (median of 20 timings).
-
-    Each timing dispatches 10 calls back to back and blocks once, so the ~40 us dispatch overlaps
-    the previous call's ~0.7 ms of device time. (Run 2 fused 20 unrolled multiplies into one pass
-    and reported 47.9 TB/s; separate jitted calls cannot be fused.)
-    """
+    """Read + write TB/s of a jitted `a + 1` over 1 GiB of fp32, the host's round trip excluded
+    (`device_seconds`). (Run 2 fused 20 unrolled multiplies into one pass and reported 47.9 TB/s;
+    separate jitted calls cannot be fused.)"""
     add = jax.jit(lambda a: a + 1.0, donate_argnums=0)
-    x = jax.block_until_ready(add(jnp.ones((256 * 1024 * 1024,), F32)))
-    nbytes = 2 * x.nbytes
-    times = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        for _ in range(10):
-            x = add(x)
-        x = jax.block_until_ready(x)
-        times.append((time.perf_counter() - t0) / 10)
-    del x
-    return nbytes / statistics.median(times) / 1e12
+    x = [jax.block_until_ready(add(jnp.ones((256 * 1024 * 1024,), F32)))]
+    nbytes = 2 * x[0].nbytes
+
+    def run() -> None:
+        x[0] = add(x[0])
+
+    seconds = device_seconds(run, jax.block_until_ready, lambda: x[0], reps=20, chain=10)
+    x.clear()  # the 1 GiB buffer
+    return nbytes / seconds / 1e12
 
 
 def pct_roofline(nbytes: float, us: float) -> float:

@@ -52,19 +52,20 @@ OLD = {
 CONFIGS = (dict(block_p=32, num_warps=4), dict(block_p=16, num_warps=4))
 
 
-def run(modules: dict, layer: fd.Layer, batch: int) -> dict:
+def run(modules: dict, layer: fd.Layer, batch: int, roof_tb_s: float) -> dict:
     for name, module in modules.items():
         setattr(fd, name, module)
-    return fd.bench_batch(layer, np.random.default_rng(batch), batch)
+    return fd.bench_batch(layer, np.random.default_rng(batch), batch, roof_tb_s)
 
 
 def main(argv: list[str]) -> None:
     names = argv[0].split(",") if argv else list(fd.LAYERS)
+    roof_tb_s = fd.copy_bandwidth()
     rows = []
     for name in names:
         layer = dataclasses.replace(fd.LAYERS[name], configs=CONFIGS)
         for batch in (1, 16, 64, 256):
-            old1, new, old2 = (run(m, layer, batch) for m in (OLD, NEW, OLD))
+            old1, new, old2 = (run(m, layer, batch, roof_tb_s) for m in (OLD, NEW, OLD))
             row = dict(op=layer.name, batch=batch)
             for path, key in (("fused", "ours_us"), ("unfused", "unfused_us")):
                 old_us = (old1[key] + old2[key]) / 2

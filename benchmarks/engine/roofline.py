@@ -3,29 +3,28 @@ a step must move (weights it reads, recurrent states read and written, KV read).
 
 from __future__ import annotations
 
-import time
-
 import jax
 from flax import nnx
 
+from benchmarks.bench_mamba2_kernels import device_seconds
 from jmamba import HybridLM
 from runtime.engine import Engine
 
 
 def measure_bandwidth(num_bytes: int = 1 << 30, repeats: int = 20) -> float:
-    """Bytes/s of device memory: `repeats` calls of one jitted bf16 negation over a donated
-    `num_bytes` buffer (each reads and writes every byte in place), queued back to back and synced
-    once, so dispatch hides behind the ~0.7 ms passes. The pass negates: the earlier probes
-    scaled by 1.0001, which is 1.0 in bf16, so XLA removed the pass (41 and 34 TB/s)."""
+    """Bytes/s of device memory: one jitted bf16 negation over a donated `num_bytes` buffer
+    (each pass reads and writes every byte in place), the host's round trip excluded
+    (`bench_mamba2_kernels.device_seconds`, `repeats` timings). The pass negates: the earlier
+    probes scaled by 1.0001, which is 1.0 in bf16, so XLA removed the pass (41 and 34 TB/s)."""
     donate = (0,) if jax.default_backend() == "gpu" else ()  # CPU cannot donate (it warns)
     scale = jax.jit(jax.numpy.negative, donate_argnums=donate)
-    x = scale(jax.numpy.ones(num_bytes // 2, jax.numpy.bfloat16))
-    x.block_until_ready()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        x = scale(x)
-    x.block_until_ready()
-    return 2 * num_bytes * repeats / (time.perf_counter() - start)
+    x = [scale(jax.numpy.ones(num_bytes // 2, jax.numpy.bfloat16)).block_until_ready()]
+
+    def run() -> None:
+        x[0] = scale(x[0])
+
+    seconds = device_seconds(run, jax.block_until_ready, lambda: x[0], reps=repeats, chain=10)
+    return 2 * num_bytes / seconds
 
 
 def weight_bytes(model: HybridLM, batch: int) -> int:

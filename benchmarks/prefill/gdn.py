@@ -30,7 +30,7 @@ GDN_CONFIGS = [
     dict(intra_num_warps=2),
     dict(split_intra=True),
     dict(solve_block=32),
-    dict(block_v=64),
+    dict(block_v=32),
 ]
 
 

@@ -44,9 +44,13 @@ class ChunkTuning:
     chain (stages None = `chain_stages`: up to 3, fewer where the per-chunk tiles would overflow
     shared memory); `intra_num_warps` of kernel 1; `precision` of fp32 dots on the GPU (None =
     HIGHEST for fp32 tiles; interpret mode always uses HIGHEST).
+
+    `block_v` 64 (H200, 2026-11-27, RESULTS.md "Timing harness"): 871 us at 8 x 2048 tokens
+    against 1333 at 32 (FLA 958), 584 against 569 at 1 x 8192 (FLA 530). V columns are
+    independent, so the choice does not change the outputs.
     """
 
-    block_v: int = 32
+    block_v: int = 64
     solve_block: int = 16
     inter_dtype: Any = None
     solve_dtype: Any = None

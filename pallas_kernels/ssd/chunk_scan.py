@@ -91,9 +91,9 @@ def ssd_chunk_scan(
     fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the
     choice must never depend on the batch (docs/architecture.md 5.8: a request's output may not
     depend on how many prefills share its step); it comes from the model's config
-    (`Mamba2Config.scan_algorithm`). Sequential is the models' default: on the H100 (RESULTS.md,
-    "Prefill timings corrected") it takes 1027 us at 8 rows x 2048 tokens against the parallel
-    kernels' 1492, and 973 against 777 us at 1 x 8192 (changing a model's algorithm changes its
+    (`Mamba2Config.scan_algorithm`). Sequential is the models' default: on the H200 (RESULTS.md,
+    "Timing harness") it takes 946 us at 8 rows x 2048 tokens against the parallel kernels'
+    1216, and 902 against 623 us at 1 x 8192 (changing a model's algorithm changes its
     rounding: check its fixtures on the GPU first).
     Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
     """

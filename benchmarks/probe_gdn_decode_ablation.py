@@ -27,14 +27,13 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from benchmarks.bench_mamba2_kernels import device_seconds
+from benchmarks.probe_gdn_decode_ncu import CALLS, HK, HV, D, decode_inputs
 from pallas_kernels._common import live_slot, safe_slot
 
-HK, HV, D = 16, 32, 128
-CALLS = 3
 FEATURES = ("pid_slot", "no_gates", "no_l2norm", "no_masks", "no_barrier", "qk_rows")
 
 
@@ -102,19 +101,9 @@ def update(q, k, v, a, b, a_log, dt_bias, state, read, *, bv: int, warps: int, o
 
 
 def main(batch: int, bv: int, warps: int, off: frozenset) -> None:
-    rng = np.random.default_rng(0)
-
-    def rnd(*shape, dtype=jnp.bfloat16):
-        return jnp.asarray(rng.standard_normal(shape, np.float32)).astype(dtype)
-
-    q, k = rnd(batch, 1, HK, D), rnd(batch, 1, HK, D)
-    v = rnd(batch, 1, HV, D)
-    a, b = rnd(batch, 1, HV), rnd(batch, 1, HV)
-    a_log, dt_bias = rnd(HV, dtype=jnp.float32), rnd(HV, dtype=jnp.float32)
-    state = rnd(batch + 1, HV, D, D, dtype=jnp.float32) * 0.1
-    read = jnp.arange(1, batch + 1, dtype=jnp.int32)
+    *ins, state, read = decode_inputs(batch)
     call = functools.partial(update, bv=bv, warps=warps, off=off)
-    step = jax.jit(lambda s: call(q, k, v, a, b, a_log, dt_bias, s, read), donate_argnums=0)
+    step = jax.jit(lambda s: call(*ins, s, read), donate_argnums=0)
     for _ in range(CALLS):
         out, state = step(state)
     jax.block_until_ready(state)
@@ -123,33 +112,25 @@ def main(batch: int, bv: int, warps: int, off: frozenset) -> None:
 
 def _time(kernel, batch: int) -> float:
     """Microseconds per call in `bench_gdn_kernels.py`'s decode loop: calls rotating over state
-    pools larger than L2, in one jitted fori_loop, median of 10 loops."""
-    import statistics
-    import time
-
-    rng = np.random.default_rng(1)
-    q, k = (jnp.asarray(rng.standard_normal((batch, 1, HK, D)), jnp.bfloat16) for _ in "qk")
-    v = jnp.asarray(rng.standard_normal((batch, 1, HV, D)), jnp.bfloat16)
-    a, b = (jnp.asarray(rng.standard_normal((batch, 1, HV)), jnp.bfloat16) for _ in "ab")
-    a_log = jnp.asarray(rng.uniform(0, 2, HV), jnp.float32)
-    dt_bias = jnp.asarray(rng.standard_normal(HV), jnp.float32)
-    read = jnp.arange(1, batch + 1, dtype=jnp.int32)
+    pools larger than L2 in one jitted fori_loop, the host's round trip cancelled (call 5 of
+    RESULTS.md's "Timing harness" section ran this before it was: one loop per timing)."""
+    *ins, _, read = decode_inputs(batch)
     pool_bytes = (batch + 1) * HV * D * D * 4
     num_pools = max(2, -(-(64 << 20) // pool_bytes))
     pools = tuple(jnp.zeros((batch + 1, HV, D, D), jnp.float32) for _ in range(num_pools))
     n = max(4, 2048 // (batch * num_pools))
 
     def body(i, pools):
-        return tuple(kernel(q, k, v, a, b, a_log, dt_bias, p, read)[1] for p in pools)
+        return tuple(kernel(*ins, p, read)[1] for p in pools)
 
     loop = jax.jit(lambda pools: jax.lax.fori_loop(0, n, body, pools), donate_argnums=0)
-    pools = jax.block_until_ready(loop(pools))
-    times = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        pools = jax.block_until_ready(loop(pools))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / (n * num_pools) * 1e6
+    held = [jax.block_until_ready(loop(pools))]
+
+    def run() -> None:
+        held[0] = loop(held[0])
+
+    seconds = device_seconds(run, jax.block_until_ready, lambda: held[0], reps=10)
+    return seconds / (n * num_pools) * 1e6
 
 
 def time_variants() -> None:

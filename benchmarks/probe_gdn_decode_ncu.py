@@ -20,14 +20,11 @@ HK, HV, D = 16, 32, 128
 CALLS = 3
 
 
-def ours(batch: int, block_v: int, num_warps: int) -> None:
-    import functools
-
-    import jax
+def decode_inputs(batch: int) -> tuple:
+    """(q, k, v, a, b, A_log, dt_bias, state, read_slots): B rows of one lane, bf16 activations,
+    an fp32 state pool of B + 1 slots, row b reading slot b + 1."""
     import jax.numpy as jnp
     import numpy as np
-
-    from pallas_kernels.gdn.state_update import gdn_state_update
 
     rng = np.random.default_rng(0)
 
@@ -40,11 +37,19 @@ def ours(batch: int, block_v: int, num_warps: int) -> None:
     a_log, dt_bias = rnd(HV, dtype=jnp.float32), rnd(HV, dtype=jnp.float32)
     state = rnd(batch + 1, HV, D, D, dtype=jnp.float32) * 0.1
     read = jnp.arange(1, batch + 1, dtype=jnp.int32)
-    write = read[:, None]
+    return q, k, v, a, b, a_log, dt_bias, state, read
+
+
+def ours(batch: int, block_v: int, num_warps: int) -> None:
+    import functools
+
+    import jax
+
+    from pallas_kernels.gdn.state_update import gdn_state_update
+
+    *ins, state, read = decode_inputs(batch)
     kernel = functools.partial(gdn_state_update, block_v=block_v, num_warps=num_warps)
-    step = jax.jit(
-        lambda s: kernel(q, k, v, a, b, a_log, dt_bias, s, read, write), donate_argnums=0
-    )
+    step = jax.jit(lambda s: kernel(*ins, s, read, read[:, None]), donate_argnums=0)
     for _ in range(CALLS):
         out, state = step(state)
     jax.block_until_ready(state)

@@ -43,16 +43,9 @@ RUN_CACHES = Path(__file__).parents[1] / ".jax_cache" / "test-runs"
 
 
 def _use_compile_cache(path: str) -> None:
-    """This process and every process it starts (the README's commands, servers, notebook
-    kernels: JAX reads these variables when it is imported) use the cache at `path`."""
-    settings = {
-        "jax_compilation_cache_dir": path,
-        "jax_persistent_cache_min_compile_time_secs": 0,
-        "jax_persistent_cache_min_entry_size_bytes": 0,
-    }
-    for name, value in settings.items():
-        jax.config.update(name, value)
-        os.environ[name.upper()] = str(value)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _cache_dir() -> str | None:

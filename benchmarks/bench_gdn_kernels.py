@@ -10,7 +10,7 @@ The prefill kernel (`gdn_chunk`) is checked by `gpu_checks.py` and timed beside 
 intra kernel once per loop instead of once per call.
 JAX timings: jitted, warm, median of many; decode runs many calls inside one jitted fori_loop,
 cycling through state pools larger than L2, the host's round trip of a timing cancelled
-(`bench_mamba2_kernels.device_seconds`) (FLA's do_bench flushes L2 before each rep).
+(`decode_loop_seconds`); FLA's do_bench flushes L2 before each rep.
 FLA timings: triton.testing.do_bench (CUDA graph where capture works), and at B >= 64 also an
 eager loop over four state tensors, timed as the JAX part times ours.
 """
@@ -24,10 +24,34 @@ import time
 
 HK, HV, D = 16, 32, 128
 DECODE_B = (1, 16, 64, 256)
+# FLA's decode as the anchor runs it: the final state written, l2norm in the kernel, V-first.
+FLA_DECODE_OPTIONS = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True)
 
 
 def state_bytes(n: int) -> int:
     return 2 * n * HV * D * D * 4  # read + write, fp32
+
+
+def decode_loop_seconds(update, batch: int, reps: int = 5) -> float:
+    """Seconds per call of `update(pool) -> pool` (a decode update of `batch` rows over a state
+    pool of `batch` + 1 slots), timed as this file times ours: many calls in one jitted
+    fori_loop, rotating over pools whose sum passes L2, the host's round trip cancelled
+    (`bench_mamba2_kernels.device_seconds`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.bench_mamba2_kernels import device_seconds
+
+    pool_bytes = (batch + 1) * HV * D * D * 4
+    num_pools = max(2, -(-(64 << 20) // pool_bytes))  # > 50 MB L2
+    pools = tuple(jnp.zeros((batch + 1, HV, D, D), jnp.float32) for _ in range(num_pools))
+    n = max(4, 2048 // (batch * num_pools))
+
+    def body(i, pools):
+        return tuple(update(p) for p in pools)
+
+    loop = jax.jit(lambda pools: jax.lax.fori_loop(0, n, body, pools), donate_argnums=0)
+    return device_seconds(loop, pools, reps) / (n * num_pools)
 
 
 # ----------------------------------------------------------------------------------------- JAX
@@ -38,7 +62,7 @@ def jax_part(out_path: str) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from benchmarks.bench_mamba2_kernels import copy_bandwidth, device_seconds
+    from benchmarks.bench_mamba2_kernels import copy_bandwidth
     from pallas_kernels.gdn.reference import gdn_state_update_reference
     from pallas_kernels.gdn.state_update import gdn_state_update
 
@@ -87,25 +111,8 @@ def jax_part(out_path: str) -> None:
 
     def time_decode(B, **knobs):
         ins, rs, ws = decode_inputs(B)
-        pool_bytes = (B + 1) * HV * D * D * 4
-        NL = max(2, -(-(64 << 20) // pool_bytes))  # > 50 MB L2
-        pools = tuple(jnp.zeros((B + 1, HV, D, D), jnp.float32) for _ in range(NL))
-        n = max(4, 2048 // (B * NL))
         kern = functools.partial(gdn_state_update, **knobs)
-
-        def loop(pools):
-            def body(i, pools):
-                return tuple(kern(*ins, p, rs, ws)[1] for p in pools)
-
-            return jax.lax.fori_loop(0, n, body, pools)
-
-        f = jax.jit(loop, donate_argnums=0)
-        held = [jax.block_until_ready(f(pools))]
-
-        def run() -> None:
-            held[0] = f(held[0])
-
-        return device_seconds(run, jax.block_until_ready, lambda: held[0], reps=5) / (n * NL)
+        return decode_loop_seconds(lambda pool: kern(*ins, pool, rs, ws)[1], B)
 
     sweep = [dict(block_v=bv, num_warps=nw) for bv in (8, 16, 32, 64, 128) for nw in (1, 2, 4, 8)]
     for B in DECODE_B:
@@ -194,9 +201,7 @@ def fla_part(out_path: str) -> None:
             g=g,
             beta=beta,
             initial_state=h0,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            state_v_first=True,
+            **FLA_DECODE_OPTIONS,
         )
 
         ms, how = graph_bench(fn)

@@ -83,36 +83,35 @@ def input_sets(arrays: tuple[jax.Array, ...], count: int) -> list[tuple[jax.Arra
 def time_loop(step, pool, inner: int, reps: int = 15, inputs=()) -> float:
     """Median microseconds per call of `step(i, pool, inputs) -> (y, pool)`.
 
-    One jitted, fully unrolled loop of `inner` calls (an XLA while loop would add a
-    device-to-host predicate sync per call); `step` gets its call's index as a Python int and
-    `inputs` as arguments of the loop (see `input_sets`). A scalar of every y is summed into the
-    carry so no kernel can be dead-code eliminated. Each timing is `device_seconds` of the loop.
+    One jitted, fully unrolled loop of `inner` calls; `step` gets its call's index as a Python
+    int and `inputs` as arguments of the loop (see `input_sets`). A scalar of every y is summed
+    into the carry so no kernel can be dead-code eliminated. Each timing is `device_seconds` of
+    the loop.
     """
     loop = jax.jit(functools.partial(unrolled, step, inner), donate_argnums=0)
-    carry = [jax.block_until_ready(loop((pool, jnp.zeros((), F32)), inputs))]
-
-    def run() -> None:
-        carry[0] = loop(carry[0], inputs)
-
-    return device_seconds(run, jax.block_until_ready, lambda: carry[0], reps) / inner * 1e6
+    carry = (pool, jnp.zeros((), F32))
+    return device_seconds(lambda c: loop(c, inputs), carry, reps) / inner * 1e6
 
 
-def device_seconds(run, wait, result, reps: int, chain: int = 5) -> float:
-    """Median seconds of one `run()` on the device, host round trip excluded.
+def device_seconds(step, state, reps: int, chain: int = 5) -> float:
+    """Median seconds of one `state = step(state)` on the device, host round trip excluded (one
+    untimed call first compiles and warms it).
 
     A timing that dispatches one call and waits for it also pays the host's side of the round
     trip: a traced H200 run showed 0.55-0.64 ms of idle GPU between one timed loop's last kernel
     and the next loop's first, a fifth of a loop of eight 0.28 ms kernels (RESULTS.md, "Timing
     harness"). So each timing runs `chain` calls back to back (each dispatched while the one
     before runs) and once alone, and takes the difference over `chain - 1`: the round trip
-    cancels. `wait(result())` blocks until the last call is done.
+    cancels.
     """
+    state = jax.block_until_ready(step(state))
 
     def timed(calls: int) -> float:
+        nonlocal state
         t0 = time.perf_counter()
         for _ in range(calls):
-            run()
-        wait(result())
+            state = step(state)
+        jax.block_until_ready(state)
         return time.perf_counter() - t0
 
     return statistics.median((timed(chain) - timed(1)) / (chain - 1) for _ in range(reps))
@@ -123,15 +122,9 @@ def copy_bandwidth() -> float:
     (`device_seconds`). (Run 2 fused 20 unrolled multiplies into one pass and reported 47.9 TB/s;
     separate jitted calls cannot be fused.)"""
     add = jax.jit(lambda a: a + 1.0, donate_argnums=0)
-    x = [jax.block_until_ready(add(jnp.ones((256 * 1024 * 1024,), F32)))]
-    nbytes = 2 * x[0].nbytes
-
-    def run() -> None:
-        x[0] = add(x[0])
-
-    seconds = device_seconds(run, jax.block_until_ready, lambda: x[0], reps=20, chain=10)
-    x.clear()  # the 1 GiB buffer
-    return nbytes / seconds / 1e12
+    x = jnp.ones((256 * 1024 * 1024,), F32)
+    nbytes = 2 * x.nbytes
+    return nbytes / device_seconds(add, x, reps=20, chain=10) / 1e12
 
 
 def pct_roofline(nbytes: float, us: float) -> float:

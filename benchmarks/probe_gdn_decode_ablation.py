@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from benchmarks.bench_mamba2_kernels import device_seconds
-from benchmarks.probe_gdn_decode_ncu import CALLS, HK, HV, D, decode_inputs
+from benchmarks.bench_gdn_kernels import HK, HV, D, decode_loop_seconds
+from benchmarks.probe_gdn_decode_ncu import CALLS, decode_inputs
 from pallas_kernels._common import live_slot, safe_slot
 
 FEATURES = ("pid_slot", "no_gates", "no_l2norm", "no_masks", "no_barrier", "qk_rows")
@@ -111,26 +111,10 @@ def main(batch: int, bv: int, warps: int, off: frozenset) -> None:
 
 
 def _time(kernel, batch: int) -> float:
-    """Microseconds per call in `bench_gdn_kernels.py`'s decode loop: calls rotating over state
-    pools larger than L2 in one jitted fori_loop, the host's round trip cancelled (call 5 of
-    RESULTS.md's "Timing harness" section ran this before it was: one loop per timing)."""
+    """Microseconds per call in `bench_gdn_kernels.py`'s decode loop (call 5 of RESULTS.md's
+    "Timing harness" section ran it before the host's round trip was cancelled)."""
     *ins, _, read = decode_inputs(batch)
-    pool_bytes = (batch + 1) * HV * D * D * 4
-    num_pools = max(2, -(-(64 << 20) // pool_bytes))
-    pools = tuple(jnp.zeros((batch + 1, HV, D, D), jnp.float32) for _ in range(num_pools))
-    n = max(4, 2048 // (batch * num_pools))
-
-    def body(i, pools):
-        return tuple(kernel(*ins, p, read)[1] for p in pools)
-
-    loop = jax.jit(lambda pools: jax.lax.fori_loop(0, n, body, pools), donate_argnums=0)
-    held = [jax.block_until_ready(loop(pools))]
-
-    def run() -> None:
-        held[0] = loop(held[0])
-
-    seconds = device_seconds(run, jax.block_until_ready, lambda: held[0], reps=10)
-    return seconds / (n * num_pools) * 1e6
+    return decode_loop_seconds(lambda pool: kernel(*ins, pool, read)[1], batch) * 1e6
 
 
 def time_variants() -> None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import sys
 
-HK, HV, D = 16, 32, 128
+from benchmarks.bench_gdn_kernels import FLA_DECODE_OPTIONS, HK, HV, D
+
 CALLS = 3
 
 
@@ -76,9 +77,7 @@ def fla(batch: int) -> None:
             g=g,
             beta=beta,
             initial_state=h0,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-            state_v_first=True,
+            **FLA_DECODE_OPTIONS,
         )
     torch.cuda.synchronize()
     print(f"fla B={batch}: {float(o.float().sum()):.4f}")

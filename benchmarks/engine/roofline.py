@@ -18,13 +18,8 @@ def measure_bandwidth(num_bytes: int = 1 << 30, repeats: int = 20) -> float:
     probes scaled by 1.0001, which is 1.0 in bf16, so XLA removed the pass (41 and 34 TB/s)."""
     donate = (0,) if jax.default_backend() == "gpu" else ()  # CPU cannot donate (it warns)
     scale = jax.jit(jax.numpy.negative, donate_argnums=donate)
-    x = [scale(jax.numpy.ones(num_bytes // 2, jax.numpy.bfloat16)).block_until_ready()]
-
-    def run() -> None:
-        x[0] = scale(x[0])
-
-    seconds = device_seconds(run, jax.block_until_ready, lambda: x[0], reps=repeats, chain=10)
-    return 2 * num_bytes / seconds
+    x = jax.numpy.ones(num_bytes // 2, jax.numpy.bfloat16)
+    return 2 * num_bytes / device_seconds(scale, x, reps=repeats, chain=10)
 
 
 def weight_bytes(model: HybridLM, batch: int) -> int:

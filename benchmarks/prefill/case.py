@@ -27,8 +27,8 @@ Call = Callable[[jax.Array], tuple[jax.Array, jax.Array]]  # one call: state -> 
 class Case:
     """One op at one shape, ready to run: `make_step(config)` builds a step over `state` and
     `inputs` (`input_sets`); `check(call)` is the error of one call against the reference;
-    `nbytes` must move per call; `inner` calls per timed loop; `anchor(anchors)` times the anchor
-    and returns its record fields."""
+    `nbytes` must move per call; `inner` calls per timed loop on the GPU (one with `--quick`);
+    `anchor(anchors)` times the anchor and returns its record fields."""
 
     op: str
     make_step: Callable[[dict], Step]

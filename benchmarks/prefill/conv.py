@@ -88,10 +88,8 @@ def conv_case(batch: int, seqlen: int, quick: bool) -> Case:
             anchor_err_y_no_init=rel_err(y0, y0_ref),
         )
 
-    # 40 calls per timed loop: each timing also pays the loop's launch and sync (~0.2 ms on the
-    # H100), which at 10 calls added ~20 us to a ~120 us call. One on a CPU (`quick`): 40 calls
-    # of an interpreted kernel take long to compile and time nothing.
-    inner = 1 if quick else 40
+    # 40 calls per timed loop: chosen when each timing still paid the host's round trip (at 10
+    # calls it added ~20 us to a ~120 us call on the H100); `device_seconds` now cancels it.
     return Case(
-        "causal_conv1d_prefill", make_step, state, sets, check, 2 * T * channels * 2, inner, anchor
+        "causal_conv1d_prefill", make_step, state, sets, check, 2 * T * channels * 2, 40, anchor
     )

@@ -42,16 +42,17 @@ def kernel_breakdown(
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
-def sweep(case: Case, shape: str, configs: list[dict], bw: float) -> tuple[float, dict, Step]:
-    """Time every config, record each; returns (us, config, step) of the fastest, or None."""
+def sweep(
+    case: Case, shape: str, configs: list[dict], bw: float, inner: int
+) -> tuple[float, dict, Step]:
+    """Time every config (`inner` calls per timed loop), record each; returns (us, config, step)
+    of the fastest, or None."""
     best = None
     for cfg in configs:
         step = case.make_step(cfg)
         try:
             err = case.check(lambda state, step=step: step(0, state, case.inputs))
-            us = time_loop(
-                step, jnp.copy(case.state), inner=case.inner, reps=10, inputs=case.inputs
-            )
+            us = time_loop(step, jnp.copy(case.state), inner=inner, reps=10, inputs=case.inputs)
         except Exception as e:  # noqa: BLE001  (a config that does not compile is reported)
             log(f"{case.op} {shape} {cfg} FAILED: {e!r}"[:600])
             continue
@@ -70,7 +71,9 @@ def run_case(
     if profile:
         best = (float("nan"), configs[0], case.make_step(configs[0]))
     else:
-        best = sweep(case, shape, configs, bw)
+        # `quick`: one call per loop; many calls of an interpreted kernel take long to compile
+        # and time nothing on a CPU
+        best = sweep(case, shape, configs, bw, 1 if quick else case.inner)
     if best is None or quick:
         return best and best[1]
     breakdown = kernel_breakdown(best[2], case.state, case.inputs)

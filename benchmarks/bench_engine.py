@@ -40,17 +40,21 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from benchmarks.engine.long_context import bench_context  # noqa: E402
-from benchmarks.engine.models import SIZES, build_model  # noqa: E402
+from benchmarks.engine.models import SIZES, bench_model  # noqa: E402
 from benchmarks.engine.roofline import measure_bandwidth, step_bytes  # noqa: E402
 from benchmarks.engine.serving import PROMPT_LEN, make_engine, time_steps  # noqa: E402
 from jmamba import HybridLM  # noqa: E402
+from runtime.device.placement import ParamSource  # noqa: E402
 
 
-def bench_batch(model: HybridLM, batch: int, steps: int, bandwidth: float) -> dict:
+def bench_batch(
+    model: HybridLM, batch: int, steps: int, bandwidth: float, params: ParamSource
+) -> dict:
     """The synchronous engine's step (host, device, roofline), then the asynchronous engine's
     step time on the same compiled steps (`async_step_ms`; its device time is only the wait for
-    the previous step's tokens, so its host/device split is not comparable)."""
-    engine = make_engine(model, batch, steps)
+    the previous step's tokens, so its host/device split is not comparable). The runner's
+    parameters come from `params`."""
+    engine = make_engine(model, batch, steps, params=params)
     step_s, host_s, device_s = time_steps(engine, steps)
     moved = step_bytes(model, engine, batch, PROMPT_LEN + 4 + steps // 2)
     roofline_s = sum(moved.values()) / bandwidth
@@ -92,8 +96,16 @@ def main() -> None:
         default=256,
         help="prefill tokens a step before a long-context row",
     )
+    parser.add_argument(
+        "--weights",
+        choices=("built", "drawn"),
+        help="built: the model initialised whole, then placed by each runner (a copy); drawn: "
+        "the model as shapes, its weights drawn on the device once (default for qwen3next, "
+        "whose 41 GB twice does not fit an 80 GB H100; built for the others)",
+    )
     args = parser.parse_args()
-    model = build_model(args.size)
+    drawn = (args.weights or ("drawn" if args.size == "qwen3next" else "built")) == "drawn"
+    model, params = bench_model(args.size, drawn)
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
     print(
@@ -104,13 +116,15 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     for batch in batches:
-        rows.append(bench_batch(model, batch, args.steps, bandwidth))
+        rows.append(bench_batch(model, batch, args.steps, bandwidth, params))
         print(json.dumps(rows[-1]), flush=True)
     long_rows = []
     for context in (int(c) for c in args.contexts.split(",") if c):
         for batch in (b for b in batches if b * context <= args.max_context_tokens):
             long_rows.append(
-                bench_context(model, batch, context, args.steps, bandwidth, args.context_budget)
+                bench_context(
+                    model, batch, context, args.steps, bandwidth, args.context_budget, params
+                )
             )
             print(json.dumps(long_rows[-1]), flush=True)
     if os.environ.get("OUT"):

@@ -47,7 +47,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from benchmarks.engine.models import hf_config  # noqa: E402
+from benchmarks.engine.models import SharedParams, hf_config  # noqa: E402
 from benchmarks.engine.roofline import measure_bandwidth, weight_bytes  # noqa: E402
 from benchmarks.engine.serving import PROMPT_LEN  # noqa: E402
 from benchmarks.engine.trace import load_trace, profile_events, summarize_profile  # noqa: E402
@@ -58,7 +58,7 @@ from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.device.distributed import make_mesh  # noqa: E402
 from runtime.device.model_runner import ModelRunner  # noqa: E402
-from runtime.device.placement import PlacedParams, RandomShards  # noqa: E402
+from runtime.device.placement import RandomShards  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 
 SHAPES = ("qwen3next80b", "nemotronh47b", "qwen3next20b")
@@ -139,22 +139,6 @@ def allreduce_bytes(model: HybridLM, batch: int) -> int:
     return reductions * batch * cfg.hidden_size * 2
 
 
-class SharedParams:
-    """A `ParamSource` that makes the parameters once (`RandomShards`) and hands the same arrays
-    to every runner on that mesh: the decode and prefill runners of a shape share one copy."""
-
-    def __init__(self, source: RandomShards) -> None:
-        self.source, self.placed, self.seconds = source, None, 0.0
-
-    def __call__(self, model: HybridLM, mesh) -> PlacedParams:
-        if self.placed is None:
-            start = time.perf_counter()
-            self.placed = self.source(model, mesh)
-            jax.block_until_ready(self.placed.leaves)
-            self.seconds = time.perf_counter() - start
-        return self.placed
-
-
 def decode_config(model: HybridLM, batches: list[int], tp: int, dp: int) -> EngineConfig:
     """One engine config for every batch of the sweep (per rank: a decode bucket per batch; the
     prompts of every batch prefilled in one step of one bucket), so one runner serves them all."""
@@ -202,7 +186,7 @@ def decode_row(model, runner, label, batch, steps, bandwidth, link, profile_dir)
         leaf for cache in runner.caches if cache is not None for leaf in jax.tree.leaves(cache)
     ]
     state_bytes = sum(2 * leaf.nbytes // leaf.shape[0] * per_rank for leaf in caches) // tp
-    params_bytes = weight_bytes_of_shapes(model, per_rank) // tp
+    params_bytes = weight_bytes(model, per_rank) // tp
     reduce_bytes = allreduce_bytes(model, per_rank) * 2 * (tp - 1) / tp if tp > 1 else 0
     roofline_s = (params_bytes + state_bytes) / bandwidth + (reduce_bytes / link if link else 0)
     row = dict(
@@ -243,19 +227,6 @@ def step_profile(engine: Engine, trace_dir: str, steps: int = 5) -> dict:
         collective_kernels_per_step=len(collectives) / (steps + 1),
         collective_us_per_step=sum(collectives) / (steps + 1) / 1e3,
     )
-
-
-def weight_bytes_of_shapes(model: HybridLM, batch: int) -> int:
-    """`weight_bytes` of a shapes-only model (ShapeDtypeStructs have no `nbytes` in old jax)."""
-
-    class _Sized:
-        def __init__(self, s):
-            self.shape, self.ndim = s.shape, len(s.shape)
-            self.nbytes = int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize
-
-    graphdef, state = nnx.split(model)
-    sized = jax.tree.map(lambda s: _Sized(s), state)
-    return weight_bytes(nnx.merge(graphdef, sized), batch)
 
 
 def prefill_row(model, label, tp, length, params) -> dict:

@@ -12,6 +12,7 @@ from benchmarks.engine.roofline import step_bytes
 from benchmarks.engine.serving import PROMPT_LEN, make_engine
 from jmamba import HybridLM
 from runtime.core.step_batch import StepBatch
+from runtime.device.placement import ParamSource, place_params
 
 
 def at_context(batch_in: StepBatch, context: int, block_size: int) -> StepBatch:
@@ -48,13 +49,22 @@ def _with_head(array: np.ndarray, head: np.ndarray) -> np.ndarray:
 
 
 def bench_context(
-    model: HybridLM, batch: int, context: int, steps: int, bandwidth: float, budget: int = 256
+    model: HybridLM,
+    batch: int,
+    context: int,
+    steps: int,
+    bandwidth: float,
+    budget: int = 256,
+    params: ParamSource = place_params,
 ) -> dict:
-    """Device ms of the compiled decode step at `context` tokens of context (pipelined calls)."""
+    """Device ms of the compiled decode step at `context` tokens of context (pipelined calls);
+    the runner's parameters from `params`."""
     # Prefill `budget` tokens a step: the ragged jnp prefill attention gathers each token's
     # max_model_len window (4096 tokens at 8k would need 34 GB; 256 at 32k on the Qwen3-Next
     # shape, head dim 256, asked for 24.6 GiB).
-    engine = make_engine(model, batch, steps, context + 4 * PROMPT_LEN, budget=budget)
+    engine = make_engine(
+        model, batch, steps, context + 4 * PROMPT_LEN, budget=budget, params=params
+    )
     engine.step()
     while engine.inspect.last_batch.inputs.num_prefill_tokens:  # until a pure-decode step has run
         engine.step()

@@ -5,6 +5,7 @@ twin."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 from flax import nnx
@@ -13,6 +14,8 @@ from jmamba import HybridLM
 from jmamba.config import Ffn, Mixer
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
+from runtime.device.distributed import DeviceMesh
+from runtime.device.placement import ParamSource, PlacedParams, RandomShards, place_params
 
 SIZES = ("tiny", "1b", "qwen3next_tiny", "qwen3next")
 MAX_POSITIONS = 65536
@@ -137,3 +140,36 @@ def build_model(size: str, *, mtp: bool = False, num_layers: int | None = None) 
     graphdef, _ = nnx.split(nnx.eval_shape(make))
     state = jax.jit(lambda: nnx.split(make())[1])()
     return nnx.merge(graphdef, state)
+
+
+class SharedParams:
+    """A `ParamSource` that makes the parameters once (`RandomShards`) and hands the same arrays
+    to every runner on that mesh: the runners of a bench's rows share one copy."""
+
+    def __init__(self, source: RandomShards) -> None:
+        self.source, self.placed, self.seconds = source, None, 0.0
+
+    def __call__(self, model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
+        if self.placed is None:
+            start = time.perf_counter()
+            self.placed = self.source(model, mesh)
+            jax.block_until_ready(self.placed.leaves)
+            self.seconds = time.perf_counter() - start
+        return self.placed
+
+
+def model_shapes(size: str) -> HybridLM:
+    """The bench model of `size` as shapes only (bf16), for a runner whose parameters are drawn
+    on the device (`SharedParams(RandomShards())`)."""
+    config = from_hf_config(hf_config(size))
+    return nnx.eval_shape(lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16"))
+
+
+def bench_model(size: str, drawn: bool) -> tuple[HybridLM, ParamSource]:
+    """The bench model and where a runner gets its parameters. `drawn`: the model as shapes and
+    its weights drawn on the device, once for every runner (`SharedParams`); else the model built
+    whole (`build_model`) and placed by each runner, which copies it: the Qwen3-Next shape's 41 GB
+    twice does not fit an 80 GB H100."""
+    if drawn:
+        return model_shapes(size), SharedParams(RandomShards())
+    return build_model(size), place_params

@@ -4,6 +4,7 @@ a step must move (weights it reads, recurrent states read and written, KV read).
 from __future__ import annotations
 
 import jax
+import numpy as np
 from flax import nnx
 
 from benchmarks.bench_mamba2_kernels import device_seconds
@@ -24,17 +25,19 @@ def measure_bandwidth(num_bytes: int = 1 << 30, repeats: int = 20) -> float:
 
 def weight_bytes(model: HybridLM, batch: int) -> int:
     """Weight bytes a decode step of `batch` tokens reads: every parameter but the embedding (a
-    gather of B rows), MoE expert stacks scaled by the expected fraction of experts touched."""
+    gather of B rows), MoE expert stacks scaled by the expected fraction of experts touched.
+    The model may be shapes only (`nnx.eval_shape`)."""
     moe, total = model.config.moe, 0
     for path, leaf in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = leaf.get_value()
         if path == ("embed",):
             continue
+        nbytes = value.size * np.dtype(value.dtype).itemsize  # a ShapeDtypeStruct has no nbytes
         if moe is not None and value.ndim == 3 and value.shape[0] == moe.num_experts:
             touched = 1 - (1 - moe.top_k / moe.num_experts) ** batch
-            total += int(value.nbytes * touched)  # [E, ...] stack of routed experts
+            total += int(nbytes * touched)  # [E, ...] stack of routed experts
         else:
-            total += value.nbytes
+            total += nbytes
     return total
 
 

@@ -32,8 +32,8 @@ if __package__ in (None, ""):  # run as a file: the repo root on the path
 import jax
 import numpy as np
 
-from benchmarks.bench_spec_decode import build_draft_model
 from benchmarks.engine.models import build_model
+from benchmarks.speculation.drafters import build_draft_model
 from jmamba import HybridLM
 from runtime import Engine, EngineConfig, SamplingParams, SpeculativeConfig
 

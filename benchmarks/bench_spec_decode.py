@@ -59,191 +59,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import jax
 import numpy as np
-from flax import nnx
 
-from benchmarks.engine.models import build_model, hf_config
+from benchmarks.engine.models import build_model
+from benchmarks.speculation.drafters import OracleDrafter, build_draft_model, parse_method
+from benchmarks.speculation.serving import (
+    differing,
+    engine_config,
+    serve,
+    serve_waves,
+    stdlib_prompts,
+    workload,
+)
 from jmamba import HybridLM
-from jmamba.families import from_hf_config
 from jmamba.loading import load_model
-from jmamba.weights import cast
-from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
-from runtime.core.request import Request
-from runtime.core.sampling_params import SamplingParams
-from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from runtime.speculative.draft_model import draft_engine_config
 from runtime.speculative.gate import DraftGate
-from runtime.speculative.verify import with_drafts
 
 METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4", "mtp-1", "mtp-3")
 
 
-def draft_hf_config(size: str) -> dict:
-    """The bench model's family and vocabulary, 4 layers (Mamba2, MLP, attention, MLP), narrower."""
-    config = hf_config(size)
-    config["layers_block_type"] = ["mamba", "mlp", "attention", "mlp"]
-    if size != "tiny":
-        config.update(
-            hidden_size=512,
-            mamba_num_heads=16,
-            mamba_head_dim=64,
-            n_groups=8,
-            intermediate_size=2048,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=64,
-        )
-    return config
-
-
-def build_draft_model(size: str) -> HybridLM:
-    """A random draft model (seed 1) with bf16 weights, as the bench model."""
-    return cast(HybridLM(from_hf_config(draft_hf_config(size)), rngs=nnx.Rngs(1)), "bfloat16")
-
-
-class OracleDrafter:
-    """UPPER BOUND drafter: proposes the next K tokens of a known continuation (`truth`)."""
-
-    total_compile_seconds = 0.0
-
-    def __init__(self, truth: dict[str, list[int]], spec: SpeculativeConfig) -> None:
-        self.truth, self.k = truth, spec.num_speculative_tokens
-        self._proposals: dict[Request, list[int]] = {}
-
-    def check(self, params: SamplingParams) -> None:
-        """Serves what the bench asks."""
-
-    def num_wanted(self, request: Request) -> int:
-        done = len(request.output_token_ids)
-        self._proposals[request] = self.truth[request.request_id][done : done + self.k]
-        return len(self._proposals[request])
-
-    def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
-        """Nothing to run: each row with lanes feeds its proposal."""
-        proposals, self._proposals = self._proposals, {}
-        return [with_drafts(schedule, proposals) for schedule in schedules]
-
-    def dispatched(
-        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
-    ) -> None:
-        """Proposes from the truth, not from the step."""
-
-    def observe(self, schedule: Schedule, bucket: Bucket, drafts: object) -> None:
-        """Learns nothing from a step."""
-
-    def release_done(self) -> None:
-        """Holds nothing past a step."""
-
-    def warmup(self) -> None:
-        """Compiles nothing."""
-
-
-def parse_method(method: str) -> tuple[str, int, int | None, bool]:
-    """(kind, K, max_batch_size, adaptive) of a method name: "mtp-2@16" is ("mtp", 2, 16,
-    False), "ngram-3@auto" ("ngram", 3, None, True), "none" ("none", 0, None, False)."""
-    name, _, limit = method.partition("@")
-    kind, _, k = name.partition("-")
-    adaptive = limit == "auto"
-    return kind, int(k or 0), int(limit) if limit and not adaptive else None, adaptive
-
-
-def workload(vocab: int, count: int, phrase_len: int, repeats: int) -> list[list[int]]:
-    rng = np.random.default_rng(0)
-    return [rng.integers(0, vocab, phrase_len).tolist() * repeats for _ in range(count)]
-
-
-def engine_config(
-    max_batch: int,
-    batches: tuple[int, ...],
-    max_model_len: int,
-    budget: int,
-    speculative: SpeculativeConfig | None,
-    async_scheduling: bool = False,
-    batch_invariant: bool = False,
-) -> EngineConfig:
-    return EngineConfig(
-        max_num_seqs=max_batch,
-        max_num_batched_tokens=budget,
-        max_model_len=max_model_len,
-        block_size=16,
-        decode_row_buckets=batches,
-        prefill_token_buckets=(budget,),
-        prefill_row_buckets=(max_batch,),
-        speculative=speculative,
-        async_scheduling=async_scheduling,
-        batch_invariant=batch_invariant,
-    )
-
-
-def serve(engine: Engine, prompts: list[list[int]], max_tokens: int, first_id: int = 0) -> dict:
-    """Serve every prompt to completion (request ids from `first_id`), timing the decode phase:
-    from the first step after every request's prefill has retired (its first token is on the
-    host; an asynchronous engine retires a step one step late, and the step that waits for the
-    prefill is not decode time)."""
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    for i, prompt in enumerate(prompts, start=first_id):
-        engine.add_request(prompt, params, request_id=i)
-    outputs, start, before = {}, None, 0
-    total = time.perf_counter()
-    while engine.has_unfinished:
-        scheduler = engine.inspect.scheduler
-        if start is None and not scheduler.waiting and _first_tokens_retired(scheduler.running):
-            before = sum(len(r.output_token_ids) for r in scheduler.running) + sum(
-                len(t) for t in outputs.values()
-            )
-            start = time.perf_counter()
-        outputs |= {o.request_id: o.token_ids for o in engine.step()}
-    end = time.perf_counter()
-    decode_tokens = len(prompts) * max_tokens - before
-    return dict(
-        outputs=outputs, decode_s=end - start, total_s=end - total, decode_tokens=decode_tokens
-    )
-
-
-def serve_waves(engine: Engine, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
-    """`serve` the prompts `batch` at a time, each wave after the one before has finished; the
-    waves' decode tokens and seconds summed."""
-    waves = [
-        serve(engine, prompts[i : i + batch], max_tokens, first_id=i)
-        for i in range(0, len(prompts), batch)
-    ]
-    return dict(
-        outputs={k: v for wave in waves for k, v in wave["outputs"].items()},
-        **{
-            key: sum(wave[key] for wave in waves)
-            for key in ("decode_s", "total_s", "decode_tokens")
-        },
-    )
-
-
-def _first_tokens_retired(running: list[Request]) -> bool:
-    """Every running request is decoding and has its first token on the host."""
-    return all(r.is_decode and r.output_token_ids for r in running)
-
-
-def _differing(outputs: dict[str, list[int]], truth: dict[str, list[int]]) -> int:
-    """How many requests' tokens differ from `truth`'s."""
-    return sum(outputs[request] != tokens for request, tokens in truth.items())
-
-
-def stdlib_prompts(count: int, length: int) -> list[list[int]]:
-    """`count` held-out prompts of `length` bytes (`scripts/measure_mtp.heldout_prompts`)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
-    from measure_mtp import heldout_prompts
-    from stdlib_corpus import load_corpus
-
-    return heldout_prompts(load_corpus().heldout, count, length)
-
-
 class Bench:
+    """The models, prompts, runners and gates of one bench run: engines for each method on
+    runners shared per lane width (and per draft model), warmed up, then timed in rounds."""
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.batches = tuple(int(b) for b in args.batches.split(","))
@@ -367,7 +213,7 @@ class Bench:
             acceptance=spec.acceptance_rate,
             accepted_per_step=spec.num_accepted / spec.num_rows if spec.num_rows else 0.0,
             compile_in_timing_s=compile_in_timing_s,
-            differ=None if truth is None else _differing(result["outputs"], truth),
+            differ=None if truth is None else differing(result["outputs"], truth),
         )
 
     def compile_seconds(self) -> float:
@@ -431,6 +277,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_spec_decode.json"), "w") as f:
             json.dump(result, f, indent=1)
+    print_table(rows, result)
+    return rows
+
+
+def print_table(rows: list[dict], result: dict) -> None:
+    """The rows as a table, then the run's wall and compile seconds."""
     header = "method        B   tokens/s  spread  speedup  drafting steps  drafted  accepted"
     print(header + "  acceptance  accepted/step  differ")
     for r in rows:
@@ -445,7 +297,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"wall {result['wall_s']:.0f} s, compile {result['compile_s']:.0f} s "
         "(oracle-K and self-K are upper bounds, not drafters)"
     )
-    return rows
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from benchmarks.bench_spec_decode import engine_config
 from benchmarks.engine.models import build_model
 from benchmarks.probe_mtp_step import decode_step, ms_per_step
+from benchmarks.speculation.serving import engine_config
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

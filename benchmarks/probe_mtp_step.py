@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from benchmarks.bench_spec_decode import engine_config, workload
 from benchmarks.engine.models import build_model
+from benchmarks.speculation.serving import engine_config, workload
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.engine import Engine

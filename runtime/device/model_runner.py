@@ -57,7 +57,7 @@ from runtime.device.memory import pool_memory
 from runtime.device.mtp_drafts import DeviceDrafter, MTPDrafts, NoDeviceDrafts
 from runtime.device.packing import Layout, layout_of, pack
 from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
-from runtime.device.spmd_step import spmd_step
+from runtime.device.spmd_step import spmd_step, with_output_buffers
 from runtime.device.step_buffers import StepBuffers
 
 
@@ -138,11 +138,10 @@ class ModelRunner:
         self.last_drafts: list[np.ndarray] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
-        self._jitted = jax.jit(
+        self._jitted = jax.jit(  # traced per variant, then compiled `with_output_buffers`
             functools.partial(spmd_step, self.mesh, cache_specs, config.block_size),
             static_argnums=(0, 1, 2, 3, 4, 5, 6),
-            donate_argnames=("caches", "outputs", "carried"),
-            keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses
+            keep_unused=True,  # every argument a jaxpr input, as `with_output_buffers` passes them
         )
         self._compiled: dict[VariantKey, Any] = {}
         self._layouts: dict[VariantKey, Layout] = {}
@@ -329,12 +328,10 @@ class ModelRunner:
             self.drafter if key.drafts else self.drafter.without_drafts(),
         )
         carried = self.buffers.carried if key.carry else None
-        _, outputs, _ = self._jitted.eval_shape(
-            *static, self._param_leaves, self.caches, packed, None, carried
-        )
-        outputs = self.buffers.add_variant(key, packed, outputs)
-        lowered = self._jitted.lower(
-            *static, self._param_leaves, self.caches, packed, outputs, carried
+        traced = self._jitted.trace(*static, self._param_leaves, self.caches, packed, carried)
+        outputs = self.buffers.add_variant(key, packed, traced.out_info[1])
+        lowered = with_output_buffers(traced).lower(
+            self._param_leaves, self.caches, packed, outputs, carried
         )
         return lowered, time.perf_counter() - start
 

@@ -8,10 +8,12 @@ variant.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.extend.core import jaxpr_as_fun
 from jax.sharding import PartitionSpec as P
 
 from jmamba.layers import invariance
@@ -95,14 +97,11 @@ def spmd_step(
     param_leaves,
     caches,
     packed,
-    outputs,
     carried,
 ):
     """The step over all devices: -> (caches, StepOutputs, carried). `cache_specs`: each cache
-    array's `PartitionSpec`; `block_size`: tokens per KV block. `outputs` (the variant's
-    buffers, or None when only shapes are asked for) is never read: donated, it gives the new
-    outputs their addresses (`runtime.device.step_buffers`)."""
-    del outputs
+    array's `PartitionSpec`; `block_size`: tokens per KV block. Traced once per variant, then
+    compiled with its output buffers (`with_output_buffers`)."""
     by_rank = P(AXIS)
     param_specs = [P(TP_AXIS)] * len(param_leaves)
     static = (graphdef, param_treedef, keep_logits, batch_invariant, layout, mode, drafter)
@@ -122,3 +121,24 @@ def spmd_step(
         check_vma=False,  # Pallas calls declare plain output shapes
     )(param_leaves, caches, packed, carried)
     return caches, StepOutputs(tokens, token_logprobs, logits), carried
+
+
+def with_output_buffers(traced: jax.stages.Traced) -> Callable:
+    """A traced variant of `spmd_step` as a jitted function of (param_leaves, caches, packed,
+    outputs, carried) whose `outputs`, the variant's output buffers, are never read: donated,
+    they give the new outputs their addresses (`runtime.device.step_buffers`). Its body replays
+    the traced jaxpr, so a variant is traced once, though its output buffers are made from the
+    shapes the trace gave (tracing it again for them took 0.7 s a variant at the tiny MTP
+    models, 14% of a CI test's time)."""
+    run = jaxpr_as_fun(traced.jaxpr)
+
+    def spmd_step_with_outputs(param_leaves, caches, packed, outputs, carried):
+        del outputs
+        results = run(*jax.tree.leaves((param_leaves, caches, packed, carried)))
+        return jax.tree.unflatten(traced.out_tree, results)
+
+    return jax.jit(
+        spmd_step_with_outputs,
+        donate_argnames=("caches", "outputs", "carried"),
+        keep_unused=True,  # `outputs` is only donated: pruned, it would give no addresses
+    )

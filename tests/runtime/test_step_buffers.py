@@ -1,9 +1,11 @@
 """Every buffer a step's CUDA graph reads or writes keeps its address from call to call
-(runtime.device.step_buffers), and a dispatched step's outputs survive the next step's dispatch."""
+(runtime.device.step_buffers), a dispatched step's outputs survive the next step's dispatch, and
+making a variant's output buffers costs no second trace of the step."""
 
 from __future__ import annotations
 
 import numpy as np
+from jax import monitoring
 
 from runtime.core.buckets import BucketPolicy
 from runtime.core.builder import build_dummy
@@ -28,3 +30,27 @@ def test_a_variant_s_buffers_keep_their_addresses_and_outputs_outlive_the_next_s
         assert (runner.buffers.addresses(key), buffer_addresses(runner.caches)) == before
         # The first step's copies are still there, and equal to the second's (same inputs).
         np.testing.assert_array_equal(runner.fetch(first)[0], runner.fetch(second)[0])
+
+
+def test_a_variant_is_traced_once_though_its_output_buffers_come_from_the_trace():
+    """`spmd_step.with_output_buffers` replays the traced step: compiling a variant traces
+    `spmd_step` once (it was twice: once for the output shapes, again with the buffers)."""
+    _, runner = model_and_runner("mamba2")
+    config = runner.config
+    bucket = BucketPolicy(config).lone_prefill_buckets()[0]  # not compiled by the test above
+    dummy = build_dummy(
+        bucket, max_blocks=config.max_blocks_per_seq, state_block_size=config.boundary_block_size
+    )
+    traces = []
+
+    def count(event: str, seconds: float, **kwargs) -> None:
+        if event.endswith("jaxpr_trace_duration") and kwargs.get("fun_name") == "spmd_step":
+            traces.append(seconds)
+
+    monitoring.register_event_duration_secs_listener(count)
+    try:
+        before = runner.num_variants
+        runner.fetch(runner.dispatch(bucket, [dummy]))
+    finally:
+        monitoring.unregister_event_duration_listener(count)
+    assert runner.num_variants == before + 1 and len(traces) == 1

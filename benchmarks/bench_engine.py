@@ -78,7 +78,7 @@ def bench_batch(
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", choices=SIZES, default="1b")
     parser.add_argument("--batches", default="1,16,64,256")
@@ -103,7 +103,7 @@ def main() -> None:
         "the model as shapes, its weights drawn on the device once (default for qwen3next, "
         "whose 41 GB twice does not fit an 80 GB H100; built for the others)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     drawn = (args.weights or ("drawn" if args.size == "qwen3next" else "built")) == "drawn"
     model, params = bench_model(args.size, drawn)
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -127,19 +127,12 @@ def main() -> None:
                 )
             )
             print(json.dumps(long_rows[-1]), flush=True)
+    result = {"params": num_params, "bandwidth": bandwidth, "rows": rows, "long_context": long_rows}
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"bench_engine_{args.size}.json"), "w") as f:
-            json.dump(
-                {
-                    "params": num_params,
-                    "bandwidth": bandwidth,
-                    "rows": rows,
-                    "long_context": long_rows,
-                },
-                f,
-                indent=1,
-            )
+            json.dump(result, f, indent=1)
     print_tables(rows, long_rows)
+    return result
 
 
 def print_tables(rows: list[dict], long_rows: list[dict]) -> None:

@@ -100,12 +100,13 @@ def main(argv: list[str] | None = None) -> dict:
         "--weights",
         choices=("built", "drawn"),
         help="built: the model initialised whole, then placed by each runner (a copy); drawn: "
-        "the model as shapes, its weights drawn on the device once (default for qwen3next, "
-        "whose 41 GB twice does not fit an 80 GB H100; built for the others)",
+        "the model as shapes, its weights drawn on the device once (default: drawn for "
+        "qwen3next, whose 41 GB twice does not fit an 80 GB H100; built for the others)",
     )
     args = parser.parse_args(argv)
-    drawn = (args.weights or ("drawn" if args.size == "qwen3next" else "built")) == "drawn"
-    model, params = bench_model(args.size, drawn)
+    model, params = bench_model(
+        args.size, None if args.weights is None else args.weights == "drawn"
+    )
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
     print(

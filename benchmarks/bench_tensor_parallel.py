@@ -45,15 +45,13 @@ if __package__ in (None, ""):  # run as `python benchmarks/<script>.py`: the rep
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
 
-from benchmarks.engine.models import SharedParams, hf_config  # noqa: E402
+from benchmarks.engine.models import SharedParams, hf_config, shapes_of  # noqa: E402
 from benchmarks.engine.roofline import measure_bandwidth, weight_bytes  # noqa: E402
 from benchmarks.engine.serving import PROMPT_LEN  # noqa: E402
 from benchmarks.engine.trace import load_trace, profile_events, summarize_profile  # noqa: E402
 from jmamba import HybridLM  # noqa: E402
 from jmamba.families import from_hf_config  # noqa: E402
-from jmamba.weights import cast  # noqa: E402
 from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.device.distributed import make_mesh  # noqa: E402
@@ -102,8 +100,7 @@ def shape_config(shape: str, small: bool) -> dict:
 
 def model_shapes(shape: str, small: bool) -> HybridLM:
     """The whole model as shapes only, in bf16 (its shards are made on the devices)."""
-    config = from_hf_config(shape_config(shape, small))
-    return nnx.eval_shape(lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16"))
+    return shapes_of(from_hf_config(shape_config(shape, small)))
 
 
 def link_bandwidth(tp: int, num_bytes: int) -> float:

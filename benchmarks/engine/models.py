@@ -11,7 +11,7 @@ import jax
 from flax import nnx
 
 from jmamba import HybridLM
-from jmamba.config import Ffn, Mixer
+from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
 from runtime.device.distributed import DeviceMesh
@@ -136,10 +136,18 @@ def build_model(size: str, *, mtp: bool = False, num_layers: int | None = None) 
         config = dataclasses.replace(
             config, mtp_mixers=(Mixer.ATTENTION, Mixer.NONE), mtp_ffns=(Ffn.NONE, Ffn.MLP)
         )
-    make = lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16")  # noqa: E731
-    graphdef, _ = nnx.split(nnx.eval_shape(make))
-    state = jax.jit(lambda: nnx.split(make())[1])()
+    graphdef, _ = nnx.split(shapes_of(config))
+    state = jax.jit(lambda: nnx.split(_bf16_model(config))[1])()
     return nnx.merge(graphdef, state)
+
+
+def _bf16_model(config: ModelConfig) -> HybridLM:
+    return cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16")
+
+
+def shapes_of(config: ModelConfig) -> HybridLM:
+    """The bf16 model of `config` as shapes only (`nnx.eval_shape`): no values are made."""
+    return nnx.eval_shape(lambda: _bf16_model(config))
 
 
 class SharedParams:
@@ -158,18 +166,17 @@ class SharedParams:
         return self.placed
 
 
-def model_shapes(size: str) -> HybridLM:
-    """The bench model of `size` as shapes only (bf16), for a runner whose parameters are drawn
-    on the device (`SharedParams(RandomShards())`)."""
-    config = from_hf_config(hf_config(size))
-    return nnx.eval_shape(lambda: cast(HybridLM(config, rngs=nnx.Rngs(0)), "bfloat16"))
+# Sizes whose weights are drawn on the device by default: a runner's placement copies a model
+# already on the device, and the Qwen3-Next shape's 41 GB twice does not fit an 80 GB H100.
+DRAWN = ("qwen3next",)
 
 
-def bench_model(size: str, drawn: bool) -> tuple[HybridLM, ParamSource]:
-    """The bench model and where a runner gets its parameters. `drawn`: the model as shapes and
-    its weights drawn on the device, once for every runner (`SharedParams`); else the model built
-    whole (`build_model`) and placed by each runner, which copies it: the Qwen3-Next shape's 41 GB
-    twice does not fit an 80 GB H100."""
+def bench_model(size: str, drawn: bool | None = None) -> tuple[HybridLM, ParamSource]:
+    """The bench model and where a runner gets its parameters. `drawn` (None: `size in DRAWN`):
+    the model as shapes and its weights drawn on the device, once for every runner
+    (`SharedParams`); else the model built whole (`build_model`) and placed by each runner."""
+    if drawn is None:
+        drawn = size in DRAWN
     if drawn:
-        return model_shapes(size), SharedParams(RandomShards())
+        return shapes_of(from_hf_config(hf_config(size))), SharedParams(RandomShards())
     return build_model(size), place_params

@@ -10,12 +10,9 @@ from benchmarks.engine.models import hf_config
 from jmamba import HybridLM
 from jmamba.families import from_hf_config
 from jmamba.weights import cast
-from runtime.core.buckets import Bucket
 from runtime.core.request import Request
-from runtime.core.sampling_params import SamplingParams
-from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import SpeculativeConfig
-from runtime.speculative.verify import with_drafts
+from runtime.speculative.ngram import NgramDrafter
 
 
 def draft_hf_config(size: str) -> dict:
@@ -41,41 +38,19 @@ def build_draft_model(size: str) -> HybridLM:
     return cast(HybridLM(from_hf_config(draft_hf_config(size)), rngs=nnx.Rngs(1)), "bfloat16")
 
 
-class OracleDrafter:
-    """UPPER BOUND drafter: proposes the next K tokens of a known continuation (`truth`)."""
-
-    total_compile_seconds = 0.0
+class OracleDrafter(NgramDrafter):
+    """UPPER BOUND drafter: proposes the next K tokens of a known continuation (`truth`) where
+    prompt lookup would look its tokens up; the rest is `NgramDrafter`'s (host drafts, nothing
+    on the device)."""
 
     def __init__(self, truth: dict[str, list[int]], spec: SpeculativeConfig) -> None:
-        self.truth, self.k = truth, spec.num_speculative_tokens
-        self._proposals: dict[Request, list[int]] = {}
-
-    def check(self, params: SamplingParams) -> None:
-        """Serves what the bench asks."""
+        super().__init__(spec)
+        self.truth = truth
 
     def num_wanted(self, request: Request) -> int:
-        done = len(request.output_token_ids)
-        self._proposals[request] = self.truth[request.request_id][done : done + self.k]
+        done, k = len(request.output_token_ids), self.config.num_speculative_tokens
+        self._proposals[request] = self.truth[request.request_id][done : done + k]
         return len(self._proposals[request])
-
-    def propose(self, schedules: list[Schedule], bucket: Bucket) -> list[Schedule]:
-        """Nothing to run: each row with lanes feeds its proposal."""
-        proposals, self._proposals = self._proposals, {}
-        return [with_drafts(schedule, proposals) for schedule in schedules]
-
-    def dispatched(
-        self, schedule: Schedule, bucket: Bucket, moved: list[bool], drafted: bool
-    ) -> None:
-        """Proposes from the truth, not from the step."""
-
-    def observe(self, schedule: Schedule, bucket: Bucket, drafts: object) -> None:
-        """Learns nothing from a step."""
-
-    def release_done(self) -> None:
-        """Holds nothing past a step."""
-
-    def warmup(self) -> None:
-        """Compiles nothing."""
 
 
 def parse_method(method: str) -> tuple[str, int, int | None, bool]:

@@ -329,7 +329,8 @@ class ModelRunner:
         )
         carried = self.buffers.carried if key.carry else None
         traced = self._jitted.trace(*static, self._param_leaves, self.caches, packed, carried)
-        outputs = self.buffers.add_variant(key, packed, traced.out_info[1])
+        _, output_shapes, _ = traced.out_info  # (caches, StepOutputs, carried)
+        outputs = self.buffers.add_variant(key, packed, output_shapes)
         lowered = with_output_buffers(traced).lower(
             self._param_leaves, self.caches, packed, outputs, carried
         )

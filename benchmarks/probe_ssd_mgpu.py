@@ -343,6 +343,18 @@ def time_shapes(shapes: list[str], anchors: bool) -> None:
             y, _ = ssd_scan_mgpu(x, dt, A, bm, cm, extras["D"], None, extras["dt_bias"], rows=batch)
             return y, pool
 
+        serving = serving_step(batch, seqlen, extras)
+        row["serving_us"] = time_loop(
+            serving, jnp.copy(case.state), inner=case.inner, reps=10, inputs=case.inputs
+        )
+        row.update(
+            {
+                f"serving_{k}": v
+                for k, v in case.check(
+                    lambda state, serving=serving, case=case: serving(0, state, case.inputs)
+                ).items()
+            }
+        )
         row["mgpu_us"] = time_loop(
             mgpu_step, jnp.copy(case.state), inner=case.inner, reps=10, inputs=case.inputs
         )
@@ -363,6 +375,21 @@ def time_shapes(shapes: list[str], anchors: bool) -> None:
         print("RESULT", json.dumps(row), flush=True)
 
 
+def serving_step(batch: int, seqlen: int, extras: dict):
+    """A `time_loop` step of the serving kernel on the prefill case's rows and pool."""
+    from benchmarks.prefill.case import rows_meta
+    from pallas_kernels.ssd.sequential_mgpu import ssd_chunk_scan_hopper
+
+    rows = rows_meta(batch, seqlen)
+
+    def step(i, pool, sets):
+        x, dt, A, bm, cm = sets[i % len(sets)]
+        kw = dict(D=extras["D"], dt_bias=extras["dt_bias"])
+        return ssd_chunk_scan_hopper(x, dt, A, bm, cm, pool, rows, **kw)
+
+    return step
+
+
 def case_extras(batch: int, seqlen: int) -> dict:
     """D and dt_bias of `ssd_case(batch, seqlen)` (its step closes over them): the same draws."""
     from benchmarks.prefill.ssd import ssd_inputs
@@ -371,15 +398,85 @@ def case_extras(batch: int, seqlen: int) -> dict:
     return dict(D=jnp.asarray(d["D"]), dt_bias=jnp.asarray(d["dt_bias"]))
 
 
+def contract_case(lengths, computed, heads, groups, num_tokens, block_size, with_z, seed):
+    """The serving kernel (`pallas_kernels/ssd/sequential_mgpu.py`) on ragged rows against
+    `ssd_chunk_scan_reference`: rows at any flat offset and absolute position, read / write /
+    boundary slots, rows without an initial state, slot 0 poisoned with NaN, padding tokens."""
+    from pallas_kernels.rows import Rows
+    from pallas_kernels.ssd.reference import ssd_chunk_scan_reference
+    from pallas_kernels.ssd.sequential_mgpu import ssd_chunk_scan_hopper
+
+    rng = np.random.default_rng(seed)
+    args = make_inputs(1, num_tokens, heads=heads, groups=groups, seed=seed)
+    num_rows, num_slots = len(lengths), 3 * len(lengths) + 2
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    pool = rng.standard_normal((num_slots, heads, HEAD_DIM, STATE)).astype(np.float32)
+    pool[0] = np.nan
+    boundary = None
+    if block_size is not None:
+        boundary = np.arange(2 * num_rows, 4 * num_rows, dtype=np.int32).reshape(num_rows, 2)
+    rows = Rows(
+        query_start_loc=jnp.asarray(qsl),
+        num_computed=jnp.asarray(computed, jnp.int32),
+        has_initial_state=jnp.asarray([c > 0 for c in computed]),
+        read_slots=jnp.arange(1, num_rows + 1, dtype=jnp.int32),
+        write_slots=jnp.asarray(
+            [num_rows + 1 + r if r % 3 else 0 for r in range(num_rows)], jnp.int32
+        ),
+        boundary_slots=None if boundary is None else jnp.asarray(boundary),
+        block_size=block_size,
+    )
+    z = args["z"] if with_z else None
+    ops = (args["x"], args["dt"], args["A"], args["B"], args["C"])
+    y_ref, pool_ref = ssd_chunk_scan_reference(
+        *ops, jnp.asarray(pool), rows, D=args["D"], z=z, dt_bias=args["dt_bias"], chunk_size=64
+    )
+    y, pool_out = ssd_chunk_scan_hopper(
+        *ops, jnp.asarray(pool), rows, D=args["D"], z=z, dt_bias=args["dt_bias"], chunk_size=64
+    )
+    live = slice(1, None)  # slot 0 holds NaN in both
+    pad = slice(int(qsl[-1]), None)
+    return dict(
+        lengths=list(lengths),
+        computed=list(computed),
+        heads=heads,
+        block_size=block_size,
+        z=with_z,
+        err_y=rel_err(y, y_ref),
+        err_pool=rel_err(pool_out[live], pool_ref[live]),
+        padding_zero=bool(jnp.all(y[pad] == 0)),
+        slot0_nan=bool(jnp.all(jnp.isnan(pool_out[0]))),
+        y_finite=bool(jnp.isfinite(y.astype(jnp.float32)).all()),
+    )
+
+
+CONTRACT_CASES = (  # lengths, num_computed, heads, groups, tokens, block_size, z
+    ((100, 70, 0, 80), (0, 64, 5, 0), 6, 3, 300, None, True),
+    ((129, 64, 65, 1), (0, 128, 63, 7), 10, 5, 290, 128, True),
+    ((300, 41), (192, 0), 4, 2, 360, 64, False),
+    ((8192,), (0,), 128, 8, 8192, 256, True),
+)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lower", action="store_true", help="lower for CUDA on this machine")
     parser.add_argument("--check", action="store_true", help="odd shapes against the reference")
+    parser.add_argument("--contract", action="store_true", help="the serving kernel's contract")
+    parser.add_argument("--case", default="", help="one contract case: lengths/computed/tokens")
     parser.add_argument("--shapes", default="", help="e.g. 1x8192,8x2048,1x32768")
     parser.add_argument("--no-anchors", action="store_true")
     args = parser.parse_args(argv)
     if args.lower:
         return lower_on_cpu()
+    if args.case:
+        lengths, computed, tokens = args.case.split("/")
+        parse = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
+        case = contract_case(parse(lengths), parse(computed), 6, 3, int(tokens), None, True, 0)
+        print("RESULT case", json.dumps(case), flush=True)
+    if args.contract:
+        for n, case in enumerate(CONTRACT_CASES):
+            print("RESULT contract", json.dumps(contract_case(*case, seed=n)), flush=True)
     if args.check:
         for rows, length, heads, groups, z in (
             (1, 128, 4, 2, True),

@@ -7,7 +7,7 @@ take their ragged rows and state slots as one `Rows`.
 
 from __future__ import annotations
 
-from pallas_kernels._dispatch import dispatched
+from pallas_kernels._dispatch import HopperKernel, dispatched
 from pallas_kernels.attention import decode as _attention_decode
 from pallas_kernels.attention import prefill as _attention_prefill
 from pallas_kernels.attention import reference as _attention_reference
@@ -28,6 +28,7 @@ from pallas_kernels.rows import Rows as Rows  # the prefill ops' argument type, 
 from pallas_kernels.ssd import chunk_scan as _ssd_chunk_scan
 from pallas_kernels.ssd import decode as _ssd_decode
 from pallas_kernels.ssd import reference as _ssd_reference
+from pallas_kernels.ssd import sequential_mgpu as _ssd_hopper
 from pallas_kernels.ssd import state_update as _ssd_state_update
 
 # Mamba2 path.
@@ -39,7 +40,11 @@ causal_conv1d_update = dispatched(
 )
 # Prefix caching: conv windows at state block boundaries (a jnp gather + scatter everywhere).
 causal_conv1d_boundary_states = dispatched(None, _conv_reference.causal_conv1d_boundary_states)
-ssd_chunk_scan = dispatched(_ssd_chunk_scan.ssd_chunk_scan, _ssd_reference.ssd_chunk_scan_reference)
+ssd_chunk_scan = dispatched(
+    _ssd_chunk_scan.ssd_chunk_scan,
+    _ssd_reference.ssd_chunk_scan_reference,
+    HopperKernel(_ssd_hopper.supports, _ssd_hopper.ssd_chunk_scan_hopper),
+)
 ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_reference.ssd_state_update_reference
 )

@@ -95,6 +95,10 @@ def grid(quick: bool) -> list[Shape]:
         conv_update(37, 4, 1, F32),
         conv_update(1000, 4, 3, BF16),
         *(ssd_scan(a, *d) for a in ssd_ref.ALGORITHMS for d in ssd_dims),
+        # The Mosaic GPU scan (bf16, P 64, N 64 / 128), and the models' path through _dispatch.
+        ssd_scan("sequential", 5, 64, 1, 128, BF16, 256, hopper=True),
+        ssd_scan("sequential", 6, 64, 3, 64, BF16, 128, hopper=True),
+        ssd_scan("sequential", 10, 64, 5, 128, BF16, 64, hopper=True),
         # Output programs serving several heads of a group (3 of 3, 5 of 5).
         ssd_scan("parallel", 6, 24, 2, 48, BF16, 256, heads_per_program=3),
         ssd_scan("parallel", 10, 48, 2, 128, F32, 256, heads_per_program=5),

@@ -22,6 +22,7 @@ from pallas_kernels.rows import Rows
 from pallas_kernels.ssd import chunk_scan as ssd
 from pallas_kernels.ssd import decode as m2d
 from pallas_kernels.ssd import reference as ssd_ref
+from pallas_kernels.ssd import sequential_mgpu as ssd_hopper
 from pallas_kernels.ssd import state_update as ssu
 
 
@@ -34,9 +35,13 @@ def ssd_scan(
     dtype,
     chunk: int,
     heads_per_program: int | None = None,
+    hopper: bool = False,
 ) -> Shape:
-    """The scan with its default tuning, or with `heads_per_program` heads an output program."""
+    """The scan with its default tuning, or with `heads_per_program` heads an output program;
+    with `hopper`, the Mosaic GPU kernel (`ssd/sequential_mgpu.py`; sm_90 only)."""
     kernel = ssd.ssd_chunk_scan
+    if hopper:
+        kernel = _without_interpret(ssd_hopper.ssd_chunk_scan_hopper)
     if heads_per_program is not None:
         kernel = functools.partial(
             kernel, tuning=ssd.ScanTuning(heads_per_program=heads_per_program)
@@ -83,7 +88,18 @@ def ssd_scan(
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} chunk={chunk}"
     dims += "" if heads_per_program is None else f" heads/program={heads_per_program}"
-    return Shape(f"ssd_chunk_scan {algorithm} {dims} {jnp.dtype(dtype).name}", build)
+    name = "hopper" if hopper else algorithm
+    return Shape(f"ssd_chunk_scan {name} {dims} {jnp.dtype(dtype).name}", build)
+
+
+def _without_interpret(kernel: Callable) -> Callable:
+    """A kernel that has no interpret mode, called as the grid calls kernels."""
+
+    def call(*args, interpret: bool, **kwargs):
+        del interpret  # Mosaic GPU's interpret mode does not run wgmma: GPU only
+        return kernel(*args, **kwargs)
+
+    return call
 
 
 def ssd_update(

@@ -1,0 +1,389 @@
+"""The sequential SSD scan for Hopper, in Mosaic GPU: wgmma and TMA, the state in registers.
+
+The design of `ssd/sequential.py` (one program per (head, row) walks the row's chunks in order),
+written for sm_90a: the Triton lowering reaches 0.74-1.36x mamba_ssm with it, this kernel
+2.1-2.4x on the H100 (benchmarks/RESULTS.md, 2026-11-28). Each program is two warpgroups:
+
+    warpgroup 1 (memory)   TMA: the tiles of up to STAGES chunks ahead of the one computed
+                           x [Q, P], B, C [Q, N] (through untiled buffers, see below), z [Q, P],
+                           dt', cum [Q] twice (rows and columns); a stage is refilled once the
+                           compute warpgroup releases it
+    warpgroup 0 (compute)  per chunk of n <= Q tokens, s the fp32 [P, N] state:
+                           1. scores = (C B^T) * exp(cum_i - cum_j) * dt'_j, j <= i, j < n
+                           2. y = exp(cum_i) (C s^T) + scores x         (s^T: a bf16 copy)
+                           3. y = (y + D x) * silu(z)  ->  TMA store of the chunk's n tokens
+                           4. s = exp(cum_n) s + (x * dt' * exp(cum_n - cum))^T B
+
+    1, 2 and 4 are wgmmas of M = Q = 64 in bf16 with fp32 accumulation; 4 accumulates into s.
+
+Chunks end at absolute multiples of Q, as in the Triton kernel, so a request's result does not
+depend on how its prompt was chunked; but the two kernels group sums differently, so which one
+runs is fixed per model (`supports`: the shapes, the dtypes, the model's config and the device),
+never per batch. dt' (softplus, clamp) and cum, the in-chunk inclusive cumsum of dt' A, come from
+XLA (`decay_inputs`): a row of Q lanes per chunk of the call, computed from the chunk's tokens
+alone. Extra program row R zeroes the padding tokens. Slots as in `Rows`: a slot that is not
+live reads zeros (selected with `where`, so a NaN in slot 0 cannot leak) and writes nothing.
+
+What Mosaic GPU asked for (each found on the H100 or by its layout inference, which runs on a
+CPU when the kernel is lowered for CUDA there):
+- TMA into the tiled, swizzled buffers wgmma reads needs a token offset it can prove a multiple
+  of 8; rows start anywhere, so x, B and C land in untiled buffers and are copied over;
+- a 1-D TMA needs a 16-byte aligned start: dt' and cum come as chunk rows, not per token;
+- an SMEM buffer is loaded in one register layout: dt' and cum come twice (rows and columns);
+- no implicit scalar broadcasts in warpgroup code.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels._common import dt_activation, live_slot, safe_slot
+from pallas_kernels.rows import Rows
+from pallas_kernels.ssd.reference import check_scan_args
+
+Q = 64  # tokens a chunk: the M of every wgmma
+STAGES = 2  # chunks of tiles in flight
+HEAD_DIMS, STATE_SIZES = (64,), (64, 128)  # what the register budget and wgmma tiles take
+
+
+def on_hopper() -> bool:
+    """Whether the default device is an sm_90 GPU (wgmma is sm_90a only)."""
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
+
+
+def supports(
+    x: jax.Array,
+    dt: jax.Array,
+    A: jax.Array,
+    B: jax.Array,
+    C: jax.Array,
+    ssm_state: jax.Array,
+    rows: Rows,
+    *,
+    chunk_size: int = 256,
+    algorithm: str = "sequential",
+    **_: object,
+) -> bool:
+    """Whether `ssd_chunk_scan_hopper` runs this call (`_dispatch` asks): an sm_90 GPU and
+    `fits`. Static: shapes, dtypes, the model's config and the device, never the batch."""
+    return fits(x, B, C, ssm_state, chunk_size, algorithm) and on_hopper()
+
+
+def fits(x, B, C, ssm_state, chunk_size: int, algorithm: str) -> bool:
+    """The sequential algorithm, x, B and C in bf16 or fp16, P in HEAD_DIMS, N in STATE_SIZES,
+    an fp32 state pool, and chunks (hence state blocks) a multiple of Q."""
+    return (
+        algorithm == "sequential"
+        and chunk_size % Q == 0
+        and x.dtype in (jnp.bfloat16, jnp.float16)
+        and B.dtype == C.dtype == x.dtype
+        and x.shape[2] in HEAD_DIMS
+        and B.shape[2] in STATE_SIZES
+        and ssm_state.dtype == jnp.float32
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("dt_softplus", "dt_limit", "chunk_size", "algorithm"))
+def ssd_chunk_scan_hopper(
+    x: jax.Array,
+    dt: jax.Array,
+    A: jax.Array,
+    B: jax.Array,
+    C: jax.Array,
+    ssm_state: jax.Array,
+    rows: Rows,
+    *,
+    D: jax.Array | None = None,
+    z: jax.Array | None = None,
+    dt_bias: jax.Array | None = None,
+    dt_softplus: bool = True,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    chunk_size: int = 256,
+    algorithm: str = "sequential",
+) -> tuple[jax.Array, jax.Array]:
+    """This kernel for `ssd_chunk_scan_reference` (same arguments and results) where `supports`
+    says it applies (it lowers anywhere, and runs on sm_90 only)."""
+    check_scan_args(x, dt, A, B, C, ssm_state, rows, D, z, dt_bias, chunk_size, algorithm)
+    if not fits(x, B, C, ssm_state, chunk_size, algorithm):
+        raise ValueError(
+            f"the Hopper SSD scan takes the sequential algorithm, bf16 / fp16 x, B, C, "
+            f"P in {HEAD_DIMS}, N in {STATE_SIZES}, an fp32 pool and chunk_size a multiple of "
+            f"{Q}; got {algorithm}, x {x.dtype}{x.shape}, B {B.dtype}{B.shape}, pool "
+            f"{ssm_state.dtype}, chunk_size={chunk_size}"
+        )
+    heads = x.shape[1]
+    D = jnp.zeros((heads,), jnp.float32) if D is None else D
+    dt_bias = jnp.zeros((heads,), jnp.float32) if dt_bias is None else dt_bias
+    meta = rows.int32_operands()
+    dt_lanes, cum_lanes, first_chunk = decay_inputs(
+        meta, dt, A, dt_bias, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit)
+    )
+    d_lanes = jnp.broadcast_to(D.astype(jnp.float32)[:, None], (heads, Q))
+    pool = jax.new_ref(ssm_state)  # the kernel writes the final and boundary states in place
+    call = _scan_call(x, B, z, ssm_state.shape[0], rows.block_size, rows.num_rows)
+    y = call(*meta, first_chunk, x, dt_lanes, cum_lanes, B, C, x if z is None else z, d_lanes, pool)
+    return y, pool[...]
+
+
+def decay_inputs(meta, dt, A, dt_bias, *, dt_softplus, dt_limit):
+    """(dt' [H, C * Q], cum [H, C * Q], first chunk [R]): per chunk of the call, a row of Q
+    lanes holding its tokens' activated dt and the inclusive cumsum of dt' A from its first
+    token, lane i the chunk's i-th token (zeros past its end); and the index of each row's first
+    chunk (chunks end at absolute multiples of Q inside each row; C = T // Q + 2R + 1 bounds
+    their count). A chunk's row depends only on its own tokens, whatever else the call holds,
+    and the kernel's TMA reads it at an aligned offset."""
+    qsl, computed = meta[0], meta[1]
+    num_tokens, num_rows = dt.shape[0], qsl.shape[0] - 1
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    r = jnp.clip(jnp.searchsorted(qsl, t, side="right") - 1, 0, num_rows - 1)
+    live = t < qsl[num_rows]
+    starts = (t == qsl[r]) | ((computed[r] + t - qsl[r]) % Q == 0)
+    chunk = jnp.cumsum(starts.astype(jnp.int32)) - 1
+    lane = t - lax.cummax(jnp.where(starts, t, 0))
+    max_chunks = num_tokens // Q + 2 * num_rows + 1
+    chunk = jnp.where(live, chunk, max_chunks)  # padding: dropped by the scatters
+    dt = dt_activation(dt.astype(jnp.float32) + dt_bias[None, :], dt_softplus, dt_limit)
+    grid = jnp.zeros((max_chunks, Q, dt.shape[1]), jnp.float32)
+    dt_grid = grid.at[chunk, lane].set(dt, mode="drop")
+    cum_grid = jnp.cumsum(grid.at[chunk, lane].set(dt * A[None, :], mode="drop"), axis=1)
+    first = chunk[jnp.clip(qsl[:-1], 0, num_tokens - 1)]
+    flat = lambda g: g.reshape(max_chunks * Q, -1).T  # noqa: E731
+    return flat(dt_grid), flat(cum_grid), first
+
+
+def _smem(shape, dtype, stages=None):
+    """A swizzled, tiled SMEM buffer: what TMA fills and wgmma reads."""
+    elems = 128 // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
+    return plgpu.SMEM(shape if stages is None else (stages, *shape), dtype, transforms=transforms)
+
+
+def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
+    """The `plgpu.kernel` of a call's shapes."""
+    num_tokens, heads, head_dim = x.shape
+    groups, state = B.shape[1], B.shape[2]
+    per_group = heads // groups
+    dtype, has_z = x.dtype, z is not None
+    wgmma_layout = plgpu.Layout.WGMMA
+    row, col = wgmma_layout.reduce(1), wgmma_layout.reduce(0)
+
+    def kernel(*refs):
+        qsl, computed, has_init, reads, writes, bounds, first_chunk = refs[:7]
+        x_ref, dt_ref, cum_ref, b_ref, c_ref, z_ref, d_ref, pool_ref, y_ref = refs[7:16]
+        buffers, bars = refs[16:]
+        x_s, b_s, c_s, z_s, dt_s, cum_s, dtc_s, cumc_s, d_s, st_s, xw_s, y_s, f_s = buffers[:13]
+        xu_s, bu_s, cu_s = buffers[13:]
+        *loaded, staging, restaged, consumed, one = bars
+        h, r = lax.axis_index("heads"), lax.axis_index("rows")
+        g = lax.div(h, jnp.array(per_group, h.dtype))
+        wg = lax.axis_index("wg")
+        start = qsl[jnp.minimum(r, num_rows - 1)]
+        length = qsl[jnp.minimum(r + 1, num_rows)] - start
+        pos0 = computed[jnp.minimum(r, num_rows - 1)]
+        first = jnp.minimum(length, Q - pos0 % Q)
+        num_chunks = jnp.where((r < num_rows) & (length > 0), pl.cdiv(length - first, Q) + 1, 0)
+
+        def placed(k):
+            """(first token, tokens) of the row's chunk k."""
+            off = jnp.where(k == 0, 0, first + (k - 1) * Q)
+            return start + off, jnp.where(k == 0, first, jnp.minimum(Q, length - off))
+
+        def fetch(k, slot):
+            """Chunk k's tiles into stage `slot`. TMA puts x, B and C in untiled buffers first:
+            Mosaic GPU's TMA into the tiled, swizzled buffers wgmma reads needs a token offset
+            it can prove a multiple of 8, and rows start anywhere. They are copied over through
+            registers; z, dt' and cum stay untiled."""
+            tok = pl.ds(placed(k)[0], Q)
+            lanes = pl.ds((first_chunk[jnp.minimum(r, num_rows - 1)] + k) * Q, Q)
+            sources = [z_ref.at[tok, h] if has_z else None, dt_ref.at[h, lanes]]
+            sources += [cum_ref.at[h, lanes], dt_ref.at[h, lanes], cum_ref.at[h, lanes]]
+            for src, dst, bar in zip(
+                sources, (z_s, dt_s, cum_s, dtc_s, cumc_s), loaded, strict=True
+            ):
+                if src is not None:
+                    plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
+            staged = ((x_ref.at[tok, h], xu_s, x_s), (b_ref.at[tok, g], bu_s, b_s))
+            staged += ((c_ref.at[tok, g], cu_s, c_s),)
+            for n, (src, untiled, _) in enumerate(staged):
+                plgpu.copy_gmem_to_smem(src, untiled, staging.at[n])
+            for n, (_, untiled, tiled) in enumerate(staged):
+                plgpu.barrier_wait(staging.at[n])
+                tiled.at[slot][...] = plgpu.load(untiled, layout=wgmma_layout)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(restaged.at[slot])
+
+        @pl.when(wg == 1)
+        def _memory():
+            plgpu.set_max_registers(104, action="decrease")
+
+            @pl.loop(0, num_chunks)
+            def _(k):
+                slot = lax.rem(k, STAGES)
+
+                @pl.when(k >= STAGES)
+                def _():
+                    plgpu.barrier_wait(consumed.at[slot])
+
+                fetch(k, slot)
+
+        def store_state(s, slot):
+            """The fp32 state to pool slot `slot` (nothing when it is not live)."""
+
+            @pl.when(live_slot(slot, num_slots))
+            def _():
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # f_s's last store is read
+                f_s[...] = s
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(f_s, pool_ref.at[slot, h])
+
+        def chunk(k, s):
+            slot = lax.rem(k, STAGES)
+            t0, n = placed(k)
+            for kind, bar in enumerate(loaded):
+                if has_z or kind != 0:
+                    plgpu.barrier_wait(bar.at[slot])
+            plgpu.barrier_wait(restaged.at[slot])
+            lane_r = plgpu.broadcasted_iota(jnp.int32, (Q,), 0, layout=row)
+            lane_c = plgpu.broadcasted_iota(jnp.int32, (Q,), 0, layout=col)
+            cum_r = plgpu.load(cum_s.at[slot], layout=row)
+            cum_c = plgpu.load(cumc_s.at[slot], layout=col)
+            dt_r = jnp.where(lane_r < n, plgpu.load(dt_s.at[slot], layout=row), 0.0)
+            dt_c = jnp.where(lane_c < n, plgpu.load(dtc_s.at[slot], layout=col), 0.0)
+            total = cum_s.at[slot][n - 1]
+
+            def products(acc_cb, acc_off):
+                plgpu.wgmma(acc_cb, c_s.at[slot], b_s.at[slot].transpose((1, 0)))
+                plgpu.wgmma(acc_off, c_s.at[slot], st_s.transpose((1, 0)))
+                return acc_cb[...], acc_off[...]
+
+            cb, off = pl.run_scoped(
+                products, plgpu.ACC((Q, Q), jnp.float32), plgpu.ACC((Q, head_dim), jnp.float32)
+            )
+            i = plgpu.broadcasted_iota(jnp.int32, (Q, Q), 0, layout=wgmma_layout)
+            j = plgpu.broadcasted_iota(jnp.int32, (Q, Q), 1, layout=wgmma_layout)
+            seg = lax.broadcast_in_dim(cum_r, (Q, Q), [0]) - lax.broadcast_in_dim(
+                cum_c, (Q, Q), [1]
+            )
+            scores = cb * jnp.exp(jnp.where(j <= i, seg, -jnp.inf))
+            scores = scores * lax.broadcast_in_dim(dt_c, (Q, Q), [1])
+            off = off * lax.broadcast_in_dim(jnp.exp(cum_r), (Q, head_dim), [0])
+
+            def diagonal(acc):
+                plgpu.wgmma(acc, scores.astype(dtype), x_s.at[slot])
+
+            y = pl.run_state(diagonal)(plgpu.ACC.init(off))
+            xv = plgpu.load(x_s.at[slot], layout=wgmma_layout).astype(jnp.float32)
+            y = y + lax.broadcast_in_dim(plgpu.load(d_s, layout=row), (Q, head_dim), [0]) * xv
+            if has_z:
+                zv = plgpu.load(z_s.at[slot], layout=wgmma_layout).astype(jnp.float32)
+                y = y * zv * jax.nn.sigmoid(zv)
+            ys = lax.rem(k, 2)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # y_s[ys]'s last stores are read
+            y_s.at[ys][...] = y.astype(dtype)
+            weight = dt_r * jnp.exp(total - cum_r)
+            xw_s[...] = (xv * lax.broadcast_in_dim(weight, (Q, head_dim), [0])).astype(dtype)
+            plgpu.commit_smem()
+            store_tokens(y_s.at[ys], t0, n)
+
+            def update(acc):
+                plgpu.wgmma(acc, xw_s.transpose((1, 0)), b_s.at[slot])
+
+            s = pl.run_state(update)(plgpu.ACC.init(s * jnp.exp(total)))
+            plgpu.barrier_arrive(consumed.at[slot])
+            st_s[...] = s.astype(dtype)
+            plgpu.commit_smem()
+            if block_size is not None:  # prefix caching: the state at a block boundary
+                end = pos0 + (t0 - start) + n
+                col_j = end // block_size - pos0 // block_size - 1
+                bound = bounds[r, jnp.clip(col_j, 0, bounds.shape[1] - 1)]
+                hit = (end % block_size == 0) & (col_j < bounds.shape[1])
+                store_state(s, jnp.where(hit, bound, 0))
+            return s
+
+        def store_tokens(src, t0, n):
+            """TMA-store the first n rows of `src` to tokens t0.. of head h: the whole tile
+            when n = Q, else token by token (never past the row: another program owns those)."""
+
+            @pl.when(n == Q)
+            def _():
+                plgpu.copy_smem_to_gmem(src, y_ref.at[pl.ds(t0, Q), h])
+
+            @pl.when(n < Q)
+            def _():
+                @pl.loop(0, n)
+                def _(t):
+                    plgpu.copy_smem_to_gmem(src.at[pl.ds(t, 1)], y_ref.at[pl.ds(t0 + t, 1), h])
+
+        @pl.when((wg == 0) & (r < num_rows))
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            plgpu.copy_gmem_to_smem(d_ref.at[h], d_s, one.at[0])
+            rr = jnp.minimum(r, num_rows - 1)
+            read = jnp.where(has_init[rr] != 0, reads[rr], 0)
+            plgpu.copy_gmem_to_smem(pool_ref.at[safe_slot(read, num_slots), h], f_s, one.at[1])
+            plgpu.barrier_wait(one.at[0])
+            plgpu.barrier_wait(one.at[1])
+            s = plgpu.load(f_s, layout=wgmma_layout)
+            live = jnp.full(s.shape, live_slot(read, num_slots))  # no scalar broadcasts here
+            s = jnp.where(plgpu.layout_cast(live, wgmma_layout), s, 0.0)
+            st_s[...] = s.astype(dtype)
+            plgpu.commit_smem()
+            s = lax.fori_loop(0, num_chunks, chunk, s)
+            store_state(s, writes[rr])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when((wg == 0) & (r == num_rows))
+        def _padding():
+            y_s.at[0][...] = plgpu.layout_cast(jnp.zeros((Q, head_dim), dtype), wgmma_layout)
+            plgpu.commit_smem()
+            pad0 = qsl[num_rows]
+
+            @pl.loop(0, pl.cdiv(num_tokens - pad0, Q))
+            def _(k):
+                t0 = pad0 + k * Q
+                store_tokens(y_s.at[0], t0, jnp.minimum(Q, num_tokens - t0))
+
+            plgpu.wait_smem_to_gmem(0)
+
+    def entry(*refs):
+        buffers = (
+            _smem((Q, head_dim), dtype, STAGES),  # x
+            _smem((Q, state), dtype, STAGES),  # B
+            _smem((Q, state), dtype, STAGES),  # C
+            plgpu.SMEM((STAGES, Q, head_dim), dtype),  # z
+            *(plgpu.SMEM((STAGES, Q), jnp.float32) for _ in range(4)),  # dt', cum; again
+            plgpu.SMEM((Q,), jnp.float32),  # D on every lane
+            _smem((head_dim, state), dtype),  # the state entering the chunk, bf16
+            _smem((Q, head_dim), dtype),  # x weighted for the state update
+            plgpu.SMEM((2, Q, head_dim), dtype),  # y, two chunks' TMA stores in flight
+            plgpu.SMEM((head_dim, state), jnp.float32),  # a state read or written
+            plgpu.SMEM((Q, head_dim), dtype),  # x, B, C as TMA leaves them (`fetch`)
+            plgpu.SMEM((Q, state), dtype),
+            plgpu.SMEM((Q, state), dtype),
+        )
+        bars = [plgpu.Barrier(num_barriers=STAGES) for _ in range(5)]  # z, dt', cum, again
+        bars += [plgpu.Barrier(num_barriers=3), plgpu.Barrier(num_barriers=STAGES)]  # x B C
+        bars += [plgpu.Barrier(num_barriers=STAGES), plgpu.Barrier(num_barriers=2)]
+        pl.run_scoped(
+            lambda *args: kernel(*refs, args[: len(buffers)], args[len(buffers) :]),
+            *buffers,
+            *bars,
+            collective_axes="wg",
+        )
+
+    return plgpu.kernel(
+        entry,
+        out_type=jax.ShapeDtypeStruct(x.shape, dtype),
+        grid=(heads, num_rows + 1),
+        grid_names=("heads", "rows"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )

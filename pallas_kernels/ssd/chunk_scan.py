@@ -95,7 +95,9 @@ def ssd_chunk_scan(
     "Timing harness") it takes 946 us at 8 rows x 2048 tokens against the parallel kernels'
     1216, and 902 against 623 us at 1 x 8192 (changing a model's algorithm changes its
     rounding: check its fixtures on the GPU first).
-    Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both.
+    Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both. These are
+    the Triton kernels; on an H100 the dispatched op runs the sequential algorithm in Mosaic GPU
+    where it applies (`ssd/sequential_mgpu.py`).
     """
     check_scan_args(x, dt, A, B, C, ssm_state, rows, D, z, dt_bias, chunk_size, algorithm)
     zeros = jnp.zeros((x.shape[1],), jnp.float32)

@@ -36,6 +36,7 @@ CPU when the kernel is lowered for CUDA there):
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -58,25 +59,20 @@ def on_hopper() -> bool:
     return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
 
 
-def supports(
-    x: jax.Array,
-    dt: jax.Array,
-    A: jax.Array,
-    B: jax.Array,
-    C: jax.Array,
-    ssm_state: jax.Array,
-    rows: Rows,
-    *,
-    chunk_size: int = 256,
-    algorithm: str = "sequential",
-    **_: object,
+def supports(*args: object, **kwargs: object) -> bool:
+    """Whether `ssd_chunk_scan_hopper` runs a call of the op with these arguments (`_dispatch`
+    asks): an sm_90 GPU and `fits`. Static: shapes, dtypes, the model's config and the device,
+    never the batch."""
+    call = _OP_SIGNATURE.bind(*args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    chunk_size, algorithm = a["chunk_size"], a["algorithm"]
+    return fits(a["x"], a["B"], a["C"], a["ssm_state"], chunk_size, algorithm) and on_hopper()
+
+
+def fits(
+    x: jax.Array, B: jax.Array, C: jax.Array, ssm_state: jax.Array, chunk_size: int, algorithm: str
 ) -> bool:
-    """Whether `ssd_chunk_scan_hopper` runs this call (`_dispatch` asks): an sm_90 GPU and
-    `fits`. Static: shapes, dtypes, the model's config and the device, never the batch."""
-    return fits(x, B, C, ssm_state, chunk_size, algorithm) and on_hopper()
-
-
-def fits(x, B, C, ssm_state, chunk_size: int, algorithm: str) -> bool:
     """The sequential algorithm, x, B and C in bf16 or fp16, P in HEAD_DIMS, N in STATE_SIZES,
     an fp32 state pool, and chunks (hence state blocks) a multiple of Q."""
     return (
@@ -390,3 +386,6 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
     )
+
+
+_OP_SIGNATURE = inspect.signature(ssd_chunk_scan_hopper)  # the op's: `supports` reads its arguments

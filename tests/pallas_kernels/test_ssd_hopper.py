@@ -100,6 +100,15 @@ def test_fits_names_the_shapes_it_takes_and_supports_needs_an_sm90():
     assert not hopper.supports(*_args())  # this machine is no sm_90
 
 
+def test_supports_reads_the_call_as_the_op_takes_it(monkeypatch):
+    monkeypatch.setattr(hopper, "on_hopper", lambda: True)
+    x, dt, A, B, C, pool, rows = _args()
+    assert hopper.supports(x, dt, A, B, C, pool, rows, chunk_size=128)
+    assert hopper.supports(x, dt, A, B=B, C=C, ssm_state=pool, rows=rows)
+    assert not hopper.supports(x, dt, A, B, C, pool, rows, algorithm="parallel")
+    assert not hopper.supports(*_args(head_dim=48))
+
+
 def test_the_op_refuses_what_it_does_not_fit():
     with pytest.raises(ValueError, match="P in"):
         hopper.ssd_chunk_scan_hopper(*_args(head_dim=48))

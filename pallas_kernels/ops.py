@@ -7,7 +7,8 @@ take their ragged rows and state slots as one `Rows`.
 
 from __future__ import annotations
 
-from pallas_kernels._dispatch import HopperKernel, dispatched
+from pallas_kernels._dispatch import HopperKernel as _HopperKernel
+from pallas_kernels._dispatch import dispatched
 from pallas_kernels.attention import decode as _attention_decode
 from pallas_kernels.attention import prefill as _attention_prefill
 from pallas_kernels.attention import reference as _attention_reference
@@ -43,7 +44,7 @@ causal_conv1d_boundary_states = dispatched(None, _conv_reference.causal_conv1d_b
 ssd_chunk_scan = dispatched(
     _ssd_chunk_scan.ssd_chunk_scan,
     _ssd_reference.ssd_chunk_scan_reference,
-    HopperKernel(_ssd_hopper.supports, _ssd_hopper.ssd_chunk_scan_hopper),
+    _HopperKernel(_ssd_hopper.supports, _ssd_hopper.ssd_chunk_scan_hopper),
 )
 ssd_state_update = dispatched(
     _ssd_state_update.ssd_state_update, _ssd_reference.ssd_state_update_reference

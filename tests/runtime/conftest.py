@@ -152,6 +152,28 @@ def naive_greedy(
     return tokens[len(prompt) :]
 
 
+# Two fp32 logits this close are a tie: the engine's chunked prefill and decode round differently
+# from a full recompute, so either token is greedy. Hypothesis found one (nemotron_h, a 53-token
+# prompt, the 17th token: its two best logits 2.4e-7 apart, one ulp at 2.5).
+GREEDY_TIE = 1e-5
+
+
+def assert_greedy(
+    family: str, prompt: list[int], got: list[int], max_tokens: int, max_len: int = MAX_MODEL_LEN
+) -> None:
+    """`got` equals `naive_greedy` token for token, up to the first position where the two differ
+    on a tie (the reference's logits of both tokens within GREEDY_TIE), after which the two
+    continue from different texts and anything may follow."""
+    want = naive_greedy(family, prompt, max_tokens, max_len=max_len)
+    for i, (ours, theirs) in enumerate(zip(got, want, strict=False)):
+        if ours != theirs:
+            logits = naive_logits(family, prompt + want[:i], max_len)
+            gap = logits[theirs] - logits[ours]
+            assert gap <= GREEDY_TIE, f"token {i}: {ours} where greedy is {theirs} by {gap:.3g}"
+            return
+    assert got == want
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request) -> str:
     return request.param

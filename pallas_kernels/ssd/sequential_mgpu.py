@@ -367,8 +367,10 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
             plgpu.SMEM((Q, state), dtype),
             plgpu.SMEM((Q, state), dtype),
         )
-        bars = [plgpu.Barrier(num_barriers=STAGES) for _ in range(5)]  # z, dt', cum, again
-        bars += [plgpu.Barrier(num_barriers=3), plgpu.Barrier(num_barriers=STAGES)]  # x B C
+        # TMA of z, dt', cum, dt' and cum as columns; x, B, C staged, and their tiled copies
+        # ready; a stage released by the compute warpgroup; D and the initial state read.
+        bars = [plgpu.Barrier(num_barriers=STAGES) for _ in range(5)]
+        bars += [plgpu.Barrier(num_barriers=3), plgpu.Barrier(num_barriers=STAGES)]
         bars += [plgpu.Barrier(num_barriers=STAGES), plgpu.Barrier(num_barriers=2)]
         pl.run_scoped(
             lambda *args: kernel(*refs, args[: len(buffers)], args[len(buffers) :]),

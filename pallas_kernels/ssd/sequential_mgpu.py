@@ -46,6 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels._common import dt_activation, live_slot, safe_slot
 from pallas_kernels.rows import Rows
+from pallas_kernels.ssd.chunk_kernels import chunk_table
 from pallas_kernels.ssd.reference import check_scan_args
 
 Q = 64  # tokens a chunk: the M of every wgmma
@@ -129,31 +130,21 @@ def ssd_chunk_scan_hopper(
 
 
 def decay_inputs(meta, dt, A, dt_bias, *, dt_softplus, dt_limit):
-    """(dt' [H, C * Q], cum [H, C * Q], first chunk [R]): per chunk of the call, a row of Q
-    lanes holding its tokens' activated dt and the inclusive cumsum of dt' A from its first
-    token, lane i the chunk's i-th token (zeros past its end); and the index of each row's first
-    chunk (chunks end at absolute multiples of Q inside each row; C = T // Q + 2R + 1 bounds
-    their count). A chunk's row depends only on its own tokens, whatever else the call holds,
-    and the kernel's TMA reads it at an aligned offset. The rows are gathered from the tokens
-    (a scatter of [T, H] values cost 50 us at 1 x 8192 on the H100)."""
-    qsl, computed = meta[0], meta[1]
-    num_tokens, num_rows = dt.shape[0], qsl.shape[0] - 1
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    r = jnp.clip(jnp.searchsorted(qsl, t, side="right") - 1, 0, num_rows - 1)
-    live = t < qsl[num_rows]
-    starts = live & ((t == qsl[r]) | ((computed[r] + t - qsl[r]) % Q == 0))
-    chunk = jnp.cumsum(starts.astype(jnp.int32)) - 1
-    max_chunks = num_tokens // Q + 2 * num_rows + 1
-    first_token = jnp.zeros(max_chunks, jnp.int32)
-    first_token = first_token.at[jnp.where(starts, chunk, max_chunks)].set(t, mode="drop")
-    count = jnp.zeros(max_chunks, jnp.int32).at[jnp.where(live, chunk, max_chunks)].add(1)
+    """(dt' [H, C * Q], cum [H, C * Q], first chunk [R]): per chunk of the call (`chunk_table`,
+    chunks ending at absolute multiples of Q inside each row), a row of Q lanes holding its
+    tokens' activated dt and the inclusive cumsum of dt' A from its first token, lane i the
+    chunk's i-th token (zeros past its end); and the index of each row's first chunk. A chunk's
+    row depends only on its own tokens, whatever else the call holds, and the kernel's TMA reads
+    it at an aligned offset. The rows are gathered from the tokens (a scatter of [T, H] values
+    cost 50 us at 1 x 8192 on the H100)."""
+    num_tokens = dt.shape[0]
+    chunk_t0, chunk_n, first, _ = chunk_table(meta[0], meta[1], num_tokens, Q)
     lanes = jnp.arange(Q, dtype=jnp.int32)
-    token = jnp.minimum(first_token[:, None] + lanes, num_tokens - 1).reshape(-1)
-    valid = (lanes < count[:, None]).reshape(-1)
+    token = jnp.minimum(chunk_t0[:, None] + lanes, num_tokens - 1).reshape(-1)
+    valid = (lanes < chunk_n[:, None]).reshape(-1)
     dt = dt_activation(dt.astype(jnp.float32) + dt_bias[None, :], dt_softplus, dt_limit).T
     dt_rows = jnp.where(valid, dt[:, token], 0.0)  # [H, C * Q]
-    cum_rows = jnp.cumsum((dt_rows * A[:, None]).reshape(-1, max_chunks, Q), axis=2)
-    first = chunk[jnp.clip(qsl[:-1], 0, num_tokens - 1)]
+    cum_rows = jnp.cumsum((dt_rows * A[:, None]).reshape(dt.shape[0], -1, Q), axis=2)
     return dt_rows, cum_rows.reshape(dt_rows.shape), first
 
 

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from benchmarks.engine.models import build_model
+from benchmarks.engine.serving import bench_config
 from jmamba import HybridLM
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
@@ -38,14 +39,11 @@ from runtime.engine import Engine
 def engine_config(
     ranks: int, seqs: int, budget: int, max_model_len: int, async_scheduling: bool
 ) -> EngineConfig:
-    return EngineConfig(
-        max_num_seqs=seqs,
-        max_num_batched_tokens=budget,
-        max_model_len=max_model_len,
-        block_size=16,
-        decode_row_buckets=(seqs,),
-        prefill_token_buckets=(budget,),
-        prefill_row_buckets=(seqs,),
+    return bench_config(
+        seqs,
+        budget,
+        max_model_len,
+        (seqs,),
         data_parallel_size=ranks,
         async_scheduling=async_scheduling,
     )

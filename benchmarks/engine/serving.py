@@ -18,6 +18,23 @@ from runtime.engine import Engine
 PROMPT_LEN = 16
 
 
+def bench_config(
+    max_num_seqs: int, budget: int, max_model_len: int, decode_rows: tuple[int, ...], **options
+) -> EngineConfig:
+    """The benches' engine config: KV blocks of 16 tokens, decode row buckets `decode_rows`, one
+    prefill bucket (`budget` tokens, `max_num_seqs` rows); `options`: any other field."""
+    return EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        block_size=16,
+        decode_row_buckets=decode_rows,
+        prefill_token_buckets=(budget,),
+        prefill_row_buckets=(max_num_seqs,),
+        **options,
+    )
+
+
 def make_engine(
     model: HybridLM,
     batch: int,
@@ -37,14 +54,11 @@ def make_engine(
     the engine's speculative decoding (None: off)."""
     least = model.config.chunk_size + batch - 1
     budget = max(budget or batch * PROMPT_LEN, least)
-    config = EngineConfig(
-        max_num_seqs=batch,
-        max_num_batched_tokens=budget,
-        max_model_len=max_model_len,
-        block_size=16,
-        decode_row_buckets=(max(batch, 2),),  # the default's smallest is 2
-        prefill_token_buckets=(budget,),
-        prefill_row_buckets=(batch,),
+    config = bench_config(
+        batch,
+        budget,
+        max_model_len,
+        (max(batch, 2),),  # the default's smallest is 2
         async_scheduling=async_scheduling,
         tensor_parallel_size=tensor_parallel_size,
         speculative=speculative,

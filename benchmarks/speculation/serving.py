@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.engine.serving import bench_config
 from runtime.core.config import EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
@@ -34,14 +35,11 @@ def engine_config(
     batch_invariant: bool = False,
 ) -> EngineConfig:
     """One engine config for every method: decode row buckets `batches`, one prefill bucket."""
-    return EngineConfig(
-        max_num_seqs=max_batch,
-        max_num_batched_tokens=budget,
-        max_model_len=max_model_len,
-        block_size=16,
-        decode_row_buckets=batches,
-        prefill_token_buckets=(budget,),
-        prefill_row_buckets=(max_batch,),
+    return bench_config(
+        max_batch,
+        budget,
+        max_model_len,
+        batches,
         speculative=speculative,
         async_scheduling=async_scheduling,
         batch_invariant=batch_invariant,

@@ -20,6 +20,7 @@ from benchmarks.prefill.case import (
     rows_meta,
     slot_pool,
 )
+from pallas_kernels.gdn import chain_mgpu as hopper
 from pallas_kernels.gdn import chunk as gdn
 from pallas_kernels.gdn import reference as gdn_ref
 
@@ -31,6 +32,7 @@ GDN_CONFIGS = [
     dict(split_intra=True),
     dict(solve_block=32),
     dict(block_v=32),
+    dict(hopper=True),
 ]
 
 
@@ -59,7 +61,10 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
     ref = functools.cache(lambda: jax.jit(lambda p: reference(p, rows))(pool))
 
     def make_step(cfg):
-        tuning = gdn.ChunkTuning(**cfg)
+        knobs = dict(cfg)
+        if knobs.pop("hopper", False):  # the Mosaic GPU chain (branch mosaic-gdn-chain)
+            return lambda i, p, sets: hopper.gdn_chunk_hopper(*sets[i % len(sets)], p, rows)
+        tuning = gdn.ChunkTuning(**knobs)
         return lambda i, p, sets: gdn.gdn_chunk(
             *sets[i % len(sets)], p, rows, interpret=quick, tuning=tuning
         )

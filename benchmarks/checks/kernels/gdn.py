@@ -18,6 +18,7 @@ from benchmarks.checks.kernels.layouts import (
     row_lengths,
     varlen,
 )
+from pallas_kernels.gdn import chain_mgpu as gdn_hopper
 from pallas_kernels.gdn import chunk as gdnc
 from pallas_kernels.gdn import decode as gdnd
 from pallas_kernels.gdn import reference as gdn_ref
@@ -49,7 +50,14 @@ def gdn_decode(
     return Shape(f"gdn_decode {dims} {jnp.dtype(dtype).name}", build)
 
 
-def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape:
+def gdn_chunk(
+    hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64, hopper: bool = False
+) -> Shape:
+    """The op with its default tuning; with `hopper`, the Mosaic GPU chain (sm_90 only)."""
+    kernel = gdnc.gdn_chunk
+    if hopper:
+        kernel = _without_interpret(gdn_hopper.gdn_chunk_hopper)
+
     def build(rng) -> Case:
         rows = varlen(rng, row_lengths(chunk), chunk)
         t = rows.num_tokens
@@ -75,7 +83,7 @@ def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape
             return fn(*a, chunk_size=chunk, **kw)
 
         return Case(
-            functools.partial(call, gdnc.gdn_chunk),
+            functools.partial(call, kernel),
             functools.partial(call, gdn_ref.gdn_chunk_reference),
             args,
             5,
@@ -85,9 +93,19 @@ def gdn_chunk(hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64) -> Shape
             rows.describe(),
         )
 
-    return Shape(
-        f"gdn_chunk HK={hk} HV={hv} K={k} V={v} chunk={chunk} {jnp.dtype(dtype).name}", build
-    )
+    name = "gdn_chunk hopper" if hopper else "gdn_chunk"
+    dims = f"HK={hk} HV={hv} K={k} V={v} chunk={chunk} {jnp.dtype(dtype).name}"
+    return Shape(f"{name} {dims}", build)
+
+
+def _without_interpret(kernel):
+    """A kernel that has no interpret mode, called as the grid calls kernels."""
+
+    def call(*args, interpret: bool, **kwargs):
+        del interpret  # Mosaic GPU's interpret mode does not run wgmma: GPU only
+        return kernel(*args, **kwargs)
+
+    return call
 
 
 def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: int = 6) -> Shape:

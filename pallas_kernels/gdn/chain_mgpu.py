@@ -1,0 +1,276 @@
+"""The Gated DeltaNet prefill chain for Hopper, in Mosaic GPU (kernel 2 of `gdn/chunk.py`).
+
+UNVALIDATED: lowered for CUDA on a CPU only (2026-11-28); its math has not run on a GPU yet. Not
+wired into `ops.py`. The SSD scan's Mosaic kernel (`ssd/sequential_mgpu.py`) is the template.
+
+Kernel 1 (`gdn/intra.py`, Triton) writes per chunk the tiles W, KD, QE [C, K], U [C, V] and
+AQK [C, C], whole and finite (zeros on a chunk's rows past its tokens). This kernel walks a row's
+chunks with the state slice S [BV, K] (V-first, as the pool stores it) in fp32 registers:
+
+    warpgroup 1 (memory)   TMA of chunk j + 2's tiles (aligned: a tile is indexed by its chunk)
+    warpgroup 0 (compute)  per chunk of n tokens:
+                           1. v_new = U - W S^T                        (wgmma, S^T a bf16 copy)
+                           2. o = QE S^T + AQK v_new   ->  TMA store of the chunk's n tokens
+                           3. S = exp(g_total) S + v_new^T KD          (wgmma into S)
+
+Grid (value heads, V / BV, R + 1); program row R zeroes the padding tokens. g_total, the
+chunk's summed log decay, comes from XLA ([chunks, HV]).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels._common import live_slot, safe_slot
+from pallas_kernels.gdn.chunk import ChunkTuning, _intra_spec, chunk_tiles
+from pallas_kernels.gdn.intra import intra_tiles
+from pallas_kernels.gdn.reference import check_chunk_args
+from pallas_kernels.rows import Rows
+
+Q = 64  # tokens a chunk (the models' GDN chunk size): the M of the wgmmas
+BV = 64  # V rows of the state a program holds
+STAGES = 2
+
+
+def _smem(shape, dtype, stages=None):
+    """A swizzled, tiled SMEM buffer: what TMA fills and wgmma reads."""
+    elems = 128 // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
+    return plgpu.SMEM(shape if stages is None else (stages, *shape), dtype, transforms=transforms)
+
+
+def chunk_totals(g: jax.Array, chunk_start: jax.Array, chunk_len: jax.Array) -> jax.Array:
+    """[NC, HV] fp32: each chunk's summed log decay, over its own tokens in a fixed order."""
+    lanes = jnp.arange(Q, dtype=jnp.int32)
+    token = jnp.minimum(chunk_start[:, None] + lanes, g.shape[0] - 1)
+    rows = jnp.where((lanes < chunk_len[:, None])[..., None], g.astype(jnp.float32)[token], 0.0)
+    return jnp.sum(rows, axis=1)
+
+
+def gdn_chain_mgpu(
+    meta: tuple[jax.Array, ...],
+    totals: jax.Array,
+    tiles: tuple[jax.Array, ...],
+    state: jax.Array,
+    num_tokens: int,
+    v_dtype,
+    block_size: int | None,
+) -> tuple[jax.Array, jax.Array]:
+    """meta = (qsl, num_computed, has_init, read, write, first chunk, chunk count, boundary
+    slots) as `gdn/chunk.py` builds them; tiles = (W, U, KD, QE, AQK) from kernel 1; state
+    [S, HV, V, K] fp32. Returns (o [T, HV, V], the pool with final and boundary states)."""
+    pool = jax.new_ref(state)
+    call = _chain_call(tiles, state.shape, num_tokens, v_dtype, block_size, meta[0].shape[0] - 1)
+    o = call(*meta, totals, *tiles, pool)
+    return o, pool[...]
+
+
+def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_rows: int):
+    """The `plgpu.kernel` of a call's shapes."""
+    num_slots, heads, v_dim, k_dim = pool_shape
+    dtype = tiles[0].dtype
+    wgmma_layout = plgpu.Layout.WGMMA
+
+    def kernel(*refs):
+        qsl, computed, has_init, reads, writes, first_chunk, counts, bounds = refs[:8]
+        totals, w_ref, u_ref, kd_ref, qe_ref, aqk_ref, pool_ref, o_ref = refs[8:16]
+        buffers, bars = refs[16:]
+        w_s, u_s, kd_s, qe_s, aqk_s, st_s, vn_s, o_s, f_s = buffers
+        *loaded, consumed, one = bars
+        h, vt, r = lax.axis_index("heads"), lax.axis_index("vtiles"), lax.axis_index("rows")
+        wg = lax.axis_index("wg")
+        rr = jnp.minimum(r, num_rows - 1)
+        q0, q1, nc = qsl[rr], qsl[rr + 1], computed[rr]
+        base = q0 - nc % Q  # the flat token of the row's first chunk's absolute start
+        num_chunks = jnp.where(r < num_rows, counts[rr], 0)
+        vcols = pl.ds(vt * BV, BV)
+
+        @pl.when(wg == 1)
+        def _memory():
+            plgpu.set_max_registers(40, action="decrease")
+
+            @pl.loop(0, num_chunks)
+            def _(j):
+                slot = lax.rem(j, STAGES)
+
+                @pl.when(j >= STAGES)
+                def _():
+                    plgpu.barrier_wait(consumed.at[slot])
+
+                c = first_chunk[rr] + j
+                sources = (w_ref.at[c, h], u_ref.at[c, h, :, vcols], kd_ref.at[c, h])
+                sources += (qe_ref.at[c, h], aqk_ref.at[c, h])
+                targets = (w_s, u_s, kd_s, qe_s, aqk_s)
+                for src, dst, bar in zip(sources, targets, loaded, strict=True):
+                    plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
+
+        def store_state(s, slot):
+            """The fp32 state slice to pool slot `slot` (nothing when it is not live)."""
+
+            @pl.when(live_slot(slot, num_slots))
+            def _():
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                f_s[...] = s
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(f_s, pool_ref.at[slot, h, vcols])
+
+        def store_tokens(src, t0, n):
+            """The first n rows of `src` to tokens t0.. (whole tile when n = Q)."""
+
+            @pl.when(n == Q)
+            def _():
+                plgpu.copy_smem_to_gmem(src, o_ref.at[pl.ds(t0, Q), h, vcols])
+
+            @pl.when(n < Q)
+            def _():
+                @pl.loop(0, n)
+                def _(t):
+                    dst = o_ref.at[pl.ds(t0 + t, 1), h, vcols]
+                    plgpu.copy_smem_to_gmem(src.at[pl.ds(t, 1)], dst)
+
+        def chunk(j, s):
+            slot = lax.rem(j, STAGES)
+            tok0 = base + j * Q
+            t0 = jnp.maximum(tok0, q0)
+            n = jnp.minimum(tok0 + Q, q1) - t0
+            for bar in loaded:
+                plgpu.barrier_wait(bar.at[slot])
+
+            def products(acc_w, acc_q):
+                plgpu.wgmma(acc_w, w_s.at[slot], st_s.transpose((1, 0)))
+                plgpu.wgmma(acc_q, qe_s.at[slot], st_s.transpose((1, 0)))
+                return acc_w[...], acc_q[...]
+
+            ws, qs = pl.run_scoped(
+                products, plgpu.ACC((Q, BV), jnp.float32), plgpu.ACC((Q, BV), jnp.float32)
+            )
+            u = plgpu.load(u_s.at[slot], layout=wgmma_layout).astype(jnp.float32)
+            vn_s[...] = (u - ws).astype(dtype)  # v_new; rows past n are zero (tiles are)
+            plgpu.commit_smem()
+
+            def attend(acc):
+                plgpu.wgmma(acc, aqk_s.at[slot], vn_s)
+
+            o = pl.run_state(attend)(plgpu.ACC.init(qs))
+            ys = lax.rem(j, 2)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            o_s.at[ys][...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            store_tokens(o_s.at[ys], t0, n)
+
+            def update(acc):
+                plgpu.wgmma(acc, vn_s.transpose((1, 0)), kd_s.at[slot])
+
+            s = pl.run_state(update)(plgpu.ACC.init(s * jnp.exp(totals[first_chunk[rr] + j, h])))
+            plgpu.barrier_arrive(consumed.at[slot])
+            st_s[...] = s.astype(dtype)
+            plgpu.commit_smem()
+            if block_size is not None:  # prefix caching: the state at a block boundary
+                end = nc - nc % Q + (j + 1) * Q
+                col = end // block_size - nc // block_size - 1
+                bound = bounds[rr, jnp.clip(col, 0, bounds.shape[1] - 1)]
+                hit = (end % block_size == 0) & (tok0 + Q <= q1) & (col < bounds.shape[1])
+                store_state(s, jnp.where(hit, bound, 0))
+            return s
+
+        @pl.when((wg == 0) & (r < num_rows))
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            read = jnp.where(has_init[rr] != 0, reads[rr], 0)
+            source = pool_ref.at[safe_slot(read, num_slots), h, vcols]
+            plgpu.copy_gmem_to_smem(source, f_s, one.at[0])
+            plgpu.barrier_wait(one.at[0])
+            s = plgpu.load(f_s, layout=wgmma_layout)
+            live = jnp.full(s.shape, live_slot(read, num_slots))  # no scalar broadcasts here
+            s = jnp.where(plgpu.layout_cast(live, wgmma_layout), s, 0.0)
+            st_s[...] = s.astype(dtype)
+            plgpu.commit_smem()
+            s = lax.fori_loop(0, num_chunks, chunk, s)
+            store_state(s, writes[rr])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when((wg == 0) & (r == num_rows))
+        def _padding():
+            o_s.at[0][...] = plgpu.layout_cast(jnp.zeros((Q, BV), o_s.dtype), wgmma_layout)
+            plgpu.commit_smem()
+            pad0 = qsl[num_rows]
+
+            @pl.loop(0, pl.cdiv(num_tokens - pad0, Q))
+            def _(k):
+                t0 = pad0 + k * Q
+                store_tokens(o_s.at[0], t0, jnp.minimum(Q, num_tokens - t0))
+
+            plgpu.wait_smem_to_gmem(0)
+
+    def entry(*refs):
+        buffers = (
+            _smem((Q, k_dim), dtype, STAGES),  # W
+            plgpu.SMEM((STAGES, Q, BV), dtype),  # U, this program's columns
+            _smem((Q, k_dim), dtype, STAGES),  # KD
+            _smem((Q, k_dim), dtype, STAGES),  # QE
+            _smem((Q, Q), dtype, STAGES),  # AQK
+            _smem((BV, k_dim), dtype),  # the state entering the chunk, bf16
+            _smem((Q, BV), dtype),  # v_new
+            plgpu.SMEM((2, Q, BV), v_dtype),  # o, two chunks' TMA stores in flight
+            plgpu.SMEM((BV, k_dim), jnp.float32),  # a state slice read or written
+        )
+        # TMA of W, U, KD, QE, AQK; a stage released by the compute warpgroup; the state read.
+        bars = [plgpu.Barrier(num_barriers=STAGES) for _ in range(5)]
+        bars += [plgpu.Barrier(num_barriers=STAGES), plgpu.Barrier(num_barriers=1)]
+        pl.run_scoped(
+            lambda *args: kernel(*refs, args[: len(buffers)], args[len(buffers) :]),
+            *buffers,
+            *bars,
+            collective_axes="wg",
+        )
+
+    return plgpu.kernel(
+        entry,
+        out_type=jax.ShapeDtypeStruct((num_tokens, heads, v_dim), v_dtype),
+        grid=(heads, v_dim // BV, num_rows + 1),
+        grid_names=("heads", "vtiles", "rows"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "use_qk_l2norm", "chunk_size"))
+def gdn_chunk_hopper(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    state: jax.Array,
+    rows: Rows,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    chunk_size: int = 64,
+) -> tuple[jax.Array, jax.Array]:
+    """`gdn_chunk_reference` (same arguments and results) with kernel 1 in Triton and the chain
+    in Mosaic GPU. Takes bf16 / fp16 inputs, K 64 or 128, V a multiple of BV, chunk_size Q and
+    an fp32 pool."""
+    check_chunk_args(q, k, v, g, beta, state, rows, chunk_size)
+    if chunk_size != Q or v.shape[2] % BV or q.shape[2] not in (64, 128):
+        raise ValueError(
+            f"the Hopper GDN chain takes chunk_size {Q}, K 64 or 128 and V a multiple of {BV}; "
+            f"got chunk_size={chunk_size}, K {q.shape[2]}, V {v.shape[2]}"
+        )
+    num_tokens = q.shape[0]
+    qsl, nc, has_init, read, write, bounds = rows.int32_operands()
+    cstart, clen, count, c0 = chunk_tiles(qsl, nc, num_tokens, chunk_size)
+    spec = _intra_spec(q, v, scale, use_qk_l2norm, chunk_size, ChunkTuning(), False)
+    tiles = intra_tiles(
+        q, k, v, g, beta, cstart, clen, spec, num_warps=4, split=False, interpret=False
+    )
+    meta = (qsl, nc, has_init, read, write, c0, count, bounds)
+    totals = chunk_totals(g, cstart, clen)
+    return gdn_chain_mgpu(meta, totals, tiles, state, num_tokens, v.dtype, rows.block_size)

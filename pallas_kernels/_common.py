@@ -170,6 +170,13 @@ def check_fused_decode_pools(
     check_shape("write_slots", write_slots, (batch, lanes))
 
 
+def on_hopper() -> bool:
+    """Whether the default device is an sm_90 GPU (wgmma is sm_90a only): where the Mosaic GPU
+    kernels run."""
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
+
+
 def lower_for_cuda(fn, *args, device_kind: str = "NVIDIA H100 80GB HBM3", num_cores: int = 132):
     """Lower `fn(*args)` for CUDA on a machine without a GPU; returns the StableHLO text.
 

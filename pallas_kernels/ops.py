@@ -15,6 +15,7 @@ from pallas_kernels.attention import reference as _attention_reference
 from pallas_kernels.conv import prefill as _conv_prefill
 from pallas_kernels.conv import reference as _conv_reference
 from pallas_kernels.conv import update as _conv_update
+from pallas_kernels.gdn import chain_mgpu as _gdn_hopper
 from pallas_kernels.gdn import chunk as _gdn_chunk
 from pallas_kernels.gdn import decode as _gdn_decode
 from pallas_kernels.gdn import reference as _gdn_reference
@@ -53,7 +54,11 @@ ssd_state_update = dispatched(
 mamba2_decode = dispatched(_ssd_decode.mamba2_decode, _ssd_reference.mamba2_decode_reference)
 
 # Gated DeltaNet path.
-gdn_chunk = dispatched(_gdn_chunk.gdn_chunk, _gdn_reference.gdn_chunk_reference)
+gdn_chunk = dispatched(
+    _gdn_chunk.gdn_chunk,
+    _gdn_reference.gdn_chunk_reference,
+    _HopperKernel(_gdn_hopper.supports, _gdn_hopper.gdn_chunk_hopper),
+)
 gdn_state_update = dispatched(
     _gdn_state_update.gdn_state_update, _gdn_reference.gdn_state_update_reference
 )

@@ -109,7 +109,7 @@ def grid(quick: bool) -> list[Shape]:
         mamba2_decode(10, 48, 2, 128, 4, 4, BF16),
         mamba2_decode(64, 64, 8, 128, 4, 1, BF16),  # the bench model's layer
         *(gdn_chunk(*d) for d in gdn_dims),
-        # The Mosaic GPU chain (branch mosaic-gdn-chain; unvalidated): GQA 2 / 3, K 128 / 64.
+        # The Mosaic GPU chain the models run on Hopper: GQA 2 / 3, K 128 / 64.
         gdn_chunk(1, 2, 128, 128, BF16, hopper=True),
         gdn_chunk(2, 6, 64, 192, BF16, hopper=True),
         # The chain's pipeline stages at K = 128 (shared memory bound): fp32 tiles at chunk 64,

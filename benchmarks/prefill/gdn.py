@@ -62,7 +62,7 @@ def gdn_case(batch: int, seqlen: int, quick: bool) -> Case:
 
     def make_step(cfg):
         knobs = dict(cfg)
-        if knobs.pop("hopper", False):  # the Mosaic GPU chain (branch mosaic-gdn-chain)
+        if knobs.pop("hopper", False):  # the Mosaic GPU chain (the models' path on Hopper)
             return lambda i, p, sets: hopper.gdn_chunk_hopper(*sets[i % len(sets)], p, rows)
         tuning = gdn.ChunkTuning(**knobs)
         return lambda i, p, sets: gdn.gdn_chunk(

@@ -1,7 +1,9 @@
 """The Gated DeltaNet prefill chain for Hopper, in Mosaic GPU (kernel 2 of `gdn/chunk.py`).
 
-UNVALIDATED: lowered for CUDA on a CPU only (2026-11-28); its math has not run on a GPU yet. Not
-wired into `ops.py`. The SSD scan's Mosaic kernel (`ssd/sequential_mgpu.py`) is the template.
+`ops.gdn_chunk` runs it on an sm_90 GPU wherever `supports` holds (bf16 / fp16 inputs, K 64 or
+128, V a multiple of BV, chunk size Q, an fp32 pool); the Triton chain elsewhere. The SSD scan's
+Mosaic kernel (`ssd/sequential_mgpu.py`) is its template. Mosaic GPU's interpret mode does not run
+wgmma, so its math is checked on the GPU only (gpu_checks.py's `gdn_chunk hopper` points).
 
 Kernel 1 (`gdn/intra.py`, Triton) writes per chunk the tiles W, KD, QE [C, K], U [C, V] and
 AQK [C, C], whole and finite (zeros on a chunk's rows past its tokens). This kernel walks a row's
@@ -20,6 +22,7 @@ chunk's summed log decay, comes from XLA ([chunks, HV]).
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels._common import live_slot, safe_slot
+from pallas_kernels._common import live_slot, on_hopper, safe_slot
 from pallas_kernels.gdn.chunk import ChunkTuning, _intra_spec, chunk_tiles
 from pallas_kernels.gdn.intra import intra_tiles
 from pallas_kernels.gdn.reference import check_chunk_args
@@ -36,6 +39,7 @@ from pallas_kernels.rows import Rows
 Q = 64  # tokens a chunk (the models' GDN chunk size): the M of the wgmmas
 BV = 64  # V rows of the state a program holds
 STAGES = 2
+K_DIMS = (64, 128)  # what the register budget and wgmma tiles take
 
 
 def _smem(shape, dtype, stages=None):
@@ -241,6 +245,29 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
     )
 
 
+def supports(*args: object, **kwargs: object) -> bool:
+    """Whether `gdn_chunk_hopper` runs a call of the op with these arguments (`_dispatch` asks):
+    an sm_90 GPU and `fits`. Static: shapes, dtypes, the model's config and the device, never
+    the batch."""
+    call = _OP_SIGNATURE.bind(*args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    return fits(a["q"], a["k"], a["v"], a["state"], a["chunk_size"]) and on_hopper()
+
+
+def fits(q: jax.Array, k: jax.Array, v: jax.Array, state: jax.Array, chunk_size: int) -> bool:
+    """q, k and v in one of bf16 / fp16, K in K_DIMS, V a multiple of BV, chunks of Q tokens
+    and an fp32 state pool."""
+    return (
+        chunk_size == Q
+        and q.dtype in (jnp.bfloat16, jnp.float16)
+        and k.dtype == v.dtype == q.dtype
+        and q.shape[2] in K_DIMS
+        and v.shape[2] % BV == 0
+        and state.dtype == jnp.float32
+    )
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "use_qk_l2norm", "chunk_size"))
 def gdn_chunk_hopper(
     q: jax.Array,
@@ -256,13 +283,13 @@ def gdn_chunk_hopper(
     chunk_size: int = 64,
 ) -> tuple[jax.Array, jax.Array]:
     """`gdn_chunk_reference` (same arguments and results) with kernel 1 in Triton and the chain
-    in Mosaic GPU. Takes bf16 / fp16 inputs, K 64 or 128, V a multiple of BV, chunk_size Q and
-    an fp32 pool."""
+    in Mosaic GPU, for the calls it `fits`."""
     check_chunk_args(q, k, v, g, beta, state, rows, chunk_size)
-    if chunk_size != Q or v.shape[2] % BV or q.shape[2] not in (64, 128):
+    if not fits(q, k, v, state, chunk_size):
         raise ValueError(
-            f"the Hopper GDN chain takes chunk_size {Q}, K 64 or 128 and V a multiple of {BV}; "
-            f"got chunk_size={chunk_size}, K {q.shape[2]}, V {v.shape[2]}"
+            f"the Hopper GDN chain takes bf16 / fp16 q, k, v, chunk_size {Q}, K in {K_DIMS}, V a "
+            f"multiple of {BV} and an fp32 pool; got {q.dtype} chunk_size={chunk_size}, "
+            f"K {q.shape[2]}, V {v.shape[2]}, pool {state.dtype}"
         )
     num_tokens = q.shape[0]
     qsl, nc, has_init, read, write, bounds = rows.int32_operands()
@@ -274,3 +301,6 @@ def gdn_chunk_hopper(
     meta = (qsl, nc, has_init, read, write, c0, count, bounds)
     totals = chunk_totals(g, cstart, clen)
     return gdn_chain_mgpu(meta, totals, tiles, state, num_tokens, v.dtype, rows.block_size)
+
+
+_OP_SIGNATURE = inspect.signature(gdn_chunk_hopper)  # the op's: `supports` reads its arguments

@@ -44,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels._common import dt_activation, live_slot, safe_slot
+from pallas_kernels._common import dt_activation, live_slot, on_hopper, safe_slot
 from pallas_kernels.rows import Rows
 from pallas_kernels.ssd.chunk_kernels import chunk_table
 from pallas_kernels.ssd.reference import check_scan_args
@@ -52,12 +52,6 @@ from pallas_kernels.ssd.reference import check_scan_args
 Q = 64  # tokens a chunk: the M of every wgmma
 STAGES = 2  # chunks of tiles in flight
 HEAD_DIMS, STATE_SIZES = (64,), (64, 128)  # what the register budget and wgmma tiles take
-
-
-def on_hopper() -> bool:
-    """Whether the default device is an sm_90 GPU (wgmma is sm_90a only)."""
-    device = jax.devices()[0]
-    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
 
 
 def supports(*args: object, **kwargs: object) -> bool:

@@ -82,21 +82,22 @@ def _args(head_dim=64, state=128, dtype=jnp.bfloat16, pool_dtype=jnp.float32):
     )
 
 
+def _fits(args, chunk_size=256, algorithm="sequential"):
+    x, _, _, B, C, pool, _ = args
+    return hopper.fits(x, B, C, pool, chunk_size, algorithm)
+
+
 def test_fits_names_the_shapes_it_takes_and_supports_needs_an_sm90():
-    x, _, _, B, C, pool, _ = _args()
-    assert hopper.fits(x, B, C, pool, 256, "sequential")
-    assert not hopper.fits(x, B, C, pool, 256, "parallel")
-    assert not hopper.fits(x, B, C, pool, 32, "sequential")  # chunks a multiple of Q
-    for bad in (_args(head_dim=48), _args(state=96), _args(dtype=jnp.float32)):
-        assert not hopper.fits(bad[0], bad[3], bad[4], bad[5], 256, "sequential")
-    assert not hopper.fits(
-        *_args(pool_dtype=jnp.bfloat16)[::1][:1],
-        B,
-        C,
-        _args(pool_dtype=jnp.bfloat16)[5],
-        256,
-        "sequential",
-    )  # noqa: E501
+    assert _fits(_args())
+    assert not _fits(_args(), algorithm="parallel")
+    assert not _fits(_args(), chunk_size=32)  # chunks a multiple of Q
+    for bad in (
+        _args(head_dim=48),
+        _args(state=96),
+        _args(dtype=jnp.float32),
+        _args(pool_dtype=jnp.bfloat16),
+    ):
+        assert not _fits(bad)
     assert not hopper.supports(*_args())  # this machine is no sm_90
 
 

@@ -99,6 +99,7 @@ def grid(quick: bool) -> list[Shape]:
         ssd_scan("sequential", 5, 64, 1, 128, BF16, 256, hopper=True),
         ssd_scan("sequential", 6, 64, 3, 64, BF16, 128, hopper=True),
         ssd_scan("sequential", 10, 64, 5, 128, BF16, 64, hopper=True),
+        ssd_scan("sequential", 6, 64, 2, 128, BF16, 128, hopper=True, caching=False),
         # Output programs serving several heads of a group (3 of 3, 5 of 5).
         ssd_scan("parallel", 6, 24, 2, 48, BF16, 256, heads_per_program=3),
         ssd_scan("parallel", 10, 48, 2, 128, F32, 256, heads_per_program=5),
@@ -112,6 +113,7 @@ def grid(quick: bool) -> list[Shape]:
         # The Mosaic GPU chain the models run on Hopper: GQA 2 / 3, K 128 / 64.
         gdn_chunk(1, 2, 128, 128, BF16, hopper=True),
         gdn_chunk(2, 6, 64, 192, BF16, hopper=True),
+        gdn_chunk(2, 4, 128, 64, BF16, hopper=True, caching=False),
         # The chain's pipeline stages at K = 128 (shared memory bound): fp32 tiles at chunk 64,
         # bf16 at chunk 128.
         gdn_chunk(1, 2, 128, 128, F32),

@@ -30,7 +30,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels._common import live_slot, on_hopper, safe_slot
+from pallas_kernels._common import (
+    boundary_operands,
+    live_slot,
+    on_hopper,
+    own_buffers,
+    safe_slot,
+)
 from pallas_kernels.gdn.chunk import ChunkTuning, _intra_spec, chunk_tiles
 from pallas_kernels.gdn.intra import intra_tiles
 from pallas_kernels.gdn.reference import check_chunk_args
@@ -66,9 +72,10 @@ def gdn_chain_mgpu(
     v_dtype,
     block_size: int | None,
 ) -> tuple[jax.Array, jax.Array]:
-    """meta = (qsl, num_computed, has_init, read, write, first chunk, chunk count, boundary
-    slots) as `gdn/chunk.py` builds them; tiles = (W, U, KD, QE, AQK) from kernel 1; state
-    [S, HV, V, K] fp32. Returns (o [T, HV, V], the pool with final and boundary states)."""
+    """meta = (qsl, num_computed, has_init, read, write, first chunk, chunk count) as
+    `gdn/chunk.py` builds them, and the boundary slots when block_size is given; tiles = (W, U,
+    KD, QE, AQK) from kernel 1; state [S, HV, V, K] fp32. Returns (o [T, HV, V], the pool with
+    final and boundary states)."""
     pool = jax.new_ref(state)
     call = _chain_call(tiles, state.shape, num_tokens, v_dtype, block_size, meta[0].shape[0] - 1)
     o = call(*meta, totals, *tiles, pool)
@@ -81,10 +88,14 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
     dtype = tiles[0].dtype
     wgmma_layout = plgpu.Layout.WGMMA
 
+    num_meta = 7 if block_size is None else 8
+
     def kernel(*refs):
-        qsl, computed, has_init, reads, writes, first_chunk, counts, bounds = refs[:8]
-        totals, w_ref, u_ref, kd_ref, qe_ref, aqk_ref, pool_ref, o_ref = refs[8:16]
-        buffers, bars = refs[16:]
+        qsl, computed, has_init, reads, writes, first_chunk, counts = refs[:7]
+        bounds = refs[7] if block_size is not None else None  # see `boundary_operands`
+        refs = refs[num_meta:]
+        totals, w_ref, u_ref, kd_ref, qe_ref, aqk_ref, pool_ref, o_ref = refs[:8]
+        buffers, bars = refs[8:]
         w_s, u_s, kd_s, qe_s, aqk_s, st_s, vn_s, o_s, f_s = buffers
         *loaded, consumed, one = bars
         h, vt, r = lax.axis_index("heads"), lax.axis_index("vtiles"), lax.axis_index("rows")
@@ -298,7 +309,8 @@ def gdn_chunk_hopper(
     tiles = intra_tiles(
         q, k, v, g, beta, cstart, clen, spec, num_warps=4, split=False, interpret=False
     )
-    meta = (qsl, nc, has_init, read, write, c0, count, bounds)
+    cached = boundary_operands(bounds, rows.block_size)
+    meta = own_buffers(qsl, nc, has_init, read, write, c0, count, *cached)
     totals = chunk_totals(g, cstart, clen)
     return gdn_chain_mgpu(meta, totals, tiles, state, num_tokens, v.dtype, rows.block_size)
 

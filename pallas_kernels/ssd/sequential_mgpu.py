@@ -44,7 +44,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels._common import dt_activation, live_slot, on_hopper, safe_slot
+from pallas_kernels._common import (
+    boundary_operands,
+    dt_activation,
+    live_slot,
+    on_hopper,
+    own_buffers,
+    safe_slot,
+)
 from pallas_kernels.rows import Rows
 from pallas_kernels.ssd.chunk_kernels import chunk_table
 from pallas_kernels.ssd.reference import check_scan_args
@@ -56,13 +63,14 @@ HEAD_DIMS, STATE_SIZES = (64,), (64, 128)  # what the register budget and wgmma 
 
 def supports(*args: object, **kwargs: object) -> bool:
     """Whether `ssd_chunk_scan_hopper` runs a call of the op with these arguments (`_dispatch`
-    asks): an sm_90 GPU and `fits`. Static: shapes, dtypes, the model's config and the device,
-    never the batch."""
+    asks): an sm_90 GPU, `fits`, and D given (without it the kernel would take a constant, see
+    `boundary_operands`). Static: shapes, dtypes, the model's config and the device, never the
+    batch."""
     call = _OP_SIGNATURE.bind(*args, **kwargs)
     call.apply_defaults()
     a = call.arguments
-    chunk_size, algorithm = a["chunk_size"], a["algorithm"]
-    return fits(a["x"], a["B"], a["C"], a["ssm_state"], chunk_size, algorithm) and on_hopper()
+    fit = fits(a["x"], a["B"], a["C"], a["ssm_state"], a["chunk_size"], a["algorithm"])
+    return fit and a["D"] is not None and on_hopper()
 
 
 def fits(
@@ -109,17 +117,20 @@ def ssd_chunk_scan_hopper(
             f"{Q}; got {algorithm}, x {x.dtype}{x.shape}, B {B.dtype}{B.shape}, pool "
             f"{ssm_state.dtype}, chunk_size={chunk_size}"
         )
+    if D is None:
+        raise ValueError("the Hopper SSD scan takes D (the reference's kernel runs calls without)")
     heads = x.shape[1]
-    D = jnp.zeros((heads,), jnp.float32) if D is None else D
     dt_bias = jnp.zeros((heads,), jnp.float32) if dt_bias is None else dt_bias
-    meta = rows.int32_operands()
+    qsl, computed, has_init, read, write, bounds = rows.int32_operands()
     dt_lanes, cum_lanes, first_chunk = decay_inputs(
-        meta, dt, A, dt_bias, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit)
+        (qsl, computed), dt, A, dt_bias, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit)
     )
     d_lanes = jnp.broadcast_to(D.astype(jnp.float32)[:, None], (heads, Q))
     pool = jax.new_ref(ssm_state)  # the kernel writes the final and boundary states in place
     call = _scan_call(x, B, z, ssm_state.shape[0], rows.block_size, rows.num_rows)
-    y = call(*meta, first_chunk, x, dt_lanes, cum_lanes, B, C, x if z is None else z, d_lanes, pool)
+    cached = boundary_operands(bounds, rows.block_size)
+    meta = own_buffers(qsl, computed, has_init, read, write, first_chunk, *cached)
+    y = call(*meta, x, dt_lanes, cum_lanes, B, C, x if z is None else z, d_lanes, pool)
     return y, pool[...]
 
 
@@ -158,10 +169,14 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
     wgmma_layout = plgpu.Layout.WGMMA
     row, col = wgmma_layout.reduce(1), wgmma_layout.reduce(0)
 
+    num_meta = 6 if block_size is None else 7
+
     def kernel(*refs):
-        qsl, computed, has_init, reads, writes, bounds, first_chunk = refs[:7]
-        x_ref, dt_ref, cum_ref, b_ref, c_ref, z_ref, d_ref, pool_ref, y_ref = refs[7:16]
-        buffers, bars = refs[16:]
+        qsl, computed, has_init, reads, writes, first_chunk = refs[:6]
+        bounds = refs[6] if block_size is not None else None  # see `boundary_operands`
+        refs = refs[num_meta:]
+        x_ref, dt_ref, cum_ref, b_ref, c_ref, z_ref, d_ref, pool_ref, y_ref = refs[:9]
+        buffers, bars = refs[9:]
         x_s, b_s, c_s, z_s, dt_s, cum_s, dtc_s, cumc_s, d_s, st_s, xw_s, y_s, f_s = buffers[:13]
         xu_s, bu_s, cu_s = buffers[13:]
         *loaded, staging, restaged, consumed, one = bars

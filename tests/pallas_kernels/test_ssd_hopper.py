@@ -104,10 +104,11 @@ def test_fits_names_the_shapes_it_takes_and_supports_needs_an_sm90():
 def test_supports_reads_the_call_as_the_op_takes_it(monkeypatch):
     monkeypatch.setattr(hopper, "on_hopper", lambda: True)
     x, dt, A, B, C, pool, rows = _args()
-    assert hopper.supports(x, dt, A, B, C, pool, rows, chunk_size=128)
-    assert hopper.supports(x, dt, A, B=B, C=C, ssm_state=pool, rows=rows)
-    assert not hopper.supports(x, dt, A, B, C, pool, rows, algorithm="parallel")
-    assert not hopper.supports(*_args(head_dim=48))
+    D = jnp.ones(A.shape)
+    assert hopper.supports(x, dt, A, B, C, pool, rows, D=D, chunk_size=128)
+    assert hopper.supports(x, dt, A, B=B, C=C, ssm_state=pool, rows=rows, D=D)
+    assert not hopper.supports(x, dt, A, B, C, pool, rows, D=D, algorithm="parallel")
+    assert not hopper.supports(*_args(head_dim=48), D=D)
 
 
 def test_the_op_refuses_what_it_does_not_fit():
@@ -138,3 +139,13 @@ def test_dispatch_runs_the_hopper_kernel_where_it_applies(monkeypatch):
     op(1, implementation="reference")
     triton = [("triton", False), ("triton", False), ("triton", True)]
     assert calls == [("hopper", 1), *triton, ("reference",)]
+
+
+def test_a_call_without_D_goes_to_the_triton_kernel(monkeypatch):
+    """Without D the Mosaic kernel would take a constant operand, which Mosaic GPU refuses
+    unless XLA happens to align it (see `_common.boundary_operands`)."""
+    monkeypatch.setattr(hopper, "on_hopper", lambda: True)
+    x, dt, A, B, C, pool, rows = _args()
+    assert not hopper.supports(x, dt, A, B, C, pool, rows)
+    with pytest.raises(ValueError, match="takes D"):
+        hopper.ssd_chunk_scan_hopper(x, dt, A, B, C, pool, rows)

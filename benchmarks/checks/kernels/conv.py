@@ -18,7 +18,6 @@ from benchmarks.checks.kernels.layouts import (
 from pallas_kernels.conv import prefill as conv
 from pallas_kernels.conv import reference as conv_ref
 from pallas_kernels.conv import update as conv_update_kernel
-from pallas_kernels.rows import Rows
 
 
 def conv_prefill(channels: int, width: int, dtype, walk_tokens: int = 16) -> Shape:
@@ -32,7 +31,7 @@ def conv_prefill(channels: int, width: int, dtype, walk_tokens: int = 16) -> Sha
             normal(rng, (channels, width), dtype, width**-0.5),
             normal(rng, (channels,), dtype, 0.1),
             random_pool(rng, rows.num_slots, (channels, width - 1), dtype),
-            Rows(rows.qsl, rows.num_computed, rows.has_init, rows.read, rows.write),
+            rows.as_rows(None),
         )
         return Case(
             functools.partial(conv.causal_conv1d_prefill, walk_tokens=walk_tokens),

@@ -23,7 +23,6 @@ from pallas_kernels.gdn import chunk as gdnc
 from pallas_kernels.gdn import decode as gdnd
 from pallas_kernels.gdn import reference as gdn_ref
 from pallas_kernels.gdn import state_update as gdnu
-from pallas_kernels.rows import Rows
 
 
 def gdn_decode(
@@ -51,9 +50,17 @@ def gdn_decode(
 
 
 def gdn_chunk(
-    hk: int, hv: int, k: int, v: int, dtype, chunk: int = 64, hopper: bool = False
+    hk: int,
+    hv: int,
+    k: int,
+    v: int,
+    dtype,
+    chunk: int = 64,
+    hopper: bool = False,
+    caching: bool = True,
 ) -> Shape:
-    """The op with its default tuning; with `hopper`, the Mosaic GPU chain (sm_90 only)."""
+    """The op with its default tuning; with `hopper`, the Mosaic GPU chain (sm_90 only); without
+    `caching`, rows without boundary slots (the calls of an engine without prefix caching)."""
     kernel = gdnc.gdn_chunk
     if hopper:
         kernel = _without_interpret(gdn_hopper.gdn_chunk_hopper)
@@ -68,15 +75,7 @@ def gdn_chunk(
             -np.logaddexp(0.0, normal(rng, (t, hv))).astype(np.float32),
             1.0 / (1.0 + np.exp(-normal(rng, (t, hv)))),
             random_pool(rng, rows.num_slots, (hv, v, k), F32),
-            Rows(
-                rows.qsl,
-                rows.num_computed,
-                rows.has_init,
-                rows.read,
-                rows.write,
-                rows.boundary,
-                chunk,
-            ),
+            rows.as_rows(chunk if caching else None),
         )
 
         def call(fn, *a, **kw):
@@ -94,7 +93,8 @@ def gdn_chunk(
         )
 
     name = "gdn_chunk hopper" if hopper else "gdn_chunk"
-    dims = f"HK={hk} HV={hv} K={k} V={v} chunk={chunk} {jnp.dtype(dtype).name}"
+    dims = f"HK={hk} HV={hv} K={k} V={v} chunk={chunk}{'' if caching else ' uncached'}"
+    dims += f" {jnp.dtype(dtype).name}"
     return Shape(f"{name} {dims}", build)
 
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.checks.kernels.case import F32
+from pallas_kernels.rows import Rows
 
 
 def random_pool(rng, num_slots: int, tail: tuple[int, ...], dtype) -> np.ndarray:
@@ -55,6 +56,12 @@ class Varlen:
 
     def describe(self) -> str:
         return f"T={self.num_tokens} R={len(self.read)} lengths={np.diff(self.qsl).tolist()}"
+
+    def as_rows(self, block_size: int | None) -> Rows:
+        """The ops' `Rows`: with the boundary slots and `block_size`, or without either (a call
+        that caches nothing; its boundary slots then stay as they were)."""
+        rows = (self.qsl, self.num_computed, self.has_init, self.read, self.write)
+        return Rows(*rows) if block_size is None else Rows(*rows, self.boundary, block_size)
 
 
 def varlen(rng, lengths: list[int], block: int, pad_tokens: int = 5) -> Varlen:

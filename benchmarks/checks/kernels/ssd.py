@@ -18,7 +18,6 @@ from benchmarks.checks.kernels.layouts import (
     row_lengths,
     varlen,
 )
-from pallas_kernels.rows import Rows
 from pallas_kernels.ssd import chunk_scan as ssd
 from pallas_kernels.ssd import decode as m2d
 from pallas_kernels.ssd import reference as ssd_ref
@@ -36,9 +35,11 @@ def ssd_scan(
     chunk: int,
     heads_per_program: int | None = None,
     hopper: bool = False,
+    caching: bool = True,
 ) -> Shape:
     """The scan with its default tuning, or with `heads_per_program` heads an output program;
-    with `hopper`, the Mosaic GPU kernel (`ssd/sequential_mgpu.py`; sm_90 only)."""
+    with `hopper`, the Mosaic GPU kernel (`ssd/sequential_mgpu.py`; sm_90 only); without
+    `caching`, rows without boundary slots (the calls of an engine without prefix caching)."""
     kernel = ssd.ssd_chunk_scan
     if hopper:
         kernel = _without_interpret(ssd_hopper.ssd_chunk_scan_hopper)
@@ -57,15 +58,7 @@ def ssd_scan(
             normal(rng, (t, groups, state), dtype, state**-0.5),
             normal(rng, (t, groups, state), dtype, state**-0.5),
             random_pool(rng, rows.num_slots, (heads, head_dim, state), F32),
-            Rows(
-                rows.qsl,
-                rows.num_computed,
-                rows.has_init,
-                rows.read,
-                rows.write,
-                rows.boundary,
-                chunk,
-            ),
+            rows.as_rows(chunk if caching else None),
             normal(rng, (heads,)),
             normal(rng, (t, heads, head_dim), dtype),
             normal(rng, (heads,), F32, 0.5),
@@ -88,6 +81,7 @@ def ssd_scan(
 
     dims = f"H={heads} P={head_dim} G={groups} N={state} chunk={chunk}"
     dims += "" if heads_per_program is None else f" heads/program={heads_per_program}"
+    dims += "" if caching else " uncached"
     name = "hopper" if hopper else algorithm
     return Shape(f"ssd_chunk_scan {name} {dims} {jnp.dtype(dtype).name}", build)
 

@@ -11,13 +11,11 @@ from jmamba.tokenizer import byte_tokenizer
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
 from tests.runtime.conftest import (
-    MAX_MODEL_LEN,
-    _naive_forward,
-    _whole_sequence_inputs,
     base_config,
     make_engine,
     model_and_runner,
     naive_greedy,
+    naive_logits,
 )
 
 
@@ -37,8 +35,7 @@ def text_engine(family: str) -> Engine:
 
 def naive_log_softmax(family: str, tokens: list[int]) -> np.ndarray:
     """float64 log-probabilities of the next token after `tokens`, by full recompute."""
-    run = _naive_forward(family, MAX_MODEL_LEN)
-    logits = np.asarray(run(_whole_sequence_inputs(tokens, MAX_MODEL_LEN)), np.float64)
+    logits = naive_logits(family, tokens)
     shifted = logits - logits.max()
     return shifted - np.log(np.exp(shifted).sum())
 

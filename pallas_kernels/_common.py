@@ -170,35 +170,6 @@ def check_fused_decode_pools(
     check_shape("write_slots", write_slots, (batch, lanes))
 
 
-def on_hopper() -> bool:
-    """Whether the default device is an sm_90 GPU (wgmma is sm_90a only): where the Mosaic GPU
-    kernels run."""
-    device = jax.devices()[0]
-    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
-
-
-def boundary_operands(bounds: jax.Array, block_size: int | None) -> tuple[jax.Array, ...]:
-    """A Mosaic GPU kernel's boundary-slot operand: the table when the call caches states, else
-    none (the NULL table of a call without caching is a constant, and XLA aligns constants to
-    less than the 256 bytes Mosaic GPU asks of every operand; see `own_buffers`)."""
-    return () if block_size is None else (bounds,)
-
-
-def own_buffers(*operands: jax.Array) -> tuple[jax.Array, ...]:
-    """A Mosaic GPU kernel's small int32 operands (offsets, counts, slots), each computed into a
-    buffer of its own.
-
-    Mosaic GPU refuses an operand that is not aligned to 256 bytes, and XLA passes a contiguous
-    slice of a larger array as a view into it at the slice's offset: the engine's step inputs
-    are slices of one packed array, and the boundary slots of a Qwen3-Next step reached the
-    Gated DeltaNet chain 64 bytes into it ("Input buffer 7 is not 256-byte aligned", H100,
-    2026-11-28). A maximum with 0, which XLA cannot fold away and which changes no valid value
-    (slots, offsets and counts are >= 0; a negative slot means padding, as NULL does), makes
-    each the output of a fusion, and XLA aligns those to 256 bytes.
-    """
-    return tuple(jnp.maximum(a, 0) for a in operands)
-
-
 def lower_for_cuda(fn, *args, device_kind: str = "NVIDIA H100 80GB HBM3", num_cores: int = 132):
     """Lower `fn(*args)` for CUDA on a machine without a GPU; returns the StableHLO text.
 

@@ -30,12 +30,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels._common import (
+from pallas_kernels._common import live_slot, safe_slot
+from pallas_kernels._hopper import (
     boundary_operands,
-    live_slot,
     on_hopper,
     own_buffers,
-    safe_slot,
+    store_rows,
+    store_state,
+    swizzled_smem,
+    zero_padding,
 )
 from pallas_kernels.gdn.chunk import ChunkTuning, _intra_spec, chunk_tiles
 from pallas_kernels.gdn.intra import intra_tiles
@@ -46,13 +49,6 @@ Q = 64  # tokens a chunk (the models' GDN chunk size): the M of the wgmmas
 BV = 64  # V rows of the state a program holds
 STAGES = 2
 K_DIMS = (64, 128)  # what the register budget and wgmma tiles take
-
-
-def _smem(shape, dtype, stages=None):
-    """A swizzled, tiled SMEM buffer: what TMA fills and wgmma reads."""
-    elems = 128 // jnp.dtype(dtype).itemsize
-    transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
-    return plgpu.SMEM(shape if stages is None else (stages, *shape), dtype, transforms=transforms)
 
 
 def chunk_totals(g: jax.Array, chunk_start: jax.Array, chunk_len: jax.Array) -> jax.Array:
@@ -125,29 +121,9 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
                 for src, dst, bar in zip(sources, targets, loaded, strict=True):
                     plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
 
-        def store_state(s, slot):
+        def save(s, slot):
             """The fp32 state slice to pool slot `slot` (nothing when it is not live)."""
-
-            @pl.when(live_slot(slot, num_slots))
-            def _():
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                f_s[...] = s
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(f_s, pool_ref.at[slot, h, vcols])
-
-        def store_tokens(src, t0, n):
-            """The first n rows of `src` to tokens t0.. (whole tile when n = Q)."""
-
-            @pl.when(n == Q)
-            def _():
-                plgpu.copy_smem_to_gmem(src, o_ref.at[pl.ds(t0, Q), h, vcols])
-
-            @pl.when(n < Q)
-            def _():
-                @pl.loop(0, n)
-                def _(t):
-                    dst = o_ref.at[pl.ds(t0 + t, 1), h, vcols]
-                    plgpu.copy_smem_to_gmem(src.at[pl.ds(t, 1)], dst)
+            store_state(s, f_s, pool_ref, (slot, h, vcols), live_slot(slot, num_slots))
 
         def chunk(j, s):
             slot = lax.rem(j, STAGES)
@@ -177,7 +153,7 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             o_s.at[ys][...] = o.astype(o_s.dtype)
             plgpu.commit_smem()
-            store_tokens(o_s.at[ys], t0, n)
+            store_rows(o_s.at[ys], o_ref, (h, vcols), t0, n)
 
             def update(acc):
                 plgpu.wgmma(acc, vn_s.transpose((1, 0)), kd_s.at[slot])
@@ -191,7 +167,7 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
                 col = end // block_size - nc // block_size - 1
                 bound = bounds[rr, jnp.clip(col, 0, bounds.shape[1] - 1)]
                 hit = (end % block_size == 0) & (tok0 + Q <= q1) & (col < bounds.shape[1])
-                store_state(s, jnp.where(hit, bound, 0))
+                save(s, jnp.where(hit, bound, 0))
             return s
 
         @pl.when((wg == 0) & (r < num_rows))
@@ -207,31 +183,22 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
             st_s[...] = s.astype(dtype)
             plgpu.commit_smem()
             s = lax.fori_loop(0, num_chunks, chunk, s)
-            store_state(s, writes[rr])
+            save(s, writes[rr])
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when((wg == 0) & (r == num_rows))
         def _padding():
-            o_s.at[0][...] = plgpu.layout_cast(jnp.zeros((Q, BV), o_s.dtype), wgmma_layout)
-            plgpu.commit_smem()
-            pad0 = qsl[num_rows]
-
-            @pl.loop(0, pl.cdiv(num_tokens - pad0, Q))
-            def _(k):
-                t0 = pad0 + k * Q
-                store_tokens(o_s.at[0], t0, jnp.minimum(Q, num_tokens - t0))
-
-            plgpu.wait_smem_to_gmem(0)
+            zero_padding(o_s.at[0], o_ref, (h, vcols), qsl, num_rows, num_tokens)
 
     def entry(*refs):
         buffers = (
-            _smem((Q, k_dim), dtype, STAGES),  # W
+            swizzled_smem((Q, k_dim), dtype, STAGES),  # W
             plgpu.SMEM((STAGES, Q, BV), dtype),  # U, this program's columns
-            _smem((Q, k_dim), dtype, STAGES),  # KD
-            _smem((Q, k_dim), dtype, STAGES),  # QE
-            _smem((Q, Q), dtype, STAGES),  # AQK
-            _smem((BV, k_dim), dtype),  # the state entering the chunk, bf16
-            _smem((Q, BV), dtype),  # v_new
+            swizzled_smem((Q, k_dim), dtype, STAGES),  # KD
+            swizzled_smem((Q, k_dim), dtype, STAGES),  # QE
+            swizzled_smem((Q, Q), dtype, STAGES),  # AQK
+            swizzled_smem((BV, k_dim), dtype),  # the state entering the chunk, bf16
+            swizzled_smem((Q, BV), dtype),  # v_new
             plgpu.SMEM((2, Q, BV), v_dtype),  # o, two chunks' TMA stores in flight
             plgpu.SMEM((BV, k_dim), jnp.float32),  # a state slice read or written
         )

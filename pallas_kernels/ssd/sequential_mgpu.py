@@ -44,13 +44,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels._common import (
+from pallas_kernels._common import dt_activation, live_slot, safe_slot
+from pallas_kernels._hopper import (
     boundary_operands,
-    dt_activation,
-    live_slot,
     on_hopper,
     own_buffers,
-    safe_slot,
+    store_rows,
+    store_state,
+    swizzled_smem,
+    zero_padding,
 )
 from pallas_kernels.rows import Rows
 from pallas_kernels.ssd.chunk_kernels import chunk_table
@@ -153,13 +155,6 @@ def decay_inputs(meta, dt, A, dt_bias, *, dt_softplus, dt_limit):
     return dt_rows, cum_rows.reshape(dt_rows.shape), first
 
 
-def _smem(shape, dtype, stages=None):
-    """A swizzled, tiled SMEM buffer: what TMA fills and wgmma reads."""
-    elems = 128 // jnp.dtype(dtype).itemsize
-    transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
-    return plgpu.SMEM(shape if stages is None else (stages, *shape), dtype, transforms=transforms)
-
-
 def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
     """The `plgpu.kernel` of a call's shapes."""
     num_tokens, heads, head_dim = x.shape
@@ -232,15 +227,9 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
 
                 fetch(k, slot)
 
-        def store_state(s, slot):
+        def save(s, slot):
             """The fp32 state to pool slot `slot` (nothing when it is not live)."""
-
-            @pl.when(live_slot(slot, num_slots))
-            def _():
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # f_s's last store is read
-                f_s[...] = s
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(f_s, pool_ref.at[slot, h])
+            store_state(s, f_s, pool_ref, (slot, h), live_slot(slot, num_slots))
 
         def chunk(k, s):
             slot = lax.rem(k, STAGES)
@@ -289,7 +278,7 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
             weight = dt_r * jnp.exp(total - cum_r)
             xw_s[...] = (xv * lax.broadcast_in_dim(weight, (Q, head_dim), [0])).astype(dtype)
             plgpu.commit_smem()
-            store_tokens(y_s.at[ys], t0, n)
+            store_rows(y_s.at[ys], y_ref, (h,), t0, n)
 
             def update(acc):
                 plgpu.wgmma(acc, xw_s.transpose((1, 0)), b_s.at[slot])
@@ -303,22 +292,8 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
                 col_j = end // block_size - pos0 // block_size - 1
                 bound = bounds[r, jnp.clip(col_j, 0, bounds.shape[1] - 1)]
                 hit = (end % block_size == 0) & (col_j < bounds.shape[1])
-                store_state(s, jnp.where(hit, bound, 0))
+                save(s, jnp.where(hit, bound, 0))
             return s
-
-        def store_tokens(src, t0, n):
-            """TMA-store the first n rows of `src` to tokens t0.. of head h: the whole tile
-            when n = Q, else token by token (never past the row: another program owns those)."""
-
-            @pl.when(n == Q)
-            def _():
-                plgpu.copy_smem_to_gmem(src, y_ref.at[pl.ds(t0, Q), h])
-
-            @pl.when(n < Q)
-            def _():
-                @pl.loop(0, n)
-                def _(t):
-                    plgpu.copy_smem_to_gmem(src.at[pl.ds(t, 1)], y_ref.at[pl.ds(t0 + t, 1), h])
 
         @pl.when((wg == 0) & (r < num_rows))
         def _compute():
@@ -335,32 +310,23 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
             st_s[...] = s.astype(dtype)
             plgpu.commit_smem()
             s = lax.fori_loop(0, num_chunks, chunk, s)
-            store_state(s, writes[rr])
+            save(s, writes[rr])
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when((wg == 0) & (r == num_rows))
         def _padding():
-            y_s.at[0][...] = plgpu.layout_cast(jnp.zeros((Q, head_dim), dtype), wgmma_layout)
-            plgpu.commit_smem()
-            pad0 = qsl[num_rows]
-
-            @pl.loop(0, pl.cdiv(num_tokens - pad0, Q))
-            def _(k):
-                t0 = pad0 + k * Q
-                store_tokens(y_s.at[0], t0, jnp.minimum(Q, num_tokens - t0))
-
-            plgpu.wait_smem_to_gmem(0)
+            zero_padding(y_s.at[0], y_ref, (h,), qsl, num_rows, num_tokens)
 
     def entry(*refs):
         buffers = (
-            _smem((Q, head_dim), dtype, STAGES),  # x
-            _smem((Q, state), dtype, STAGES),  # B
-            _smem((Q, state), dtype, STAGES),  # C
+            swizzled_smem((Q, head_dim), dtype, STAGES),  # x
+            swizzled_smem((Q, state), dtype, STAGES),  # B
+            swizzled_smem((Q, state), dtype, STAGES),  # C
             plgpu.SMEM((STAGES, Q, head_dim), dtype),  # z
             *(plgpu.SMEM((STAGES, Q), jnp.float32) for _ in range(4)),  # dt', cum; again
             plgpu.SMEM((Q,), jnp.float32),  # D on every lane
-            _smem((head_dim, state), dtype),  # the state entering the chunk, bf16
-            _smem((Q, head_dim), dtype),  # x weighted for the state update
+            swizzled_smem((head_dim, state), dtype),  # the state entering the chunk, bf16
+            swizzled_smem((Q, head_dim), dtype),  # x weighted for the state update
             plgpu.SMEM((2, Q, head_dim), dtype),  # y, two chunks' TMA stores in flight
             plgpu.SMEM((head_dim, state), jnp.float32),  # a state read or written
             plgpu.SMEM((Q, head_dim), dtype),  # x, B, C as TMA leaves them (`fetch`)

@@ -143,7 +143,7 @@ def test_dispatch_runs_the_hopper_kernel_where_it_applies(monkeypatch):
 
 def test_a_call_without_D_goes_to_the_triton_kernel(monkeypatch):
     """Without D the Mosaic kernel would take a constant operand, which Mosaic GPU refuses
-    unless XLA happens to align it (see `_common.boundary_operands`)."""
+    unless XLA happens to align it (see `_hopper.boundary_operands`)."""
     monkeypatch.setattr(hopper, "on_hopper", lambda: True)
     x, dt, A, B, C, pool, rows = _args()
     assert not hopper.supports(x, dt, A, B, C, pool, rows)

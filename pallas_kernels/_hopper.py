@@ -1,0 +1,95 @@
+"""What the Mosaic GPU kernels (`ssd/sequential_mgpu.py`, `gdn/chain_mgpu.py`) share: where they
+run, how their operands reach them, and the SMEM tiles and stores of a warpgroup that walks a row's
+chunks of Q tokens.
+
+Mosaic GPU asks more of its operands than the Triton lowering: each aligned to 256 bytes (XLA
+promises that for its own buffers only: `own_buffers`, `boundary_operands`), and tiles that TMA
+fills and wgmma reads swizzled in SMEM (`swizzled_smem`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+
+def on_hopper() -> bool:
+    """Whether the default device is an sm_90 GPU (wgmma is sm_90a only): where the Mosaic GPU
+    kernels run."""
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
+
+
+def boundary_operands(bounds: jax.Array, block_size: int | None) -> tuple[jax.Array, ...]:
+    """A Mosaic GPU kernel's boundary-slot operand: the table when the call caches states, else
+    none (the NULL table of a call without caching is a constant, and XLA aligns constants to
+    less than the 256 bytes Mosaic GPU asks of every operand; see `own_buffers`)."""
+    return () if block_size is None else (bounds,)
+
+
+def own_buffers(*operands: jax.Array) -> tuple[jax.Array, ...]:
+    """A Mosaic GPU kernel's small int32 operands (offsets, counts, slots), each computed into a
+    buffer of its own.
+
+    Mosaic GPU refuses an operand that is not aligned to 256 bytes, and XLA passes a contiguous
+    slice of a larger array as a view into it at the slice's offset: the engine's step inputs
+    are slices of one packed array, and the boundary slots of a Qwen3-Next step reached the
+    Gated DeltaNet chain 64 bytes into it ("Input buffer 7 is not 256-byte aligned", H100,
+    2026-11-28). A maximum with 0, which XLA cannot fold away and which changes no valid value
+    (slots, offsets and counts are >= 0; a negative slot means padding, as NULL does), makes
+    each the output of a fusion, and XLA aligns those to 256 bytes.
+    """
+    return tuple(jnp.maximum(a, 0) for a in operands)
+
+
+def swizzled_smem(shape: tuple[int, ...], dtype, stages: int | None = None) -> plgpu.SMEM:
+    """A tiled, 128-byte swizzled SMEM buffer (`stages` of them): what TMA fills and wgmma reads."""
+    elems = 128 // jnp.dtype(dtype).itemsize
+    transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
+    return plgpu.SMEM(shape if stages is None else (stages, *shape), dtype, transforms=transforms)
+
+
+def store_rows(src, dst, index: tuple, t0: jax.Array, n: jax.Array) -> None:
+    """TMA-store the first n rows of the SMEM tile `src` to rows t0.. of `dst` at `index` (the
+    axes after the token axis): the whole tile when n fills it, else row by row (never past n:
+    another program owns the rows after)."""
+    size = src.shape[0]
+
+    @pl.when(n == size)
+    def _():
+        plgpu.copy_smem_to_gmem(src, dst.at[(pl.ds(t0, size), *index)])
+
+    @pl.when(n < size)
+    def _():
+        @pl.loop(0, n)
+        def _(t):
+            plgpu.copy_smem_to_gmem(src.at[pl.ds(t, 1)], dst.at[(pl.ds(t0 + t, 1), *index)])
+
+
+def store_state(state: jax.Array, buffer, pool, index: tuple, live: jax.Array) -> None:
+    """The fp32 state (registers) to `pool` at `index` through the SMEM `buffer`, when `live`."""
+
+    @pl.when(live)
+    def _():
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the buffer's last store has read it
+        buffer[...] = state
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(buffer, pool.at[index])
+
+
+def zero_padding(tile, dst, index: tuple, qsl, num_rows: int, num_tokens: int) -> None:
+    """Zero rows qsl[num_rows] .. num_tokens of `dst` at `index` (the padding tokens, which no row
+    owns), a tile's rows at a time, through the SMEM `tile`."""
+    size = tile.shape[0]
+    tile[...] = plgpu.layout_cast(jnp.zeros(tile.shape, tile.dtype), plgpu.Layout.WGMMA)
+    plgpu.commit_smem()
+    pad0 = qsl[num_rows]
+
+    @pl.loop(0, pl.cdiv(num_tokens - pad0, size))
+    def _(k):
+        t0 = pad0 + k * size
+        store_rows(tile, dst, index, t0, jnp.minimum(size, num_tokens - t0))
+
+    plgpu.wait_smem_to_gmem(0)

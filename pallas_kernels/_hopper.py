@@ -79,6 +79,18 @@ def store_state(state: jax.Array, buffer, pool, index: tuple, live: jax.Array) -
         plgpu.copy_smem_to_gmem(buffer, pool.at[index])
 
 
+def load_state(buffer, copy, live: jax.Array) -> jax.Array:
+    """The fp32 state from the SMEM `buffer` into registers (the wgmma accumulator layout), zeros
+    unless the slot it came from is `live`; its bf16 / fp16 copy goes to `copy`, for the chunk's
+    first wgmma."""
+    state = plgpu.load(buffer, layout=plgpu.Layout.WGMMA)
+    live = jnp.full(state.shape, live)  # no scalar broadcasts in warpgroup code
+    state = jnp.where(plgpu.layout_cast(live, plgpu.Layout.WGMMA), state, 0.0)
+    copy[...] = state.astype(copy.dtype)
+    plgpu.commit_smem()
+    return state
+
+
 def zero_padding(tile, dst, index: tuple, qsl, num_rows: int, num_tokens: int) -> None:
     """Zero rows qsl[num_rows] .. num_tokens of `dst` at `index` (the padding tokens, which no row
     owns), a tile's rows at a time, through the SMEM `tile`."""

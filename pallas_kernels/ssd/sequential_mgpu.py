@@ -47,6 +47,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels._common import dt_activation, live_slot, safe_slot
 from pallas_kernels._hopper import (
     boundary_operands,
+    load_state,
     on_hopper,
     own_buffers,
     store_rows,
@@ -304,11 +305,7 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
             plgpu.copy_gmem_to_smem(pool_ref.at[safe_slot(read, num_slots), h], f_s, one.at[1])
             plgpu.barrier_wait(one.at[0])
             plgpu.barrier_wait(one.at[1])
-            s = plgpu.load(f_s, layout=wgmma_layout)
-            live = jnp.full(s.shape, live_slot(read, num_slots))  # no scalar broadcasts here
-            s = jnp.where(plgpu.layout_cast(live, wgmma_layout), s, 0.0)
-            st_s[...] = s.astype(dtype)
-            plgpu.commit_smem()
+            s = load_state(f_s, st_s, live_slot(read, num_slots))
             s = lax.fori_loop(0, num_chunks, chunk, s)
             save(s, writes[rr])
             plgpu.wait_smem_to_gmem(0)

@@ -41,7 +41,7 @@ from pallas_kernels._hopper import (
     swizzled_smem,
     zero_padding,
 )
-from pallas_kernels.gdn.chunk import ChunkTuning, _intra_spec, chunk_tiles
+from pallas_kernels.gdn.chunk import ChunkTuning, chunk_tiles, intra_spec
 from pallas_kernels.gdn.intra import intra_tiles
 from pallas_kernels.gdn.reference import check_chunk_args
 from pallas_kernels.rows import Rows
@@ -84,12 +84,11 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
     num_slots, heads, v_dim, k_dim = pool_shape
     dtype = tiles[0].dtype
     wgmma_layout = plgpu.Layout.WGMMA
-
-    num_meta = 7 if block_size is None else 8
+    num_meta = 7 if block_size is None else 8  # see `boundary_operands`
 
     def kernel(*refs):
         qsl, computed, has_init, reads, writes, first_chunk, counts = refs[:7]
-        bounds = refs[7] if block_size is not None else None  # see `boundary_operands`
+        bounds = refs[7] if block_size is not None else None
         refs = refs[num_meta:]
         totals, w_ref, u_ref, kd_ref, qe_ref, aqk_ref, pool_ref, o_ref = refs[:8]
         buffers, bars = refs[8:]
@@ -269,7 +268,7 @@ def gdn_chunk_hopper(
     num_tokens = q.shape[0]
     qsl, nc, has_init, read, write, bounds = rows.int32_operands()
     cstart, clen, count, c0 = chunk_tiles(qsl, nc, num_tokens, chunk_size)
-    spec = _intra_spec(q, v, scale, use_qk_l2norm, chunk_size, ChunkTuning(), False)
+    spec = intra_spec(q, v, scale, use_qk_l2norm, chunk_size, ChunkTuning(), False)
     tiles = intra_tiles(
         q, k, v, g, beta, cstart, clen, spec, num_warps=4, split=False, interpret=False
     )

@@ -212,7 +212,7 @@ def chain_stages(chunk: int, block_k: int, block_v: int, itemsize: int, most: in
     return max([1] + [s for s in range(2, most + 1) if need(s) <= _SMEM_BYTES])
 
 
-def _intra_spec(q, v, scale, use_qk_l2norm, chunk: int, tuning: ChunkTuning, interpret: bool):
+def intra_spec(q, v, scale, use_qk_l2norm, chunk: int, tuning: ChunkTuning, interpret: bool):
     """Kernel 1's statics; its tile dtype and dot precision are the chain's too."""
     k_dim, v_dim = q.shape[2], v.shape[2]
     dtype = jnp.dtype(v.dtype if tuning.inter_dtype is None else tuning.inter_dtype)
@@ -263,7 +263,7 @@ def gdn_chunk(
     v_heads, v_dim = v.shape[1], v.shape[2]
     qsl, nc, has_init, read, write, bnd = rows.int32_operands()
     cstart, clen, count, c0 = chunk_tiles(qsl, nc, num_tokens, chunk_size)
-    spec = _intra_spec(q, v, scale, use_qk_l2norm, chunk_size, tuning, interpret)
+    spec = intra_spec(q, v, scale, use_qk_l2norm, chunk_size, tuning, interpret)
     launch = dict(num_warps=tuning.intra_num_warps, split=tuning.split_intra, interpret=interpret)
     tiles = intra_tiles(q, k, v, g, beta, cstart, clen, spec, **launch)
     num_boundaries = 0 if rows.boundary_slots is None else rows.boundary_slots.shape[1]

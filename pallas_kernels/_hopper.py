@@ -9,8 +9,11 @@ fills and wgmma reads swizzled in SMEM (`swizzled_smem`).
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -44,11 +47,45 @@ def own_buffers(*operands: jax.Array) -> tuple[jax.Array, ...]:
     return tuple(jnp.maximum(a, 0) for a in operands)
 
 
+def call_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    """A call of an op as its kernel's `supports` reads it: every argument by name, defaults
+    filled in (the models pass some positionally, some by keyword)."""
+    call = signature.bind(*args, **kwargs)
+    call.apply_defaults()
+    return call.arguments
+
+
+def split_operands(refs: tuple, count: int, block_size: int | None) -> tuple:
+    """(the first `count` refs, the boundary-slot ref or None, the refs after them): a kernel's
+    int32 operands, then the boundary slots only when the call caches states
+    (`boundary_operands`)."""
+    if block_size is None:
+        return refs[:count], None, refs[count:]
+    return refs[:count], refs[count], refs[count + 1 :]
+
+
 def swizzled_smem(shape: tuple[int, ...], dtype, stages: int | None = None) -> plgpu.SMEM:
     """A tiled, 128-byte swizzled SMEM buffer (`stages` of them): what TMA fills and wgmma reads."""
     elems = 128 // jnp.dtype(dtype).itemsize
     transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
     return plgpu.SMEM(shape if stages is None else (stages, *shape), dtype, transforms=transforms)
+
+
+def fill_stages(num_chunks: jax.Array, stages: int, consumed, fetch, registers: int) -> None:
+    """The memory warpgroup: `fetch(k, slot)` each chunk k of the row into stage k % stages, once
+    the compute warpgroup has released that stage (`consumed`), with `registers` registers a
+    thread (the rest go to the compute warpgroup)."""
+    plgpu.set_max_registers(registers, action="decrease")
+
+    @pl.loop(0, num_chunks)
+    def _(k):
+        slot = lax.rem(k, stages)
+
+        @pl.when(k >= stages)
+        def _():
+            plgpu.barrier_wait(consumed.at[slot])
+
+        fetch(k, slot)
 
 
 def store_rows(src, dst, index: tuple, t0: jax.Array, n: jax.Array) -> None:

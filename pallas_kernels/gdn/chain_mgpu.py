@@ -33,9 +33,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels._common import live_slot, safe_slot
 from pallas_kernels._hopper import (
     boundary_operands,
+    call_arguments,
+    fill_stages,
     load_state,
     on_hopper,
     own_buffers,
+    split_operands,
     store_rows,
     store_state,
     swizzled_smem,
@@ -84,12 +87,10 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
     num_slots, heads, v_dim, k_dim = pool_shape
     dtype = tiles[0].dtype
     wgmma_layout = plgpu.Layout.WGMMA
-    num_meta = 7 if block_size is None else 8  # see `boundary_operands`
 
     def kernel(*refs):
-        qsl, computed, has_init, reads, writes, first_chunk, counts = refs[:7]
-        bounds = refs[7] if block_size is not None else None
-        refs = refs[num_meta:]
+        meta, bounds, refs = split_operands(refs, 7, block_size)
+        qsl, computed, has_init, reads, writes, first_chunk, counts = meta
         totals, w_ref, u_ref, kd_ref, qe_ref, aqk_ref, pool_ref, o_ref = refs[:8]
         buffers, bars = refs[8:]
         w_s, u_s, kd_s, qe_s, aqk_s, st_s, vn_s, o_s, f_s = buffers
@@ -102,24 +103,18 @@ def _chain_call(tiles, pool_shape, num_tokens: int, v_dtype, block_size, num_row
         num_chunks = jnp.where(r < num_rows, counts[rr], 0)
         vcols = pl.ds(vt * BV, BV)
 
+        def fetch(j, slot):
+            """Chunk j's tiles into stage `slot` (a tile is indexed by its chunk: aligned)."""
+            c = first_chunk[rr] + j
+            sources = (w_ref.at[c, h], u_ref.at[c, h, :, vcols], kd_ref.at[c, h])
+            sources += (qe_ref.at[c, h], aqk_ref.at[c, h])
+            targets = (w_s, u_s, kd_s, qe_s, aqk_s)
+            for src, dst, bar in zip(sources, targets, loaded, strict=True):
+                plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
+
         @pl.when(wg == 1)
         def _memory():
-            plgpu.set_max_registers(40, action="decrease")
-
-            @pl.loop(0, num_chunks)
-            def _(j):
-                slot = lax.rem(j, STAGES)
-
-                @pl.when(j >= STAGES)
-                def _():
-                    plgpu.barrier_wait(consumed.at[slot])
-
-                c = first_chunk[rr] + j
-                sources = (w_ref.at[c, h], u_ref.at[c, h, :, vcols], kd_ref.at[c, h])
-                sources += (qe_ref.at[c, h], aqk_ref.at[c, h])
-                targets = (w_s, u_s, kd_s, qe_s, aqk_s)
-                for src, dst, bar in zip(sources, targets, loaded, strict=True):
-                    plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
+            fill_stages(num_chunks, STAGES, consumed, fetch, registers=40)
 
         def save(s, slot):
             """The fp32 state slice to pool slot `slot` (nothing when it is not live)."""
@@ -223,9 +218,7 @@ def supports(*args: object, **kwargs: object) -> bool:
     """Whether `gdn_chunk_hopper` runs a call of the op with these arguments (`_dispatch` asks):
     an sm_90 GPU and `fits`. Static: shapes, dtypes, the model's config and the device, never
     the batch."""
-    call = _OP_SIGNATURE.bind(*args, **kwargs)
-    call.apply_defaults()
-    a = call.arguments
+    a = call_arguments(_OP_SIGNATURE, args, kwargs)
     return fits(a["q"], a["k"], a["v"], a["state"], a["chunk_size"]) and on_hopper()
 
 

@@ -47,9 +47,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels._common import dt_activation, live_slot, safe_slot
 from pallas_kernels._hopper import (
     boundary_operands,
+    call_arguments,
+    fill_stages,
     load_state,
     on_hopper,
     own_buffers,
+    split_operands,
     store_rows,
     store_state,
     swizzled_smem,
@@ -69,9 +72,7 @@ def supports(*args: object, **kwargs: object) -> bool:
     asks): an sm_90 GPU, `fits`, and D given (without it the kernel would take a constant, see
     `boundary_operands`). Static: shapes, dtypes, the model's config and the device, never the
     batch."""
-    call = _OP_SIGNATURE.bind(*args, **kwargs)
-    call.apply_defaults()
-    a = call.arguments
+    a = call_arguments(_OP_SIGNATURE, args, kwargs)
     fit = fits(a["x"], a["B"], a["C"], a["ssm_state"], a["chunk_size"], a["algorithm"])
     return fit and a["D"] is not None and on_hopper()
 
@@ -165,12 +166,9 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
     wgmma_layout = plgpu.Layout.WGMMA
     row, col = wgmma_layout.reduce(1), wgmma_layout.reduce(0)
 
-    num_meta = 6 if block_size is None else 7
-
     def kernel(*refs):
-        qsl, computed, has_init, reads, writes, first_chunk = refs[:6]
-        bounds = refs[6] if block_size is not None else None  # see `boundary_operands`
-        refs = refs[num_meta:]
+        meta, bounds, refs = split_operands(refs, 6, block_size)
+        qsl, computed, has_init, reads, writes, first_chunk = meta
         x_ref, dt_ref, cum_ref, b_ref, c_ref, z_ref, d_ref, pool_ref, y_ref = refs[:9]
         buffers, bars = refs[9:]
         x_s, b_s, c_s, z_s, dt_s, cum_s, dtc_s, cumc_s, d_s, st_s, xw_s, y_s, f_s = buffers[:13]
@@ -216,17 +214,7 @@ def _scan_call(x, B, z, num_slots: int, block_size: int | None, num_rows: int):
 
         @pl.when(wg == 1)
         def _memory():
-            plgpu.set_max_registers(104, action="decrease")
-
-            @pl.loop(0, num_chunks)
-            def _(k):
-                slot = lax.rem(k, STAGES)
-
-                @pl.when(k >= STAGES)
-                def _():
-                    plgpu.barrier_wait(consumed.at[slot])
-
-                fetch(k, slot)
+            fill_stages(num_chunks, STAGES, consumed, fetch, registers=104)
 
         def save(s, slot):
             """The fp32 state to pool slot `slot` (nothing when it is not live)."""

@@ -1,5 +1,6 @@
 """One grid point of the kernel grid (`Shape`, built into a `Case`), the tolerance per op and dtype,
-and `judge`: a run's errors against its reference and the invariants every op keeps."""
+`judge`: a run's errors against its reference and the invariants every op keeps, and
+`without_interpret` for the Mosaic GPU kernels' points."""
 
 from __future__ import annotations
 
@@ -67,3 +68,14 @@ def judge(case: Case, out, pool, ref) -> tuple[bool, str]:
     ok = not problems and err_out <= case.tol and err_state <= case.tol
     detail = f"out {err_out:.1e} state {err_state:.1e} (tol {case.tol:.0e}) {case.layout}"
     return ok, detail + "".join(f"; {p}" for p in problems)
+
+
+def without_interpret(kernel: Callable) -> Callable:
+    """A Mosaic GPU kernel, called as the grid calls kernels (with `interpret=`): it has no
+    interpret mode that runs wgmma, so it runs on the GPU only."""
+
+    def call(*args, interpret: bool, **kwargs):
+        del interpret
+        return kernel(*args, **kwargs)
+
+    return call

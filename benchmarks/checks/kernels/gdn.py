@@ -8,7 +8,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.checks.kernels.case import F32, TOLERANCE, Case, Shape
+from benchmarks.checks.kernels.case import F32, TOLERANCE, Case, Shape, without_interpret
 from benchmarks.checks.kernels.fused_decode import fused_decode_case
 from benchmarks.checks.kernels.layouts import (
     lane_live,
@@ -63,7 +63,7 @@ def gdn_chunk(
     `caching`, rows without boundary slots (the calls of an engine without prefix caching)."""
     kernel = gdnc.gdn_chunk
     if hopper:
-        kernel = _without_interpret(gdn_hopper.gdn_chunk_hopper)
+        kernel = without_interpret(gdn_hopper.gdn_chunk_hopper)
 
     def build(rng) -> Case:
         rows = varlen(rng, row_lengths(chunk), chunk)
@@ -96,16 +96,6 @@ def gdn_chunk(
     dims = f"HK={hk} HV={hv} K={k} V={v} chunk={chunk}{'' if caching else ' uncached'}"
     dims += f" {jnp.dtype(dtype).name}"
     return Shape(f"{name} {dims}", build)
-
-
-def _without_interpret(kernel):
-    """A kernel that has no interpret mode, called as the grid calls kernels."""
-
-    def call(*args, interpret: bool, **kwargs):
-        del interpret  # Mosaic GPU's interpret mode does not run wgmma: GPU only
-        return kernel(*args, **kwargs)
-
-    return call
 
 
 def gdn_update(hk: int, hv: int, k: int, v: int, num_lanes: int, dtype, batch: int = 6) -> Shape:

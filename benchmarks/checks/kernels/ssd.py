@@ -8,7 +8,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.checks.kernels.case import F32, TOLERANCE, Case, Shape
+from benchmarks.checks.kernels.case import F32, TOLERANCE, Case, Shape, without_interpret
 from benchmarks.checks.kernels.fused_decode import fused_decode_case
 from benchmarks.checks.kernels.layouts import (
     lane_live,
@@ -42,7 +42,7 @@ def ssd_scan(
     `caching`, rows without boundary slots (the calls of an engine without prefix caching)."""
     kernel = ssd.ssd_chunk_scan
     if hopper:
-        kernel = _without_interpret(ssd_hopper.ssd_chunk_scan_hopper)
+        kernel = without_interpret(ssd_hopper.ssd_chunk_scan_hopper)
     if heads_per_program is not None:
         kernel = functools.partial(
             kernel, tuning=ssd.ScanTuning(heads_per_program=heads_per_program)
@@ -84,16 +84,6 @@ def ssd_scan(
     dims += "" if caching else " uncached"
     name = "hopper" if hopper else algorithm
     return Shape(f"ssd_chunk_scan {name} {dims} {jnp.dtype(dtype).name}", build)
-
-
-def _without_interpret(kernel: Callable) -> Callable:
-    """A kernel that has no interpret mode, called as the grid calls kernels."""
-
-    def call(*args, interpret: bool, **kwargs):
-        del interpret  # Mosaic GPU's interpret mode does not run wgmma: GPU only
-        return kernel(*args, **kwargs)
-
-    return call
 
 
 def ssd_update(

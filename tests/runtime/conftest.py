@@ -103,9 +103,9 @@ def _naive_forward(family: str, max_len: int):
     return functools.partial(forward, params)
 
 
-def _whole_sequence_inputs(tokens: list[int], max_len: int, every: bool = False) -> StepInputs:
+def _whole_sequence_inputs(tokens: list[int], max_len: int) -> StepInputs:
     """The whole sequence as one prefill row from fresh caches, written independently of builder;
-    logits at its last token, or (`every`) at each of its max_len token lanes."""
+    logits at each of its max_len token lanes."""
     n, width = len(tokens), max_len // BLOCK_SIZE
     i32 = functools.partial(np.array, dtype=np.int32)
     padded = np.zeros(max_len, np.int32)
@@ -126,23 +126,22 @@ def _whole_sequence_inputs(tokens: list[int], max_len: int, every: bool = False)
         i32([1]),
         table[None].astype(np.int32),
     )
-    logits_at = np.arange(max_len, dtype=np.int32) if every else i32([n - 1])
+    logits_at = np.arange(max_len, dtype=np.int32)
     return StepInputs(padded, positions, kv_slots.astype(np.int32), decode, prefill, logits_at)
-
-
-def naive_logits(family: str, tokens: list[int], max_len: int = MAX_MODEL_LEN) -> np.ndarray:
-    """[vocab] float64 next-token logits after `tokens`, by full recompute: fresh caches, the
-    whole sequence as one prefill row (one compiled forward per family and `max_len`)."""
-    forward = _naive_forward(family, max_len)
-    return np.array(forward(_whole_sequence_inputs(tokens, max_len))[0], np.float64)
 
 
 def naive_logits_each(family: str, tokens: list[int], max_len: int = MAX_MODEL_LEN) -> np.ndarray:
     """[len(tokens), vocab] float64: row i holds the next-token logits after tokens[: i + 1], all
-    from one full recompute of `tokens` (a causal model: position i sees only tokens[: i + 1])."""
-    forward = _naive_forward(family, max_len)
-    logits = forward(_whole_sequence_inputs(tokens, max_len, every=True))
+    from one full recompute of `tokens` (a causal model: position i sees only tokens[: i + 1]):
+    fresh caches, the whole sequence as one prefill row, one compiled forward per family and
+    `max_len`."""
+    logits = _naive_forward(family, max_len)(_whole_sequence_inputs(tokens, max_len))
     return np.array(logits[: len(tokens)], np.float64)
+
+
+def naive_logits(family: str, tokens: list[int], max_len: int = MAX_MODEL_LEN) -> np.ndarray:
+    """[vocab] float64 next-token logits after `tokens`, by full recompute."""
+    return naive_logits_each(family, tokens, max_len)[-1]
 
 
 def naive_greedy(

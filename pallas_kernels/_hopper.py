@@ -1,6 +1,6 @@
 """What the Mosaic GPU kernels (`ssd/sequential_mgpu.py`, `gdn/chain_mgpu.py`) share: where they
-run, how their operands reach them, and the SMEM tiles and stores of a warpgroup that walks a row's
-chunks of Q tokens.
+run, how their operands reach them and how a call binds, and the SMEM tiles, the memory
+warpgroup's stage loop and the stores of programs that walk a row's chunks of Q tokens.
 
 Mosaic GPU asks more of its operands than the Triton lowering: each aligned to 256 bytes (XLA
 promises that for its own buffers only: `own_buffers`, `boundary_operands`), and tiles that TMA

@@ -201,9 +201,9 @@ def count_kernels(fn, *args) -> int:
     return sum(not any(t in line for t in trivial) for line in ops)
 
 
-def bench_batch(layer: Layer, rng, batch: int, roof_tb_s: float) -> dict:
-    """One batch size: errors, kernel counts, and the fused and unfused paths' best times and
-    % of the `roof_tb_s` roofline."""
+def layer_inputs(layer: Layer, rng, batch: int) -> tuple[tuple, tuple]:
+    """((in_proj output [B, 1, columns], conv weight, conv bias), the per-head arrays) of one
+    layer at `batch` rows, the gate columns shifted down so states decay slowly."""
     f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
     mixed = f(batch, 1, layer.columns)
     mixed[..., -layer.gate_columns :] -= 2.0
@@ -212,7 +212,13 @@ def bench_batch(layer: Layer, rng, batch: int, roof_tb_s: float) -> dict:
         jnp.asarray(f(layer.channels, W) * 0.5, BF),
         jnp.asarray(f(layer.channels) * 0.1, BF),
     )
-    params = tuple(jnp.asarray(p, F32) for p in layer.params(f))
+    return head, tuple(jnp.asarray(p, F32) for p in layer.params(f))
+
+
+def bench_batch(layer: Layer, rng, batch: int, roof_tb_s: float) -> dict:
+    """One batch size: errors, kernel counts, and the fused and unfused paths' best times and
+    % of the `roof_tb_s` roofline."""
+    head, params = layer_inputs(layer, rng, batch)
     slot_bytes = int(np.prod(layer.state_tail)) * 4 + layer.channels * (W - 1) * 2
     sets = max(2, -(-512 * 2**20 // (batch * slot_bytes)))  # >= 512 MiB of distinct slots
     slots = 1 + jnp.arange(sets * batch, dtype=I32).reshape(sets, batch)

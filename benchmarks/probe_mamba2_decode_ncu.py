@@ -28,19 +28,12 @@ def build(path: str, batch: int, block_p: int, num_warps: int) -> tuple:
     import jax.numpy as jnp
     import numpy as np
 
-    from benchmarks.bench_fused_decode import BF, F32, LAYERS, W
+    from benchmarks.bench_fused_decode import BF, F32, LAYERS, W, layer_inputs
 
     layer = LAYERS["mamba2"]
     rng = np.random.default_rng(0)
+    head, params = layer_inputs(layer, rng, batch)
     f = lambda *s: rng.standard_normal(s, np.float32)  # noqa: E731
-    mixed = f(batch, 1, layer.columns)
-    mixed[..., -layer.gate_columns :] -= 2.0
-    head = (
-        jnp.asarray(mixed, BF),
-        jnp.asarray(f(layer.channels, W) * 0.5, BF),
-        jnp.asarray(f(layer.channels) * 0.1, BF),
-    )
-    params = tuple(jnp.asarray(p, F32) for p in layer.params(f))
     conv = jnp.asarray(f(batch + 1, layer.channels, W - 1), BF)
     state = jnp.asarray(f(batch + 1, *layer.state_tail) * 0.1, F32)
     slots = jnp.arange(1, batch + 1, dtype=jnp.int32)

@@ -16,12 +16,17 @@ after lane t go to write_slots[b, t]; a slot that is not live (<= 0 or >= S) rea
 nothing, and its lanes output 0.
 
 Two launches, reading zxbcdt by column offset (no slice is materialised):
-1. `_bc_conv_kernel`, grid (2GN / block_c, B): the conv of the B and C columns, once per row (not
-   once per head), writing their windows and a small [B, L, 2GN] buffer.
-2. `_ssm_kernel`, grid (P / block_p, H, B): the conv of the head's x columns, then the state update.
-B and C cannot be convolved inside launch 2: every head of a group reads the group's B/C windows
-and one of them must write them, but a one-token decode updates its slot in place (write slot ==
-read slot), so that write would race with the other heads' reads. Launch order makes it safe.
+1. `_conv_kernel`, grid (conv_dim / block_c, B): the conv of every xBC column, once per row (not
+   once per head), writing their windows and a small [B, L, conv_dim] buffer (at B = 256 and the
+   bench model's layer, 3 MB beside the state's 1 GB read and written).
+2. `_ssm_kernel`, grid (P / block_p, H, B): the state update, reading x, B and C from the buffer.
+No conv runs inside launch 2. B and C cannot: every head of a group reads the group's B/C
+windows and one of them must write them, but a one-token decode updates its slot in place
+(write slot == read slot), so that write would race with the other heads' reads; launch order
+makes it safe. x could (each head owns its columns), and did until 2026-11-28: Nsight Compute
+then found launch 2 at 80% of the DRAM bandwidth where the plain state update reaches 87% at the
+same grid and occupancy (benchmarks/RESULTS.md), its programs busy with the conv before their
+state loads.
 Each grid lists a row's tiles first: see `pallas_kernels/_common.py`, "Decode launch order".
 """
 
@@ -46,24 +51,24 @@ from pallas_kernels._common import (
 from pallas_kernels.ssd.reference import Geometry, check_decode_args
 
 
-def _bc_conv_kernel(
+def _conv_kernel(
     read_ref,
     write_ref,
     zx_ref,
     w_ref,
     bias_ref,
     conv_in_ref,
-    bc_ref,
+    xbc_ref,
     conv_ref,
     *,
     geo: Geometry,
     block_c: int,
     on_gpu: bool,
 ):
-    """One (row, block of B/C channels): the conv of B and C; windows and bc [B, L, 2GN] out."""
+    """One (row, block of xBC channels): their conv; windows and xbc [B, L, conv_dim] out."""
     del conv_in_ref  # aliased to conv_ref
     start, b = pl.program_id(0) * block_c, pl.program_id(1)
-    mask = start + jnp.arange(block_c) < geo.bc_dim
+    mask = start + jnp.arange(block_c) < geo.conv_dim
     outs = conv_update_lanes(
         read_ref,
         write_ref,
@@ -72,17 +77,19 @@ def _bc_conv_kernel(
         bias_ref,
         conv_ref,
         row=b,
-        channel=pl.ds(geo.d_inner + start, block_c),
-        column=pl.ds(2 * geo.d_inner + start, block_c),
+        channel=pl.ds(start, block_c),
+        column=pl.ds(geo.d_inner + start, block_c),
         mask=mask,
         lanes=geo.lanes,
         width=geo.width,
         on_gpu=on_gpu,
-        dtype=bc_ref.dtype,
+        dtype=xbc_ref.dtype,
     )
     for t, out in enumerate(outs):
         plgpu.store(
-            bc_ref.at[b, jnp.int32(t), pl.ds(start, block_c)], out.astype(bc_ref.dtype), mask=mask
+            xbc_ref.at[b, jnp.int32(t), pl.ds(start, block_c)],
+            out.astype(xbc_ref.dtype),
+            mask=mask,
         )
 
 
@@ -90,16 +97,12 @@ def _ssm_kernel(
     read_ref,
     write_ref,
     zx_ref,
-    bc_ref,
-    w_ref,
-    bias_ref,
+    xbc_ref,
     a_ref,
     d_ref,
     dt_bias_ref,
-    conv_in_ref,
     ssm_in_ref,
     y_ref,
-    conv_ref,
     ssm_ref,
     *,
     geo: Geometry,
@@ -108,9 +111,9 @@ def _ssm_kernel(
     dt_limit: tuple[float, float],
     on_gpu: bool,
 ):
-    """One (row, head, P-block): conv of the head's x columns, then the state update with the
-    state block in registers across the row's lanes."""
-    del conv_in_ref, ssm_in_ref  # aliased to conv_ref, ssm_ref
+    """One (row, head, P-block): the state update with the state block in registers across the
+    row's lanes, x, B and C read from launch 1's buffer."""
+    del ssm_in_ref  # aliased to ssm_ref
     pb, h, b = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     g = h // (geo.heads // geo.groups)
     block_n = pow2(geo.state_size)
@@ -118,23 +121,7 @@ def _ssm_kernel(
     p_mask = p0 + jnp.arange(block_p) < geo.head_dim
     n_mask = jnp.arange(block_n) < geo.state_size
     pn_mask = p_mask[:, None] & n_mask[None, :]
-    x0 = h * geo.head_dim + p0  # first x channel of the block
-    xs = conv_update_lanes(
-        read_ref,
-        write_ref,
-        zx_ref,
-        w_ref,
-        bias_ref,
-        conv_ref,
-        row=b,
-        channel=pl.ds(x0, block_p),
-        column=pl.ds(geo.d_inner + x0, block_p),
-        mask=p_mask,
-        lanes=geo.lanes,
-        width=geo.width,
-        dtype=y_ref.dtype,
-        on_gpu=on_gpu,
-    )
+    x_sl = pl.ds(h * geo.head_dim + p0, block_p)
     read, num_slots = read_ref[b], ssm_ref.shape[0]
     p_sl, n_sl = pl.ds(p0, block_p), pl.ds(0, block_n)
     s = plgpu.load(
@@ -146,15 +133,16 @@ def _ssm_kernel(
     a, d_skip = a_ref[h].astype(jnp.float32), d_ref[h].astype(jnp.float32)
     dt_bias = dt_bias_ref[h].astype(jnp.float32)
     dt_col = geo.d_inner + geo.conv_dim + h
-    b_sl = pl.ds(g * geo.state_size, block_n)
-    c_sl = pl.ds(geo.bc_dim // 2 + g * geo.state_size, block_n)
-    for t, x in enumerate(xs):
+    b_sl = pl.ds(geo.d_inner + g * geo.state_size, block_n)
+    c_sl = pl.ds(geo.d_inner + geo.bc_dim // 2 + g * geo.state_size, block_n)
+    for t in range(geo.lanes):
         tt = jnp.int32(t)
+        x = plgpu.load(xbc_ref.at[b, tt, x_sl], mask=p_mask, other=0.0).astype(jnp.float32)
         dt = dt_activation(
             zx_ref[b, tt, dt_col].astype(jnp.float32) + dt_bias, dt_softplus, dt_limit
         )
-        bv = plgpu.load(bc_ref.at[b, tt, b_sl], mask=n_mask, other=0.0).astype(jnp.float32)
-        cv = plgpu.load(bc_ref.at[b, tt, c_sl], mask=n_mask, other=0.0).astype(jnp.float32)
+        bv = plgpu.load(xbc_ref.at[b, tt, b_sl], mask=n_mask, other=0.0).astype(jnp.float32)
+        cv = plgpu.load(xbc_ref.at[b, tt, c_sl], mask=n_mask, other=0.0).astype(jnp.float32)
         s = s * jnp.exp(dt * a) + (dt * x)[:, None] * bv[None, :]
         y = jnp.sum(s * cv[None, :], axis=1) + d_skip * x
         write = write_ref[b, tt]
@@ -204,7 +192,7 @@ def mamba2_decode(
     """Pallas kernels for `mamba2_decode_reference` (same arguments and results).
 
     Both pools are aliased to the returned ones (donate them under jit to update in place).
-    `block_p` tiles the head dim in the state-update launch, `block_c` the B/C channels in the
+    `block_p` tiles the head dim in the state-update launch, `block_c` the xBC channels in the
     conv launch (both rounded to powers of two, masked at the edges).
     """
     geo = check_decode_args(
@@ -223,16 +211,16 @@ def mamba2_decode(
     zeros = jnp.zeros((geo.heads,), jnp.float32)
     bias = jnp.zeros((geo.conv_dim,), jnp.float32) if conv_bias is None else conv_bias
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-    block_c = min(pow2(block_c), pow2(geo.bc_dim))
-    bc_shape = (geo.batch, geo.lanes, geo.bc_dim)
-    bc, conv_state = pl.pallas_call(
-        functools.partial(_bc_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
-        out_shape=(sds_like(zxbcdt, bc_shape), sds_like(conv_state)),
-        grid=(pl.cdiv(geo.bc_dim, block_c), geo.batch),
+    block_c = min(pow2(block_c), pow2(geo.conv_dim))
+    xbc_shape = (geo.batch, geo.lanes, geo.conv_dim)
+    xbc, conv_state = pl.pallas_call(
+        functools.partial(_conv_kernel, geo=geo, block_c=block_c, on_gpu=not interpret),
+        out_shape=(sds_like(zxbcdt, xbc_shape), sds_like(conv_state)),
+        grid=(pl.cdiv(geo.conv_dim, block_c), geo.batch),
         input_output_aliases={5: 1},
         compiler_params=params,
         interpret=interpret,
-        name="mamba2_decode_bc_conv",
+        name="mamba2_decode_conv",
     )(read, write, zxbcdt, conv_weight, bias, conv_state)
     block_p = min(pow2(block_p), pow2(geo.head_dim))
     y_shape = (geo.batch, geo.lanes, geo.heads, geo.head_dim)
@@ -244,11 +232,11 @@ def mamba2_decode(
         dt_limit=tuple(dt_limit),
         on_gpu=not interpret,
     )
-    return pl.pallas_call(
+    y, ssm_state = pl.pallas_call(
         kernel,
-        out_shape=(sds_like(zxbcdt, y_shape), sds_like(conv_state), sds_like(ssm_state)),
+        out_shape=(sds_like(zxbcdt, y_shape), sds_like(ssm_state)),
         grid=(pl.cdiv(geo.head_dim, block_p), geo.heads, geo.batch),
-        input_output_aliases={9: 1, 10: 2},
+        input_output_aliases={7: 1},
         compiler_params=params,
         interpret=interpret,
         name="mamba2_decode_ssm",
@@ -256,12 +244,10 @@ def mamba2_decode(
         read,
         write,
         zxbcdt,
-        bc,
-        conv_weight,
-        bias,
+        xbc,
         A,
         zeros if D is None else D,
         zeros if dt_bias is None else dt_bias,
-        conv_state,
         ssm_state,
     )
+    return y, conv_state, ssm_state

@@ -23,10 +23,9 @@ Two launches, reading zxbcdt by column offset (no slice is materialised):
 No conv runs inside launch 2. B and C cannot: every head of a group reads the group's B/C
 windows and one of them must write them, but a one-token decode updates its slot in place
 (write slot == read slot), so that write would race with the other heads' reads; launch order
-makes it safe. x could (each head owns its columns), and did until 2026-11-28: Nsight Compute
-then found launch 2 at 80% of the DRAM bandwidth where the plain state update reaches 87% at the
-same grid and occupancy (benchmarks/RESULTS.md), its programs busy with the conv before their
-state loads.
+makes it safe. x could (each head owns its columns), but there it delays the program's state
+loads: launch 2 then moved 80% of the DRAM bandwidth where the plain state update moves 87%, at
+the same grid and occupancy (Nsight Compute, benchmarks/RESULTS.md, 2026-11-28).
 Each grid lists a row's tiles first: see `pallas_kernels/_common.py`, "Decode launch order".
 """
 

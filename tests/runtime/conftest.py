@@ -130,18 +130,23 @@ def _whole_sequence_inputs(tokens: list[int], max_len: int) -> StepInputs:
     return StepInputs(padded, positions, kv_slots.astype(np.int32), decode, prefill, logits_at)
 
 
+def _recompute(family: str, tokens: list[int], max_len: int) -> np.ndarray:
+    """[max_len, vocab] host copy of one full recompute of `tokens` (a causal model: lane i sees
+    only tokens[: i + 1]); fresh caches, the whole sequence as one prefill row, one compiled
+    forward per family and `max_len`. Rows are picked on the host: indexing the device array
+    would compile a slicing program per length."""
+    return np.asarray(_naive_forward(family, max_len)(_whole_sequence_inputs(tokens, max_len)))
+
+
 def naive_logits_each(family: str, tokens: list[int], max_len: int = MAX_MODEL_LEN) -> np.ndarray:
     """[len(tokens), vocab] float64: row i holds the next-token logits after tokens[: i + 1], all
-    from one full recompute of `tokens` (a causal model: position i sees only tokens[: i + 1]):
-    fresh caches, the whole sequence as one prefill row, one compiled forward per family and
-    `max_len`."""
-    logits = _naive_forward(family, max_len)(_whole_sequence_inputs(tokens, max_len))
-    return np.array(logits[: len(tokens)], np.float64)
+    from one full recompute of `tokens`."""
+    return _recompute(family, tokens, max_len)[: len(tokens)].astype(np.float64)
 
 
 def naive_logits(family: str, tokens: list[int], max_len: int = MAX_MODEL_LEN) -> np.ndarray:
     """[vocab] float64 next-token logits after `tokens`, by full recompute."""
-    return naive_logits_each(family, tokens, max_len)[-1]
+    return _recompute(family, tokens, max_len)[len(tokens) - 1].astype(np.float64)
 
 
 def naive_greedy(

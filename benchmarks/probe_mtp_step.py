@@ -1,6 +1,7 @@
 """What the MTP head costs a decode step: the bench model's step without a head, and with a head
-in a step that drafts nothing (`MTPHeadCache`: the head's KV writes only) or that drafts
-(`MTPDrafts`: the head, its logits and chain), device time per step at B = 16 and 64.
+in a step that drafts nothing (the plain step, `NoDeviceDrafts`: the head's weights and KV pool
+are the program's inputs, unread) or that drafts (`MTPDrafts`: the head, its logits and chain),
+device time per step at B = 16 and 64.
 
 B requests of the bench model (`bench_spec_decode.py --size 1b`) are prefilled by an engine; its
 next plain decode step (one lane per row) is replayed `--steps` times, pipelined, with inputs

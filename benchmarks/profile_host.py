@@ -12,9 +12,13 @@ of `Engine.step`.
 `--drafts K` runs the asynchronous MTP engine of `bench_spec_decode.py --async-scheduling`
 instead (the tiny model with a random head): every step drafts K tokens a row and the stub
 accepts every draft, so each row runs 1 + K lanes a step. Requests are long enough never to
-finish while timed.
+finish while timed. With `--max-batch-size M` as well, the MTP engine drafts only while at most
+M requests run (`SpeculativeConfig.max_batch_size`): at B > M every step is its step without
+drafts, to compare with the plain engine's under `--async-scheduling`.
 
     python benchmarks/profile_host.py --batches 1,16,64,256 --steps 1000 [--drafts 2]
+    python benchmarks/profile_host.py --batches 16,64 --async-scheduling
+    python benchmarks/profile_host.py --batches 16,64 --drafts 1 --max-batch-size 1
 """
 
 from __future__ import annotations
@@ -87,17 +91,27 @@ def _instrument(engine: Engine, seconds: collections.Counter) -> None:
     engine.runner.dispatch, engine.runner.fetch = stub.dispatch, stub.fetch
 
 
-def profile_batch(model, batch: int, steps: int, num_drafts: int = 0) -> dict:
-    """Host CPU ms per step of `steps` pure-decode steps at `batch` rows, per part."""
+def profile_batch(
+    model,
+    batch: int,
+    steps: int,
+    num_drafts: int = 0,
+    max_batch_size: int | None = None,
+    async_scheduling: bool = False,
+) -> dict:
+    """Host CPU ms per step of `steps` pure-decode steps at `batch` rows, per part (the MTP
+    engine, always asynchronous, with `num_drafts` > 0)."""
     lanes = (1 + num_drafts) * (steps + WARM_STEPS)  # the most tokens a request gains
     max_model_len = -(-(PROMPT_LEN + lanes + 64) // 256) * 256
-    speculative = SpeculativeConfig("mtp", num_drafts) if num_drafts else None
+    speculative = (
+        SpeculativeConfig("mtp", num_drafts, max_batch_size=max_batch_size) if num_drafts else None
+    )
     engine = make_engine(
         model,
         batch,
         steps + WARM_STEPS,
         max_model_len,
-        async_scheduling=speculative is not None,
+        async_scheduling=async_scheduling or speculative is not None,
         speculative=speculative,
     )
     engine.step()  # the prefill step, with the real runner (compiles it)
@@ -133,12 +147,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--drafts", type=int, default=0, help="K: the MTP engine drafting K")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="the MTP engine's")
+    parser.add_argument("--async-scheduling", action="store_true", help="the plain engine too")
     args = parser.parse_args(argv)
     # The host's work does not depend on the model's size.
     model = build_model("tiny", mtp=args.drafts > 0)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        rows.append(profile_batch(model, batch, args.steps, args.drafts))
+        options = dict(max_batch_size=args.max_batch_size, async_scheduling=args.async_scheduling)
+        rows.append(profile_batch(model, batch, args.steps, args.drafts, **options))
         parts = ", ".join(f"{k} {v:.3f}" for k, v in rows[-1]["parts"].items())
         print(f"B={batch:4d} host {rows[-1]['host_cpu_ms']:.3f} CPU ms/step: {parts}", flush=True)
     if os.environ.get("OUT"):

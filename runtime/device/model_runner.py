@@ -100,7 +100,7 @@ class ModelRunner:
         device (`drafter`); else None.
       drafter: what a drafting step drafts (`runtime.device.mtp_drafts`): the MTP head's drafts
         when the config speculates with method "mtp", else nothing; a step dispatched without
-        drafts runs its `without_drafts()`.
+        drafts runs `NoDeviceDrafts`, the plain step.
       compile_seconds: time spent compiling, per `VariantKey`.
     """
 
@@ -195,9 +195,10 @@ class ModelRunner:
         """Hand one step to the device (compiling its variant first if needed) without waiting
         for it. With `carry` (an asynchronous engine) the step takes the tokens of the previous
         carrying step through its `token_sources` and hands its own to the next; without, it is
-        the plain step (a variant of its own). `drafts`: whether the step drafts for the next
-        (`drafter`; else its `without_drafts()` runs). `inputs`: the batches already on the
-        device (`device_inputs`), for benchmarks that replay one step."""
+        the synchronous step (a variant of its own). `drafts`: whether the step drafts for the
+        next (`drafter`); one without runs `NoDeviceDrafts`, the step of an engine without
+        speculation. `inputs`: the batches already on the device (`device_inputs`), for
+        benchmarks that replay one step."""
         key = self._variant(bucket, batches, carry, drafts)
         compiled = self._compiled.get(key) or self._compile(key, batches[0])
         fresh = self.mesh.step_rows(self._rows(key, batches)) if inputs is None else inputs
@@ -325,7 +326,7 @@ class ModelRunner:
             self.config.batch_invariant,
             self._layouts[key],
             key.mode,
-            self.drafter if key.drafts else self.drafter.without_drafts(),
+            self.drafter if key.drafts else NoDeviceDrafts(),
         )
         carried = self.buffers.carried if key.carry else None
         traced = self._jitted.trace(*static, self._param_leaves, self.caches, packed, carried)

@@ -1,12 +1,15 @@
 """Drafting inside the step: what runs after sampling to propose the next step's drafts.
 
 A step's device drafter is static (it picks the compiled program) and always present:
-`NoDeviceDrafts` (no speculation, or a drafter that runs on the host or in its own model) returns
-nothing; `MTPDrafts(k)` runs the model's MTP head (`jmamba.mtp`) and returns up to k drafts per
-scheduled row, which the host hands back as the row's drafts in the next step. A step of an MTP
-engine that drafts nothing (`SpeculativeConfig.max_batch_size`) runs `MTPHeadCache`: only the
-head's main pass (1 below), so the head's KV cache covers every token when drafting resumes,
-without the head's logits or chain (`without_drafts` gives each drafter's step without drafts).
+`NoDeviceDrafts` (no speculation, a drafter that runs on the host or in its own model, or a step
+that drafts nothing) returns nothing; `MTPDrafts(k)` runs the model's MTP head (`jmamba.mtp`) and
+returns up to k drafts per scheduled row, which the host hands back as the row's drafts in the
+next step. A step of an MTP engine without drafts is the plain step (`NoDeviceDrafts`), so it
+costs what a plain engine's step costs: the head's KV cache skips that step's tokens, and when
+the row drafts again the head attends to what those positions' slots held. Only the drafts'
+acceptance can change, never a token (verification decides); on the trained `tiny-stdlib` head
+a request whose prompt and first 16-96 tokens ran without drafts accepted its later drafts
+about as often as one whose every step fed the head (benchmarks/RESULTS.md, 2026-12-05).
 
 `MTPDrafts`, per step, after the target sampled (and verified) its lanes:
 
@@ -47,9 +50,6 @@ class NoDeviceDrafts:
 
     num_drafts: int = 0
 
-    def without_drafts(self) -> NoDeviceDrafts:
-        return self
-
     def __call__(
         self,
         model: HybridLM,
@@ -68,10 +68,6 @@ class MTPDrafts:
     """Up to `num_drafts` drafts per row from the model's MTP head (module docstring)."""
 
     num_drafts: int
-
-    def without_drafts(self) -> MTPHeadCache:
-        """A step that drafts nothing still feeds the head its tokens (`MTPHeadCache`)."""
-        return MTPHeadCache()
 
     def __call__(
         self,
@@ -107,32 +103,7 @@ class MTPDrafts:
         return _by_logits_row(table, inputs), caches
 
 
-@dataclasses.dataclass(frozen=True)
-class MTPHeadCache:
-    """An MTP engine's step without drafts: the head's main pass writes its KV cache at every
-    token lane of the step (module docstring, 1); no drafts, so no head logits and no chain.
-    What the pass computes past the cache writes has no use, and XLA drops it."""
-
-    num_drafts: int = 0
-
-    def without_drafts(self) -> MTPHeadCache:
-        return self
-
-    def __call__(
-        self,
-        model: HybridLM,
-        x: jax.Array,
-        sampled: jax.Array,
-        accepted: jax.Array,
-        inputs: StepInputs,
-        following: NextTokens,
-        caches: tuple[LayerCache, ...],
-    ) -> tuple[None, tuple[LayerCache, ...]]:
-        _, caches = _head_pass(model, x, sampled, inputs, following, caches)
-        return None, caches
-
-
-DeviceDrafter = NoDeviceDrafts | MTPDrafts | MTPHeadCache
+DeviceDrafter = NoDeviceDrafts | MTPDrafts
 
 
 def _head_pass(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 
@@ -21,7 +22,6 @@ from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
-from runtime.speculative.mtp import first_logits_rows
 from tests.runtime.conftest import (
     base_config,
     make_engine,
@@ -202,43 +202,34 @@ def test_drafting_steps_and_larger_steps_run_as_their_drafter_allows(monkeypatch
     assert_pools_empty(engine)
 
 
-def proposals(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> dict:
-    """Serve `prompts`; {(request index, position of its first draft): drafts} of every row
-    the head drafted for, read once its step retired (the head drafts at a row's first logits
-    row, after the row's last accepted token: the request's next position then), the first K
-    of them (what a row may feed; a shared runner's head may make more)."""
-    proposed = {}
-    observe, k = engine.drafter.observe, engine.config.num_speculative_tokens
-
-    def logged(schedule, bucket, drafts):
-        observe(schedule, bucket, drafts)
-        if drafts is None:
-            return
-        for column, item in zip(first_logits_rows(schedule, bucket), schedule.items, strict=True):
-            count, request = min(int(drafts[0, column]), k), item.request
-            if count and not request.is_finished:
-                key = (int(request.request_id), request.num_tokens)
-                proposed[key] = tuple(drafts[1 : 1 + count, column].tolist())
-
-    engine.drafter.observe = logged
-    for prompt, n in zip(prompts, lengths, strict=True):
-        engine.add_request(prompt, SamplingParams(max_tokens=n))
-    while engine.has_unfinished:
-        engine.step()
-    return proposed
-
-
-def test_steps_without_drafts_still_feed_the_mtp_heads_cache():
-    """Steps above `max_batch_size` skip the head's drafting but not its KV writes: the drafts a
-    request gets once it drafts again equal those of an engine that drafts in every step (a
-    head that missed those tokens would attend to stale KV and draft otherwise)."""
+def test_an_mtp_engines_steps_without_drafts_are_plain_steps():
+    """A step above `max_batch_size` runs the plain step (`NoDeviceDrafts`): the target's pools
+    change, the head's KV pool does not, so it costs what a plain engine's step costs. Steps that
+    draft, once one request is left, write the head's KV again, and every token is the naive
+    loop's (the head's cache skipped the undrafted tokens, which can only cost acceptance)."""
     family, prompts, lengths = "nemotron_h", [[3, 4, 3, 4], [7, 8, 9], [5, 6, 5]], [3, 5, 20]
-    every_step = proposals(spec_engine(family, "mtp", 2), prompts, lengths)
     engine = spec_engine(family, "mtp", 2, max_batch_size=1, async_scheduling=True)
-    some_steps = proposals(engine, prompts, lengths)
-    late = [k for k in some_steps if k[0] == 2 and k[1] >= len(prompts[2]) + 6 and k in every_step]
-    assert late, "no draft of request 2 after the others finished to compare"
-    assert {key: some_steps[key] for key in late} == {key: every_step[key] for key in late}
+    num_layers = model_and_runner(family)[0].config.num_layers
+    runner, dispatch = engine.runner, engine.runner.dispatch
+    changed = []  # per dispatched step: (whether it drafted, whether the head's pool changed)
+
+    def pools(first: int, stop: int | None) -> list[np.ndarray]:
+        return [np.asarray(a) for a in jax.tree.leaves(runner.caches[first:stop])]
+
+    def differ(before: list[np.ndarray], after: list[np.ndarray]) -> bool:
+        return any(not np.array_equal(x, y) for x, y in zip(before, after, strict=True))
+
+    def logged(bucket, batches, **options):
+        head, target = pools(num_layers, None), pools(0, num_layers)
+        step = dispatch(bucket, batches, **options)
+        assert differ(target, pools(0, num_layers))
+        changed.append((options["drafts"], differ(head, pools(num_layers, None))))
+        return step
+
+    runner.dispatch = logged
+    assert_serves_naive_greedy(engine, family, prompts, lengths)
+    assert (False, False) in changed and (True, True) in changed
+    assert (False, True) not in changed, changed
 
 
 def test_async_scheduling_is_a_flag():

@@ -5,7 +5,8 @@ device time per step at B = 16 and 64.
 
 B requests of the bench model (`bench_spec_decode.py --size 1b`) are prefilled by an engine; its
 next plain decode step (one lane per row) is replayed `--steps` times, pipelined, with inputs
-already on the device, so the host's time is not in the figure.
+already on the device; each figure comes with the host's time to dispatch the steps, which is
+the figure when the device step is shorter. The three are timed in turn, `--rounds` times.
 
     PYTHONPATH=. python benchmarks/probe_mtp_step.py --size 1b --batches 16,64
 """
@@ -35,15 +36,18 @@ def decode_step(model, config, batch: int):
     return engine.runner, engine.last_bucket, engine.last_batches
 
 
-def ms_per_step(runner, bucket, batches, steps: int, drafts: bool) -> float:
+def ms_per_step(runner, bucket, batches, steps: int, drafts: bool) -> tuple[float, float]:
+    """(ms per step, ms the host took to dispatch them): when the two are close the replay
+    measured the host's dispatch, not the device."""
     packed = runner.device_inputs(bucket, batches)
     for _ in range(3):  # compile and warm the variant
         np.asarray(runner.dispatch(bucket, batches, packed, drafts=drafts).tokens)
     start = time.perf_counter()
     for _ in range(steps):
         step = runner.dispatch(bucket, batches, packed, drafts=drafts)
+    dispatched = time.perf_counter()
     np.asarray(step.tokens)
-    return 1e3 * (time.perf_counter() - start) / steps
+    return 1e3 * (time.perf_counter() - start) / steps, 1e3 * (dispatched - start) / steps
 
 
 def main() -> None:
@@ -51,21 +55,24 @@ def main() -> None:
     parser.add_argument("--size", default="1b")
     parser.add_argument("--batches", default="16,64")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     batches = tuple(int(b) for b in args.batches.split(","))
     plain, headed = build_model(args.size), build_model(args.size, mtp=True)
     sizes = (max(batches), batches, 1024, 4096)
     spec = SpeculativeConfig("mtp", 1, max_batch_size=1)  # B > 1: plain steps, one lane a row
-    print("B  no head ms  head, no drafts ms  head, drafts ms")
+    print("B  round  no head ms (host)  head, no drafts ms (host)  head, drafts ms (host)")
     for batch in batches:
         none = decode_step(plain, engine_config(*sizes, None), batch)
         mtp = decode_step(headed, engine_config(*sizes, spec), batch)
-        row = (
-            ms_per_step(*none, args.steps, drafts=False),
-            ms_per_step(*mtp, args.steps, drafts=False),
-            ms_per_step(*mtp, args.steps, drafts=True),
-        )
-        print(f"{batch:3d} " + "  ".join(f"{ms:8.3f}" for ms in row), flush=True)
+        for r in range(args.rounds):  # the three alternate, so drift shows as spread
+            row = (
+                ms_per_step(*none, args.steps, drafts=False),
+                ms_per_step(*mtp, args.steps, drafts=False),
+                ms_per_step(*mtp, args.steps, drafts=True),
+            )
+            cells = "  ".join(f"{ms:8.3f} ({host:.3f})" for ms, host in row)
+            print(f"{batch:3d} {r:5d}  {cells}", flush=True)
 
 
 if __name__ == "__main__":

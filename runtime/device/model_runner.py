@@ -304,7 +304,7 @@ class ModelRunner:
     def _rows(self, key: VariantKey, batches: list[StepBatch]) -> np.ndarray:
         """The batches packed, one row per local rank."""
         layout = self._layouts[key]
-        return np.stack([pack(self._packed_tree(b, key.carry), layout) for b in batches])
+        return np.stack([pack(self._packed_tree(b, key), layout) for b in batches])
 
     def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
         """The batches packed, as the global array the variant was lowered for."""
@@ -317,7 +317,7 @@ class ModelRunner:
         """The variant `key` lowered (its layout and output buffers registered): (lowered, the
         seconds it took)."""
         start = time.perf_counter()
-        self._layouts[key] = layout_of(self._packed_tree(batch, key.carry))
+        self._layouts[key] = layout_of(self._packed_tree(batch, key))
         packed = self._packed(key, [batch] * len(self.local_ranks))
         static = (
             self.graphdef,
@@ -345,13 +345,14 @@ class ModelRunner:
         self._compiled[key] = compiled
         return compiled
 
-    def _packed_tree(self, batch: StepBatch, carry: bool) -> tuple:
-        """What the step reads of `batch`: (inputs, sampling, (token sources, chained rows),
-        what follows each prefill chunk), the last two None where the variant does not read
-        them, chained rows None where no row can move (no head drafts)."""
-        drafts = self.drafter.num_drafts > 0
-        sources = (batch.token_sources, batch.chained if drafts else None) if carry else None
-        following = batch.following if drafts else None
+    def _packed_tree(self, batch: StepBatch, key: VariantKey) -> tuple:
+        """What the step of `key` reads of `batch`: (inputs, sampling, (token sources, chained
+        rows), what follows each prefill chunk), the last two None where the variant does not
+        read them (a step without drafts feeds no head), chained rows None where no row can move
+        (no head drafts)."""
+        chains = self.drafter.num_drafts > 0
+        sources = (batch.token_sources, batch.chained if chains else None) if key.carry else None
+        following = batch.following if key.drafts else None
         return batch.inputs, batch.sampling, sources, following
 
 

@@ -42,8 +42,8 @@ def write_checkpoint(size: str, directory: Path) -> None:
     import jmamba
     from benchmarks.engine.models import hf_config
     from jmamba import HybridLM
-    from jmamba.families import from_hf_config
-    from jmamba.weights import cast, save_pretrained
+    from jmamba.checkpoints.families.registry import from_hf_config
+    from jmamba.checkpoints.weights import cast, save_pretrained
 
     config = hf_config(size)
     model = cast(HybridLM(from_hf_config(config), rngs=nnx.Rngs(0)), "bfloat16")

@@ -51,7 +51,7 @@ from benchmarks.engine.roofline import measure_bandwidth, weight_bytes  # noqa: 
 from benchmarks.engine.serving import PROMPT_LEN  # noqa: E402
 from benchmarks.engine.trace import load_trace, profile_events, summarize_profile  # noqa: E402
 from jmamba import HybridLM  # noqa: E402
-from jmamba.families import from_hf_config  # noqa: E402
+from jmamba.checkpoints.families.registry import from_hf_config  # noqa: E402
 from runtime.core.config import EngineConfig  # noqa: E402
 from runtime.core.sampling_params import SamplingParams  # noqa: E402
 from runtime.device.distributed import make_mesh  # noqa: E402

@@ -28,8 +28,6 @@ import os
 import sys
 
 import numpy as np
-
-from benchmarks import bench_fused_decode as fd
 from benchmarks._old import (
     conv_update,
     gdn_decode,
@@ -37,6 +35,8 @@ from benchmarks._old import (
     ssd_decode,
     ssd_state_update,
 )
+
+from benchmarks import bench_fused_decode as fd
 from benchmarks.bench_mamba2_kernels import log
 
 NEW = {"conv": fd.conv, "m2d": fd.m2d, "gdnd": fd.gdnd, "ssu": fd.ssu, "gdnu": fd.gdnu}

@@ -1,7 +1,7 @@
 """jmamba: hybrid state-space language models (Mamba2, NemotronH, Qwen3-Next, Qwen3.5), NNX.
 
 The names below are loaded on first use (PEP 562), so importing a jax-free submodule such as
-`jmamba.step_inputs` or `jmamba.config` does not load jax, flax or the Pallas kernels. `LLM`,
+`jmamba.step.inputs` or `jmamba.config` does not load jax, flax or the Pallas kernels. `LLM`,
 `Engine`, `EngineConfig`, `SamplingParams`, `SpeculativeConfig` and `RequestOutput` are the serving
 runtime's (`runtime`), offered here for `from jmamba import LLM`.
 """
@@ -12,19 +12,19 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "NULL": "jmamba.inputs",
-    "DecodeRows": "jmamba.inputs",
-    "PrefillRows": "jmamba.inputs",
-    "StepInputs": "jmamba.inputs",
+    "NULL": "jmamba.step.pytree",
+    "DecodeRows": "jmamba.step.pytree",
+    "PrefillRows": "jmamba.step.pytree",
+    "StepInputs": "jmamba.step.pytree",
     "Ffn": "jmamba.config",
     "Mixer": "jmamba.config",
     "ModelConfig": "jmamba.config",
-    "from_hf_config": "jmamba.families",
-    "load_hf_config": "jmamba.families",
+    "from_hf_config": "jmamba.checkpoints.families.registry",
+    "load_hf_config": "jmamba.checkpoints.families.registry",
     "HybridLM": "jmamba.model",
-    "load_pretrained": "jmamba.weights",
-    "checkpoint_dtype": "jmamba.weights",
-    "prefill_inputs": "jmamba.prefill",
+    "load_pretrained": "jmamba.checkpoints.weights",
+    "checkpoint_dtype": "jmamba.checkpoints.weights",
+    "prefill_inputs": "jmamba.step.prefill",
     "load_model": "jmamba.loading",
     # The serving runtime's public face, resolved lazily so `from jmamba import LLM` works while
     # jmamba itself never imports runtime (runtime -> jmamba is the only import direction).

@@ -3,7 +3,7 @@
 A model is a stack of layers; each layer is an optional token mixer (attention, Mamba2, Gated
 DeltaNet, attention and Mamba2 side by side, or a transformer block feeding a Mamba2 mixer) and an
 optional feed-forward block (dense MLP or MoE), each pre-normed with a residual.
-`jmamba.families` turns a Hugging Face `config.json` into a `ModelConfig`.
+`jmamba.checkpoints.families.registry` turns a Hugging Face `config.json` into a `ModelConfig`.
 """
 
 from __future__ import annotations
@@ -281,8 +281,8 @@ class ModelConfig:
     output before its residual add, `logits_multiplier` the logits (Granite: 1 / `logits_scaling`;
     Falcon-H1: `lm_head_multiplier`). They stay fields because a tied head is the embedding table
     itself, so neither scale can live in it. Those inside a layer's linear maps are `multipliers`,
-    folded into the weights at load time (`jmamba.folding`). Under tensor parallelism each is the
-    same scalar on every shard (scaling commutes with the shards' all-reduce or gather).
+    folded into the weights at load time (`jmamba.checkpoints.folding`). Under tensor parallelism
+    each is the same scalar on every shard (scaling commutes with the shards' all-reduce or gather).
     One config per layer kind in use (`__post_init__`'s `needs` says which kind reads which).
     """
 

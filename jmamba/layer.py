@@ -14,7 +14,6 @@ import jax
 from flax import nnx
 
 from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.inputs import StepInputs
 from jmamba.layers.mlp import MLP
 from jmamba.layers.moe import MoE
 from jmamba.layers.norms import RMSNorm
@@ -23,7 +22,8 @@ from jmamba.mixers.gated_deltanet import GatedDeltaNet, GDNState
 from jmamba.mixers.mamba2 import Mamba2, Mamba2State
 from jmamba.mixers.parallel_hybrid import ParallelHybrid, ParallelHybridCache
 from jmamba.mixers.transformer_mamba2 import TransformerMamba2
-from jmamba.tensor_parallel import TensorParallel
+from jmamba.parallel.collectives import TensorParallel
+from jmamba.step.pytree import StepInputs
 
 LayerCache = KVCache | Mamba2State | GDNState | ParallelHybridCache | None
 

@@ -1,6 +1,6 @@
 """Load a model by name: a checkpoint directory, a built-in preset ("tiny-<name>") or a Hugging Face
-hub id ("org/name", through huggingface_hub's cache: `jmamba.hub`), with its tokenizer when it
-has one."""
+hub id ("org/name", through huggingface_hub's cache: `jmamba.checkpoints.hub`), with its tokenizer
+when it has one."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 from flax import nnx
 
-from jmamba import hub, presets
-from jmamba.families import load_hf_config
+from jmamba import presets
+from jmamba.checkpoints import hub
+from jmamba.checkpoints.families.registry import load_hf_config
+from jmamba.checkpoints.weights import cast, load_pretrained, on_host, resolve_dtype
 from jmamba.model import HybridLM
-from jmamba.tokenizer import byte_tokenizer
-from jmamba.weights import cast, load_pretrained, on_host, resolve_dtype
+from jmamba.text.tokenizer import byte_tokenizer
 
 PRESET_PREFIX = "tiny-"
 
@@ -24,7 +25,7 @@ def load_model(
     """Return (HybridLM, tokenizer or None) for `model`, resolved in this order: an existing local
     directory (a HF checkpoint); a preset ("tiny-<name>"); a Hugging Face hub id ("org/name": its
     config, tokenizer and safetensors files downloaded into huggingface_hub's cache, or found there
-    offline, see `jmamba.hub.snapshot`).
+    offline, see `jmamba.checkpoints.hub.snapshot`).
 
     A trained preset loads from its checkpoint directory like any checkpoint; a random-weight
     preset is built from `seed` and gets the presets' byte-level tokenizer. `dtype` is "auto"

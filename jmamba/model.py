@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import Mixer, ModelConfig
-from jmamba.inputs import StepInputs
 from jmamba.layer import Layer, LayerCache
 from jmamba.layers.linear import Linear
 from jmamba.layers.matmul import matmul
@@ -34,7 +33,8 @@ from jmamba.mixers.gated_deltanet import GDNState
 from jmamba.mixers.mamba2 import Mamba2State
 from jmamba.mixers.parallel_hybrid import ParallelHybridCache
 from jmamba.mtp import MTPHead
-from jmamba.tensor_parallel import TensorParallel
+from jmamba.parallel.collectives import TensorParallel
+from jmamba.step.pytree import StepInputs
 
 __all__ = ["HybridLM", "LayerCache", "rows_or_zeros"]
 

@@ -30,11 +30,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import ModelConfig
-from jmamba.inputs import NextTokens, StepInputs
 from jmamba.layer import Layer, LayerCache
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import RMSNorm
 from jmamba.mixers.token_layout import prefill_token_rows
+from jmamba.step.pytree import NextTokens, StepInputs
 
 
 class MTPHead(nnx.Module):

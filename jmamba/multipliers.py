@@ -1,5 +1,6 @@
 """`WeightMultipliers`: a checkpoint's constant multipliers inside its layers' linear maps, which
-the loader folds into the weights (`jmamba.folding`); `ModelConfig.multipliers` holds them."""
+the loader folds into the weights (`jmamba.checkpoints.folding`); `ModelConfig.multipliers` holds
+them."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import math
 @dataclasses.dataclass(frozen=True)
 class WeightMultipliers:
     """Constant multipliers of a checkpoint (Falcon-H1's muP ones), folded into the weights at load
-    time (`jmamba.weights`): the model holds `multiplier x weight` and never reads these fields, so
-    a step pays nothing for them and all 1.0 (the default) is a plain checkpoint. Each scales the
-    output of one linear map of every layer that has it (the multiplier on a map's input is the
-    same as one on its output):
+    time (`jmamba.checkpoints.weights`): the model holds `multiplier x weight` and never reads these
+    fields, so a step pays nothing for them and all 1.0 (the default) is a plain checkpoint. Each
+    scales the output of one linear map of every layer that has it (the multiplier on a map's input
+    is the same as one on its output):
 
       attention_in: q, k and v (their projection kernels).
       attention_key: k, before RoPE, which is linear (k_proj).

@@ -3,9 +3,9 @@
 `shard_config(cfg, T)` is the config of one shard: every layer kind holds its own heads, groups,
 channels and experts (the per-kind functions next to each layer: `attention_shard`, ...), and
 `num_shards = T`, so `HybridLM(shard_config(cfg, T))` is the model one device runs inside
-`jax.shard_map`, on local shapes, with the collectives of `jmamba.tensor_parallel`.
+`jax.shard_map`, on local shapes, with the collectives of `jmamba.parallel.collectives`.
 `param_rules(cfg)` gives, for every parameter path of `HybridLM(cfg)`, how its whole value splits
-into the shards' values (`jmamba.shard_rules`), gathered from the per-kind rule tables
+into the shards' values (`jmamba.parallel.rules`), gathered from the per-kind rule tables
 (`attention_tp_rules`, ...); `shard_values` applies them on the host, so a loader can place each
 shard on its own device without the whole model ever sitting on one.
 
@@ -26,7 +26,7 @@ from jmamba.mixers.attention import attention_shard, attention_tp_rules
 from jmamba.mixers.gated_deltanet import gdn_shard, gdn_tp_rules
 from jmamba.mixers.mamba2 import mamba2_shard, mamba2_tp_rules
 from jmamba.mixers.parallel_hybrid import parallel_hybrid_tp_rules
-from jmamba.shard_rules import REPLICATED, Segment, ShardError, ShardRule, split
+from jmamba.parallel.rules import REPLICATED, Segment, ShardError, ShardRule, split
 
 Path_ = tuple[str | int, ...]
 MAX_TENSOR_PARALLEL_SIZE = 64  # the sizes an error message lists as working go up to this

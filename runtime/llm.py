@@ -10,8 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from tqdm import tqdm
 
-from jmamba.chat_template import ChatTemplate, load_chat_template
 from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
+from jmamba.text.chat_template import ChatTemplate, load_chat_template
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 from stdlib_corpus import load_corpus
 
-from jmamba.weights import load_pretrained
+from jmamba.checkpoints.weights import load_pretrained
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.engine import Engine
 
-REPO = Path(__file__).resolve().parents[1]
+PRESET = Path(__file__).resolve().parents[1] / "jmamba/presets/stdlib"
 KS = (1, 2, 3)
 MAX_NUM_SEQS = 8
 
@@ -54,23 +54,25 @@ def serve(model, prompts: list[list[int]], max_tokens: int, k: int | None) -> tu
     return [outputs[str(i)] for i in range(len(prompts))], engine
 
 
-def measure_acceptance(preset: Path, heldout: np.ndarray, cfg) -> dict:
-    """Per K, what the engine measured (module docstring); `cfg` has `measure_prompts`,
-    `measure_prompt_len` and `measure_tokens`."""
+def measure_acceptance(
+    preset: Path, heldout: np.ndarray, *, num_prompts: int, prompt_len: int, max_tokens: int
+) -> dict:
+    """Per K, what the engine measured (module docstring), over `num_prompts` held-out prompts of
+    `prompt_len` tokens, each generating `max_tokens`."""
     model = load_pretrained(preset)
-    prompts = heldout_prompts(heldout, cfg.measure_prompts, cfg.measure_prompt_len)
+    prompts = heldout_prompts(heldout, num_prompts, prompt_len)
     start = time.time()
-    plain, engine = serve(model, prompts, cfg.measure_tokens, None)
+    plain, engine = serve(model, prompts, max_tokens, None)
     result = dict(
         prompts=len(prompts),
-        prompt_tokens=cfg.measure_prompt_len,
-        max_tokens=cfg.measure_tokens,
+        prompt_tokens=prompt_len,
+        max_tokens=max_tokens,
         generated_tokens=sum(len(t) for t in plain),
         steps_without_speculation=engine.stats.num_steps,
         per_k={},
     )
     for k in KS:
-        tokens, engine = serve(model, prompts, cfg.measure_tokens, k)
+        tokens, engine = serve(model, prompts, max_tokens, k)
         spec = engine.stats.speculation
         result["per_k"][str(k)] = dict(
             acceptance_rate=spec.acceptance_rate,
@@ -88,14 +90,17 @@ def measure_acceptance(preset: Path, heldout: np.ndarray, cfg) -> dict:
 
 
 def main() -> int:
-    from train_mtp_head import HeadConfig
-
-    preset = REPO / HeadConfig.preset
-    record = json.loads((preset / "training.json").read_text())
+    record = json.loads((PRESET / "training.json").read_text())
     section = record["mtp_head"]
-    cfg = HeadConfig(**section["train_config"])
-    section["acceptance"] = measure_acceptance(preset, load_corpus().heldout, cfg)
-    (preset / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    cfg = section["train_config"]  # the measure_* knobs of train_mtp_head.HeadConfig
+    section["acceptance"] = measure_acceptance(
+        PRESET,
+        load_corpus().heldout,
+        num_prompts=cfg["measure_prompts"],
+        prompt_len=cfg["measure_prompt_len"],
+        max_tokens=cfg["measure_tokens"],
+    )
+    (PRESET / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(section["acceptance"], indent=2))
     return 0
 

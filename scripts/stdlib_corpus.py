@@ -2,9 +2,9 @@
 
 Every machine with Python has it. The corpus is every `.py` file under the running interpreter's
 `sysconfig` "stdlib" directory, sorted by relative path, minus third-party and test directories
-(Linux distributions often ship the tests separately, so leaving them out keeps the corpus the
-same on more machines). Files whose CRC-32 of the relative path is divisible by `HELDOUT_MODULUS`
-are held out for evaluation. Bytes are token ids (see `jmamba.tokenizer`) and every file ends with
+(Linux distributions often ship the tests separately, so leaving them out keeps the corpus the same
+on more machines). Files whose CRC-32 of the relative path is divisible by `HELDOUT_MODULUS` are
+held out for evaluation. Bytes are token ids (see `jmamba.text.tokenizer`) and every file ends with
 `<|endoftext|>`. `sha256` identifies the exact text, so a re-run can tell whether it trains on the
 same corpus.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jmamba.tokenizer import EOS_ID
+from jmamba.text.tokenizer import EOS_ID
 
 EXCLUDED_DIRS = ("__pycache__", "dist-packages", "idle_test", "site-packages", "test", "tests")
 HELDOUT_MODULUS = 50

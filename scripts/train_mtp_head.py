@@ -53,7 +53,7 @@ from train_preset import (
 from training_ops import fast_training_ops
 
 import jmamba
-from jmamba.weights import load_pretrained, save_pretrained
+from jmamba.checkpoints.weights import load_pretrained, save_pretrained
 
 REPO = Path(__file__).resolve().parents[1]
 MTP_FIELDS = {"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*-"}
@@ -311,7 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     model, hf_config = headed_model(preset, cfg.seed)
     model, curve, summary = train(cfg, model, corpus)
     written = write_headed_preset(model, hf_config, preset, out)
-    acceptance = measure_acceptance(out, corpus.heldout, cfg)
+    acceptance = measure_acceptance(
+        out,
+        corpus.heldout,
+        num_prompts=cfg.measure_prompts,
+        prompt_len=cfg.measure_prompt_len,
+        max_tokens=cfg.measure_tokens,
+    )
     section = dict(
         python=platform.python_version(),
         versions={m.__name__: m.__version__ for m in (jax, flax, optax, np)},

@@ -44,10 +44,11 @@ from stdlib_corpus import Corpus, load_corpus
 from training_ops import fast_training_ops
 
 import jmamba
-from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
+from jmamba.checkpoints.weights import save_pretrained
 from jmamba.mixers.mamba2 import Mamba2, a_from_log
-from jmamba.tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
-from jmamba.weights import save_pretrained
+from jmamba.step.invariants import check_step_inputs
+from jmamba.step.pytree import DecodeRows, PrefillRows, StepInputs
+from jmamba.text.tokenizer import EOS_ID, VOCAB_SIZE, byte_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK_SIZE = 16
@@ -132,7 +133,7 @@ def row_inputs(num_tokens: int) -> StepInputs:
         np.zeros(num_tokens, np.int32), arange, BLOCK_SIZE + arange, decode, prefill, last_logit
     )
     # A serving step asks for the last token's logits only; check that layout, then ask for all.
-    serving.validate(block_size=BLOCK_SIZE, num_blocks=width + 1, num_slots=2)
+    check_step_inputs(serving, block_size=BLOCK_SIZE, num_blocks=width + 1, num_slots=2)
     return dataclasses.replace(serving, logits_indices=arange)
 
 

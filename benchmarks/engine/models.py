@@ -11,9 +11,9 @@ import jax
 from flax import nnx
 
 from jmamba import HybridLM
+from jmamba.checkpoints.families.registry import from_hf_config
+from jmamba.checkpoints.weights import cast
 from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.families import from_hf_config
-from jmamba.weights import cast
 from runtime.device.distributed import DeviceMesh
 from runtime.device.placement import ParamSource, PlacedParams, RandomShards, place_params
 
@@ -123,7 +123,8 @@ def _qwen3_next_config(tiny: bool) -> dict:
 
 
 def build_model(size: str, *, mtp: bool = False, num_layers: int | None = None) -> HybridLM:
-    """The random bench model in bf16 (`jmamba.weights.cast`), initialised inside one jitted call so
+    """The random bench model in bf16 (`jmamba.checkpoints.weights.cast`), initialised inside one
+    jitted call so
     the fp32 initial values of a 20B model never all exist at once. `mtp`: with a random MTP head
     of an attention block and an MLP block (NemotronH's kind; the head's weights are drawn after
     the model's, so the model is the one without it). `num_layers` (Qwen3-Next shapes): the first

@@ -8,8 +8,8 @@ from flax import nnx
 
 from benchmarks.engine.models import hf_config
 from jmamba import HybridLM
-from jmamba.families import from_hf_config
-from jmamba.weights import cast
+from jmamba.checkpoints.families.registry import from_hf_config
+from jmamba.checkpoints.weights import cast
 from runtime.core.request import Request
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.speculative.ngram import NgramDrafter

@@ -18,4 +18,4 @@ from flax import nnx
 
 
 class Fp32Param(nnx.Param):
-    """An `nnx.Param` that `jmamba.weights.cast` and `load_pretrained` keep in fp32."""
+    """An `nnx.Param` that `jmamba.checkpoints.weights.cast` and `load_pretrained` keep in fp32."""

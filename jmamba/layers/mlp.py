@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.layers.linear import Linear
-from jmamba.shard_rules import Segment, ShardRule, split
+from jmamba.parallel.rules import Segment, ShardRule, split
 
 
 def relu2(x: jax.Array) -> jax.Array:

@@ -31,8 +31,8 @@ from jmamba.layers.invariance import is_batch_invariant
 from jmamba.layers.linear import Linear
 from jmamba.layers.matmul import matmul
 from jmamba.layers.mlp import MLP, mlp_tp_rules, relu2
-from jmamba.shard_rules import REPLICATED, Segment, ShardRule, split
-from jmamba.tensor_parallel import WHOLE, TensorParallel
+from jmamba.parallel.collectives import WHOLE, TensorParallel
+from jmamba.parallel.rules import REPLICATED, Segment, ShardRule, split
 from pallas_kernels import ops
 
 FOLD_TERMS = 32  # sums of at most this many terms fold in order; longer ones run as a product

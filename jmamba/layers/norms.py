@@ -10,7 +10,7 @@ from flax import nnx
 
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.invariance import is_batch_invariant
-from jmamba.tensor_parallel import WHOLE, TensorParallel
+from jmamba.parallel.collectives import WHOLE, TensorParallel
 from pallas_kernels import ops
 
 

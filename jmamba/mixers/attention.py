@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import AttentionConfig
-from jmamba.inputs import StepInputs
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import RMSNorm
 from jmamba.layers.rope import apply_rope
@@ -27,7 +26,8 @@ from jmamba.mixers.token_layout import (
     prefill_token_rows,
     split_sections,
 )
-from jmamba.shard_rules import REPLICATED, Segment, ShardRule, split
+from jmamba.parallel.rules import REPLICATED, Segment, ShardRule, split
+from jmamba.step.pytree import StepInputs
 from pallas_kernels import ops
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from jmamba.inputs import PrefillRows
+from jmamba.step.pytree import PrefillRows
 from pallas_kernels import ops
 
 

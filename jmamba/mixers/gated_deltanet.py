@@ -24,13 +24,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import GDN_CHUNK_SIZE, GDNConfig
-from jmamba.inputs import StepInputs
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import HeadGatedRMSNorm
 from jmamba.mixers.boundary_states import kernel_rows, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
-from jmamba.shard_rules import REPLICATED, Segment, ShardRule, split
+from jmamba.parallel.rules import REPLICATED, Segment, ShardRule, split
+from jmamba.step.pytree import StepInputs
 from pallas_kernels import ops
 
 

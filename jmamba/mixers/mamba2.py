@@ -26,14 +26,14 @@ import numpy as np
 from flax import nnx
 
 from jmamba.config import Mamba2Config
-from jmamba.inputs import StepInputs
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import GroupGatedRMSNorm, SiluGate
 from jmamba.mixers.boundary_states import kernel_rows, write_conv_windows
 from jmamba.mixers.token_layout import run_by_section
-from jmamba.shard_rules import Segment, ShardRule, split
-from jmamba.tensor_parallel import WHOLE, TensorParallel
+from jmamba.parallel.collectives import WHOLE, TensorParallel
+from jmamba.parallel.rules import Segment, ShardRule, split
+from jmamba.step.pytree import StepInputs
 from pallas_kernels import ops
 
 

@@ -22,11 +22,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import AttentionConfig, Mamba2Config
-from jmamba.inputs import StepInputs
 from jmamba.mixers.attention import Attention, KVCache, attention_tp_rules
 from jmamba.mixers.mamba2 import Mamba2, Mamba2State, mamba2_tp_rules
-from jmamba.shard_rules import ShardRule
-from jmamba.tensor_parallel import WHOLE, TensorParallel
+from jmamba.parallel.collectives import WHOLE, TensorParallel
+from jmamba.parallel.rules import ShardRule
+from jmamba.step.pytree import StepInputs
 
 
 @jax.tree_util.register_dataclass

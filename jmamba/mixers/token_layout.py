@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jmamba.inputs import StepInputs
+from jmamba.step.pytree import StepInputs
 
 
 def split_sections(x: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:

@@ -17,13 +17,13 @@ layer); each use site of a shared block keeps KV blocks of its own, as transform
 Shared weights, folded per use site. A Zamba2 checkpoint holds `num_mem_blocks` transformer blocks
 (`jmamba.config.SharedBlockConfig`); the j-th hybrid layer uses block j % num_mem_blocks, plus its
 own rank-r LoRA adapters on the block's gate | up kernel and (`use_shared_attention_adapter`) on q,
-k and v. The loader gives every use site its own copy of the block with its adapters folded in,
-`W + B A` (`jmamba.folding.lora_fold`, in float64 rounded once to fp32: the folded and the
-unfolded products agree within the 1e-4 parity), so the step runs plain attention and MLP
-kernels and the model shares no weight at run time: no shared module in the NNX graph, no LoRA
-matmuls in the step, each layer a tree of its own parameters like every other kind. The cost is
-memory. A block is 14 H^2 + 3 H I parameters (q, k, v 2H x 2H each, o 2H x H, gate | up H x 2I,
-down I x H); for the published configs (H, I, use sites / blocks) that is:
+k and v. The loader gives every use site its own copy of the block with its adapters folded in, `W +
+B A` (`jmamba.checkpoints.folding.lora_fold`, in float64 rounded once to fp32: the folded and the
+unfolded products agree within the 1e-4 parity), so the step runs plain attention and MLP kernels
+and the model shares no weight at run time: no shared module in the NNX graph, no LoRA matmuls in
+the step, each layer a tree of its own parameters like every other kind. The cost is memory. A block
+is 14 H^2 + 3 H I parameters (q, k, v 2H x 2H each, o 2H x H, gate | up H x 2I, down I x H); for the
+published configs (H, I, use sites / blocks) that is:
 
     Zamba2-1.2B (2048,  8192,  6 / 1): 109 M per block, 5 extra copies:  0.55 B params, 1.1 GB bf16
     Zamba2-2.7B (2560, 10240,  9 / 2): 170 M per block, 7 extra copies:  1.19 B params, 2.4 GB bf16
@@ -35,20 +35,20 @@ graph and running the adapters unfolded would save that memory for about 6% more
 (r / H); we chose plain per-layer parameters because the loader, `cast`, the writer and tensor
 parallelism then treat this kind like every other.
 
-The adapters are kept beside their kernels (`LoraFactors`, zero for a fresh model; per site
-r (H + 2I), plus 12 r H with attention adapters: 33 M parameters for the 1.2B with them, 27 M for
-the 2.7B without, 54 M or 125 M for the 7B without or with), never read by the step, so that
+The adapters are kept beside their kernels (`LoraFactors`, zero for a fresh model; per site r (H +
+2I), plus 12 r H with attention adapters: 33 M parameters for the 1.2B with them, 27 M for the 2.7B
+without, 54 M or 125 M for the 7B without or with), never read by the step, so that
 `save_pretrained` writes the checkpoint back: each adapter as loaded, and each shared kernel as the
 one tensor W whose fold with every use site's adapter gives that site's parameter bit for bit
-(`jmamba.folding.lora_unfold`). That W is the checkpoint's own unless several tensors fold to the
-same parameters (where |B A| >> |W| the fold rounds away W's last bits); the writer then picks
-another of them, so a written model reloads to the same parameters but its shared kernel may differ
-from the checkpoint's in those bits (by at most one step of the parameter's dtype). Parameters that
-are not the fold of one W (a fresh model, one changed after loading, or one cast to bf16 after
-loading in fp32, whose adapters are rounded after the fold) cannot all come back: the writer writes
-the W nearest to the first use site's parameter minus its adapter, which reads back as that
-parameter or within a step or two of it, and the block's later use sites come back as that W with
-their own adapters folded in. The other shared tensors (norms, o_proj, down_proj) are copied
+(`jmamba.checkpoints.folding.lora_unfold`). That W is the checkpoint's own unless several tensors
+fold to the same parameters (where |B A| >> |W| the fold rounds away W's last bits); the writer then
+picks another of them, so a written model reloads to the same parameters but its shared kernel may
+differ from the checkpoint's in those bits (by at most one step of the parameter's dtype).
+Parameters that are not the fold of one W (a fresh model, one changed after loading, or one cast to
+bf16 after loading in fp32, whose adapters are rounded after the fold) cannot all come back: the
+writer writes the W nearest to the first use site's parameter minus its adapter, which reads back as
+that parameter or within a step or two of it, and the block's later use sites come back as that W
+with their own adapters folded in. The other shared tensors (norms, o_proj, down_proj) are copied
 unchanged and written from the first use site.
 
 Tensor parallelism (not built yet; one all-reduce per part, three per layer): the attention splits
@@ -71,7 +71,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jmamba.config import AttentionConfig, Mamba2Config, SharedBlockConfig
-from jmamba.inputs import StepInputs
 from jmamba.layers.linear import Linear
 from jmamba.layers.lora import LoraFactors
 from jmamba.layers.mlp import GateUpMLP
@@ -79,6 +78,7 @@ from jmamba.layers.norms import RMSNorm
 from jmamba.mixers.attention import Attention
 from jmamba.mixers.mamba2 import Mamba2
 from jmamba.mixers.parallel_hybrid import ParallelHybridCache
+from jmamba.step.pytree import StepInputs
 
 
 class TransformerMamba2(nnx.Module):

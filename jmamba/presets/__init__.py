@@ -9,8 +9,8 @@
   `jmamba.load_pretrained(path(name))` exactly like a downloaded checkpoint.
 
 Every preset is written as the HF `config.json` a real checkpoint of its family would carry, so it
-goes through the same adapter (`jmamba.families`) as a downloaded model, and all of them read text
-through the byte-level tokenizer of `jmamba.tokenizer`.
+goes through the same adapter (`jmamba.checkpoints.families.registry`) as a downloaded model, and
+all of them read text through the byte-level tokenizer of `jmamba.text.tokenizer`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jmamba.checkpoints.families.registry import from_hf_config
 from jmamba.config import ModelConfig
-from jmamba.families import from_hf_config
 
 _DIR = Path(__file__).parent
 

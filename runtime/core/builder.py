@@ -3,7 +3,7 @@
 Every array is allocated at bucket size, zero-filled (NULL padding by construction) and filled from
 the schedule alone: decode rows first, then prefill rows, then padding. Nothing is carried over
 from an earlier step, which removes the stale-row bug class of persistent metadata buffers.
-Uses numpy only: `jmamba.step_inputs` and `runtime.core.sampling_inputs` are jax-free, so the host
+Uses numpy only: `jmamba.step.inputs` and `runtime.core.sampling_inputs` are jax-free, so the host
 side never loads jax (docs/architecture.md section 3). A row's sequence is anything with the
 `RowSequence` fields: a `Request`, or a drafter's view of one.
 """
@@ -15,7 +15,7 @@ import itertools
 
 import numpy as np
 
-from jmamba.step_inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
+from jmamba.step.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs, widened_penalties

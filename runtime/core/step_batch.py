@@ -8,7 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jmamba.step_inputs import NextTokens, StepInputs
+from jmamba.step.inputs import NextTokens, StepInputs
+from jmamba.step.invariants import check_step_inputs
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import check_penalties
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode
@@ -72,7 +73,8 @@ class StepBatch:
     ) -> None:
         """ValueError unless the inputs keep the invariants (`StepInputs.validate`, with the pool
         sizes of `config` and what the prefix cache published) and the token sources theirs."""
-        self.inputs.validate(
+        check_step_inputs(
+            self.inputs,
             block_size=config.block_size,
             chunk_size=chunk_size,
             num_blocks=config.num_blocks,

@@ -28,7 +28,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jmamba.inputs import StepInputs
+from jmamba.step.pytree import StepInputs
 from runtime.core.sampling_inputs import SamplingInputs
 from runtime.core.step_batch import ChainedRows
 from runtime.device.kv_addressing import kv_slots_at

@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jmamba.tensor_parallel import TP_AXIS
+from jmamba.parallel.collectives import TP_AXIS
 
 AXIS = "dp"
 

@@ -9,7 +9,7 @@ being its NULL entry) and on its head axis over `tp`, and the packed inputs are 
 `[ranks, words]`, one row per rank, the same on every shard of the rank. A rank with no work is
 given an all-padding row (the idle-rank dummy step): it runs the same program and, by
 docs/architecture.md section 5 invariant 6, writes nothing but NULL entries. The shard model
-reaches the other shards of its rank through its collectives (`jmamba.tensor_parallel`) and
+reaches the other shards of its rank through its collectives (`jmamba.parallel.collectives`) and
 returns the whole vocabulary's logits, so sampling is the same on every shard. With one device
 this is a 1 x 1 mesh.
 

@@ -37,9 +37,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jmamba.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from jmamba.model import HybridLM, LayerCache
 from jmamba.mtp import next_token_ids
+from jmamba.step.pytree import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.device.kv_addressing import kv_slots_at
 from runtime.device.sampler import num_accepted
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jmamba.inputs  # noqa: F401  (registers StepInputs as a pytree before anything flattens it)
+import jmamba.step.pytree  # noqa: F401  (registers StepInputs as a pytree before anything flattens it)
 
 # Leaf dtypes by `dtype.char` (cheap to read, unlike `dtype.name`): int32 as is, float32 and uint32
 # bit for bit, bool widened to 0/1.

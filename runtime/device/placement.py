@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jmamba.checkpoints.reader import TensorReader
+from jmamba.checkpoints.shards import ShardValues, read_shards
+from jmamba.checkpoints.weights import cast
 from jmamba.model import HybridLM
-from jmamba.shard_loading import ShardValues, read_shards
 from jmamba.sharding import shard_config, shard_values
-from jmamba.tensor_reader import TensorReader
-from jmamba.weights import cast
 from runtime.device.distributed import DeviceMesh
 from runtime.device.footprint import log_pools
 
@@ -80,7 +80,7 @@ def place_params(model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
 class CheckpointShards:
     """A `ParamSource` that reads the checkpoint in `model_dir` shard by shard: each tp shard's
     slice of each parameter is read from the safetensors files as slices
-    (`jmamba.shard_loading.read_shards`; some parameters are read whole and sliced, it says
+    (`jmamba.checkpoints.shards.read_shards`; some parameters are read whole and sliced, it says
     which) and placed on that shard's devices, one parameter at a time, so neither host nor
     device ever holds the whole model. The model the runner gets may be shapes only; its
     dtype is the parameters'. `reader` opens the files (tests count what it reads)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jmamba.inputs import StepInputs
+from jmamba.step.pytree import StepInputs
 from runtime.core.sampling_inputs import (
     PenaltyInputs,
     SamplingInputs,

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jmamba.layers import invariance
 from jmamba.model import rows_or_zeros
-from jmamba.tensor_parallel import TP_AXIS
+from jmamba.parallel.collectives import TP_AXIS
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.device.chaining import carried, follow, rejected_drafts
 from runtime.device.distributed import AXIS, DeviceMesh

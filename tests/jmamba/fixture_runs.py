@@ -23,10 +23,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jmamba.checkpoints.weights import load_pretrained
 from jmamba.config import Mixer
 from jmamba.mixers.parallel_hybrid import ParallelHybridCache
 from jmamba.model import HybridLM
-from jmamba.weights import load_pretrained
 from tests.jmamba.steps import Row, build
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
+from jmamba.step.pytree import DecodeRows, PrefillRows, StepInputs
 
 
 @dataclasses.dataclass

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from jmamba import load_pretrained
+from jmamba.checkpoints.weights import cast, save_pretrained
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
-from jmamba.weights import cast, save_pretrained
 from tests.jmamba.steps import Row, build
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

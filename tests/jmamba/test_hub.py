@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jmamba import hub, load_model, load_pretrained
+from jmamba import load_model, load_pretrained
+from jmamba.checkpoints import hub
 from tests.jmamba.hub_cache import COMMIT, add_fixture
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jmamba.families import from_hf_config
-from jmamba.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
+from jmamba.checkpoints.families.registry import from_hf_config
+from jmamba.checkpoints.name_map import tensor_sources
+from jmamba.checkpoints.weights import load_pretrained
 from jmamba.model import rows_or_zeros
 from jmamba.mtp import next_token_ids
-from jmamba.prefill import prefill_inputs
-from jmamba.tensor_sources import tensor_sources
-from jmamba.weights import load_pretrained
+from jmamba.step.prefill import prefill_inputs
+from jmamba.step.pytree import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.device.mtp_drafts import MTPDrafts
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

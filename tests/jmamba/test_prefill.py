@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jmamba import load_pretrained, prefill_inputs
+from jmamba.step.invariants import check_step_inputs
 from tests.jmamba.fixture_runs import FIXTURES, ORIGINAL
 
 BLOCK = 16
@@ -25,7 +26,9 @@ def test_prefill_inputs_give_transformers_logits(name):
     caches = model.init_caches(num_blocks=width + 1, block_size=BLOCK, num_slots=3)
     whole = prefill_inputs(tokens, block_size=BLOCK, slot=2, all_logits=True)
     last_only = prefill_inputs(tokens, block_size=BLOCK, slot=2)  # what the runtime would build
-    last_only.validate(block_size=BLOCK, chunk_size=chunk, num_blocks=width + 1, num_slots=3)
+    check_step_inputs(
+        last_only, block_size=BLOCK, chunk_size=chunk, num_blocks=width + 1, num_slots=3
+    )
     logits, _ = run(whole, caches)
     np.testing.assert_allclose(np.asarray(logits), reference, atol=1e-4, rtol=0)
     caches = model.init_caches(num_blocks=width + 1, block_size=BLOCK, num_slots=3)

@@ -20,7 +20,7 @@ from flax import nnx
 
 import jmamba
 from jmamba.loading import load_model
-from jmamba.tokenizer import EOS_ID, EOS_TOKEN, VOCAB_SIZE, byte_alphabet, byte_tokenizer
+from jmamba.text.tokenizer import EOS_ID, EOS_TOKEN, VOCAB_SIZE, byte_alphabet, byte_tokenizer
 from runtime.core.sampling_params import SamplingParams
 from runtime.llm import LLM
 from tests.jmamba.steps import Row, build

@@ -21,7 +21,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from jmamba import checkpoint_dtype, from_hf_config, load_hf_config, load_pretrained
-from jmamba.checkpoint_tensors import unpack_experts
+from jmamba.checkpoints.skipped_tensors import unpack_experts
 from jmamba.config import Ffn
 from tests.jmamba.test_save_pretrained import assert_same_params
 
@@ -132,7 +132,7 @@ def test_bad_wrapper_configs_raise(edit, message):
 
 @pytest.mark.parametrize("family", sorted(WRAPPED))
 def test_vision_tensors_are_skipped_in_one_log_line(caplog, family):
-    caplog.set_level(logging.INFO, logger="jmamba.weights")
+    caplog.set_level(logging.INFO, logger="jmamba.checkpoints.weights")
     load_pretrained(FIXTURES / family)
     arch = config_of(family)["architectures"][0]
     assert [r.getMessage() for r in caplog.records] == [
@@ -148,7 +148,7 @@ def test_mtp_tensors_are_skipped_too(tmp_path, caplog):
     tensors["mtp.fc.weight"] = np.ones((40, 80), np.float32)
     tensors["mtp.norm.weight"] = np.ones(40, np.float32)
     write_tensors(target, tensors)
-    caplog.set_level(logging.INFO, logger="jmamba.weights")
+    caplog.set_level(logging.INFO, logger="jmamba.checkpoints.weights")
     assert_same_params(load_pretrained(target), load_pretrained(FIXTURES / "qwen3_5_moe_vl"))
     assert caplog.records[0].getMessage() == (
         f"skipped {NUM_VISION_TENSORS} vision tensors (model.visual.*) and 2 "
@@ -160,7 +160,7 @@ def test_text_checkpoints_skip_only_mtp(tmp_path, caplog):
     target = copy_fixture(tmp_path, "qwen3_5")
     tensors = load_file(target / "model.safetensors")
     write_tensors(target, {**tensors, "mtp.fc.weight": np.ones((4, 4), np.float32)})
-    caplog.set_level(logging.INFO, logger="jmamba.weights")
+    caplog.set_level(logging.INFO, logger="jmamba.checkpoints.weights")
     assert_same_params(load_pretrained(target), load_pretrained(FIXTURES / "qwen3_5"))
     assert [r.getMessage() for r in caplog.records] == [
         "skipped 1 multi-token-prediction tensor (mtp.*) of a Qwen3_5ForCausalLM checkpoint"

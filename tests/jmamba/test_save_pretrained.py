@@ -14,11 +14,11 @@ from safetensors.numpy import load_file, save_file
 
 import jmamba
 from jmamba import from_hf_config, load_pretrained
-from jmamba.checkpoint_tensors import skipped_tensors, unpack_experts
+from jmamba.checkpoints.name_map import tensor_sources
+from jmamba.checkpoints.skipped_tensors import skipped_tensors, unpack_experts
+from jmamba.checkpoints.weights import save_pretrained
 from jmamba.mixers.mamba2 import a_from_log
 from jmamba.multipliers import WeightMultipliers
-from jmamba.tensor_sources import tensor_sources
-from jmamba.weights import save_pretrained
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 FAMILIES = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file())

@@ -12,8 +12,8 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from jmamba import HybridLM, from_hf_config, load_hf_config, load_pretrained
+from jmamba.checkpoints.weights import save_pretrained
 from jmamba.config import Ffn, Mixer, SharedBlockConfig
-from jmamba.weights import save_pretrained
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 

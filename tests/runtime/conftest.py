@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 import jmamba
-from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
+from jmamba.step.pytree import DecodeRows, PrefillRows, StepInputs
 from runtime.core.config import EngineConfig, min_token_budget
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine

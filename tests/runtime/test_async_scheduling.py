@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from jmamba.tokenizer import byte_tokenizer
+from jmamba.text.tokenizer import byte_tokenizer
 from runtime.core.buckets import Bucket
 from runtime.core.builder import build_dummy
 from runtime.core.config import EngineConfig

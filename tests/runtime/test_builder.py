@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from jmamba.inputs import StepInputs
+from jmamba.step.invariants import check_step_inputs
+from jmamba.step.pytree import StepInputs
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import build_dummy, build_step
 from runtime.core.request import Request
@@ -34,7 +35,9 @@ def mixed_batch():
 
 
 def validate(inputs: StepInputs) -> None:
-    inputs.validate(block_size=BS, chunk_size=4, num_blocks=65, num_slots=5, vocab_size=32)
+    check_step_inputs(
+        inputs, block_size=BS, chunk_size=4, num_blocks=65, num_slots=5, vocab_size=32
+    )
 
 
 def test_mixed_step_layout():

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jmamba.inputs  # noqa: F401  (registers StepInputs as a pytree)
+import jmamba.step.pytree  # noqa: F401  (registers StepInputs as a pytree)
 from runtime.core.buckets import Bucket
 from runtime.core.builder import build_dummy, build_step
 from runtime.core.config import EngineConfig

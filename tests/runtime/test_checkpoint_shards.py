@@ -1,4 +1,4 @@
-"""Loading a checkpoint shard by shard (`CheckpointShards`, `jmamba.shard_loading`) on fake CPU
+"""Loading a checkpoint shard by shard (`CheckpointShards`, `jmamba.checkpoints.shards`) on fake CPU
 devices with tp = 2: the placed parameters equal, bit for bit, those of the whole checkpoint
 loaded and sliced on the host (`place_params`), and an instrumented reader shows that every
 tensor a shard splits was read as slices (elements read per read), every tensor read once."""
@@ -17,12 +17,12 @@ import pytest
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jmamba.families import load_hf_config
+from jmamba.checkpoints.families.registry import load_hf_config
+from jmamba.checkpoints.files import read_safetensors
+from jmamba.checkpoints.name_map import tensor_sources
+from jmamba.checkpoints.reader import TensorReader
+from jmamba.checkpoints.weights import load_pretrained
 from jmamba.loading import load_model_shapes
-from jmamba.safetensors_files import read_safetensors
-from jmamba.tensor_reader import TensorReader
-from jmamba.tensor_sources import tensor_sources
-from jmamba.weights import load_pretrained
 from runtime.device.distributed import make_mesh
 from runtime.device.placement import CheckpointShards, place_params
 from tests.jmamba.fixture_runs import FIXTURES

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jmamba.tokenizer import byte_tokenizer
+from jmamba.text.tokenizer import byte_tokenizer
 from runtime.outputs.detokenizer import RequestText
 
 TOKENIZER = byte_tokenizer()

@@ -22,12 +22,12 @@ HOST_MODULES = (
     "runtime.speculative.verify",
     "runtime.speculative.draft_sequences",
     "runtime.device.compile_cache",
-    "jmamba.step_inputs",
-    "jmamba.prefill",
-    "jmamba.describe",
-    "jmamba.invariants",
+    "jmamba.step.inputs",
+    "jmamba.step.prefill",
+    "jmamba.step.describe",
+    "jmamba.step.invariants",
     "jmamba.config",
-    "jmamba.families",
+    "jmamba.checkpoints.families.registry",
 )
 DEVICE_PACKAGES = ("jax", "jaxlib", "flax", "pallas_kernels")
 
@@ -45,6 +45,7 @@ from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import Scheduler
 from runtime.prefix_cache import slot_planner
+from jmamba.step.invariants import check_step_inputs
 config = EngineConfig(max_num_batched_tokens=16, max_model_len=64, block_size=4).resolved(4)
 scheduler = Scheduler(config, 4, slot_planner(config, uses_blocks=True, uses_slots=True))
 scheduler.add(Request("a", [1, 2, 3, 4, 5], SamplingParams(min_tokens=1), seed=0,
@@ -53,8 +54,8 @@ schedule = scheduler.schedule()
 bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
 batch = build_step(schedule, bucket, block_size=4, max_blocks=16,
                    state_block_size=scheduler.config.boundary_block_size)
-batch.inputs.validate(block_size=4, chunk_size=4, num_blocks=scheduler.config.num_blocks,
-                      published_slots=scheduler.slots.published_slots)
+check_step_inputs(batch.inputs, block_size=4, chunk_size=4, num_blocks=scheduler.config.num_blocks,
+                  published_slots=scheduler.slots.published_slots)
 loaded = sorted({{m.split(".")[0] for m in sys.modules}} & set({DEVICE_PACKAGES!r}))
 print(",".join(loaded) or "none")
 """

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jmamba.describe import describe_step_inputs
+from jmamba.step.describe import describe_step_inputs
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
 from runtime.observe.describe import describe_pool, describe_scheduler

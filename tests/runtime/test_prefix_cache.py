@@ -16,6 +16,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from jmamba.step.invariants import check_step_inputs
 from runtime.core.buckets import BucketPolicy
 from runtime.core.builder import build_step
 from runtime.core.config import EngineConfig
@@ -59,7 +60,8 @@ def step(scheduler: Scheduler, token: int = 5) -> Schedule:
             max_blocks=config.max_blocks_per_seq,
             state_block_size=config.boundary_block_size,
         )
-        batch.inputs.validate(
+        check_step_inputs(
+            batch.inputs,
             block_size=BS,
             chunk_size=CHUNK,
             num_blocks=config.num_blocks,

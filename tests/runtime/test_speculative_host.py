@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jmamba.step.invariants import check_step_inputs
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import build_step
 from runtime.core.config import EngineConfig
@@ -39,7 +40,8 @@ def decoding(scheduler, request: Request, token: int = 5) -> Request:
 def build(scheduler, schedule):
     bucket = BucketPolicy(scheduler.config).bucket_for(schedule)
     batch = build_step(schedule, bucket, block_size=BS, max_blocks=MAX_BLOCKS)
-    batch.inputs.validate(
+    check_step_inputs(
+        batch.inputs,
         block_size=BS,
         chunk_size=4,
         num_blocks=scheduler.config.num_blocks,
@@ -244,7 +246,7 @@ def test_validate_catches_lane_slot_bugs():
     for match, (write_slots, where, value) in cases.items():
         write_slots[where] = value
         with pytest.raises(ValueError, match=match):
-            planted(batch, write_slots=write_slots).validate(num_slots=32)
+            check_step_inputs(planted(batch, write_slots=write_slots), num_slots=32)
 
 
 def test_a_step_without_drafts_takes_one_lane_per_row():

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from jmamba.inputs import DecodeRows, PrefillRows, StepInputs
+from jmamba.step.pytree import DecodeRows, PrefillRows, StepInputs
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.device.sampler import accept_drafts, sample
 from tests.runtime.test_sampler import LOGITS5, N, assert_distribution, inputs, reference_probs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jmamba.tokenizer import byte_tokenizer
+from jmamba.text.tokenizer import byte_tokenizer
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
 from tests.runtime.conftest import (

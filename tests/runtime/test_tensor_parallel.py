@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jmamba.checkpoints.weights import load_pretrained
 from jmamba.config import ModelConfig
 from jmamba.model import HybridLM
-from jmamba.shard_rules import Segment, split
+from jmamba.parallel.rules import Segment, split
 from jmamba.sharding import param_rules, shard_config, tensor_parallel_sizes
-from jmamba.weights import load_pretrained
 from runtime.core.config import EngineConfig, min_token_budget
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.distributed import make_mesh

@@ -1,4 +1,4 @@
-"""Reading a checkpoint's safetensors files: one `model.safetensors` or the shards its
+"""Reading a checkpoint's files: its JSON files, one `model.safetensors` or the shards its
 `model.safetensors.index.json` lists, with errors naming the file, and the dtype most of the
 stored weights have (read from the headers alone, the skipped tensors left out)."""
 
@@ -13,13 +13,23 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
-from jmamba.checkpoint_tensors import MTP, SKIPPED
-from jmamba.families import read_json
+from jmamba.checkpoints.skipped_tensors import MTP, SKIPPED
 
 # The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
 # checkpoints load as bfloat16 (the same size, float32's exponent range: no overflow in the
 # recurrent states' inputs); float64 ones as float32.
 _AUTO = {"F32": "float32", "F64": "float32", "BF16": "bfloat16", "F16": "bfloat16"}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; ValueError naming the file if it is not one."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, not a {type(value).__name__}")
+    return value
 
 
 def read_safetensors(model_dir: str | Path) -> dict[str, np.ndarray]:

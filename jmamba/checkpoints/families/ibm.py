@@ -14,6 +14,13 @@ from __future__ import annotations
 
 import math
 
+from jmamba.checkpoints.families.hf_fields import (
+    HFConfig,
+    _check_no_bias,
+    _common,
+    _decode_float,
+    _get,
+)
 from jmamba.config import (
     AttentionConfig,
     Ffn,
@@ -23,7 +30,6 @@ from jmamba.config import (
     ModelConfig,
     MoeConfig,
 )
-from jmamba.hf_fields import HFConfig, _check_no_bias, _common, _decode_float, _get
 
 
 def _mamba2(cfg: HFConfig) -> Mamba2Config:

@@ -2,18 +2,18 @@
 and write one back (`save_pretrained`).
 
 The tensor names are those transformers writes on disk (`save_pretrained` reverts its in-memory
-fusions); which tensor makes which parameter is `jmamba.tensor_sources`, what a checkpoint holds
-beside the model (a vision tower, an MTP head) or packs (experts) is `jmamba.checkpoint_tensors`,
-and the files are read by `jmamba.safetensors_files`. Every parameter of the model must be found
-and every tensor of the checkpoint but the skipped ones used; otherwise a ValueError lists the
-missing and unexpected names. Each parameter's `Source` says how it is built from its tensors and
-how it splits back into them, so the writer is the loader's inverse: a model written and read back
-has the same parameters, bit for bit. Mamba2 holds A where checkpoints hold A_log = log(-A), which
-fp32 cannot invert exactly both ways: a checkpoint read and written back has its tensors bit for
-bit except such an A_log, which may move to another value of the same A; an A set other than
-through `a_from_log` (training, perturbation) comes back within 2 ulps. The same holds for a
-weight with a constant multiplier folded in (`ModelConfig.multipliers`, Falcon-H1's muP ones):
-neighbouring fp32 values may fold to one parameter, so such a weight may come back as the
+fusions); which tensor makes which parameter is `jmamba.checkpoints.name_map`, what a checkpoint
+holds beside the model (a vision tower, an MTP head) or packs (experts) is
+`jmamba.checkpoints.skipped_tensors`, and the files are read by `jmamba.checkpoints.files`. Every
+parameter of the model must be found and every tensor of the checkpoint but the skipped ones used;
+otherwise a ValueError lists the missing and unexpected names. Each parameter's `Source` says how it
+is built from its tensors and how it splits back into them, so the writer is the loader's inverse: a
+model written and read back has the same parameters, bit for bit. Mamba2 holds A where checkpoints
+hold A_log = log(-A), which fp32 cannot invert exactly both ways: a checkpoint read and written back
+has its tensors bit for bit except such an A_log, which may move to another value of the same A; an
+A set other than through `a_from_log` (training, perturbation) comes back within 2 ulps. The same
+holds for a weight with a constant multiplier folded in (`ModelConfig.multipliers`, Falcon-H1's muP
+ones): neighbouring fp32 values may fold to one parameter, so such a weight may come back as the
 neighbour of the checkpoint's.
 
 Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `param_dtype`.
@@ -33,14 +33,14 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from jmamba.checkpoint_tensors import skip_message, skipped_tensors, unpack_experts
+from jmamba.checkpoints.families.registry import from_hf_config, load_hf_config
+from jmamba.checkpoints.files import checkpoint_dtype, read_safetensors
+from jmamba.checkpoints.name_map import tensor_sources
+from jmamba.checkpoints.skipped_tensors import skip_message, skipped_tensors, unpack_experts
+from jmamba.checkpoints.source import Path_, Source
 from jmamba.config import ModelConfig
-from jmamba.families import from_hf_config, load_hf_config
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.model import HybridLM
-from jmamba.safetensors_files import checkpoint_dtype, read_safetensors
-from jmamba.source import Path_, Source
-from jmamba.tensor_sources import tensor_sources
 
 logger = logging.getLogger(__name__)
 

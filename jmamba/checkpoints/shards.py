@@ -1,13 +1,13 @@
 """Read a checkpoint one tensor-parallel shard at a time: each shard's slice of each parameter is
-read from the safetensors files as slices (`jmamba.tensor_reader`), so no tensor a shard splits is
-ever read whole for it.
+read from the safetensors files as slices (`jmamba.checkpoints.reader`), so no tensor a shard splits
+is ever read whole for it.
 
-A parameter whose `ShardRule` splits it is, on shard t, the concatenation of runs of its whole
-value along the rule's axis (`ShardRule.spans`); each run is read as the matching slice of its
-tensors (`Source.read_axis`: the tensor axis of each parameter axis, or the tensors of a stack of
-experts) and built as the whole loader builds it (`jmamba.weights.load_pretrained`), then cast to
-the parameter's dtype. Transposes, dropped unit axes, elementwise maps and scalar folds commute
-with slicing, so the shards are bit for bit those of the whole model sliced on the host
+A parameter whose `ShardRule` splits it is, on shard t, the concatenation of runs of its whole value
+along the rule's axis (`ShardRule.spans`); each run is read as the matching slice of its tensors
+(`Source.read_axis`: the tensor axis of each parameter axis, or the tensors of a stack of experts)
+and built as the whole loader builds it (`jmamba.checkpoints.weights.load_pretrained`), then cast to
+the parameter's dtype. Transposes, dropped unit axes, elementwise maps and scalar folds commute with
+slicing, so the shards are bit for bit those of the whole model sliced on the host
 (`jmamba.sharding.shard_values`).
 
 Read whole and sliced after (what `Source.read_axis = None` marks): Qwen3-Next's interleaved
@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
-from jmamba.checkpoint_tensors import skipped_tensors
-from jmamba.families import load_hf_config
+from jmamba.checkpoints.families.registry import load_hf_config
+from jmamba.checkpoints.name_map import tensor_sources
+from jmamba.checkpoints.reader import TensorReader
+from jmamba.checkpoints.skipped_tensors import skipped_tensors
+from jmamba.checkpoints.source import Path_, Source
+from jmamba.checkpoints.weights import check_tensor_names, param_dtype, resolve_dtype
 from jmamba.model import HybridLM
-from jmamba.shard_rules import REPLICATED, ShardRule
+from jmamba.parallel.rules import REPLICATED, ShardRule
 from jmamba.sharding import param_rules, shard_config
-from jmamba.source import Path_, Source
-from jmamba.tensor_reader import TensorReader
-from jmamba.tensor_sources import tensor_sources
-from jmamba.weights import check_tensor_names, param_dtype, resolve_dtype
 
 ShardValues = Iterator[tuple[Path_, list[np.ndarray]]]
 

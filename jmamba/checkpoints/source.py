@@ -1,7 +1,7 @@
 """`Source`: how one parameter of `HybridLM` is built from checkpoint tensors and split back into
-them (the loader builds, the writer splits; `jmamba.tensor_sources` holds one per parameter,
-`jmamba.folding` wraps them with folded constants), and the constructors of the common kinds:
-a tensor as it is, a linear weight, conv taps, a stack of experts, fused halves."""
+them (the loader builds, the writer splits; `jmamba.checkpoints.name_map` holds one per parameter,
+`jmamba.checkpoints.folding` wraps them with folded constants), and the constructors of the common
+kinds: a tensor as it is, a linear weight, conv taps, a stack of experts, fused halves."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Source(NamedTuple):
     adapter).
 
     `read_axis` says how a slice of the parameter is read from slices of its tensors (a loader
-    that reads each tensor-parallel shard's slice alone, `jmamba.shard_loading`):
+    that reads each tensor-parallel shard's slice alone, `jmamba.checkpoints.shards`):
     `read_axis(a)` is the axis of the tensor that the parameter's axis `a` comes from, or None
     for the axis that picks one tensor of a stack (experts); `build` of the sliced tensors is
     then the sliced parameter (a transpose, a dropped unit axis, an elementwise map, a scalar

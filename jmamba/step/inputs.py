@@ -1,10 +1,10 @@
 """`StepInputs`: all one model step needs besides parameters and caches, as one immutable value.
 
 Plain frozen dataclasses of arrays, with no jax import: the runtime's host side (builder, scheduler)
-builds them without loading jax, and `jmamba.inputs` registers them as jax pytrees for the model.
-The runtime builds a fresh `StepInputs` every step from the scheduler's decision (numpy arrays
-allocated at bucket size, filled from scratch); the jitted step consumes it. Every shape is fixed by
-the bucket, so a new step never recompiles; every value is an array.
+builds them without loading jax, and `jmamba.step.pytree` registers them as jax pytrees for the
+model. The runtime builds a fresh `StepInputs` every step from the scheduler's decision (numpy
+arrays allocated at bucket size, filled from scratch); the jitted step consumes it. Every shape is
+fixed by the bucket, so a new step never recompiles; every value is an array.
 
 Token layout (T tokens in all):
 
@@ -26,8 +26,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
-
-from jmamba.invariants import check_step_inputs
 
 if TYPE_CHECKING:
     import jax
@@ -179,45 +177,6 @@ class StepInputs:
             decode=mapped(self.decode),
             prefill=mapped(self.prefill),
             logits_indices=fn(self.logits_indices),
-        )
-
-    def validate(
-        self,
-        *,
-        block_size: int | None = None,
-        chunk_size: int | None = None,
-        num_blocks: int | None = None,
-        num_slots: int | None = None,
-        vocab_size: int | None = None,
-        published_slots: Array | None = None,
-        published_blocks: Array | None = None,
-    ) -> None:
-        """Check the invariants of DESIGN.md section 5 that the inputs alone show (numpy, cheap).
-
-        Shapes and dtypes; no negative index anywhere; padding rows and tokens all NULL/zero/False;
-        live rows before padding rows; positions, sequence lengths and `has_initial_state`
-        consistent with `num_computed`; live write slots (decode lanes, every speculative lane
-        included, dead lanes NULL; prefill final states; boundary states) pairwise distinct,
-        none read by another row, a decode row rewriting its own read slot only from lane 0,
-        boundary slots read by no row and only inside their row (only NULL repeats; reads may
-        repeat, see `jmamba.invariants`); block-table rows NULL past their blocks; logits
-        indices on each row's last token. With the optional sizes also: ids inside their pools,
-        KV slots matching the block table and pairwise distinct, prefill rows starting on
-        multiples of `chunk_size`, token ids inside the vocab. With the prefix cache's published
-        state slots and KV blocks: no step writes one of them.
-
-        Raises:
-          ValueError naming the field, the row and the values that break an invariant.
-        """
-        check_step_inputs(
-            self,
-            block_size=block_size,
-            chunk_size=chunk_size,
-            num_blocks=num_blocks,
-            num_slots=num_slots,
-            vocab_size=vocab_size,
-            published_slots=published_slots,
-            published_blocks=published_blocks,
         )
 
 

@@ -1,15 +1,15 @@
-"""`StepInputs` as a jax pytree: the dataclasses of `jmamba.step_inputs`, registered on import.
+"""`StepInputs` as a jax pytree: the dataclasses of `jmamba.step.inputs`, registered on import.
 
 The model, the mixers and the runtime's device side import `StepInputs` from here, so the classes
 are registered before any jitted function sees them. The host side (the runtime's builder)
-imports `jmamba.step_inputs` instead and never loads jax (docs/architecture.md section 3).
+imports `jmamba.step.inputs` instead and never loads jax (docs/architecture.md section 3).
 """
 
 from __future__ import annotations
 
 import jax
 
-from jmamba.step_inputs import NULL, DecodeRows, NextTokens, PrefillRows, StepInputs
+from jmamba.step.inputs import NULL, DecodeRows, NextTokens, PrefillRows, StepInputs
 
 __all__ = ["NULL", "Array", "DecodeRows", "NextTokens", "PrefillRows", "StepInputs"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from jmamba.checkpoints.source import Source
 from jmamba.config import ModelConfig
-from jmamba.source import Source
 
 
 def fold(tensor: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -5,19 +5,35 @@ NemotronH and Mamba2 live under `backbone.`, the Qwen3.5 multimodal wrappers' te
 `model.language_model.`, the rest under `model.`; one tensor per expert (but Granite's stacked
 experts and fused gate | up, which transformers keeps on disk); HF linear weights are [out, in],
 ours [in, out]. Falcon-H1's constant multipliers inside a layer are folded into the weights here
-(`jmamba.folding`), and so are Zamba2's LoRA adapters, into each use site's copy of a shared
-transformer block (`jmamba.mixers.transformer_mamba2`).
+(`jmamba.checkpoints.folding`), and so are Zamba2's LoRA adapters, into each use site's copy of a
+shared transformer block (`jmamba.mixers.transformer_mamba2`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from jmamba.checkpoints.families.registry import WRAPPERS
+from jmamba.checkpoints.folding import (
+    lora_fold,
+    lora_product,
+    lora_unfold,
+    mamba2_in_proj_scale,
+    scaled,
+)
+from jmamba.checkpoints.source import (
+    Path_,
+    Source,
+    conv,
+    experts,
+    half,
+    linear,
+    same,
+    same_axis,
+    swapped,
+)
 from jmamba.config import Ffn, Mixer, ModelConfig
-from jmamba.families import WRAPPERS
-from jmamba.folding import lora_fold, lora_product, lora_unfold, mamba2_in_proj_scale, scaled
 from jmamba.mixers.mamba2 import a_from_log, log_from_a
-from jmamba.source import Path_, Source, conv, experts, half, linear, same, same_axis, swapped
 
 
 def _a_from_log(name: str) -> Source:

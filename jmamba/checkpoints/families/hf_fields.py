@@ -1,6 +1,6 @@
 """Reading a Hugging Face `config.json`: required fields, encoded floats, EOS ids, bias flags, and
-the `ModelConfig` fields every architecture shares. The adapters (`jmamba.families`,
-`jmamba.ibm_families`) build on these."""
+the `ModelConfig` fields every architecture shares. The adapters
+(`jmamba.checkpoints.families.registry`, `jmamba.checkpoints.families.ibm`) build on these."""
 
 from __future__ import annotations
 

@@ -3,13 +3,21 @@
 Every layer runs attention (full RoPE) and a Mamba2 mixer side by side on one normed input
 (`Mixer.PARALLEL_HYBRID`, `jmamba.mixers.parallel_hybrid`), then a SwiGLU MLP. The muP multipliers
 inside the layers are folded into the weights at load time (`WeightMultipliers`,
-`jmamba.folding`); the embedding's and the head's are `ModelConfig` fields.
+`jmamba.checkpoints.folding`); the embedding's and the head's are `ModelConfig` fields.
 """
 
 from __future__ import annotations
 
 import math
 
+from jmamba.checkpoints.families.hf_fields import (
+    HFConfig,
+    _check_no_bias,
+    _common,
+    _decode_float,
+    _get,
+    _rope,
+)
 from jmamba.config import (
     AttentionConfig,
     Ffn,
@@ -18,7 +26,6 @@ from jmamba.config import (
     MlpConfig,
     ModelConfig,
 )
-from jmamba.hf_fields import HFConfig, _check_no_bias, _common, _decode_float, _get, _rope
 from jmamba.multipliers import WeightMultipliers
 
 

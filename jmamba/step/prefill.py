@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jmamba.step_inputs import DecodeRows, PrefillRows, StepInputs
+from jmamba.step.inputs import DecodeRows, PrefillRows, StepInputs
 
 
 def prefill_inputs(

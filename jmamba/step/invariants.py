@@ -1,29 +1,26 @@
 """The invariants (docs/architecture.md section 5) a `StepInputs` shows by itself, in numpy.
 
-`StepInputs.validate()` calls `check_step_inputs`; the runtime runs it on every step in tests and in
-debug mode. Each check raises a ValueError naming the field, the row and the offending values.
-Pure numpy over the dataclass fields (no jax, no pytree functions), so the host side can validate
-without loading jax; `jmamba.step_inputs` imports this module, never the other way at run time.
+`check_step_inputs` runs them all; the runtime calls it on every step in tests and in debug mode.
+Each check raises a ValueError naming the field, the row and the offending values. Pure numpy over
+the dataclass fields (no jax, no pytree functions), so the host side can validate without loading
+jax. This module reads `jmamba.step.inputs`, which knows nothing of it.
 
 State slots (invariant 2, as prefix caching refines it). Every live *write* target of a step
 (decode lanes, prefill final states, prefill boundary states) is distinct from every other, and
 from every slot another row reads: XLA scatters with duplicate targets are undefined, and a read
 racing a write would see either value. *Reads* may repeat: two requests that hit one cached prefix
 both read its published slot in the same step, which is harmless because a slot read by two rows
-is, by the rule above, written by neither (DESIGN.md section 5.2 asked reads to be distinct too;
-that predates shared reads). A boundary slot is a fresh cache slot, read by no row, and lies
+is, by the rule above, written by neither (invariant 2 once asked reads to be distinct too; that
+predates shared reads). A boundary slot is a fresh cache slot, read by no row, and lies
 inside its row. Given the prefix cache's published slots and blocks, no step writes one of them
 (copy-on-write by construction; vLLM #57253).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from jmamba.step_inputs import StepInputs
+from jmamba.step.inputs import StepInputs
 
 
 def check_step_inputs(
@@ -34,10 +31,25 @@ def check_step_inputs(
     num_blocks: int | None = None,
     num_slots: int | None = None,
     vocab_size: int | None = None,
-    published_slots=None,
-    published_blocks=None,
+    published_slots: np.ndarray | None = None,
+    published_blocks: np.ndarray | None = None,
 ) -> None:
-    """Run every check; see `StepInputs.validate` for the list."""
+    """Check the invariants that the inputs alone show (numpy, cheap).
+
+    Shapes and dtypes; no negative index anywhere; padding rows and tokens all NULL/zero/False;
+    live rows before padding rows; positions, sequence lengths and `has_initial_state` consistent
+    with `num_computed`; live write slots (decode lanes, every speculative lane included, dead
+    lanes NULL; prefill final states; boundary states) pairwise distinct, none read by another
+    row, a decode row rewriting its own read slot only from lane 0, boundary slots read by no row
+    and only inside their row (only NULL repeats; reads may repeat, see the module docstring);
+    block-table rows NULL past their blocks; logits indices on each row's last token. With the
+    optional sizes also: ids inside their pools, KV slots matching the block table and pairwise
+    distinct, prefill rows starting on multiples of `chunk_size`, token ids inside the vocab.
+    With the prefix cache's published state slots and KV blocks: no step writes one of them.
+
+    Raises:
+      ValueError naming the field, the row and the values that break an invariant.
+    """
     host = inputs.map_arrays(np.asarray)
     _check_layout(host)
     live_d = _check_decode(host)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from jmamba.checkpoints.families.hf_fields import HFConfig, _check_no_bias, _common, _get
 from jmamba.config import (
     AttentionConfig,
     Ffn,
@@ -26,7 +27,6 @@ from jmamba.config import (
     ModelConfig,
     SharedBlockConfig,
 )
-from jmamba.hf_fields import HFConfig, _check_no_bias, _common, _get
 
 _KINDS = {
     "mamba": Mixer.MAMBA2,

@@ -1,6 +1,6 @@
 """What a checkpoint holds around its text model's tensors: the tensors loading skips (a multimodal
 wrapper's vision tower, a multi-token-prediction head the config does not declare) and packed
-expert tensors, split into the per-expert tensors the name map (`jmamba.tensor_sources`)
+expert tensors, split into the per-expert tensors the name map (`jmamba.checkpoints.name_map`)
 expects."""
 
 from __future__ import annotations

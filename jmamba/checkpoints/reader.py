@@ -1,10 +1,10 @@
 """`TensorReader`: a checkpoint's tensors read by name and slice, never whole unless asked
 (safetensors' `safe_open(...).get_slice(name)[...]`), for a loader that reads each
-tensor-parallel shard's slice alone (`jmamba.shard_loading`).
+tensor-parallel shard's slice alone (`jmamba.checkpoints.shards`).
 
-Packed expert tensors (`<p>.experts.gate_up_proj` [E, 2I, H], `<p>.experts.down_proj` [E, H, I],
-see `jmamba.checkpoint_tensors.unpack_experts`) are read under the per-expert names the name map
-expects: expert e's gate is rows [0, I) of packed[e], so a slice of it is a slice of the file.
+Packed expert tensors (`<p>.experts.gate_up_proj` [E, 2I, H], `<p>.experts.down_proj` [E, H, I], see
+`jmamba.checkpoints.skipped_tensors.unpack_experts`) are read under the per-expert names the name
+map expects: expert e's gate is rows [0, I) of packed[e], so a slice of it is a slice of the file.
 `elements_read` counts what was read, for tests that check a loader read slices only.
 """
 
@@ -18,8 +18,8 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for safetensors'
 import numpy as np
 from safetensors import safe_open
 
-from jmamba.checkpoint_tensors import PACKED_EXPERTS
-from jmamba.safetensors_files import safetensors_files
+from jmamba.checkpoints.files import safetensors_files
+from jmamba.checkpoints.skipped_tensors import PACKED_EXPERTS
 
 Index = tuple[slice, ...]
 

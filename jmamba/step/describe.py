@@ -1,14 +1,14 @@
 """One-line descriptions of a `StepInputs` for notebooks and logs (numpy only, no jax).
 
 `describe_step_inputs` is what `repr(StepInputs)` should print: the dataclass default prints
-every array in full. (`jmamba/step_inputs.py` can bind it as `__repr__`.)
+every array in full. (`jmamba/step/inputs.py` can bind it as `__repr__`.)
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from jmamba.step_inputs import StepInputs
+from jmamba.step.inputs import StepInputs
 
 
 def describe_step_inputs(inputs: StepInputs) -> str:

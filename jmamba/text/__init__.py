@@ -1,0 +1,2 @@
+"""Text: the presets' byte-level tokenizer (`tokenizer`) and checkpoints' chat templates
+(`chat_template`)."""

@@ -1,7 +1,7 @@
 """Tensor parallelism through the compiled kernels on real GPUs: each transformers fixture served
-on one GPU and split over `--tp` GPUs (and, with `--dp`, over dp x tp), greedy tokens and (for
-dp = 1) every step's fp32 logits compared (tests/runtime/test_tensor_parallel.py does the same on
-fake CPU devices with the reference kernels).
+on one GPU and split over `--tp` GPUs (and, with `--dp`, over dp x tp), greedy tokens and (for dp =
+1) every step's fp32 logits compared (tests/runtime/parallel/test_tensor_parallel.py does the same
+on fake CPU devices with the reference kernels).
 
     PYTHONPATH=. python benchmarks/check_tensor_parallel.py --tp 2 --dp 1 \
         --families qwen3_next,mamba2,falcon_h1,nemotron_h,qwen3_5_moe,bamba,granite_h
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tests.runtime.test_tensor_parallel import LOGITS_TOLERANCE, run  # noqa: E402
+from tests.runtime.parallel.test_tensor_parallel import LOGITS_TOLERANCE, run  # noqa: E402
 
 
 def check(name: str, dp: int, tp: int) -> dict:

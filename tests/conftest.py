@@ -16,7 +16,7 @@ jax.config.update("jax_num_cpu_devices", 4)
 jax.config.update("jax_enable_x64", False)
 
 # Compiling dominates the suite's time (tiny models, many step variants), and XLA's CPU compiler
-# at its lowest optimisation level shortens it: tests/runtime/test_async_scheduling.py ran in
+# at its lowest optimisation level shortens it: tests/runtime/engine/test_async_scheduling.py ran in
 # 52 s instead of 82 s on 2 cores. Semantics do not depend on it; the GPU checks
 # (benchmarks/gpu_checks.py) compile at the default level. Subprocesses (multihost, CLI smoke
 # runs) get it through the environment.
@@ -106,13 +106,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # other files keep their order.
 _LONGEST_FIRST = (
     "tests/jmamba/test_parity.py",
-    "tests/runtime/test_speculative.py",
-    "tests/runtime/test_speculative_schedules.py",
+    "tests/runtime/speculative/test_speculative.py",
+    "tests/runtime/speculative/test_speculative_schedules.py",
     "tests/test_readme.py",
-    "tests/runtime/test_async_scheduling.py",
-    "tests/runtime/test_serve.py",
-    "tests/runtime/test_mtp_engine.py",
-    "tests/runtime/test_tensor_parallel.py",
+    "tests/runtime/engine/test_async_scheduling.py",
+    "tests/runtime/serve/test_serve.py",
+    "tests/runtime/speculative/test_mtp_engine.py",
+    "tests/runtime/parallel/test_tensor_parallel.py",
 )
 
 

@@ -31,20 +31,19 @@ most S = `max_num_seqs` rows per step, alignment a: the model's `chunk_size` c, 
    Drafts never preempt and never take what a prefill or an admission could use, so the fairness
    bound below is unchanged.
 
-Fairness. B >= a + S - 1 is required (`min_token_budget`): a full aligned chunk always fits beside
-a full decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows,
-slots and blocks last, the oldest request still prefilling advances by at least k = (B - S + 1)
-// a aligned chunks every step, or finishes its prompt (in "align" mode: or reaches the last
-multiple of a in its prompt, after which its tail of fewer than a tokens takes one step): if it
-runs, no older prefill takes tokens before it and at most S - 1 lanes are set aside; if it waits,
-it has a free row and no running prefill is older than it (a request that overtook it in step 3
-had fewer than a tokens left to prefill, so it finished its prefill in that step). So a request's
-first token comes at most sum_j ceil(L_j / (k * a)) steps after it arrives, plus one step per
-request in "align" mode, over the requests j that arrived no later (itself included; L_j their
-prompt lengths); a prefix hit only shortens L_j. tests/runtime/test_scheduler_fairness.py checks
-this bound. A request kept out for lack of rows, slots or blocks waits for running requests to
-finish or be preempted, and no younger request is admitted before it meanwhile, so it is not
-starved either.
+Fairness. B >= a + S - 1 is required (`min_token_budget`): a full aligned chunk always fits beside a
+full decode batch (a step with a prefill row has at most S - 1 decode rows). Hence, while rows,
+slots and blocks last, the oldest request still prefilling advances by at least k = (B - S + 1) // a
+aligned chunks every step, or finishes its prompt (in "align" mode: or reaches the last multiple of
+a in its prompt, after which its tail of fewer than a tokens takes one step): if it runs, no older
+prefill takes tokens before it and at most S - 1 lanes are set aside; if it waits, it has a free row
+and no running prefill is older than it (a request that overtook it in step 3 had fewer than a
+tokens left to prefill, so it finished its prefill in that step). So a request's first token comes
+at most sum_j ceil(L_j / (k * a)) steps after it arrives, plus one step per request in "align" mode,
+over the requests j that arrived no later (itself included; L_j their prompt lengths); a prefix hit
+only shortens L_j. tests/runtime/core/test_scheduler_fairness.py checks this bound. A request kept
+out for lack of rows, slots or blocks waits for running requests to finish or be preempted, and no
+younger request is admitted before it meanwhile, so it is not starved either.
 
 Which slot each row reads and writes, which cached prefix a request starts after and what a step
 publishes to the prefix cache are the slot planner's (`runtime/core/slots.py`; with caching on,

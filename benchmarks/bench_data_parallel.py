@@ -94,7 +94,7 @@ def idle_rank_check(model, config: EngineConfig, runner: ModelRunner, prompts, m
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    """The workload's options (probe_dp_host.py serves the same one)."""
+    """The workload's options."""
     parser.add_argument("--size", choices=["tiny", "1b"], default="1b")
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--prompt-len", type=int, default=128)

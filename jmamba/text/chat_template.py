@@ -19,7 +19,9 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-PRESET_TEMPLATE = Path(__file__).parent / "presets" / "chat_template.jinja"
+# The presets' template, a data file of jmamba/presets/ (read as a file: importing the presets
+# package from here would point an import up a floor).
+PRESET_TEMPLATE = Path(__file__).parents[1] / "presets" / "chat_template.jinja"
 
 
 class ChatTemplate:

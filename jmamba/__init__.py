@@ -2,8 +2,8 @@
 
 The names below are loaded on first use (PEP 562), so importing a jax-free submodule such as
 `jmamba.step.inputs` or `jmamba.config` does not load jax, flax or the Pallas kernels. `LLM`,
-`Engine`, `EngineConfig`, `SamplingParams`, `SpeculativeConfig` and `RequestOutput` are the serving
-runtime's (`runtime`), offered here for `from jmamba import LLM`.
+`Engine`, `EngineArgs`, `EngineConfig`, `SamplingParams`, `SpeculativeConfig` and `RequestOutput`
+are the serving runtime's (`runtime`), offered here for `from jmamba import LLM`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ _EXPORTS = {
     # jmamba itself never imports runtime (runtime -> jmamba is the only import direction).
     "LLM": "runtime",
     "Engine": "runtime",
+    "EngineArgs": "runtime",
     "EngineConfig": "runtime",
     "SamplingParams": "runtime",
     "SpeculativeConfig": "runtime",

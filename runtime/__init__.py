@@ -3,14 +3,18 @@
 The public face (`from runtime import LLM, SamplingParams`, or the same names from `jmamba`):
 
 - `LLM`: load a model and generate for many prompts (`generate`, `stream`);
-- `Engine` and `EngineConfig`: one step at a time, everything inspectable;
+- `Engine`: one step at a time, everything inspectable;
+- `EngineArgs`: what an engine is asked for (None: derived), and `EngineConfig`, what it runs
+  with once `EngineArgs` are resolved for the model and the device;
 - `SamplingParams`, `SpeculativeConfig`: what a request samples, how drafts are proposed;
 - `RequestOutput`, `StreamDelta`: what comes back.
 
 The wings, each a folder: `core/` (jax-free vocabulary and policy), `device/` (the jitted step),
 `prefix_cache/` and `speculative/` (the two features, behind seams that are always present),
-`outputs/` (text, logprobs, stream deltas), `observe/` (records, stats, views); `engine.py`,
-`router.py`, `llm.py` and `cli.py` on top. docs/architecture.md opens with the tree.
+`outputs/` (text, logprobs, stream deltas), `observe/` (records, stats, views), and on top
+`engine.py`, `launched_step.py`, `router.py`, `llm.py`, `cli/` (`jmamba generate`, `serve`,
+`bench`), `serve/` (the HTTP server) and `bench/` (`jmamba bench`). docs/architecture.md,
+section 3, maps every module.
 
 Names load on first use (PEP 562): importing `runtime.core` does not load jax.
 """
@@ -23,6 +27,7 @@ from typing import Any
 _EXPORTS = {
     "LLM": "runtime.llm",
     "Engine": "runtime.engine",
+    "EngineArgs": "runtime.core.engine_args",
     "EngineConfig": "runtime.core.config",
     "SamplingParams": "runtime.core.sampling_params",
     "SpeculativeConfig": "runtime.core.speculative_config",

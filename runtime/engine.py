@@ -22,17 +22,21 @@ from flax import nnx
 from runtime.core import checks
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import build_rank, with_mode
-from runtime.core.config import COMPILE_WORKERS, EngineConfig
+from runtime.core.config import COMPILE_WORKERS
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import FinishReason, Request
 from runtime.core.request_table import RequestTable
-from runtime.core.sampling_inputs import SamplingMode
+from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler, no_drafts
 from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import agree_max, agree_max_int
 from runtime.device.memory import pool_memory
-from runtime.device.model_runner import ModelRunner, served_model
+from runtime.device.model_runner import ModelRunner
+from runtime.device.mtp_drafts import served_model
+from runtime.device.placement import ParamSource, place_params
+from runtime.device.step_result import StepResult
 from runtime.launched_step import LaunchedStep
 from runtime.observe.describe import describe_engine
 from runtime.observe.step_record import ScheduleRecord, StepRecord
@@ -65,26 +69,30 @@ class Engine:
     def __init__(
         self,
         model: nnx.Module,
-        config: EngineConfig | None = None,
+        args: EngineArgs | None = None,
         *,
         keep_logits: bool = False,
+        params: ParamSource = place_params,
         runner: ModelRunner | None = None,
         router: Router | None = None,
         tokenizer: Any = None,
         draft_model: nnx.Module | None = None,
         draft_runner: ModelRunner | None = None,
     ) -> None:
-        """Build pools, schedulers and runner; `runner` reuses compiled steps and caches of another
-        engine with the same pool sizes and bucket tables (tests, notebooks). With
-        `config.speculative.method == "draft_model"`, `draft_model` is the draft model (default:
-        loaded from `config.speculative.draft_model`) and `draft_runner` may share its compiled
-        steps and caches likewise."""
-        config = config or EngineConfig()
-        model = served_model(model, config)  # without its MTP head unless it drafts with it
+        """Resolve `args` for `model` once (`config`), then build pools, schedulers and the runner
+        (`params` places the parameters: `runtime.device.placement`); `runner` instead reuses the
+        compiled steps and caches of another engine with the same pool sizes and bucket tables
+        (tests, notebooks). With `args.speculative` of method "draft_model", `draft_model` is the
+        draft model (default: loaded from its `draft_model` field) and `draft_runner` may share
+        its compiled steps and caches likewise."""
+        args = args or EngineArgs()
+        model = served_model(model, args.speculative_config)  # its MTP head only if it drafts
         self.model_config = model.config
-        self.pool_memory = pool_memory(model, config)  # None unless blocks are sized from memory
-        self.config = config.for_model(self.model_config, self.pool_memory)
-        self.runner = runner or ModelRunner(model, self.config, keep_logits=keep_logits)
+        self.pool_memory = pool_memory(model, args)  # None unless blocks are sized from memory
+        self.config = args.for_model(self.model_config, self.pool_memory)
+        self.runner = runner or ModelRunner(
+            model, self.config, keep_logits=keep_logits, params=params
+        )
         self.config.check_same_shapes(self.runner.config, "the shared runner")
         self.ranks = self.runner.local_ranks
         self.schedulers = [self._scheduler() for _ in self.ranks]
@@ -96,6 +104,7 @@ class Engine:
         self.last_bucket: Bucket | None = None
         self.last_schedules: list[Schedule] = []
         self.last_batches: list[StepBatch] = []
+        self.last_result: StepResult | None = None  # the last retired step's (tests, views)
         self.requests = RequestTable.of(self.config, self.model_config)
         self._timer = StepTimer([self.runner, self.drafter])
         self._num_launched = 0
@@ -116,7 +125,7 @@ class Engine:
         slots = slot_planner(
             self.config, uses_blocks=model.has_attention, uses_slots=model.has_recurrent_state
         )
-        return Scheduler(self.config, model.chunk_size, slots)
+        return Scheduler(self.config, slots)
 
     # --------------------------------------------------------------------------------- requests
 
@@ -282,35 +291,43 @@ class Engine:
         """Wait for the step's tokens and hand them to the schedulers (verifying drafts,
         appending tokens, stops, prefix publication); logprobs, text and stream deltas; release
         what finished."""
-        results = self._timer.device(self.runner.fetch, step.dispatched)
+        result = self._timer.device(self.runner.fetch, step.dispatched)
+        self.last_result = result
         # Per-token work beyond the token itself only when something asks for it: the plain
         # path stays as cheap as it was.
         extras = step.mode.logprobs or self.outputs.has_text or self._streaming
         sampled = [sampled_items(schedule) for schedule in step.schedules] if extras else []
         finished = []
-        device_drafts = self.runner.last_drafts or [None] * len(results)
+        device_drafts = result.drafts or [None] * len(result.tokens)
         for rank, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
             stale = self.schedulers[rank].in_flight.stale_decodes(schedule)
             tokens, drafts, acceptance = verified_tokens(
-                schedule, batch.sample_rows, step.bucket.width, results[rank], stale
+                schedule,
+                batch.sample_rows,
+                step.bucket.width,
+                result.tokens[rank],
+                result.accepted[rank],
+                stale,
             )
             self._num_retired += len(schedule.decodes) - sum(stale) + acceptance.num_accepted
             self.stats.ranks[rank].speculation.add(acceptance)
             finished += self.schedulers[rank].retire(schedule, tokens, drafts)
             self.drafter.observe(schedule, step.bucket, device_drafts[rank])
         if extras:
-            finished += self._stop_on_text(sampled)
+            finished += self._stop_on_text(sampled, result.logprobs)
         self.drafter.release_done()
         parts = self.outputs.new_parts(sampled, finished) if self._streaming else []
         outputs = [self._release(request) for request in finished]
         self.last_deltas += stream_deltas(parts, outputs)  # a drained step's come first
         return outputs
 
-    def _stop_on_text(self, sampled: list[Sampled]) -> list[Request]:
+    def _stop_on_text(
+        self, sampled: list[Sampled], logprobs: list[TokenLogprobs] | None
+    ) -> list[Request]:
         """Logprobs and text of this step's tokens; finish the requests whose text now holds a
         stop string. Returns those that were still running."""
         stopped = []
-        for rank, request in self.outputs.process(sampled, self.runner.last_logprobs):
+        for rank, request in self.outputs.process(sampled, logprobs):
             if not request.is_finished:  # else it ended by a stop token or length this step
                 self.schedulers[rank].abort(request.request_id)
                 stopped.append(request)

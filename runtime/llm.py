@@ -12,11 +12,10 @@ from tqdm import tqdm
 
 from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
 from jmamba.text.chat_template import ChatTemplate, load_chat_template
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device import compile_cache
-from runtime.device.model_runner import ModelRunner
 from runtime.device.placement import CheckpointShards, ParamSource, place_params
 from runtime.engine import Engine
 from runtime.observe.step_stats import StepStats
@@ -53,9 +52,9 @@ class LLM:
         directory; `dtype` is "auto" (the checkpoint's), "float32" or "bfloat16"; `warmup`
         compiles step variants now instead of on first use, with a progress bar: True the
         decode-only ones, "all" every one the config can use; `async_scheduling` (the
-        `EngineConfig` field) None: on unless speculative decoding drafts on the host in every
+        `EngineArgs` field) None: on unless speculative decoding drafts on the host in every
         step (step N + 1 is scheduled while N runs, same outputs); `engine_options` are the other
-        `EngineConfig` fields (max_num_seqs, max_model_len, prefix_caching, state_block_size,
+        `EngineArgs` fields (max_num_seqs, max_model_len, prefix_caching, state_block_size,
         max_cached_states, data_parallel_size, tensor_parallel_size, ...). The model's
         parameters stay in host memory (`model`); the engine's runner copies each device's
         shard of them to it.
@@ -65,30 +64,29 @@ class LLM:
             raise ValueError(
                 f"warmup={warmup!r} must be False, True (decode variants) or 'all' (every variant)"
             )
-        fields = set(EngineConfig.__dataclass_fields__)
+        fields = set(EngineArgs.__dataclass_fields__)
         unknown = sorted(set(engine_options) - fields)
         if unknown:
             raise ValueError(f"unknown engine options {unknown}; known: {sorted(fields)}")
         if async_scheduling is None:
             spec = SpeculativeConfig.of(engine_options.get("speculative"))
             async_scheduling = spec is None or spec.has_asynchronous_steps
-        config = EngineConfig(**engine_options, async_scheduling=async_scheduling)
+        args = EngineArgs(**engine_options, async_scheduling=async_scheduling)
         compile_cache.enable()
         start = time.perf_counter()
         self.name = model
         directory = checkpoint_dir(model)
-        if config.tensor_parallel_size > 1 and directory is not None and directory.is_dir():
+        if args.tensor_parallel_size > 1 and directory is not None and directory.is_dir():
             # Shapes only: the runner reads each device's shard from the files as slices.
             self.model, self.tokenizer = load_model_shapes(directory, dtype)
             params: ParamSource = CheckpointShards(directory)
         else:  # on the host: the runner places each device's tensor-parallel shard of it
-            self.model, self.tokenizer = load_model(model, seed=config.seed, dtype=dtype, host=True)
+            self.model, self.tokenizer = load_model(model, seed=args.seed, dtype=dtype, host=True)
             params = place_params
         self.chat_template = load_chat_template(directory)
         # The runner logs its pools (`runtime.device.footprint.log_pools`, INFO).
-        runner = ModelRunner(self.model, config, params=params)
+        self.engine = Engine(self.model, args, tokenizer=self.tokenizer, params=params)
         self.load_seconds = time.perf_counter() - start
-        self.engine = Engine(self.model, config, tokenizer=self.tokenizer, runner=runner)
         if warmup:
             self.engine.warmup(prefill=warmup == "all", progress=True)
 

@@ -20,7 +20,7 @@ import numpy as np
 from stdlib_corpus import load_corpus
 
 from jmamba.checkpoints.weights import load_pretrained
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.engine import Engine
@@ -39,7 +39,7 @@ def heldout_prompts(heldout: np.ndarray, count: int, length: int) -> list[list[i
 
 
 def serve(model, prompts: list[list[int]], max_tokens: int, k: int | None) -> tuple[list, Engine]:
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=MAX_NUM_SEQS,
         max_model_len=max(len(p) for p in prompts) + max_tokens + 8,
         speculative=None if k is None else SpeculativeConfig("mtp", k),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from jmamba.step.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs, widened_penalties
-from runtime.core.request import PENALIZED, Request
+from runtime.core.request import Request, SamplingRow
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.core.schedule import RowSequence, Schedule, ScheduledRequest
 from runtime.core.step_batch import ChainedRows, StepBatch
@@ -195,7 +196,7 @@ def build_step(
         sample_rows.append(num_decode_lanes + j)
         if request.masked_token_ids:
             masks.append((num_decode_lanes + j, request.masked_token_ids))
-        if request.sampling_row[PENALIZED]:  # a prefill row's tokens are all on the host
+        if request.sampling_row.penalized:  # a prefill row's tokens are all on the host
             penalized.append((num_decode_lanes + j, _history(request), False))
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
     sampling = a.sampling(masks, penalized)
@@ -220,13 +221,14 @@ def _fill_decode(
     table = np.array(
         [_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True)], np.int64
     )
-    query_lens, starts, reads, writes, num_blocks, counters, first_tokens, sources = table.T
-    params = np.array([r.sampling_row for r in requests], np.float64)  # [n, 6]
+    row: DecodeScalars[np.ndarray] = DecodeScalars(*table.T)
+    query_lens, starts, num_blocks, sources = row.query_len, row.start, row.num_blocks, row.source
+    params = np.array([r.sampling_row for r in requests], np.float64)  # [n, SamplingRow]
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
-    a.d_read[:n] = reads
+    a.d_read[:n] = row.read_slot
     lane_live = np.arange(width)[None, :] < query_lens[:, None]
-    a.d_write[:n] = np.where(lane_live, writes[:, None], 0)
+    a.d_write[:n] = np.where(lane_live, row.write_slot[:, None], 0)
     reached = -(-(starts + query_lens) // block_size)
     if (num_blocks > reached).any():  # blocks held for rejected draft positions stay unlisted
         num_blocks = np.minimum(num_blocks, reached)
@@ -248,14 +250,14 @@ def _fill_decode(
     _fill_chained(a, decodes)
     if num_lanes == n:  # one token per row: whole columns of the tables, no gather
         rows, lanes, index = np.arange(n), 0, np.arange(0, n * width, width)
-        columns = params.T  # temperature, top_k, top_p, seed, min_tokens, penalized per lane
-        a.token_ids[index] = first_tokens
+        lane_params = params  # the sampling values of each lane
+        a.token_ids[index] = row.first_token
         a.token_sources[index] = sources
     else:
         rows, lanes = _ragged(query_lens)
         index = rows * width + lanes
-        columns = params[rows].T
-        lane_tokens, lane_sources = _lane_tokens(decodes, first_tokens, sources)
+        lane_params = params[rows]
+        lane_tokens, lane_sources = _lane_tokens(decodes, row.first_token, sources)
         a.token_ids[index] = lane_tokens
         a.token_sources[index] = lane_sources
     positions = starts[rows] + lanes
@@ -264,13 +266,15 @@ def _fill_decode(
         blocks = a.d_table[rows, positions // block_size]
         a.kv_slots[index] = blocks * block_size + positions % block_size
     a.logits_indices[index] = index
-    outputs = counters[rows] + lanes  # the output index each lane samples
+    outputs = row.num_outputs[rows] + lanes  # the output index each lane samples
     a.counters[index] = outputs
-    a.temperature[index], a.top_k[index], a.top_p[index], a.seeds[index] = columns[:4]
+    lane: SamplingRow[np.ndarray] = SamplingRow(*lane_params.T)
+    a.temperature[index], a.top_k[index], a.top_p[index] = lane.temperature, lane.top_k, lane.top_p
+    a.seeds[index] = lane.seed
     sample_rows = np.arange(n) * width + query_lens - 1  # each row's last live lane
-    short = np.nonzero(outputs < columns[4])[0]  # fewer outputs than min_tokens
+    short = np.nonzero(outputs < lane.min_tokens)[0]  # fewer outputs than min_tokens
     masks = [(int(index[i]), decodes[rows[i]].request.stop_ids) for i in short]
-    penalized = np.flatnonzero(columns[PENALIZED])  # usually none: one numpy pass, no Python
+    penalized = np.flatnonzero(lane.penalized)  # usually none: one numpy pass, no Python
     if penalized.size:
         # Lane 0 of a row whose token comes from the previous step (a source) feeds an output
         # the host has not appended yet: the device counts it.
@@ -327,25 +331,37 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
-def _decode_scalars(item: ScheduledRequest, request: RowSequence) -> tuple[int, ...]:
-    """query_len, start, read slot, lane 0's write slot, #blocks, #outputs, first token, its
-    source (what changes from step to step; `sampling_row` holds the rest). A first token still
-    pending on the device is 0, from source `pending_row + 1`."""
+class DecodeScalars[T](NamedTuple):
+    """What changes from step to step in a decode row (`Request.sampling_row` holds the rest):
+    `DecodeScalars[int]` for one row, `DecodeScalars[np.ndarray]` for the columns of the table
+    of a step's rows. A first token still pending on the device is 0, from source
+    `pending_row + 1` (0: the host has it)."""
+
+    query_len: T
+    start: T
+    read_slot: T
+    write_slot: T  # lane 0's
+    num_blocks: T
+    num_outputs: T
+    first_token: T
+    source: T
+
+
+def _decode_scalars(item: ScheduledRequest, request: RowSequence) -> DecodeScalars[int]:
     start = item.start
     if start < request.num_tokens:
         token, source = request.token_at(start), 0
     else:
         token, source = 0, request.pending_row + 1
-    write = item.lane_slots[0] if item.lane_slots else item.write_slot
-    return (
-        item.num_tokens,
-        start,
-        item.read_slot,
-        write,
-        len(request.block_ids),
-        request.num_sampled,
-        token,
-        source,
+    return DecodeScalars(
+        query_len=item.num_tokens,
+        start=start,
+        read_slot=item.read_slot,
+        write_slot=item.lane_slots[0] if item.lane_slots else item.write_slot,
+        num_blocks=len(request.block_ids),
+        num_outputs=request.num_sampled,
+        first_token=token,
+        source=source,
     )
 
 

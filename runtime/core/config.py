@@ -1,30 +1,19 @@
-"""`EngineConfig`: the budgets and pool sizes of one engine, checked once at construction."""
+"""`EngineConfig`: one engine's budgets, pool sizes and bucket tables, resolved for its model.
+
+Every field has its final value: `EngineArgs.resolved` (runtime/core/engine_args.py) derives each
+one the user left to the engine, once, from the model's chunk size and length and the device's
+memory, and checks it. The engine, its runner and its schedulers read this type and derive
+nothing again. The meaning of each field is documented on `EngineArgs`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from jmamba.config import ModelConfig
-from runtime.core import checks
-from runtime.core.budgets import default_token_budget, powers_of_two_up_to
-from runtime.core.budgets import min_token_budget as min_token_budget  # its old home, re-exported
-from runtime.core.model_len import blocks_per_seq, default_num_blocks, resolve_max_model_len
-from runtime.core.pool_memory import PoolMemory
-from runtime.core.speculative_config import (
-    SpeculativeConfig,
-    chained_lane_slots,
-    default_num_slots,
-    min_num_slots,
-)
+from runtime.core.model_len import blocks_per_seq
+from runtime.core.speculative_config import SpeculativeConfig
 
 PREFIX_CACHING_MODES = ("off", "align", "all")
-# The mode a config that names none gets, where it can cache (`EngineConfig.resolved`); why "all":
-# docs/architecture.md, "Prefix caching".
-DEFAULT_PREFIX_CACHING = "all"
-# The smallest derived state budget: "all" writes a state per state block of every prompt, and a
-# request's own deeper states would push a shared one out of a budget of one or two.
-DEFAULT_MIN_CACHED_STATES = 16
 
 # The fields that fix a compiled step (shapes, how it rounds) and the pool sizes of its caches:
 # engines may share a runner when these agree (`EngineConfig.check_same_shapes`).
@@ -40,7 +29,6 @@ STEP_SHAPE_FIELDS = (
 )
 POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
-
 # Threads compiling step variants at once in a warm-up (`ModelRunner.warmup`: XLA compiles without
 # the GIL; more than a few gain little, each compile already uses several cores).
 COMPILE_WORKERS = 4
@@ -48,252 +36,37 @@ COMPILE_WORKERS = 4
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Engine budgets, pool sizes and bucket tables.
+    """An engine's resolved settings (see `EngineArgs` for what each field means).
 
-    Attributes:
-      max_num_seqs: most requests in one step (decode rows + prefill rows).
-      max_num_batched_tokens: token budget of one step (live decode lanes + prefill tokens); at
-        least the model's chunk_size + max_num_seqs - 1 (one full chunk beside a full decode
-        batch). None derives it from the model's chunk size (`default_token_budget`) when the
-        engine is built (`resolved`).
-      max_model_len: longest sequence (prompt + generated tokens) a request may reach. None: the
-        checkpoint's max_position_embeddings, taken when the engine is built (`resolved`); a
-        value above the checkpoint's is refused there (`runtime.core.model_len`).
-      block_size: tokens per attention KV block.
-      num_blocks: KV blocks per attention layer, block 0 (NULL) included; None sizes the pool so
-        that every request can reach max_model_len, or, with gpu_memory_utilization, from memory.
-        Without memory sizing and with max_model_len None, the pool has room for max_num_seqs
-        requests of min(the checkpoint's length, 512) tokens and at least one of the full length
-        (`model_len.default_num_blocks`): a long-context checkpoint's default does not make a
-        pool of max_num_seqs full-length requests; give num_blocks, max_model_len or
-        gpu_memory_utilization for more.
-      gpu_memory_utilization: fraction of each device's memory the parameters and pools may take
-        (vLLM's 0.9 leaves room for XLA's temporaries): with num_blocks None, the KV blocks are
-        what it leaves beside the parameter shard, the largest step's activations and the state
-        slots (`runtime.core.pool_memory`), a ValueError when not even one request of
-        max_model_len fits. None (the default): num_blocks as above. Needs a device that
-        reports its memory (a GPU; not the CPU).
-      num_slots: recurrent-state slots per recurrent layer, slot 0 (NULL) included: one per
-        running request, with speculative decoding 1 + K fresh lane slots per decode row during
-        a step (the state after each lane, kept or given back after verification), plus the
-        prefix cache's `max_cached_states`. None gives exactly that: 1 + max_num_seqs * (1, or
-        2 + K with speculation, 3 + 2K when MTP drafting steps chain asynchronously: two rows'
-        lanes at once) + max_cached_states, derived by `resolved`. With speculation at least
-        1 + 2 * max_num_seqs (+ max_cached_states); fewer than the default trims drafts to the
-        slots left.
-      decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
-        sections; None picks powers of two up to the budgets, decode rows from 2: XLA rewrites a
-        one-row matmul into a multiply + reduce at 35-45% of bandwidth (H100: the 0.87B bench
-        model's decode step took 2.89 ms device time at 1 row, 2.03 ms at 2).
-      data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
-        max_num_seqs and max_num_batched_tokens above is per rank: each rank has its own scheduler,
-        its own KV blocks and state slots (each with its own NULL block and slot 0).
-      tensor_parallel_size: devices each rank's model is split over (tensor and expert
-        parallelism, `jmamba.sharding`): the mesh has data_parallel_size x tensor_parallel_size
-        devices. Pool sizes count requests' blocks and slots as before; each device holds its
-        shard of every one (its KV heads, its state heads). The model's head, group, channel and
-        expert counts must split (a ValueError names the field and the sizes that work).
-      seed: seeds the sampling of requests that set no seed of their own.
-      validate_inputs: check every step's `StepInputs` against the invariants of
-        docs/architecture.md ("Sentinels and invariants"); for debugging and tests.
-      step_records: how many `StepRecord`s of the latest steps the engine keeps (0: none).
-      freeze_gc: after start-up and warm-up the engine runs a full garbage collection and then
-        `gc.freeze()`s every object alive (jax, the model, compiled steps): Python's full
-        collections stop walking those ~200k objects, which cost a pause of 80-170 ms every few
-        hundred steps at 256 running requests (0.3-0.5 ms a step on average, on the CPU of the
-        host-time measurements in docs/architecture.md). It acts on the whole process: objects
-        alive then are freed by reference counting only, so False for a process that builds and
-        drops many engines whose garbage holds reference cycles.
-      prefix_caching: "off", "align" or "all" (runtime/prefix_cache/). "align": prefill chunks
-        end on state_block_size boundaries and the state at each such chunk end is cached;
-        "all": the state at every boundary a prefill chunk or a decode step crosses is cached.
-        Both cache full KV blocks. None: DEFAULT_PREFIX_CACHING where the config can cache
-        (a state slot to spare, a state block shorter than max_model_len - 1), else "off"; a
-        mode named explicitly that cannot work raises a ValueError saying why.
-        Why "all" is the default (hit rates against "align" and what each costs):
-        docs/architecture.md, "Prefix caching".
-      state_block_size: tokens per cached recurrent state (a multiple of block_size and of the
-        model's chunk size); None: their least common multiple, the finest possible. Per rank.
-      max_cached_states: state slots the prefix cache may hold per rank (published and being
-        written), apart from the running requests' slots; None: what an explicit num_slots
-        leaves beside the requests' and lanes' slots + NULL, else max(max_num_seqs, 16) (a
-        cached state per running request, at least 16).
-      speculative: speculative decoding (`SpeculativeConfig`, or a dict of its fields); None
-        decodes one token per request per step.
-      async_scheduling: schedule and build step N + 1 while step N runs on the device, taking
-        the tokens N samples from its output on the device; the host learns them one step late
-        (docs/architecture.md, "Host cost"). `Engine.step()` then returns the requests that
-        finished in the step before. Same tokens as without it. With `speculative`, only steps
-        without drafts run so (`SpeculativeConfig.max_batch_size`): a step with drafts first
-        retires the one in flight. Off by default here (stepping an engine by hand shows each
-        step's own finishes); `LLM` turns it on unless speculation drafts in every step.
-      batch_invariant: products and norms' sums in an order fixed by static shapes
-        (`jmamba.layers.invariance`): a request's bf16 outputs on the GPU do not depend on its batch
-        or on speculative lanes; slower prefill. Off: XLA's, which round a row by the step's shape.
+    Attributes beyond `EngineArgs`' fields:
+      chunk_size: the model's chunk size the config was resolved for (prefill chunks end on its
+        multiples, or on state_block_size's in "align" mode).
+      prefix_caching: the mode in force, "off", "align" or "all" (never None here).
     """
 
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_blocks: int | None = None
-    num_slots: int | None = None
-    decode_row_buckets: tuple[int, ...] | None = None
-    prefill_token_buckets: tuple[int, ...] | None = None
-    prefill_row_buckets: tuple[int, ...] | None = None
-    data_parallel_size: int = 1
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float | None = None
-    seed: int = 0
-    validate_inputs: bool = False
-    step_records: int = 256
-    freeze_gc: bool = True
-    prefix_caching: str | None = None
-    state_block_size: int | None = None
-    max_cached_states: int | None = None
-    speculative: SpeculativeConfig | None = None
-    async_scheduling: bool = False
-    batch_invariant: bool = False
-
-    def __post_init__(self) -> None:
-        checks.integer("max_num_seqs", self.max_num_seqs, low=1)
-        if self.max_model_len is not None:  # None: the checkpoint's, set by `resolved`
-            # One prompt token and one generated token at least: prompt + output <= max_model_len.
-            checks.integer("max_model_len", self.max_model_len, low=2)
-        checks.integer("block_size", self.block_size, low=1)
-        checks.integer("seed", self.seed, low=0)
-        checks.integer("data_parallel_size", self.data_parallel_size, low=1)
-        checks.integer("tensor_parallel_size", self.tensor_parallel_size, low=1)
-        checks.flag("validate_inputs", self.validate_inputs)
-        checks.integer("step_records", self.step_records, low=0)
-        checks.flag("freeze_gc", self.freeze_gc)
-        if self.max_num_batched_tokens is not None:
-            checks.integer("max_num_batched_tokens", self.max_num_batched_tokens, low=1)
-        utilization = self.gpu_memory_utilization
-        if utilization is not None and not (
-            isinstance(utilization, float) and 0 < utilization <= 1
-        ):
-            raise ValueError(f"gpu_memory_utilization={utilization!r} must be a float in (0, 1]")
-        if not self.sizes_blocks_from_memory and self.max_model_len is not None:
-            blocks = self.num_blocks
-            if blocks is None:
-                seqs, length, size = self.max_num_seqs, self.max_model_len, self.block_size
-                blocks = default_num_blocks(seqs, length, size, defaulted=False)
-            self._set_num_blocks(blocks)
-        elif self.num_blocks is not None:  # checked against max_model_len once it is known
-            checks.integer("num_blocks", self.num_blocks, low=2)
-        speculative = SpeculativeConfig.of(self.speculative)
-        object.__setattr__(self, "speculative", speculative)
-        checks.flag("async_scheduling", self.async_scheduling)
-        checks.flag("batch_invariant", self.batch_invariant)
-        if self.num_slots is not None:
-            low = min_num_slots(self.max_num_seqs, speculative)
-            checks.integer("num_slots", self.num_slots, low=low)
-        self._check_prefix_caching()
-        seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
-        self._set_buckets("decode_row_buckets", powers_of_two_up_to(seqs, start=2), seqs)
-        self._set_buckets("prefill_row_buckets", powers_of_two_up_to(seqs), seqs)
-        if tokens is not None:
-            self._set_buckets("prefill_token_buckets", powers_of_two_up_to(tokens, 8), tokens)
-
-    def _set_num_blocks(self, blocks: int) -> None:
-        object.__setattr__(self, "num_blocks", checks.integer("num_blocks", blocks, low=2))
-        if self.num_blocks - 1 < self.max_blocks_per_seq:
-            raise ValueError(
-                f"num_blocks={self.num_blocks} must be >= {self.max_blocks_per_seq + 1}: one "
-                f"request of max_model_len={self.max_model_len} needs "
-                f"{self.max_blocks_per_seq} blocks of block_size={self.block_size} + NULL"
-            )
-
-    @property
-    def sizes_blocks_from_memory(self) -> bool:
-        """Whether `resolved` takes num_blocks from device memory (gpu_memory_utilization set,
-        num_blocks not given)."""
-        return self.gpu_memory_utilization is not None and self.num_blocks is None
-
-    def resolved(
-        self,
-        chunk_size: int,
-        memory: PoolMemory | None = None,
-        *,
-        max_position_embeddings: int | None = None,
-    ) -> EngineConfig:
-        """This config with every None derived for a model of `chunk_size` and (when known) the
-        checkpoint's `max_position_embeddings`: max_model_len (`runtime.core.model_len`), the
-        prefix caching mode, state_block_size, max_cached_states, num_slots, the token budget and
-        num_blocks, with gpu_memory_utilization from `memory` (a config resolved once resolves
-        to itself).
-
-        Raises ValueError when max_model_len exceeds the checkpoint's, when state_block_size is
-        not a multiple of `chunk_size`, when an explicitly named prefix caching mode cannot work
-        with this config (never a silent downgrade), or when num_blocks comes from memory and
-        `memory` is None or too small.
-        """
-        return self._with_max_model_len(max_position_embeddings)._resolved(chunk_size, memory)
-
-    def for_model(self, model: ModelConfig, memory: PoolMemory | None = None) -> EngineConfig:
-        """`resolved` for `model` (its chunk size and max_position_embeddings)."""
-        limit = model.max_position_embeddings
-        return self.resolved(model.chunk_size, memory, max_position_embeddings=limit)
-
-    def _with_max_model_len(self, max_position_embeddings: int | None) -> EngineConfig:
-        """This config with max_model_len set (and, without memory sizing, num_blocks)."""
-        length = resolve_max_model_len(self.max_model_len, max_position_embeddings)
-        if self.max_model_len is not None:
-            return self
-        blocks = self.num_blocks
-        if blocks is None and not self.sizes_blocks_from_memory:
-            seqs, size = self.max_num_seqs, self.block_size
-            blocks = default_num_blocks(seqs, length, size, defaulted=True)
-        return dataclasses.replace(self, max_model_len=length, num_blocks=blocks)
-
-    def _resolved(self, chunk_size: int, memory: PoolMemory | None) -> EngineConfig:
-        """`resolved` once max_model_len is set."""
-        unit = math.lcm(chunk_size, self.block_size)
-        sbs = self.state_block_size or unit
-        if sbs % chunk_size:
-            smaller = " (it is shorter than one chunk)" if sbs < chunk_size else ""
-            raise ValueError(
-                f"state_block_size={sbs} must be a multiple of the model's chunk_size="
-                f"{chunk_size} and of block_size={self.block_size}{smaller}: one of {unit}, "
-                f"{2 * unit}, {3 * unit}, ..."
-            )
-        seqs, cached = self.max_num_seqs, self._cached_states_if_caching()
-        problem = self._why_caching_cannot_work(sbs, cached)
-        mode = self.prefix_caching
-        if mode is None:
-            mode = "off" if problem else DEFAULT_PREFIX_CACHING
-        elif mode != "off" and problem:
-            raise ValueError(f"prefix_caching={mode!r} cannot work: {problem}")
-        cached = 0 if mode == "off" else cached
-        slots = self.num_slots
-        if slots is None:
-            slots = default_num_slots(seqs, self.speculative) + cached
-            slots += chained_lane_slots(seqs, self.speculative, self.async_scheduling)
-        budget = self.max_num_batched_tokens
-        if budget is None:
-            budget = default_token_budget(sbs if mode == "align" else chunk_size, seqs)
-        blocks = self.num_blocks
-        if self.sizes_blocks_from_memory:
-            if memory is None:
-                raise ValueError(
-                    f"gpu_memory_utilization={self.gpu_memory_utilization} needs a device that "
-                    "reports its memory (the CPU does not): give num_blocks instead"
-                )
-            needed = max(self.max_blocks_per_seq + 1, 2)
-            tokens, rows = self._largest_step(budget)
-            blocks = memory.num_blocks(
-                self.gpu_memory_utilization, slots, needed, step_tokens=tokens, logits_rows=rows
-            )
-        return dataclasses.replace(
-            self,
-            prefix_caching=mode,
-            state_block_size=sbs,
-            max_cached_states=cached,
-            num_slots=slots,
-            max_num_batched_tokens=budget,
-            num_blocks=blocks,
-        )
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    num_slots: int
+    decode_row_buckets: tuple[int, ...]
+    prefill_token_buckets: tuple[int, ...]
+    prefill_row_buckets: tuple[int, ...]
+    data_parallel_size: int
+    tensor_parallel_size: int
+    gpu_memory_utilization: float | None
+    seed: int
+    validate_inputs: bool
+    step_records: int
+    freeze_gc: bool
+    prefix_caching: str
+    state_block_size: int
+    max_cached_states: int
+    speculative: SpeculativeConfig | None
+    async_scheduling: bool
+    batch_invariant: bool
+    chunk_size: int
 
     def check_same_shapes(self, other: EngineConfig, whose: str) -> None:
         """ValueError unless `other` (`whose` config) has this config's pool sizes and bucket
@@ -315,8 +88,8 @@ class EngineConfig:
 
     @property
     def caches_prefixes(self) -> bool:
-        """Whether prefix caching is on (a resolved config's mode is not "off")."""
-        return self.prefix_caching not in (None, "off")
+        """Whether prefix caching is on."""
+        return self.prefix_caching != "off"
 
     @property
     def boundary_block_size(self) -> int:
@@ -330,68 +103,11 @@ class EngineConfig:
         the state there must be a chunk end to be cached)."""
         return self.prefix_caching == "align"
 
-    def prefill_alignment(self, chunk_size: int) -> int:
+    @property
+    def prefill_alignment(self) -> int:
         """Where prefill chunks may end (besides the end of a prompt): multiples of the model's
         chunk size, or of state_block_size in "align" mode."""
-        return self.state_block_size if self.prefix_caching == "align" else chunk_size
-
-    def _check_prefix_caching(self) -> None:
-        mode = self.prefix_caching
-        if mode is not None and mode not in PREFIX_CACHING_MODES:
-            raise ValueError(f"prefix_caching={mode!r} must be one of {PREFIX_CACHING_MODES}")
-        if self.state_block_size is not None:
-            sbs = checks.integer("state_block_size", self.state_block_size, low=1)
-            if sbs % self.block_size:
-                raise ValueError(
-                    f"state_block_size={sbs} must be a multiple of block_size={self.block_size}: "
-                    f"one of {self.block_size}, {2 * self.block_size}, ..."
-                )
-        if self.max_cached_states is not None:
-            checks.integer("max_cached_states", self.max_cached_states, low=0)
-
-    def _cached_states_if_caching(self) -> int:
-        """max_cached_states, else what an explicit num_slots leaves, else the default."""
-        if self.max_cached_states is not None:
-            return self.max_cached_states
-        if self.num_slots is not None:
-            running = default_num_slots(self.max_num_seqs, self.speculative)
-            return max(self.num_slots - running, 0)
-        return max(self.max_num_seqs, DEFAULT_MIN_CACHED_STATES)
-
-    def _why_caching_cannot_work(self, sbs: int, cached: int) -> str | None:
-        seqs = self.max_num_seqs
-        if cached < 1:
-            return (
-                f"max_cached_states={cached} leaves no state slot to cache in (num_slots="
-                f"{self.num_slots} holds only the max_num_seqs={seqs} running requests' "
-                "slots + NULL)"
-            )
-        running = default_num_slots(seqs, self.speculative)
-        if self.num_slots is not None and self.num_slots < running + cached:
-            return (
-                f"num_slots={self.num_slots} must be >= {running} (NULL and the running "
-                f"requests' slots{' and lanes' if self.speculative else ''}) + "
-                f"max_cached_states={cached} = {running + cached}"
-            )
-        if sbs > self.max_model_len - 2:
-            return (
-                f"state_block_size={sbs} > max_model_len - 2 = {self.max_model_len - 2}: a "
-                "hit leaves the last prompt token to compute, so none could hit"
-            )
-        return None
-
-    def _set_buckets(self, name: str, default: tuple[int, ...], needed: int) -> None:
-        given = getattr(self, name)
-        buckets = checks.sizes(name, default if given is None else given, reaching=needed)
-        object.__setattr__(self, name, buckets)
-
-    def _largest_step(self, budget: int) -> tuple[int, int]:
-        """(token lanes, logits rows) of the largest step bucket, with token budget `budget`:
-        the largest prefill token bucket or decode lanes, and every row's sampled lanes."""
-        prefill = self.prefill_token_buckets or powers_of_two_up_to(budget, 8)
-        decode_rows = self.decode_row_buckets[-1]
-        tokens = max(prefill[-1], decode_rows * self.decode_width)
-        return tokens, decode_rows * self.decode_width + self.prefill_row_buckets[-1]
+        return self.state_block_size if self.prefix_caching == "align" else self.chunk_size
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from runtime.core import checks
 from runtime.core.penalties import PenaltyHistory
@@ -76,7 +77,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     logprobs: list[dict[int, float]] | None = None
-    sampling_row: tuple[float, ...] = dataclasses.field(init=False, repr=False, default=())
+    sampling_row: SamplingRow[float] = dataclasses.field(init=False, repr=False)
     sampling_needs: SamplingNeeds = dataclasses.field(init=False, repr=False, default=None)
     penalty_history: PenaltyHistory | None = dataclasses.field(init=False, repr=False, default=None)
 
@@ -188,15 +189,30 @@ def checked_request(
     return prompt, params
 
 
-PENALIZED = 5  # the column of `sampling_row` saying the request has a `penalty_history`
+class SamplingRow[T](NamedTuple):
+    """A request's sampling values the builder writes into its rows every step, fixed for its
+    life: `SamplingRow[float]` for one request (all exact in float64), `SamplingRow[np.ndarray]`
+    for the columns of a table of them (`SamplingRow(*table.T)`). `penalized` (1 or 0) picks the
+    rows whose penalty history the builder reads."""
+
+    temperature: T
+    top_k: T
+    top_p: T
+    seed: T
+    min_tokens: T
+    penalized: T
 
 
-def sampling_row(params: SamplingParams, seed: int) -> tuple[float, ...]:
-    """(temperature, top_k, top_p, seed, min_tokens, penalized): what the builder writes into a
-    request's sampling rows every step, fixed for its life (all exact in float64); `penalized`
-    (column PENALIZED, 1 or 0) picks the rows whose penalty history it reads."""
-    penalized = float(params.is_penalized)
-    return (params.temperature, params.top_k, params.top_p, seed, params.min_tokens, penalized)
+def sampling_row(params: SamplingParams, seed: int) -> SamplingRow[float]:
+    """The `SamplingRow` of a request of `params` and `seed`."""
+    return SamplingRow(
+        temperature=params.temperature,
+        top_k=float(params.top_k),
+        top_p=params.top_p,
+        seed=float(seed),
+        min_tokens=float(params.min_tokens),
+        penalized=float(params.is_penalized),
+    )
 
 
 def _short_list(ids: list[int], limit: int = 6) -> str:

@@ -10,7 +10,7 @@ import dataclasses
 from typing import NamedTuple, Protocol
 
 from runtime.core.pools import NULL
-from runtime.core.request import Request
+from runtime.core.request import Request, SamplingRow
 from runtime.core.sampling_params import SamplingParams
 
 
@@ -30,7 +30,7 @@ class RowSequence(Protocol):
     block_ids: list[int]
     seed: int
     sampling_params: SamplingParams
-    sampling_row: tuple[float, ...]
+    sampling_row: SamplingRow[float]
     stop_ids: tuple[int, ...]
     pending_row: int
 

@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from runtime.core import stopping
-from runtime.core.config import EngineConfig, min_token_budget
+from runtime.core.config import EngineConfig
 from runtime.core.in_flight import RowsInFlight
 from runtime.core.request import FinishReason, Request, RequestStatus
 from runtime.core.schedule import Schedule, ScheduledRequest
@@ -75,26 +75,11 @@ class Scheduler:
     """Waiting and running requests (each oldest first) of one rank, and its slot planner (which
     keeps the rank's KV block and state-slot pools)."""
 
-    def __init__(self, config: EngineConfig, chunk_size: int, slots: SlotPlanner) -> None:
-        """`config` resolved for the model's `chunk_size` (`EngineConfig.resolved`), as the one
-        `slots` was built from."""
-        config = config.resolved(chunk_size)
-        alignment = config.prefill_alignment(chunk_size)
-        needed = min_token_budget(alignment, config.max_num_seqs)
-        if config.max_num_batched_tokens < needed:
-            unit = (
-                f"state_block_size={alignment} (prefix_caching='align')"
-                if alignment != chunk_size
-                else f"model's chunk_size={chunk_size}"
-            )
-            raise ValueError(
-                f"max_num_batched_tokens={config.max_num_batched_tokens} must be >= chunk_size + "
-                f"max_num_seqs - 1 = {needed}: one full prefill chunk of the {unit} must fit "
-                "beside a full decode batch"
-            )
+    def __init__(self, config: EngineConfig, slots: SlotPlanner) -> None:
+        """`config`: the engine's, as `slots` was built from it."""
         self.config = config
-        self.chunk_size = chunk_size
-        self.alignment = alignment
+        self.chunk_size = config.chunk_size
+        self.alignment = config.prefill_alignment
         self.slots = slots
         self.block_pool, self.slot_pool = slots.block_pool, slots.slot_pool
         self.uses_blocks, self.uses_slots = slots.uses_blocks, slots.uses_slots

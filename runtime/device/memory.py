@@ -1,14 +1,17 @@
 """What one device's memory holds: its parameter shard, one entry of each pool, and the
 activations of a step, in bytes (`runtime.core.pool_memory.PoolMemory`, which sizes the KV pool
-from them with `EngineConfig.gpu_memory_utilization`)."""
+from them with `EngineArgs.gpu_memory_utilization`), and the one place an engine's args are
+resolved for its model on these devices (`resolve_config`)."""
 
 from __future__ import annotations
 
 from jmamba.config import Ffn, Mixer, ModelConfig
 from jmamba.model import HybridLM
 from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.pool_memory import PoolMemory
 from runtime.device import footprint
+from runtime.device.mtp_drafts import served_model
 from runtime.device.placement import shard_model_shapes
 
 FP32_BYTES = 4
@@ -21,16 +24,23 @@ def device_memory() -> int | None:
     return footprint.device_memory()
 
 
-def pool_memory(model: HybridLM, config: EngineConfig) -> PoolMemory | None:
-    """One device's bytes for `model` split over `config.tensor_parallel_size` shards, when
-    `config` sizes its KV blocks from memory and the device reports its memory; else None."""
-    if not config.sizes_blocks_from_memory:
+def resolve_config(model: HybridLM, args: EngineArgs) -> EngineConfig:
+    """`args` resolved for `model` as an engine of them serves it (`served_model`), its KV pool
+    sized from this process's first device when `args` ask for it (`pool_memory`)."""
+    served = served_model(model, args.speculative_config)
+    return args.for_model(served.config, pool_memory(served, args))
+
+
+def pool_memory(model: HybridLM, args: EngineArgs) -> PoolMemory | None:
+    """One device's bytes for `model` split over `args.tensor_parallel_size` shards, when
+    `args` size the KV blocks from memory and the device reports its memory; else None."""
+    if not args.sizes_blocks_from_memory:
         return None
     limit = device_memory()
     if limit is None:
         return None
-    shard = shard_model_shapes(model, config.tensor_parallel_size, model.dtype)
-    block, slot = footprint.entry_bytes(shard, config.block_size)
+    shard = shard_model_shapes(model, args.tensor_parallel_size, model.dtype)
+    block, slot = footprint.entry_bytes(shard, args.block_size)
     return PoolMemory(
         device_bytes=limit,
         param_bytes=footprint.param_bytes(shard),

@@ -20,10 +20,11 @@ policy decision: it runs whatever per-rank `StepBatch`es it is given, in the buc
 sampler `SamplingMode` they carry. One variant is compiled per `VariantKey` (bucket, sampling
 mode, whether it carries tokens).
 
-`dispatch` hands a step to the device and returns at once; `fetch` waits for its tokens (`run`
-does both). A carrying step (`dispatch(carry=True)`, asynchronous scheduling) also hands its
-sampled tokens to the next carrying step on the device, so that step can be dispatched before the
-host has seen them (the builder's `token_sources` say which token lanes take one).
+`dispatch` hands a step to the device and returns at once; `fetch` waits for it and returns what
+it gave back, a `StepResult` (`run` does both). A carrying step (`dispatch(carry=True)`,
+asynchronous scheduling) also hands its sampled tokens to the next carrying step on the device, so
+that step can be dispatched before the host has seen them (the builder's `token_sources` say
+which token lanes take one).
 
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
 (flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
@@ -42,7 +43,6 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from flax import nnx
 from tqdm import tqdm
 
 from jmamba.model import HybridLM
@@ -53,12 +53,12 @@ from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.core.step_batch import StepBatch
 from runtime.device.chaining import carried_depth
 from runtime.device.distributed import make_mesh
-from runtime.device.memory import pool_memory
-from runtime.device.mtp_drafts import DeviceDrafter, MTPDrafts, NoDeviceDrafts
+from runtime.device.mtp_drafts import NoDeviceDrafts, device_drafter, served_model
 from runtime.device.packing import Layout, layout_of, pack
 from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
-from runtime.device.spmd_step import spmd_step, with_output_buffers
+from runtime.device.spmd_step import StepSpec, spmd_step, with_output_buffers
 from runtime.device.step_buffers import StepBuffers
+from runtime.device.step_result import StepResult
 
 
 class VariantKey(NamedTuple):
@@ -93,11 +93,6 @@ class ModelRunner:
       caches: the device caches, every pool `[ranks * pool size, ...]` split by rank, and on its
         head axis by shard (replaced, not mutated, by every step: the old ones are donated).
       cache_shardings: each cache array's `NamedSharding`.
-      last_logits: [local ranks, N, vocab] fp32 logits of the last step when `keep_logits`.
-      last_logprobs: per local rank, the last step's `TokenLogprobs` (host arrays) of each
-        scheduled request's sampled row, when its sampling mode asked for them; else None.
-      last_drafts: per local rank, the last step's drafts [1 + k, N] when the step drafts on the
-        device (`drafter`); else None.
       drafter: what a drafting step drafts (`runtime.device.mtp_drafts`): the MTP head's drafts
         when the config speculates with method "mtp", else nothing; a step dispatched without
         drafts runs `NoDeviceDrafts`, the plain step.
@@ -106,16 +101,17 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: nnx.Module,
+        model: HybridLM,
         config: EngineConfig,
         *,
         keep_logits: bool = False,
         params: ParamSource = place_params,
     ):
-        """`params` puts each device's parameter shard on it: `place_params` slices `model`'s
-        values; `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
-        model = served_model(model, config)
-        self.config = config = config.for_model(model.config, pool_memory(model, config))
+        """`config`: resolved for `model` (`runtime.device.memory.resolve_config`). `params` puts
+        each device's parameter shard on it: `place_params` slices `model`'s values;
+        `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
+        model = served_model(model, config.speculative)
+        self.config = config
         self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
         placed = params(model, self.mesh)
         self.graphdef, self._param_treedef = placed.graphdef, placed.treedef
@@ -130,17 +126,14 @@ class ModelRunner:
             num_slots=config.num_slots,
         )
         self.keep_logits = keep_logits
-        self.drafter = device_drafter(config)
+        self.drafter = device_drafter(config.speculative)
         depth = carried_depth(self.drafter.num_drafts)
         self.buffers = StepBuffers(self.mesh, (depth, carried_tokens(config)))
-        self.last_logits: np.ndarray | None = None
-        self.last_logprobs: list[TokenLogprobs] | None = None
-        self.last_drafts: list[np.ndarray] | None = None
         self.compile_seconds: dict[VariantKey, float] = {}
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(  # traced per variant, then compiled `with_output_buffers`
-            functools.partial(spmd_step, self.mesh, cache_specs, config.block_size),
-            static_argnums=(0, 1, 2, 3, 4, 5, 6),
+            functools.partial(spmd_step, self.mesh, cache_specs),
+            static_argnums=0,  # the `StepSpec`
             keep_unused=True,  # every argument a jaxpr input, as `with_output_buffers` passes them
         )
         self._compiled: dict[VariantKey, Any] = {}
@@ -177,10 +170,9 @@ class ModelRunner:
         """Global ranks this process drives (all of them in a single-process run)."""
         return self.mesh.local_ranks
 
-    def run(self, bucket: Bucket, batches: list[StepBatch]) -> list[np.ndarray]:
+    def run(self, bucket: Bucket, batches: list[StepBatch]) -> StepResult:
         """Run one step; `batches[i]` is local rank i's inputs, all built for `bucket` with one
-        `SamplingMode`. Returns, per local rank, [2, N] int32: every logits row's sampled token,
-        and 1 where it accepted the draft of the next lane (`sampler.accept_drafts`)."""
+        `SamplingMode`."""
         return self.fetch(self.dispatch(bucket, batches))
 
     def dispatch(
@@ -234,14 +226,16 @@ class ModelRunner:
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
         return VariantKey(bucket, mode, carry, drafts and self.drafter.num_drafts > 0)
 
-    def fetch(self, step: DispatchedStep) -> list[np.ndarray]:
-        """Wait for a dispatched step; its tokens as `run` returns them (and `last_logits`,
-        `last_logprobs` set from it)."""
-        self.last_logits = None if step.logits is None else self.mesh.local_rows(step.logits)
-        self.last_logprobs = self._local_logprobs(step.token_logprobs, step.batches)
+    def fetch(self, step: DispatchedStep) -> StepResult:
+        """Wait for a dispatched step; what it gave back, on the host."""
         rows = self.mesh.local_rows(step.tokens)  # [ranks, 2 (+ 1 + k), N]: `StepOutputs`
-        self.last_drafts = list(rows[:, 2:]) if rows.shape[1] > 2 else None
-        return list(rows[:, :2])
+        return StepResult(
+            tokens=list(rows[:, 0]),
+            accepted=list(rows[:, 1]),
+            drafts=list(rows[:, 2:]) if rows.shape[1] > 2 else None,
+            logprobs=self._local_logprobs(step.token_logprobs, step.batches),
+            logits=None if step.logits is None else self.mesh.local_rows(step.logits),
+        )
 
     def _local_logprobs(
         self, token_logprobs: TokenLogprobs | None, batches: list[StepBatch]
@@ -319,17 +313,18 @@ class ModelRunner:
         start = time.perf_counter()
         self._layouts[key] = layout_of(self._packed_tree(batch, key))
         packed = self._packed(key, [batch] * len(self.local_ranks))
-        static = (
-            self.graphdef,
-            self._param_treedef,
-            self.keep_logits,
-            self.config.batch_invariant,
-            self._layouts[key],
-            key.mode,
-            self.drafter if key.drafts else NoDeviceDrafts(),
+        spec = StepSpec(
+            graphdef=self.graphdef,
+            param_treedef=self._param_treedef,
+            block_size=self.config.block_size,
+            keep_logits=self.keep_logits,
+            batch_invariant=self.config.batch_invariant,
+            layout=self._layouts[key],
+            mode=key.mode,
+            drafter=self.drafter if key.drafts else NoDeviceDrafts(),
         )
         carried = self.buffers.carried if key.carry else None
-        traced = self._jitted.trace(*static, self._param_leaves, self.caches, packed, carried)
+        traced = self._jitted.trace(spec, self._param_leaves, self.caches, packed, carried)
         _, output_shapes, _ = traced.out_info  # (caches, StepOutputs, carried)
         outputs = self.buffers.add_variant(key, packed, output_shapes)
         lowered = with_output_buffers(traced).lower(
@@ -354,19 +349,6 @@ class ModelRunner:
         sources = (batch.token_sources, batch.chained if chains else None) if key.carry else None
         following = batch.following if key.drafts else None
         return batch.inputs, batch.sampling, sources, following
-
-
-def served_model(model: HybridLM, config: EngineConfig) -> HybridLM:
-    """The model an engine of `config` runs: without its MTP head unless it drafts with it."""
-    return model if device_drafter(config).num_drafts else model.without_head()
-
-
-def device_drafter(config: EngineConfig) -> DeviceDrafter:
-    """The step's drafter: the MTP head's K drafts under speculative method "mtp", else none."""
-    spec = config.speculative
-    if spec is not None and spec.method == "mtp":
-        return MTPDrafts(spec.num_speculative_tokens)
-    return NoDeviceDrafts()
 
 
 def carried_tokens(config: EngineConfig) -> int:

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jmamba.model import HybridLM, LayerCache
 from jmamba.mtp import next_token_ids
 from jmamba.step.pytree import DecodeRows, NextTokens, PrefillRows, StepInputs
+from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.kv_addressing import kv_slots_at
 from runtime.device.sampler import num_accepted
 
@@ -198,3 +199,15 @@ def _by_logits_row(table: jax.Array, inputs: StepInputs) -> jax.Array:
     )
     out = jnp.zeros((table.shape[0], inputs.logits_indices.shape[0]), jnp.int32)
     return out.at[:, columns].set(table)
+
+
+def device_drafter(speculative: SpeculativeConfig | None) -> DeviceDrafter:
+    """The step's drafter: the MTP head's K drafts under speculative method "mtp", else none."""
+    if speculative is not None and speculative.method == "mtp":
+        return MTPDrafts(speculative.num_speculative_tokens)
+    return NoDeviceDrafts()
+
+
+def served_model(model: HybridLM, speculative: SpeculativeConfig | None) -> HybridLM:
+    """The model an engine runs: without its MTP head unless it drafts with it."""
+    return model if device_drafter(speculative).num_drafts else model.without_head()

@@ -2,13 +2,15 @@
 step over every device of the mesh (`spmd_step`, one `jax.shard_map`): parameters split over
 `tp`, caches over `dp` (pool axis) and `tp` (head axis), the packed inputs and every output split
 over `dp` and the same on each `tp` shard of a rank. `ModelRunner` jits and compiles it per
-variant.
+variant, each variant's static choices named in one `StepSpec`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,38 +30,51 @@ from runtime.device.sampler import accept_drafts, fed_tokens, logprobs, sample
 from runtime.device.step_buffers import StepOutputs
 
 
-def _rank_step(
-    block_size: int,
-    graphdef,
-    param_treedef,
-    keep_logits: bool,
-    batch_invariant: bool,
-    layout: Layout,
-    mode: SamplingMode,
-    drafter: DeviceDrafter,
-    param_leaves,
-    caches,
-    packed,
-    previous,
-):
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """What a compiled step is specialised on beyond its argument shapes (hashable: the jitted
+    step's one static argument).
+
+    Attributes:
+      graphdef / param_treedef: the shard model's structure and its parameters' tree.
+      block_size: tokens per KV block (rows moved back recompute their KV slots).
+      keep_logits: the step returns its fp32 logits too.
+      batch_invariant: the model's products and norm statistics run in an order fixed by static
+        shapes (`jmamba.layers.invariance`).
+      layout: where each input sits in the packed row (`runtime.device.packing`).
+      mode: the sampler's mode.
+      drafter: what drafts for the next step on the device (`runtime.device.mtp_drafts`).
+    """
+
+    graphdef: Any
+    param_treedef: Any
+    block_size: int
+    keep_logits: bool
+    batch_invariant: bool
+    layout: Layout
+    mode: SamplingMode
+    drafter: DeviceDrafter
+
+
+def _rank_step(spec: StepSpec, param_leaves, caches, packed, previous):
     """One device's step on its own shard: its parameters ([1, ...] each), packed [1, words] and
     what the previous step carried [1, depth, C] -> [1, 2 (+ 1 + k), N] (tokens, accept flags,
-    then the drafts for the next step when `drafter` drafts: `runtime.device.mtp_drafts`),
-    log-probabilities (when `mode.logprobs`), logits (when `keep_logits`), caches, what
-    this step carries to the next [1, depth, C] (`runtime.device.chaining`). The packed tree is
-    (inputs, sampling, (token sources, chained rows), what follows each prefill chunk), the
+    then the drafts for the next step when `spec.drafter` drafts: `runtime.device.mtp_drafts`),
+    log-probabilities (when `spec.mode.logprobs`), logits (when `spec.keep_logits`), caches,
+    what this step carries to the next [1, depth, C] (`runtime.device.chaining`). The packed tree
+    is (inputs, sampling, (token sources, chained rows), what follows each prefill chunk), the
     last two None where the step does not read them (`ModelRunner._packed_tree`; chained rows
-    None too without a head). `block_size`: tokens per KV block (rows moved back recompute
-    their KV slots).
-    `batch_invariant`: the model's products and norm statistics run in an order fixed by static
-    shapes (`jmamba.layers.invariance`)."""
-    inputs, sampling, sources, following = unpack(packed[0], layout)
+    None too without a head)."""
+    mode, drafter = spec.mode, spec.drafter
+    inputs, sampling, sources, following = unpack(packed[0], spec.layout)
     token_sources, chained = (None, None) if previous is None else sources
     if previous is not None:
-        inputs, sampling = follow(inputs, sampling, token_sources, chained, previous[0], block_size)
+        inputs, sampling = follow(
+            inputs, sampling, token_sources, chained, previous[0], spec.block_size
+        )
     shard_params = [leaf[0] for leaf in param_leaves]
-    model = nnx.merge(graphdef, jax.tree.unflatten(param_treedef, shard_params))
-    with invariance.batch_invariant(batch_invariant):
+    model = nnx.merge(spec.graphdef, jax.tree.unflatten(spec.param_treedef, shard_params))
+    with invariance.batch_invariant(spec.batch_invariant):
         x, caches = model.hidden_states(inputs, caches)
         with jax.named_scope("lm_head"):
             logits = model.logits(rows_or_zeros(x, inputs.logits_indices))
@@ -79,34 +94,26 @@ def _rank_step(
     if previous is not None:
         rejected = None if chained is None else rejected_drafts(accepted, inputs)
         carried_out = carried(tokens, drafts, rejected, previous.shape[1:])[None]
-    logits_out = logits[None] if keep_logits else None
+    logits_out = logits[None] if spec.keep_logits else None
     return tokens_and_flags[None], token_logprobs, logits_out, caches, carried_out
 
 
 def spmd_step(
     mesh: DeviceMesh,
     cache_specs,
-    block_size: int,
-    graphdef,
-    param_treedef,
-    keep_logits: bool,
-    batch_invariant: bool,
-    layout: Layout,
-    mode: SamplingMode,
-    drafter: DeviceDrafter,
+    spec: StepSpec,
     param_leaves,
     caches,
     packed,
     carried,
 ):
     """The step over all devices: -> (caches, StepOutputs, carried). `cache_specs`: each cache
-    array's `PartitionSpec`; `block_size`: tokens per KV block. Traced once per variant, then
-    compiled with its output buffers (`with_output_buffers`)."""
+    array's `PartitionSpec`. Traced once per variant, then compiled with its output buffers
+    (`with_output_buffers`)."""
     by_rank = P(AXIS)
     param_specs = [P(TP_AXIS)] * len(param_leaves)
-    static = (graphdef, param_treedef, keep_logits, batch_invariant, layout, mode, drafter)
-    step = functools.partial(_rank_step, block_size, *static)
-    logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if mode.logprobs else None
+    step = functools.partial(_rank_step, spec)
+    logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if spec.mode.logprobs else None
     tokens, token_logprobs, logits, caches, carried = jax.shard_map(
         step,
         mesh=mesh.mesh,
@@ -114,7 +121,7 @@ def spmd_step(
         out_specs=(
             by_rank,
             logprob_specs,
-            by_rank if keep_logits else None,
+            by_rank if spec.keep_logits else None,
             cache_specs,
             None if carried is None else by_rank,
         ),

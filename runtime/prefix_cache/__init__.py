@@ -18,10 +18,8 @@ __all__ = ["CachingSlots", "Hit", "PrefixCache", "PrefixCacheStats", "slot_plann
 
 
 def slot_planner(config: EngineConfig, *, uses_blocks: bool, uses_slots: bool) -> SlotPlanner:
-    """A rank's slot planner: `CachingSlots` when the resolved `config` caches prefixes, else
+    """A rank's slot planner: `CachingSlots` when `config` caches prefixes, else
     `PlainSlots`. `uses_blocks` / `uses_slots`: whether the model has attention / recurrent
     layers."""
-    if config.prefix_caching is None:
-        raise ValueError("slot_planner needs a resolved config: EngineConfig.resolved(chunk_size)")
     planner = CachingSlots if config.caches_prefixes else PlainSlots
     return planner(config, uses_blocks=uses_blocks, uses_slots=uses_slots)

@@ -38,6 +38,7 @@ from flax import nnx
 from runtime.core.buckets import Bucket, lane_width, round_up
 from runtime.core.builder import build_rank, with_mode
 from runtime.core.config import POOL_SIZE_FIELDS, STEP_SHAPE_FIELDS, EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
@@ -45,6 +46,7 @@ from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import default_num_slots
 from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import agree_max, agree_max_int
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.speculative.draft_sequences import RankDrafts
 from runtime.speculative.verify import check_verifiable
@@ -57,13 +59,12 @@ class DraftModelDrafter:
         self,
         model: nnx.Module,
         target_config: EngineConfig,
-        target_chunk_size: int,
         num_ranks: int,
         *,
         runner: ModelRunner | None = None,
     ) -> None:
         self.k = target_config.num_speculative_tokens
-        self.config = draft_engine_config(target_config)
+        self.config = resolve_config(model, draft_engine_args(target_config))
         if runner is not None:  # shared (tests, notebooks): its pools, if large enough
             _check_shared_runner(runner.config, self.config)
             self.config = runner.config
@@ -73,7 +74,7 @@ class DraftModelDrafter:
         # Prefill chunks end where the target's do: the draft model's own invariance check
         # holds only where its chunk size divides the target's (drafts stay valid either way),
         # and only then do fill passes need to stop on multiples of it.
-        self.chunk_size = chunk if target_chunk_size % chunk == 0 else None
+        self.chunk_size = chunk if target_config.chunk_size % chunk == 0 else None
         self.ranks = [
             RankDrafts(self.config, model.config.has_attention, model.config.has_recurrent_state)
             for _ in range(num_ranks)
@@ -170,8 +171,8 @@ class DraftModelDrafter:
         needs = np.max([batch.mode.as_array() for batch in batches], axis=0)
         mode = SamplingMode.from_array(agree_max(needs))
         batches = [with_mode(batch, mode) for batch in batches]
-        results = self.runner.run(bucket, batches)
-        return [r[0][b.sample_rows].tolist() for r, b in zip(results, batches, strict=True)]
+        tokens = self.runner.run(bucket, batches).tokens
+        return [t[b.sample_rows].tolist() for t, b in zip(tokens, batches, strict=True)]
 
     def _build(self, schedule: Schedule, bucket: Bucket) -> StepBatch:
         config = self.config
@@ -192,14 +193,14 @@ def _with_proposals(schedule: Schedule, drafts: list[tuple[int, ...]]) -> Schedu
     return dataclasses.replace(schedule, decodes=decodes)
 
 
-def draft_engine_config(config: EngineConfig) -> EngineConfig:
-    """The draft model's pools and buckets: the target's buckets, max_model_len and block size;
-    a KV pool for every request at max_model_len; per request its committed slot and 1 + K lane
-    slots for the catch-up pass (the target's default count; as many as the target's if more);
-    no prefix cache (the fill passes catch a sequence up after the target's hits)."""
+def draft_engine_args(config: EngineConfig) -> EngineArgs:
+    """The draft model's args, from the target's config: the target's buckets, max_model_len and
+    block size; a KV pool for every request at max_model_len; per request its committed slot and
+    1 + K lane slots for the catch-up pass (the target's default count; as many as the target's
+    if more); no prefix cache (the fill passes catch a sequence up after the target's hits)."""
     slots = max(config.num_slots, default_num_slots(config.max_num_seqs, config.speculative))
     return dataclasses.replace(
-        config,
+        EngineArgs.of_config(config),
         speculative=None,
         num_blocks=None,
         num_slots=slots,

@@ -122,9 +122,7 @@ def make_drafter(
             )
         draft_model, _ = load_model(spec.draft_model, seed=config.seed)
     check_draft_model(draft_model, model)
-    return DraftModelDrafter(
-        draft_model, config, model.config.chunk_size, num_ranks, runner=draft_runner
-    )
+    return DraftModelDrafter(draft_model, config, num_ranks, runner=draft_runner)
 
 
 def check_mtp_head(model: object) -> None:

@@ -67,7 +67,8 @@ def verified_tokens(
     schedule: Schedule,
     sample_rows: np.ndarray,
     width: int,
-    result: np.ndarray,
+    tokens: np.ndarray,
+    accepted: np.ndarray,
     stale: Sequence[bool] = (),
 ) -> tuple[list[int], list[list[int]], SpeculationStats]:
     """Split one rank's sampled lanes into what `Scheduler.retire` appends.
@@ -76,22 +77,21 @@ def verified_tokens(
       schedule: the rank's schedule (decode items first; an item has num_tokens - 1 drafts).
       sample_rows: [items] each item's last live logits row (`StepBatch.sample_rows`).
       width: W, lanes per decode row of the step's bucket (1: no row carried drafts).
-      result: [2, N] per logits row, the target's token and whether it equals the draft the next
-        lane fed.
+      tokens: [N] per logits row, the target's token.
+      accepted: [N] per logits row, whether its token equals the draft the next lane fed.
       stale: per decode item, whether its tokens will be dropped (`RowsInFlight.is_stale`): it
         counts in no counter.
     Returns:
       (sampled, drafts, stats): per item the target's token after its accepted drafts, and the
       accepted drafts themselves (empty for items without drafts); the step's counters.
     """
-    tokens = result[0]
     sampled = tokens[sample_rows].tolist()
     if width == 1:  # no row carried drafts: the plain path, as cheap as before
         return sampled, [], SpeculationStats()
     num_decodes = len(schedule.decodes)
     drafts: list[list[int]] = [[] for _ in sample_rows]
     num_drafts = np.array([item.num_tokens - 1 for item in schedule.decodes], np.int64)
-    flags = result[1][: num_decodes * width].reshape(num_decodes, width).astype(bool)
+    flags = accepted[: num_decodes * width].reshape(num_decodes, width).astype(bool)
     flags &= np.arange(width)[None, :] < num_drafts[:, None]
     num_accepted = np.cumprod(flags, axis=1).sum(axis=1)  # the longest accepted prefix
     lane_tokens = tokens[: num_decodes * width].reshape(num_decodes, width).tolist()

@@ -17,7 +17,9 @@ from flax import nnx
 
 import jmamba
 from jmamba.step.pytree import DecodeRows, PrefillRows, StepInputs
-from runtime.core.config import EngineConfig, min_token_budget
+from runtime.core.budgets import min_token_budget
+from runtime.core.engine_args import EngineArgs
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
@@ -28,10 +30,10 @@ BLOCK_SIZE = 8
 MAX_NUM_SEQS = 4
 
 
-def base_config(family: str) -> EngineConfig:
+def base_config(family: str) -> EngineArgs:
     """Small pools (13 KV blocks: 12 usable, 8 per full-length request) to force preemption."""
     budget = max(32, min_token_budget(jmamba.presets.tiny(family).chunk_size, MAX_NUM_SEQS))
-    return EngineConfig(
+    return EngineArgs(
         max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=budget,
         max_model_len=MAX_MODEL_LEN,
@@ -49,7 +51,8 @@ def base_config(family: str) -> EngineConfig:
 @per_module
 def model_and_runner(family: str) -> tuple[nnx.Module, ModelRunner]:
     model = jmamba.HybridLM(jmamba.presets.tiny(family), rngs=nnx.Rngs(0))
-    return model, ModelRunner(model, base_config(family), keep_logits=True)
+    config = resolve_config(model, base_config(family))
+    return model, ModelRunner(model, config, keep_logits=True)
 
 
 @per_module
@@ -62,7 +65,7 @@ def model_with_eos(family: str, eos_token_ids: tuple[int, ...]) -> nnx.Module:
 
 def make_engine(family: str, eos_token_ids: tuple[int, ...] | None = None, **options) -> Engine:
     """A fresh engine (fresh scheduler and pools) on the family's shared runner and caches;
-    `eos_token_ids` replaces the model's EOS ids, `options` the EngineConfig fields."""
+    `eos_token_ids` replaces the model's EOS ids, `options` the EngineArgs fields."""
     model, runner = model_and_runner(family)
     if eos_token_ids is not None:
         model = model_with_eos(family, tuple(eos_token_ids))

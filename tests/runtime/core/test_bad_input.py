@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import MAX_MODEL_LEN, make_engine, run_to_completion
 
@@ -156,4 +156,4 @@ def test_request_ids_are_strings_and_an_int_means_its_str_on_every_path():
 )
 def test_engine_config_types_and_ranges(options, message):
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**{"max_num_batched_tokens": 64} | options)
+        EngineArgs(**{"max_num_batched_tokens": 64} | options)

@@ -40,14 +40,14 @@ for name in {HOST_MODULES!r}:
     __import__(name)
 from runtime.core.buckets import BucketPolicy
 from runtime.core.builder import build_step
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import Scheduler
 from runtime.prefix_cache import slot_planner
 from jmamba.step.invariants import check_step_inputs
-config = EngineConfig(max_num_batched_tokens=16, max_model_len=64, block_size=4).resolved(4)
-scheduler = Scheduler(config, 4, slot_planner(config, uses_blocks=True, uses_slots=True))
+config = EngineArgs(max_num_batched_tokens=16, max_model_len=64, block_size=4).resolved(4)
+scheduler = Scheduler(config, slot_planner(config, uses_blocks=True, uses_slots=True))
 scheduler.add(Request("a", [1, 2, 3, 4, 5], SamplingParams(min_tokens=1), seed=0,
                       eos_token_ids=(2,)))
 schedule = scheduler.schedule()

@@ -47,7 +47,7 @@ def test_nan_in_null_slot_and_block_changes_no_output(family):
         logits = []
         while engine.has_unfinished:
             engine.step()
-            logits.append(engine.runner.last_logits[0][engine.inspect.last_batch.sample_rows])
+            logits.append(engine.last_result.logits[0][engine.inspect.last_batch.sample_rows])
         return logits
 
     clean_logits = run()

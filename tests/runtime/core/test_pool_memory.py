@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import jmamba
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.pool_memory import PoolMemory, peak_activation_bytes
 from runtime.device import memory
 from runtime.engine import Engine
@@ -82,7 +82,7 @@ LOGITS_ROW_BYTES = 2 * 4 * 128  # fp32 logits and softmax over 128 of 256 vocabu
 def test_an_engine_on_two_shards_gets_the_hand_computed_pools(monkeypatch):
     monkeypatch.setattr(memory, "device_memory", lambda: 1 * MIB)
     model = jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=4,
         max_num_batched_tokens=32,
         max_model_len=64,
@@ -112,7 +112,7 @@ def test_a_max_model_len_that_cannot_fit_is_refused(monkeypatch):
         lambda: jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
     )
     # max_model_len defaults to the preset's 2048: 256 blocks of 8 tokens + NULL do not fit.
-    config = EngineConfig(block_size=8, tensor_parallel_size=2, gpu_memory_utilization=0.5)
+    config = EngineArgs(block_size=8, tensor_parallel_size=2, gpu_memory_utilization=0.5)
     with pytest.raises(ValueError, match="fewer than the 257 one request of max_model_len needs"):
         Engine(model, config)
 
@@ -121,7 +121,7 @@ def test_start_up_logs_the_pools_once(caplog):
     """One INFO line per engine: blocks and slots, the bytes of each, the total, the parameters."""
     caplog.set_level(logging.INFO, logger="runtime.device.footprint")
     model = jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=4,
         max_model_len=64,
         block_size=8,
@@ -143,4 +143,4 @@ def test_start_up_logs_the_pools_once(caplog):
 def test_memory_sizing_needs_a_device_that_reports_its_memory():
     model = nnx.eval_shape(lambda: jmamba.HybridLM(jmamba.presets.tiny("mamba2"), rngs=nnx.Rngs(0)))
     with pytest.raises(ValueError, match="needs a device that reports its memory"):
-        Engine(model, EngineConfig(gpu_memory_utilization=0.9))
+        Engine(model, EngineArgs(gpu_memory_utilization=0.9))

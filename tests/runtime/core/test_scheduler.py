@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request, RequestStatus
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import Scheduler
@@ -20,11 +20,11 @@ def make_request(num_prompt: int, max_tokens: int = 4) -> Request:
     return Request(f"r{next(_ids)}", prompt, SamplingParams(max_tokens=max_tokens), seed=0)
 
 
-def new_scheduler(config: EngineConfig, chunk_size: int) -> Scheduler:
+def new_scheduler(config: EngineArgs, chunk_size: int) -> Scheduler:
     """A scheduler of `config` for a model of `chunk_size` with attention and recurrent layers,
     with the slot planner the config asks for (as an engine builds its ranks)."""
     config = config.resolved(chunk_size)
-    return Scheduler(config, chunk_size, slot_planner(config, uses_blocks=True, uses_slots=True))
+    return Scheduler(config, slot_planner(config, uses_blocks=True, uses_slots=True))
 
 
 def make_scheduler(chunk_size: int = 4, **options) -> Scheduler:
@@ -37,7 +37,7 @@ def make_scheduler(chunk_size: int = 4, **options) -> Scheduler:
         "block_size": 4,
         "prefix_caching": "off",
     } | options
-    return new_scheduler(EngineConfig(**options), chunk_size)
+    return new_scheduler(EngineArgs(**options), chunk_size)
 
 
 def run_step(scheduler: Scheduler, token: int = 5):
@@ -171,7 +171,7 @@ def test_a_budget_without_room_for_a_chunk_beside_the_decodes_is_refused():
 
 def test_default_budget_is_derived_from_the_chunk_size():
     """None: the smallest power of two >= max(256, chunk + max_num_seqs - 1)."""
-    config = EngineConfig(max_num_seqs=8)
+    config = EngineArgs(max_num_seqs=8)
     assert config.max_num_batched_tokens is None and config.prefill_token_buckets is None
     assert config.resolved(16).max_num_batched_tokens == 256  # the tiny presets
     assert config.resolved(128).max_num_batched_tokens == 256  # NemotronH

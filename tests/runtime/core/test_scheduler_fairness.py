@@ -11,7 +11,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.core.config import EngineConfig, min_token_budget
+from runtime.core.budgets import min_token_budget
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
@@ -83,7 +84,7 @@ def test_every_request_gets_its_first_token_within_the_bound(
     state_block = math.lcm(chunk, 4)
     unit = state_block if mode == "align" else chunk  # the alignment of chunk ends
     budget = min_token_budget(unit, max_num_seqs) + extra_budget
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=128,

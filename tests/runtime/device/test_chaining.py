@@ -15,7 +15,7 @@ import pytest
 import jmamba.step.pytree  # noqa: F401  (registers StepInputs as a pytree)
 from runtime.core.buckets import Bucket
 from runtime.core.builder import build_dummy, build_step
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.schedule import Schedule, ScheduledRequest
 from runtime.core.scheduler import Scheduler
 from runtime.core.speculative_config import SpeculativeConfig
@@ -29,7 +29,7 @@ SAMPLED, DRAFTED = 100, 200  # carried token ids: SAMPLED + lane of N's row, DRA
 
 
 def scheduler() -> Scheduler:
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=4,
         max_num_batched_tokens=32,
         max_model_len=64,

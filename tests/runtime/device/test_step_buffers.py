@@ -29,7 +29,7 @@ def test_a_variant_s_buffers_keep_their_addresses_and_outputs_outlive_the_next_s
         second = runner.dispatch(bucket, [dummy], carry=carry)
         assert (runner.buffers.addresses(key), buffer_addresses(runner.caches)) == before
         # The first step's copies are still there, and equal to the second's (same inputs).
-        np.testing.assert_array_equal(runner.fetch(first)[0], runner.fetch(second)[0])
+        np.testing.assert_array_equal(runner.fetch(first).tokens[0], runner.fetch(second).tokens[0])
 
 
 def test_a_variant_is_traced_once_though_its_output_buffers_come_from_the_trace():

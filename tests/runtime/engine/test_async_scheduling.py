@@ -18,8 +18,9 @@ import pytest
 from jmamba.text.tokenizer import byte_tokenizer
 from runtime.core.buckets import Bucket
 from runtime.core.builder import build_dummy
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.runtime.conftest import (
@@ -234,9 +235,9 @@ def test_an_mtp_engines_steps_without_drafts_are_plain_steps():
 
 def test_async_scheduling_is_a_flag():
     with pytest.raises(ValueError, match="async_scheduling=1 must be True or False"):
-        EngineConfig(async_scheduling=1)
+        EngineArgs(async_scheduling=1)
     with pytest.raises(ValueError, match="max_batch_size=2 needs method 'ngram' or 'mtp'"):
-        EngineConfig(speculative={"method": "draft_model", "max_batch_size": 2})
+        EngineArgs(speculative={"method": "draft_model", "max_batch_size": 2})
 
 
 def decode_batch_with_one_live_row():
@@ -278,7 +279,7 @@ def test_warmup_compiles_the_variants_an_asynchronous_engine_dispatches():
     steps compile nothing."""
     model, _ = model_and_runner("mamba2")
     config = dataclasses.replace(base_config("mamba2"), async_scheduling=True)
-    engine = Engine(model, config, runner=ModelRunner(model, config))
+    engine = Engine(model, config, runner=ModelRunner(model, resolve_config(model, config)))
     engine.warmup()
     warmed = set(engine.runner.variants)
     assert warmed and all(v.carry for v in warmed)
@@ -296,7 +297,7 @@ def test_warmup_with_sampling_covers_a_sampled_request_arriving_at_an_idle_engin
     OpenAI client's default) arriving at the idle engine compiles nothing."""
     model, _ = model_and_runner("mamba2")
     config = dataclasses.replace(base_config("mamba2"), async_scheduling=True)
-    engine = Engine(model, config, runner=ModelRunner(model, config))
+    engine = Engine(model, config, runner=ModelRunner(model, resolve_config(model, config)))
     engine.warmup(prefill="alone", sampled=True)
     warmed = set(engine.runner.variants)
     buckets = engine.buckets.warmup_buckets("alone")

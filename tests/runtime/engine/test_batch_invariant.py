@@ -17,11 +17,12 @@ import functools
 import numpy as np
 import pytest
 
+import jmamba.presets
 from pallas_kernels import ops
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
-from runtime.speculative.draft_model import draft_engine_config
+from runtime.speculative.draft_model import draft_engine_args
 from tests.runtime.conftest import (
     base_config,
     model_and_runner,
@@ -67,9 +68,9 @@ def test_a_runner_is_shared_only_with_the_same_setting():
 
 def test_the_draft_model_runs_as_the_target_does():
     config = dataclasses.replace(base_config(FAMILY), batch_invariant=True)
-    assert draft_engine_config(config).batch_invariant
+    assert draft_engine_args(config.for_model(jmamba.presets.tiny(FAMILY))).batch_invariant
 
 
 def test_bad_value_raises():
     with pytest.raises(ValueError, match="batch_invariant"):
-        EngineConfig(batch_invariant=1)
+        EngineArgs(batch_invariant=1)

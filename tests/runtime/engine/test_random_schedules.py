@@ -15,7 +15,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import jmamba
-from runtime.core.config import min_token_budget
+from runtime.core.budgets import min_token_budget
 from runtime.core.sampling_params import SamplingParams
 from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module

@@ -42,7 +42,7 @@ def test_first_step_of_each_variant_records_its_compile_time():
     """Compile seconds are counted apart: a variant's first step has them, later steps do not,
     and the stats' device seconds exclude them."""
     model, runner = model_and_runner("mamba2")
-    fresh = type(runner)(model, base_config("mamba2"))  # nothing compiled yet
+    fresh = type(runner)(model, runner.config)  # nothing compiled yet
     engine = Engine(model, base_config("mamba2"), runner=fresh)
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=3))
     while engine.has_unfinished:

@@ -15,7 +15,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
@@ -28,7 +30,7 @@ def dp_runner(family: str, ranks: int) -> ModelRunner:
     block and slot 0 (they must never reach an output)."""
     model, _ = model_and_runner(family)
     config = dataclasses.replace(base_config(family), data_parallel_size=ranks)
-    runner = ModelRunner(model, config, keep_logits=True)
+    runner = ModelRunner(model, resolve_config(model, config), keep_logits=True)
     set_null_entries(runner, np.nan)
     return runner
 
@@ -36,7 +38,9 @@ def dp_runner(family: str, ranks: int) -> ModelRunner:
 def dp_engine(family: str, ranks: int, router=None, async_scheduling: bool = False) -> Engine:
     model, _ = model_and_runner(family)
     runner = dp_runner(family, ranks)
-    config = dataclasses.replace(runner.config, async_scheduling=async_scheduling)
+    config = dataclasses.replace(
+        EngineArgs.of_config(runner.config), async_scheduling=async_scheduling
+    )
     return Engine(model, config, runner=runner, router=router)
 
 
@@ -105,7 +109,7 @@ def step_checking_idle_ranks(engine: Engine) -> tuple[list, list[int]]:
     for rank in idle:
         after = rank_shards(engine.runner, rank)
         assert_bit_identical(before[rank], after, f"idle rank {rank} changed its shard")
-    logits = engine.runner.last_logits
+    logits = engine.last_result.logits
     assert logits is None or np.isfinite(logits).all()  # NaN in the NULL entries never leaks
     return finished, idle
 

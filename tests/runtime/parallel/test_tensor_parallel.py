@@ -20,9 +20,11 @@ from jmamba.config import ModelConfig
 from jmamba.model import HybridLM
 from jmamba.parallel.rules import Segment, split
 from jmamba.sharding import param_rules, shard_config, tensor_parallel_sizes
-from runtime.core.config import EngineConfig, min_token_budget
+from runtime.core.budgets import min_token_budget
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.distributed import make_mesh
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.device.placement import RandomShards, place_params
 from runtime.engine import Engine
@@ -40,9 +42,9 @@ def fixture_model(name: str) -> HybridLM:
     return load_pretrained(FIXTURES / name, host=True)
 
 
-def engine_config(model: ModelConfig, dp: int, tp: int) -> EngineConfig:
+def engine_config(model: ModelConfig, dp: int, tp: int) -> EngineArgs:
     budget = max(32, min_token_budget(model.chunk_size, 4))
-    return EngineConfig(
+    return EngineArgs(
         max_num_seqs=4,
         max_num_batched_tokens=budget,
         max_model_len=64,
@@ -70,7 +72,7 @@ def serve(
     outputs, logits = {}, []
     while engine.has_unfinished:
         outputs |= {o.request_id: o for o in engine.step()}
-        logits.append(engine.runner.last_logits)
+        logits.append(engine.last_result.logits)
     return [outputs[i] for i in ids], logits
 
 
@@ -136,7 +138,7 @@ def test_a_head_count_that_does_not_split_names_the_field_and_the_sizes_that_wor
         shard_config(model.config, 3)
     config = engine_config(model.config, 1, 3)
     with pytest.raises(ValueError, match="tensor_parallel_size=3 cannot split"):
-        ModelRunner(model, config)
+        ModelRunner(model, resolve_config(model, config))
 
 
 def test_each_device_holds_its_own_shard_of_each_parameter():

@@ -13,7 +13,9 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
@@ -39,7 +41,7 @@ def mesh_runner() -> ModelRunner:
     config = dataclasses.replace(
         prefix_config(FAMILY), data_parallel_size=2, tensor_parallel_size=2
     )
-    runner = ModelRunner(model, config, keep_logits=True)
+    runner = ModelRunner(model, resolve_config(model, config), keep_logits=True)
     set_null_entries(runner, float("nan"))
     return runner
 
@@ -71,7 +73,9 @@ def test_random_schedules_on_dp2_tp2_keep_the_idle_rank_and_tokens(requests, asy
     arrivals = shared_prefix_arrivals(requests, prefixes, seed=70)
     model, _ = model_and_runner(FAMILY)
     runner = mesh_runner()
-    config = dataclasses.replace(runner.config, async_scheduling=async_scheduling)
+    config = dataclasses.replace(
+        EngineArgs.of_config(runner.config), async_scheduling=async_scheduling
+    )
     router = PinnedRouter({str(i): 0 for i in range(len(arrivals))})
     engine = Engine(model, config, runner=runner, router=router)
     outputs, aborted, step, idle_steps = {}, set(), 0, 0

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from jmamba.step.invariants import check_step_inputs
 from runtime.core.buckets import BucketPolicy
 from runtime.core.builder import build_step
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
@@ -41,7 +41,7 @@ def caching_scheduler(mode: str = "all", **options) -> Scheduler:
         "state_block_size": SBS,
         "prefix_caching": mode,
     } | options
-    return new_scheduler(EngineConfig(**options), CHUNK)
+    return new_scheduler(EngineArgs(**options), CHUNK)
 
 
 def request(tokens: list[int], max_tokens: int = 3) -> Request:
@@ -323,22 +323,22 @@ def test_modes_that_cannot_work_are_refused_with_the_reason(options, message):
     if options.get("num_slots") == 6:  # 6 slots hold 4 running requests + NULL + 1 state
         config["max_cached_states"] = 2
     with pytest.raises(ValueError, match=message):
-        new_scheduler(EngineConfig(**config), chunk)
+        new_scheduler(EngineArgs(**config), chunk)
 
 
 def test_default_mode_and_sizes():
     """No mode named: "all" where it can work, "off" where it cannot (explicit num_slots with no
     room, or a state block too long for max_model_len); the slot pool grows by the state budget,
     max(max_num_seqs, 16)."""
-    resolved = EngineConfig(max_num_seqs=8).resolved(16)
+    resolved = EngineArgs(max_num_seqs=8).resolved(16)
     assert (resolved.prefix_caching, resolved.state_block_size) == ("all", 16)
     assert (resolved.max_cached_states, resolved.num_slots) == (16, 25)
-    assert resolved.resolved(16) == resolved
-    assert EngineConfig(max_num_seqs=32).resolved(16).num_slots == 65
-    assert EngineConfig(max_num_seqs=4, num_slots=5).resolved(16).prefix_caching == "off"
-    small = EngineConfig(max_model_len=64, block_size=8).resolved(64)
+    assert EngineArgs.of_config(resolved).resolved(16) == resolved
+    assert EngineArgs(max_num_seqs=32).resolved(16).num_slots == 65
+    assert EngineArgs(max_num_seqs=4, num_slots=5).resolved(16).prefix_caching == "off"
+    small = EngineArgs(max_model_len=64, block_size=8).resolved(64)
     assert (small.prefix_caching, small.num_slots) == ("off", 9)
-    off = EngineConfig(prefix_caching="off").resolved(16)
+    off = EngineArgs(prefix_caching="off").resolved(16)
     assert (off.max_cached_states, off.num_slots, off.boundary_block_size) == (0, 9, 0)
 
 

@@ -22,8 +22,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from runtime.outputs.request_output import RequestOutput
@@ -48,10 +49,10 @@ class Setup(NamedTuple):
 SETUPS = {"mamba2": Setup(16, 48), "nemotron_h": Setup(16, 48), "qwen3_next": Setup(64, 128)}
 
 
-def prefix_config(family: str, mode: str = "all", **options) -> EngineConfig:
+def prefix_config(family: str, mode: str = "all", **options) -> EngineArgs:
     """Small pools: 39 KV blocks (a full-length request needs 24) and 8 cached states."""
     setup = SETUPS[family]
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=setup.budget,
         max_model_len=MAX_LEN,
@@ -72,7 +73,7 @@ def prefix_config(family: str, mode: str = "all", **options) -> EngineConfig:
 @per_module
 def prefix_runner(family: str) -> ModelRunner:
     model, _ = model_and_runner(family)
-    return ModelRunner(model, prefix_config(family))
+    return ModelRunner(model, resolve_config(model, prefix_config(family)))
 
 
 def prefix_engine(family: str, mode: str, **options) -> Engine:

@@ -30,7 +30,7 @@ import math
 import numpy as np
 import pytest
 
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.scheduler import Scheduler
@@ -42,7 +42,7 @@ CACHED_STATES = 32  # room for every state a workload here writes but a few
 
 
 def scheduler_for(mode: str, concurrency: int, budget: int) -> Scheduler:
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=concurrency,
         max_num_batched_tokens=budget,
         max_model_len=512,

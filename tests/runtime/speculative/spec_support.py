@@ -15,14 +15,15 @@ from flax import nnx
 import jmamba
 from jmamba.config import Ffn, Mixer
 from runtime.core.buckets import Bucket
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
-from runtime.speculative.draft_model import draft_engine_config
+from runtime.speculative.draft_model import draft_engine_args
 from runtime.speculative.verify import check_verifiable, with_drafts
 from tests.compiled import per_module
 from tests.runtime.conftest import (
@@ -38,7 +39,7 @@ SPEC_SLOTS = 1 + MAX_NUM_SEQS * (2 + MAX_K)  # the default slot count at K = MAX
 DRAFT_PRESET = "mamba2"  # the small draft model: a random mamba2 of the shared vocabulary (256)
 
 
-def spec_config(family: str, speculative: SpeculativeConfig, **options) -> EngineConfig:
+def spec_config(family: str, speculative: SpeculativeConfig, **options) -> EngineArgs:
     return dataclasses.replace(
         base_config(family), num_slots=SPEC_SLOTS, speculative=speculative, **options
     )
@@ -48,7 +49,7 @@ def spec_config(family: str, speculative: SpeculativeConfig, **options) -> Engin
 def spec_runner(family: str, ranks: int = 1) -> ModelRunner:
     model, _ = model_and_runner(family)
     config = spec_config(family, SpeculativeConfig("ngram", MAX_K), data_parallel_size=ranks)
-    return ModelRunner(model, config, keep_logits=True)
+    return ModelRunner(model, resolve_config(model, config), keep_logits=True)
 
 
 NOISE = 0.05  # relative weight noise of a 'noisy:' draft: about half of its drafts are accepted
@@ -105,13 +106,16 @@ def mtp_model(family: str, eos_token_ids: tuple[int, ...] | None = None) -> nnx.
 @per_module
 def mtp_runner(family: str, ranks: int = 1) -> ModelRunner:
     config = spec_config(family, SpeculativeConfig("mtp", MAX_K), data_parallel_size=ranks)
-    return ModelRunner(mtp_model(family), config)
+    model = mtp_model(family)
+    return ModelRunner(model, resolve_config(model, config))
 
 
 @per_module
 def draft_runner(name: str, family: str, ranks: int = 1) -> ModelRunner:
     config = spec_config(family, SpeculativeConfig("draft_model", MAX_K), data_parallel_size=ranks)
-    return ModelRunner(draft_model(name), draft_engine_config(config))
+    target = resolve_config(model_and_runner(family)[0], config)
+    draft = draft_model(name)
+    return ModelRunner(draft, resolve_config(draft, draft_engine_args(target)))
 
 
 def spec_engine(
@@ -127,7 +131,7 @@ def spec_engine(
 ) -> Engine:
     """A fresh speculative engine on the shared runners; `eos_token_ids` replaces the model's EOS
     ids, `max_batch_size` and `adaptive` are the `SpeculativeConfig` fields, `options` the
-    EngineConfig fields."""
+    EngineArgs fields."""
     model, _ = model_and_runner(family)
     if eos_token_ids is not None:
         model = model_with_eos(family, tuple(eos_token_ids))
@@ -247,7 +251,7 @@ def trained_runner() -> tuple[nnx.Module, ModelRunner]:
     model = jmamba.load_pretrained(jmamba.presets.path("stdlib"))
     budget = 128
     speculative = SpeculativeConfig("ngram", MAX_K, prompt_lookup_min=1, prompt_lookup_max=3)
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=MAX_NUM_SEQS,
         max_num_batched_tokens=budget,
         max_model_len=128,
@@ -257,9 +261,9 @@ def trained_runner() -> tuple[nnx.Module, ModelRunner]:
         validate_inputs=True,
         speculative=speculative,
     )
-    return model, ModelRunner(model, config)
+    return model, ModelRunner(model, resolve_config(model, config))
 
 
 def trained_engine() -> Engine:
     model, runner = trained_runner()
-    return Engine(model, runner.config, runner=runner)
+    return Engine(model, EngineArgs.of_config(runner.config), runner=runner)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from runtime import engine as engine_module
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.engine import Engine
 from runtime.serve.metrics import _EngineCollector
@@ -39,13 +39,13 @@ def test_batch_limit_drafts_up_to_its_size():
 
 
 def test_the_gate_each_config_asks_for():
-    assert draft_gate(EngineConfig()) == BatchLimit(0)
+    assert draft_gate(EngineArgs()) == BatchLimit(0)
     spec = SpeculativeConfig("mtp", 2)
-    assert draft_gate(EngineConfig(speculative=spec)) == BatchLimit(sys.maxsize)
+    assert draft_gate(EngineArgs(speculative=spec)) == BatchLimit(sys.maxsize)
     limited = SpeculativeConfig("mtp", 2, max_batch_size=8)
-    assert draft_gate(EngineConfig(speculative=limited)) == BatchLimit(8)
+    assert draft_gate(EngineArgs(speculative=limited)) == BatchLimit(8)
     adaptive = SpeculativeConfig("ngram", 2, adaptive=True)
-    gate = draft_gate(EngineConfig(speculative=adaptive, decode_row_buckets=(1, 4, 16)))
+    gate = draft_gate(EngineArgs(speculative=adaptive, decode_row_buckets=(1, 4, 16)))
     assert isinstance(gate, MeasuredGate) and gate.classes == (1, 4, 16)
 
 

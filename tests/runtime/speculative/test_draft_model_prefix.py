@@ -15,9 +15,10 @@ from __future__ import annotations
 import pytest
 
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
-from runtime.speculative.draft_model import draft_engine_config
+from runtime.speculative.draft_model import draft_engine_args
 from tests.compiled import per_module
 from tests.runtime.conftest import FAMILIES, model_and_runner
 from tests.runtime.prefix_cache.test_prefix_caching import (
@@ -45,7 +46,9 @@ def runners(family: str) -> tuple[ModelRunner, ModelRunner]:
     """The target's runner and the draft model's (the target's model), shared by both modes."""
     model, _ = model_and_runner(family)
     config = draft_prefix_config(family, "all")
-    return ModelRunner(model, config), ModelRunner(model, draft_engine_config(config))
+    target = resolve_config(model, config)
+    draft = resolve_config(model, draft_engine_args(target))
+    return ModelRunner(model, target), ModelRunner(model, draft)
 
 
 def draft_engine(family: str, mode: str, **options) -> Engine:

@@ -21,6 +21,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
@@ -54,7 +55,8 @@ def mtp_config(family: str, mode: str, k: int = K):
 
 @per_module
 def mtp_runner(family: str, mode: str) -> ModelRunner:
-    return ModelRunner(mtp_model(family), mtp_config(family, mode))
+    model = mtp_model(family)
+    return ModelRunner(model, resolve_config(model, mtp_config(family, mode)))
 
 
 def mtp_engine(family: str, mode: str, async_scheduling: bool = False) -> Engine:
@@ -161,6 +163,7 @@ def test_an_engine_that_does_not_draft_with_the_head_leaves_it_out():
     model = mtp_model("qwen3_next")
     engine = Engine(model, base_config("qwen3_next"), runner=model_and_runner("qwen3_next")[1])
     assert engine.model_config.mtp_mixers == ()
-    runner = ModelRunner(model, base_config("qwen3_next"))
+    runner = ModelRunner(model, resolve_config(model, base_config("qwen3_next")))
     assert len(runner.caches) == model.config.num_layers
-    assert runner.num_params < ModelRunner(model, mtp_config("qwen3_next", "off")).num_params
+    drafting = resolve_config(model, mtp_config("qwen3_next", "off"))
+    assert runner.num_params < ModelRunner(model, drafting).num_params

@@ -19,7 +19,7 @@ import pytest
 
 import jmamba
 from jmamba.loading import load_model
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.engine import Engine
@@ -58,7 +58,7 @@ def heldout_prompts(count: int) -> list[list[int]]:
 
 
 def engine(speculative: SpeculativeConfig | None, async_scheduling: bool = False) -> Engine:
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=2,
         max_model_len=PROMPT_BYTES + MAX_TOKENS + 16,
         prefix_caching="all",
@@ -145,7 +145,7 @@ def test_an_idle_rank_keeps_every_pool_untouched_while_the_other_drafts():
     idle rank's dummy step is the same all-padding step in a synchronous engine)."""
     prompts = heldout_prompts(2)
     plain = serve(engine(None), prompts)
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=2,
         max_model_len=PROMPT_BYTES + MAX_TOKENS + 16,
         speculative=SpeculativeConfig("mtp", K),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from jmamba.step.invariants import check_step_inputs
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import build_step
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
@@ -69,19 +69,19 @@ def test_bad_speculative_config_is_refused(options, match):
 
 
 def test_engine_config_sizes_the_slot_pool_for_lanes():
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=8, speculative={"method": "ngram", "num_speculative_tokens": 4}
     )
-    assert config.speculative == SpeculativeConfig("ngram", 4)
+    assert config.speculative_config == SpeculativeConfig("ngram", 4)
     off = dataclasses.replace(config, prefix_caching="off").resolved(chunk_size=16)
     assert off.num_slots == 1 + 8 * (2 + 4)
-    assert EngineConfig(max_num_seqs=8, prefix_caching="off").resolved(16).num_slots == 9
+    assert EngineArgs(max_num_seqs=8, prefix_caching="off").resolved(16).num_slots == 9
     # The prefix cache's state budget comes on top: max(max_num_seqs, 16) by default.
     assert config.resolved(chunk_size=16).num_slots == 1 + 8 * (2 + 4) + 16
     with pytest.raises(ValueError, match="num_slots"):
-        EngineConfig(max_num_seqs=8, num_slots=16, speculative=SpeculativeConfig())
+        EngineArgs(max_num_seqs=8, num_slots=16, speculative=SpeculativeConfig())
     with pytest.raises(ValueError, match="unknown speculative options"):
-        EngineConfig(speculative={"method": "ngram", "k": 2})
+        EngineArgs(speculative={"method": "ngram", "k": 2})
 
 
 def reference_lookup(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -208,9 +208,8 @@ def test_verified_tokens_take_the_longest_accepted_prefix(num_drafts, seed, num_
         [r * width + k for r, k in enumerate(num_drafts)]
         + [len(decodes) * width + j for j in range(num_prefills)]
     )
-    result = np.stack([tokens, accepted])
     sampled, drafts, stats = verified_tokens(
-        Schedule(decodes, prefills, []), sample_rows, width, result
+        Schedule(decodes, prefills, []), sample_rows, width, tokens, accepted
     )
     for r, k in enumerate(num_drafts):
         a = 0

@@ -17,6 +17,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
@@ -49,7 +50,7 @@ def spec_prefix_config(family: str, **options):
 @per_module
 def spec_prefix_runner(family: str) -> ModelRunner:
     model, _ = model_and_runner(family)
-    return ModelRunner(model, spec_prefix_config(family))
+    return ModelRunner(model, resolve_config(model, spec_prefix_config(family)))
 
 
 def oracle_engine(family: str, arrivals, seed: int = 0, **options) -> Engine:

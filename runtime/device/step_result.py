@@ -1,0 +1,31 @@
+"""`StepResult`: what one step gave back, on the host (`ModelRunner.fetch`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from runtime.core.sampling_inputs import TokenLogprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """A fetched step, per local rank i (N: the bucket's logits rows).
+
+    Attributes:
+      tokens: tokens[i] [N] int32, every logits row's sampled token.
+      accepted: accepted[i] [N] int32, 1 where the row's token equals the draft the next lane fed
+        (`runtime.device.sampler.accept_drafts`).
+      drafts: drafts[i] [1 + k, N] int32, the drafts for the next step when the step drafted on
+        the device (`runtime.device.mtp_drafts`); else None.
+      logprobs: logprobs[i], the `TokenLogprobs` of each scheduled request's sampled row when the
+        step's sampling mode asked for them; else None.
+      logits: [local ranks, N, vocab] fp32 when the runner keeps logits; else None.
+    """
+
+    tokens: list[np.ndarray]
+    accepted: list[np.ndarray]
+    drafts: list[np.ndarray] | None
+    logprobs: list[TokenLogprobs] | None
+    logits: np.ndarray | None

@@ -1,8 +1,12 @@
-"""Sections of `benchmarks/gpu_checks.py`: each module's `run(quick)` returns a list of `Check`s.
+"""The checks suite: every kernel and model through the compiled kernels on the GPU, checked
+against independent references (`python -m benchmarks.checks gpu`, also run as
+`benchmarks/gpu_checks.py`).
 
-On the GPU every section runs the compiled Pallas kernels; on a CPU (the CI smoke test) the same
-code runs the kernels in interpret mode with `quick=True`, so the script cannot rot between device
-runs.
+Its sections, one module each: `kernel_grid` (with its grid points in `kernels/`), `fixtures`,
+`batch_invariance`, `bf16_batch` and `tensor_parallel`; each module's `run(quick, families)`
+returns a list of `Check`s. On the GPU every section runs the compiled Pallas kernels; on a CPU
+(the CI smoke tests) the same code runs the kernels in interpret mode with `quick=True`, so the
+checks cannot rot between device runs.
 """
 
 from __future__ import annotations

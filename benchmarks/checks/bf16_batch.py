@@ -1,11 +1,11 @@
 """A bf16 request's output is bitwise independent of its batch under `EngineConfig.batch_invariant`
 (docs/architecture.md 5.8; benchmarks/RESULTS.md, 2026-11-27).
 
-The random bf16 bench models (`bench_engine.py`'s 0.87B NemotronH shape and four layers of its
-Qwen3-Next shape; `--quick`: the tiny NemotronH twin) through the batch section's
-together-and-alone comparison with the fixed-order products, norm statistics and MoE sums: N
-prompts prefilled and decoded together, each again alone in a fresh engine on the same runner;
-every generated token's logits must be bitwise equal and the greedy tokens the same. Without
+The random bf16 bench models (`benchmarks/harness/models.py`: the 0.87B NemotronH shape and four
+layers of its Qwen3-Next shape; `--quick`: the tiny NemotronH twin) through the batch section's
+together-and-alone comparison with the fixed-order products, norm statistics and MoE sums: N prompts
+prefilled and decoded together, each again alone in a fresh engine on the same runner; every
+generated token's logits must be bitwise equal and the greedy tokens the same. Without
 `batch_invariant` the same comparison differs in most prompts (XLA's GEMMs and reductions round a
 row by the step's shape), so this is the check that the switch covers every such operation.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from benchmarks.checks import Check, use_kernels
 from benchmarks.checks.batch_invariance import Setup, check_model
-from benchmarks.engine.models import build_model
+from benchmarks.harness.models import build_model
 
 # (bench model size, its first layers only or None, prompts, tokens each) per run.
 MODELS = (("1b", None, 16, 8), ("qwen3next", 4, 16, 8))

@@ -1,4 +1,10 @@
-"""The parts of the engine benchmarks (`benchmarks/bench_engine.py`, `benchmarks/profile_engine.py`
-and the benchmarks that reuse their models): the random bench models, a warmed engine and the
-timing of its steps, the memory roofline, long-context decode, and for the profiler its variants,
-trace and HLO parsing, runner timings and report."""
+"""The engine suite: what the serving engine's decode step costs on one device.
+
+Benches: `decode` (step time, tokens/s, host and device time against the memory roofline, and
+long-context rows), `profile_step` (where the step's time goes: kernels, GPU busy time, transfers,
+XLA flags), `profile_host` (the host's CPU time of a step, by part). Parts: long-context decode
+(`long_context`), HLO parsing (`hlo`), runner timings (`runner_timing`), the profiler's variants
+(`variants`) and its report (`profile_report`).
+
+    python -m benchmarks.engine --help
+"""

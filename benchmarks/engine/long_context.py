@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from benchmarks.engine.roofline import step_bytes
-from benchmarks.engine.serving import PROMPT_LEN, make_engine
+from benchmarks.harness.roofline import step_bytes
+from benchmarks.harness.serving import PROMPT_LEN, make_engine
 from jmamba import HybridLM
 from runtime.core.step_batch import StepBatch
 from runtime.device.placement import ParamSource, place_params

@@ -1,5 +1,5 @@
-"""The tables `profile_engine.py` prints from its variants' result files: step timings, GPU busy
-time by part of the step, and host events per step."""
+"""The tables the `profile_step` bench prints from its variants' result files: step timings, GPU
+busy time by part of the step, and host events per step."""
 
 from __future__ import annotations
 

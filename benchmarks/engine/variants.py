@@ -1,9 +1,11 @@
-"""The variants `profile_engine.py` compares: XLA flags and allocator settings, each run in a child
-process of its own (they are read when the backend starts)."""
+"""The variants the `profile_step` bench compares: XLA flags and allocator settings, each run in a
+child process of its own (they are read when the backend starts)."""
 
 from __future__ import annotations
 
 import os
+
+from benchmarks.harness.suite import repo_on_path
 
 # name -> environment of the child process (XLA_FLAGS are appended to the caller's).
 VARIANTS: dict[str, dict[str, str]] = {
@@ -47,7 +49,7 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 
 def child_env(name: str, out: str) -> dict[str, str]:
-    """The environment of variant `name`'s child process."""
+    """The environment of variant `name`'s child process (the repository on its PYTHONPATH)."""
     variant = VARIANTS[name]
     flags = f"{os.environ.get('XLA_FLAGS', '')} {variant.get('XLA_FLAGS', '')}".strip()
-    return {**os.environ, **variant, "OUT": out, "XLA_FLAGS": flags}
+    return repo_on_path({**os.environ, **variant, "OUT": out, "XLA_FLAGS": flags})

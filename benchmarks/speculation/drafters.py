@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-from benchmarks.engine.models import hf_config
+from benchmarks.harness.models import hf_config
 from jmamba import HybridLM
 from jmamba.checkpoints.families.registry import from_hf_config
 from jmamba.checkpoints.weights import cast

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.engine.serving import bench_config
+from benchmarks.harness.serving import bench_config
 from runtime.core.config import EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams

@@ -20,9 +20,9 @@ from jmamba.step.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs, widened_penalties
-from runtime.core.request import Request, SamplingRow
+from runtime.core.request import SamplingRow
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
-from runtime.core.schedule import RowSequence, Schedule, ScheduledRequest
+from runtime.core.schedule import RowSequence, ScheduledRow, StepSchedule
 from runtime.core.step_batch import ChainedRows, StepBatch
 
 Masks = list[tuple[int, tuple[int, ...]]]  # (logits row, token ids it may not produce)
@@ -113,7 +113,7 @@ class _Arrays:
             penalty_inputs(penalized, self.temperature.size),
         )
 
-    def set_sampling(self, row: int, item: ScheduledRequest) -> None:
+    def set_sampling[S: RowSequence](self, row: int, item: ScheduledRow[S]) -> None:
         request = item.request
         params = request.sampling_params
         self.temperature[row] = params.temperature
@@ -130,7 +130,7 @@ class _Arrays:
             self.step_inputs(), sampling, mode, rows, self.token_sources, following, chained
         )
 
-    def set_following(self, row: int, item: ScheduledRequest) -> None:
+    def set_following[S: RowSequence](self, row: int, item: ScheduledRow[S]) -> None:
         """Prefill row `row`: the known token after its chunk, or that it samples the next."""
         end, request = item.start + item.num_tokens, item.request
         if end < request.num_tokens:
@@ -138,7 +138,9 @@ class _Arrays:
         else:
             self.p_next_samples[row] = True
 
-    def set_tokens(self, first: int, item: ScheduledRequest, block_size: int) -> None:
+    def set_tokens[S: RowSequence](
+        self, first: int, item: ScheduledRow[S], block_size: int
+    ) -> None:
         """Fill token lanes [first, first + n) with the item's token ids, positions, KV slots."""
         n, start = item.num_tokens, item.start
         lanes = slice(first, first + n)
@@ -153,8 +155,8 @@ class _Arrays:
             )
 
 
-def build_step(
-    schedule: Schedule,
+def build_step[S: RowSequence](
+    schedule: StepSchedule[S],
     bucket: Bucket,
     *,
     block_size: int,
@@ -203,8 +205,8 @@ def build_step(
     return a.batch(sampling, SamplingMode.of(sampling), np.asarray(sample_rows, np.int64))
 
 
-def _fill_decode(
-    a: _Arrays, decodes: list[ScheduledRequest], width: int, block_size: int
+def _fill_decode[S: RowSequence](
+    a: _Arrays, decodes: list[ScheduledRow[S]], width: int, block_size: int
 ) -> tuple[list[int], Masks, list[PenaltyRow]]:
     """Fill the decode section with whole-array writes (this is the per-step hot path).
 
@@ -286,7 +288,7 @@ def _fill_decode(
     return sample_rows.tolist(), masks, [(i, _history(r), bool(p)) for i, r, p in penalties]
 
 
-def _fill_chained(a: _Arrays, decodes: list[ScheduledRequest]) -> None:
+def _fill_chained[S: RowSequence](a: _Arrays, decodes: list[ScheduledRow[S]]) -> None:
     """Rows that may move back by their previous row's rejected drafts (`ChainedRows`): column
     d of a row's fallback slots is lane K - d of the row it chains on. Nothing to do (no pass
     over the rows) in an engine without drafts, whose rows chain on none."""
@@ -299,8 +301,8 @@ def _fill_chained(a: _Arrays, decodes: list[ScheduledRequest]) -> None:
             a.d_fallback[i, 1 : len(lanes)] = lanes[-2::-1]
 
 
-def _lane_tokens(
-    decodes: list[ScheduledRequest], first_tokens: np.ndarray, sources: np.ndarray
+def _lane_tokens[S: RowSequence](
+    decodes: list[ScheduledRow[S]], first_tokens: np.ndarray, sources: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token id and source of every live lane of the decode rows, rows in order: the row's
     tokens the host has (or its first token pending on the device: `_decode_scalars`), then its
@@ -320,8 +322,10 @@ def _lane_tokens(
     return np.asarray(tokens, np.int32), np.asarray(lane_sources, np.int32)
 
 
-def _history(request: Request) -> PenaltyHistory:
+def _history(request: RowSequence) -> PenaltyHistory:
     """A penalized request's history, caught up with the outputs the host has."""
+    if request.penalty_history is None:  # `sampling_row.penalized` promised one
+        raise ValueError(f"a penalized row of {request!r} has no penalty history")
     return request.penalty_history.caught_up(request.output_token_ids)
 
 
@@ -347,7 +351,7 @@ class DecodeScalars[T](NamedTuple):
     source: T
 
 
-def _decode_scalars(item: ScheduledRequest, request: RowSequence) -> DecodeScalars[int]:
+def _decode_scalars[S: RowSequence](item: ScheduledRow[S], request: S) -> DecodeScalars[int]:
     start = item.start
     if start < request.num_tokens:
         token, source = request.token_at(start), 0
@@ -390,8 +394,8 @@ def build_dummy(
     return a.batch(a.sampling([], []), SamplingMode(), np.zeros(0, np.int64))
 
 
-def build_rank(
-    schedule: Schedule, bucket: Bucket, config: EngineConfig, *, state_block_size: int = 0
+def build_rank[S: RowSequence](
+    schedule: StepSchedule[S], bucket: Bucket, config: EngineConfig, *, state_block_size: int = 0
 ) -> StepBatch:
     """One rank's step of `bucket`: its schedule's inputs, or (an idle rank, an empty schedule)
     the all-padding dummy step."""

@@ -10,7 +10,7 @@ from runtime.core.config import EngineConfig
 from runtime.core.pools import NULL, Pool
 from runtime.core.request import Request, RequestStatus, sampling_row
 from runtime.core.sampling_params import SamplingParams
-from runtime.core.schedule import Schedule, ScheduledRequest
+from runtime.core.schedule import Schedule, ScheduledRow, StepSchedule
 
 
 class DraftSequence:
@@ -36,6 +36,7 @@ class DraftSequence:
     seed = 0
     pending_row = 0  # the draft model's steps carry no tokens from step to step
     masked_token_ids = ()  # a prefill row's token is never a draft
+    penalty_history = None  # the draft model samples greedily, without penalties
 
     def __init__(self, request: Request, slot: int) -> None:
         self.request = request
@@ -51,6 +52,11 @@ class DraftSequence:
         self.num_computed = 0
         self.drafts: list[int] = []
         self.num_preemptions = request.num_preemptions
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The target request's outputs on the host."""
+        return self.request.output_token_ids
 
     @property
     def num_sampled(self) -> int:
@@ -71,6 +77,9 @@ class DraftSequence:
         n = self.request.num_tokens
         head = self.request.token_ids(start, min(stop, n))
         return head + self.drafts[max(start - n, 0) : max(stop - n, 0)]
+
+
+Drafts = StepSchedule[DraftSequence]  # the draft model's own steps: rows of its sequences
 
 
 class RankDrafts:
@@ -121,13 +130,13 @@ class RankDrafts:
             self.free([seq.committed])
             del self.sequences[request]
 
-    def fill_pass(self, schedule: Schedule, budget: int, max_rows: int, chunk: int) -> Schedule:
+    def fill_pass(self, schedule: Schedule, budget: int, max_rows: int, chunk: int) -> Drafts:
         """Prefill rows that bring sequences up to where the target's prefill chunk starts: a
         target that started a request after a cached prefix (or that returned to one after a
         preemption) skipped tokens the draft model has not seen. At most `budget` tokens and
         `max_rows` rows; a row that does not reach its chunk's start stops on a multiple of the
         draft model's `chunk` size (its own chunking invariant)."""
-        rows = []
+        rows: list[ScheduledRow[DraftSequence]] = []
         for item in schedule.prefills:
             seq = self.sequence(item.request)
             start, lagging = seq.num_computed, item.start - seq.num_computed
@@ -137,16 +146,17 @@ class RankDrafts:
             self.reserve_blocks(seq, start + n)
             seq.state_slot = seq.committed
             read = seq.committed if start else NULL  # a first chunk starts from zeros
-            rows.append(ScheduledRequest(seq, start, n, read_slot=read, write_slot=seq.committed))
+            rows.append(ScheduledRow(seq, start, n, read_slot=read, write_slot=seq.committed))
             budget -= n
             if len(rows) == max_rows:
                 break
-        return Schedule([], rows, [])
+        return StepSchedule([], rows, [])
 
-    def catch_up(self, schedule: Schedule) -> Schedule:
+    def catch_up(self, schedule: Schedule) -> Drafts:
         """The draft model's catch-up pass: each prefill chunk of the target, and per decode row
         the tokens the request gained since the draft model last ran."""
-        decodes, prefills = [], []
+        decodes: list[ScheduledRow[DraftSequence]] = []
+        prefills: list[ScheduledRow[DraftSequence]] = []
         for item in schedule.decodes:
             seq = self.sequences[item.request]
             n = item.request.num_tokens
@@ -155,7 +165,7 @@ class RankDrafts:
             lanes = n - seq.num_computed
             seq.first_output = len(item.request.output_token_ids) - (lanes - 1)
             slots = tuple(self.allocate(lanes))
-            row = ScheduledRequest(
+            row = ScheduledRow(
                 seq, seq.num_computed, lanes, read_slot=seq.state_slot, lane_slots=slots
             )
             decodes.append(row)
@@ -168,13 +178,13 @@ class RankDrafts:
             self.reserve_blocks(seq, item.start + item.num_tokens)
             seq.state_slot = seq.committed
             read = seq.committed if item.start else NULL  # a first chunk starts from zeros
-            row = ScheduledRequest(
+            row = ScheduledRow(
                 seq, item.start, item.num_tokens, read_slot=read, write_slot=seq.committed
             )
             prefills.append(row)
-        return Schedule(decodes, prefills, [])
+        return StepSchedule(decodes, prefills, [])
 
-    def after_catch_up(self, schedule: Schedule, tokens: list[int]) -> None:
+    def after_catch_up(self, schedule: Drafts, tokens: list[int]) -> None:
         """Commit the catch-up pass; each decode row's token is its first draft."""
         for item, token in zip(schedule.decodes, tokens[: len(schedule.decodes)], strict=True):
             seq = item.request
@@ -185,14 +195,14 @@ class RankDrafts:
         self.after_prefills(schedule)
 
     @staticmethod
-    def after_prefills(schedule: Schedule) -> None:
+    def after_prefills(schedule: Drafts) -> None:
         """The prefill rows' sequences now hold their chunks (in their committed slots)."""
         for item in schedule.prefills:
             item.request.num_computed += item.num_tokens
 
-    def proposal(self, schedule: Schedule, j: int) -> Schedule:
+    def proposal(self, schedule: Schedule, j: int) -> Drafts:
         """Pass j >= 2: rows that want a j-th draft feed their (j-1)-th."""
-        rows = []
+        rows: list[ScheduledRow[DraftSequence]] = []
         for item in schedule.decodes:
             if item.num_tokens - 1 < j:
                 continue
@@ -203,9 +213,9 @@ class RankDrafts:
             seq.first_output = len(item.request.output_token_ids) + j - 1
             start = seq.num_computed + j - 2
             rows.append(
-                ScheduledRequest(seq, start, 1, read_slot=seq.state_slot, lane_slots=(seq.scratch,))
+                ScheduledRow(seq, start, 1, read_slot=seq.state_slot, lane_slots=(seq.scratch,))
             )
-        return Schedule(rows, [], [])
+        return StepSchedule(rows, [], [])
 
     def end_proposals(self, schedule: Schedule) -> list[tuple[int, ...]]:
         """Give back the scratch slots; return the decode rows' drafts, in order."""

@@ -65,6 +65,12 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _needed[T](value: T | None, name: str, architecture: str) -> T:
+    if value is None:
+        raise ValueError(f"{architecture}: a layer reads ModelConfig.{name}, which is missing")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
     """Softmax attention over a paged KV cache.
@@ -283,7 +289,8 @@ class ModelConfig:
     itself, so neither scale can live in it. Those inside a layer's linear maps are `multipliers`,
     folded into the weights at load time (`jmamba.checkpoints.folding`). Under tensor parallelism
     each is the same scalar on every shard (scaling commutes with the shards' all-reduce or gather).
-    One config per layer kind in use (`__post_init__`'s `needs` says which kind reads which).
+    One config per layer kind in use (`__post_init__`'s `needs` says which kind reads which); a
+    layer reads its own through `need_attention()`, ... (a ValueError naming a missing field).
     """
 
     architecture: str
@@ -355,6 +362,24 @@ class ModelConfig:
                     f"layer kind {kind.value!r} is used but the {name} config is missing",
                 )
 
+    def need_attention(self) -> AttentionConfig:
+        return _needed(self.attention, "attention", self.architecture)
+
+    def need_mamba2(self) -> Mamba2Config:
+        return _needed(self.mamba2, "mamba2", self.architecture)
+
+    def need_gdn(self) -> GDNConfig:
+        return _needed(self.gdn, "gdn", self.architecture)
+
+    def need_mlp(self) -> MlpConfig:
+        return _needed(self.mlp, "mlp", self.architecture)
+
+    def need_moe(self) -> MoeConfig:
+        return _needed(self.moe, "moe", self.architecture)
+
+    def need_shared_block(self) -> SharedBlockConfig:
+        return _needed(self.shared_block, "shared_block", self.architecture)
+
     @property
     def num_layers(self) -> int:
         return len(self.mixers)
@@ -384,7 +409,7 @@ class ModelConfig:
         """Prefill chunks must end on absolute multiples of this (the recurrent kernels' chunk)."""
         sizes = [1]
         if any(kind.uses_mamba2 for kind in self.mixers):
-            sizes.append(self.mamba2.chunk_size)
+            sizes.append(self.need_mamba2().chunk_size)
         if Mixer.GDN in self.mixers:
             sizes.append(GDN_CHUNK_SIZE)
         return math.lcm(*sizes)

@@ -34,19 +34,20 @@ def _make_mixer(
     hidden, eps = config.hidden_size, config.norm_eps
     match kind:
         case Mixer.ATTENTION:
-            return Attention(hidden, config.attention, eps, config.norm_offset, rngs=rngs)
+            return Attention(hidden, config.need_attention(), eps, config.norm_offset, rngs=rngs)
         case Mixer.MAMBA2:
-            return Mamba2(hidden, config.mamba2, eps, rngs=rngs, tp=tp)
+            return Mamba2(hidden, config.need_mamba2(), eps, rngs=rngs, tp=tp)
         case Mixer.GDN:
-            return GatedDeltaNet(hidden, config.gdn, eps, rngs=rngs)
+            return GatedDeltaNet(hidden, config.need_gdn(), eps, rngs=rngs)
         case Mixer.PARALLEL_HYBRID:
+            attention, mamba2 = config.need_attention(), config.need_mamba2()
             return ParallelHybrid(
-                hidden, config.attention, config.mamba2, eps, config.norm_offset, rngs=rngs, tp=tp
+                hidden, attention, mamba2, eps, config.norm_offset, rngs=rngs, tp=tp
             )
         case Mixer.TRANSFORMER_MAMBA2:
-            return TransformerMamba2(
-                hidden, config.attention, config.mamba2, config.shared_block, eps, rngs=rngs
-            )
+            attention, mamba2 = config.need_attention(), config.need_mamba2()
+            block = config.need_shared_block()
+            return TransformerMamba2(hidden, attention, mamba2, block, eps, rngs=rngs)
         case Mixer.NONE:
             return None
 
@@ -56,11 +57,10 @@ def _make_ffn(
 ) -> nnx.Module | None:
     match kind:
         case Ffn.MLP:
-            return MLP(
-                config.hidden_size, config.mlp.intermediate_size, config.mlp.activation, rngs=rngs
-            )
+            mlp = config.need_mlp()
+            return MLP(config.hidden_size, mlp.intermediate_size, mlp.activation, rngs=rngs)
         case Ffn.MOE:
-            return MoE(config.hidden_size, config.moe, rngs=rngs, tp=tp)
+            return MoE(config.hidden_size, config.need_moe(), rngs=rngs, tp=tp)
         case Ffn.NONE:
             return None
 
@@ -91,12 +91,12 @@ class Layer(nnx.Module):
         # by part (benchmarks/profile_engine.py); they cost nothing at run time.
         if self.mixer is not None:
             with jax.named_scope(f"mixer_{type(self.mixer).__name__}"):
-                if self.reads_embeddings:
+                if self.mixer_norm is None:  # it reads the embeddings and norms its own inputs
                     y, cache = self.mixer(x, embeddings, cache, inputs)
                 else:
                     y, cache = self.mixer(self.mixer_norm(x), cache, inputs)
             x = x + self.tp.all_reduce(y) * self.residual_multiplier
-        if self.ffn is not None:
+        if self.ffn is not None and self.ffn_norm is not None:  # both or neither
             with jax.named_scope(f"ffn_{type(self.ffn).__name__}"):
                 x = x + self.tp.all_reduce(self.ffn(self.ffn_norm(x))) * self.residual_multiplier
         return x, cache

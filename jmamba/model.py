@@ -39,14 +39,14 @@ from jmamba.step.pytree import StepInputs
 __all__ = ["HybridLM", "LayerCache", "rows_or_zeros"]
 
 
-def rows_or_zeros(table: jax.Array, index: jax.Array) -> jax.Array:
+def rows_or_zeros(table: jax.Array, index: jax.typing.ArrayLike) -> jax.Array:
     """`table[index]` along axis 0, with zeros for an index outside [0, len(table)).
 
     A plain device gather clamps an out-of-range index to the last row and wraps -1 to it
     (docs/architecture.md section 5), so a bad token id or logits index would silently read a live
     row.
     """
-    size = table.shape[0]
+    size, index = table.shape[0], jnp.asarray(index)
     index = jnp.where((index >= 0) & (index < size), index, size)
     return table.at[index].get(mode="fill", fill_value=0)
 
@@ -109,15 +109,15 @@ class HybridLM(nnx.Module):
         def cache_for(kind: Mixer) -> LayerCache:
             match kind:
                 case Mixer.ATTENTION:
-                    return KVCache.zeros(cfg.attention, num_blocks, block_size, dtype)
+                    return KVCache.zeros(cfg.need_attention(), num_blocks, block_size, dtype)
                 case Mixer.MAMBA2:
-                    return Mamba2State.zeros(cfg.mamba2, num_slots, dtype, state_dtype)
+                    return Mamba2State.zeros(cfg.need_mamba2(), num_slots, dtype, state_dtype)
                 case Mixer.GDN:
-                    return GDNState.zeros(cfg.gdn, num_slots, dtype, state_dtype)
+                    return GDNState.zeros(cfg.need_gdn(), num_slots, dtype, state_dtype)
                 case Mixer.PARALLEL_HYBRID | Mixer.TRANSFORMER_MAMBA2:
                     return ParallelHybridCache.zeros(
-                        cfg.attention,
-                        cfg.mamba2,
+                        cfg.need_attention(),
+                        cfg.need_mamba2(),
                         num_blocks=num_blocks,
                         block_size=block_size,
                         num_slots=num_slots,
@@ -165,9 +165,9 @@ class HybridLM(nnx.Module):
             new_caches.append(cache)
         return x, (*new_caches, *caches[num_layers:])
 
-    def embed_tokens(self, token_ids: jax.Array) -> jax.Array:
+    def embed_tokens(self, token_ids: jax.typing.ArrayLike) -> jax.Array:
         """[T, hidden] embedding rows of `token_ids`, times `embedding_multiplier`."""
-        return self._embed(token_ids) * self.config.embedding_multiplier
+        return self._embed(jnp.asarray(token_ids)) * self.config.embedding_multiplier
 
     def logits(self, x: jax.Array) -> jax.Array:
         """fp32 logits of rows of the last layer's output (final-normed here)."""
@@ -184,6 +184,10 @@ class HybridLM(nnx.Module):
         final-normed (the target's, or the head's own output when it drafts on), `next_ids` [T]
         the token after each lane's. Returns the head's normed output [T, hidden] (its logits:
         `head_logits`) and the caches with the head's written."""
+        if self.mtp is None:
+            raise ValueError(
+                f"{self.config.architecture} has no MTP head (`ModelConfig.mtp_mixers`)"
+            )
         num_layers = self.config.num_layers
         normed, mtp_caches = self.mtp(
             hidden, self.embed_tokens(next_ids), caches[num_layers:], inputs

@@ -64,55 +64,60 @@ def _local_config(cfg: ModelConfig, shards: int) -> ModelConfig:
     """Every used layer kind's config of one shard (ShardError when one cannot split)."""
     if shards == 1:
         return cfg
-    local = {}
     kinds = {*cfg.mixers, *cfg.ffns, *cfg.mtp_mixers, *cfg.mtp_ffns}
     if Mixer.TRANSFORMER_MAMBA2 in kinds:  # its rules are written down, not yet built
         raise ShardError(
             "mixers: Zamba2's shared transformer blocks (Mixer.TRANSFORMER_MAMBA2) are not split "
             "over tensor parallelism yet"
         )
+    attention, mamba2, gdn, mlp, moe = cfg.attention, cfg.mamba2, cfg.gdn, cfg.mlp, cfg.moe
     if kinds & {Mixer.ATTENTION, Mixer.PARALLEL_HYBRID}:
-        local["attention"] = attention_shard(cfg.attention, shards)
+        attention = attention_shard(cfg.need_attention(), shards)
     if kinds & {Mixer.MAMBA2, Mixer.PARALLEL_HYBRID}:
-        local["mamba2"] = mamba2_shard(cfg.mamba2, shards)
+        mamba2 = mamba2_shard(cfg.need_mamba2(), shards)
     if Mixer.GDN in kinds:
-        local["gdn"] = gdn_shard(cfg.gdn, shards)
+        gdn = gdn_shard(cfg.need_gdn(), shards)
     if Ffn.MLP in kinds:
-        size = Segment("mlp.intermediate_size", cfg.mlp.intermediate_size).local_units(shards)
-        local["mlp"] = dataclasses.replace(cfg.mlp, intermediate_size=size)
+        mlp = cfg.need_mlp()
+        size = Segment("mlp.intermediate_size", mlp.intermediate_size).local_units(shards)
+        mlp = dataclasses.replace(mlp, intermediate_size=size)
     if Ffn.MOE in kinds:
-        moe = cfg.moe
+        moe = cfg.need_moe()
         Segment("moe.num_experts", moe.num_experts).local_units(shards)  # the module splits them
         shared = Segment("moe.shared_intermediate_size", moe.shared_intermediate_size)
-        local["moe"] = dataclasses.replace(moe, shared_intermediate_size=shared.local_units(shards))
-    return dataclasses.replace(cfg, num_shards=shards, **local)
+        moe = dataclasses.replace(moe, shared_intermediate_size=shared.local_units(shards))
+    return dataclasses.replace(
+        cfg, num_shards=shards, attention=attention, mamba2=mamba2, gdn=gdn, mlp=mlp, moe=moe
+    )
 
 
 def _vocab(cfg: ModelConfig) -> Segment:
     return Segment("vocab_size", cfg.vocab_size, padded=True)
 
 
-def _mixer_rules(kind: Mixer, cfg: ModelConfig) -> dict[Path_, ShardRule]:
+def _mixer_rules(kind: Mixer, cfg: ModelConfig) -> dict[tuple[str, ...], ShardRule]:
+    """The rules of a mixer's parameters, by their paths under the mixer."""
     match kind:
         case Mixer.ATTENTION:
-            return attention_tp_rules(cfg.attention)
+            return attention_tp_rules(cfg.need_attention())
         case Mixer.MAMBA2:
-            return mamba2_tp_rules(cfg.mamba2)
+            return mamba2_tp_rules(cfg.need_mamba2())
         case Mixer.GDN:
-            return gdn_tp_rules(cfg.gdn)
+            return gdn_tp_rules(cfg.need_gdn())
         case Mixer.PARALLEL_HYBRID:
-            return parallel_hybrid_tp_rules(cfg.attention, cfg.mamba2)
+            return parallel_hybrid_tp_rules(cfg.need_attention(), cfg.need_mamba2())
     return {}
 
 
-def _ffn_rules(kind: Ffn, cfg: ModelConfig) -> dict[Path_, ShardRule]:
+def _ffn_rules(kind: Ffn, cfg: ModelConfig) -> dict[tuple[str, ...], ShardRule]:
+    """The rules of an FFN's parameters, by their paths under the FFN."""
     match kind:
         case Ffn.MLP:
-            mlp = cfg.mlp
+            mlp = cfg.need_mlp()
             gated = mlp.activation == "silu_gated"
             return mlp_tp_rules("mlp.intermediate_size", mlp.intermediate_size, gated)
         case Ffn.MOE:
-            return moe_tp_rules(cfg.moe)
+            return moe_tp_rules(cfg.need_moe())
     return {}
 
 

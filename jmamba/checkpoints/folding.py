@@ -39,7 +39,7 @@ def unfold(param: np.ndarray, scale: np.ndarray) -> np.ndarray:
 def mamba2_in_proj_scale(cfg: ModelConfig) -> np.ndarray:
     """One multiplier per Mamba2 in_proj output column: the input's times its segment's (z, x, B,
     C or dt)."""
-    m, mult = cfg.mamba2, cfg.multipliers
+    m, mult = cfg.need_mamba2(), cfg.multipliers
     gn = m.n_groups * m.d_state
     sizes = (m.d_inner, m.d_inner, gn, gn, m.num_heads)
     segments = np.asarray(mult.mamba2_segments, np.float64) * mult.mamba2_in

@@ -42,7 +42,7 @@ def _a_from_log(name: str) -> Source:
 
 def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     """Qwen3-Next packs q|k|v|z (and b|a) per key-head group; we use flat [q|k|v|z|b|a]."""
-    g = cfg.gdn
+    g = cfg.need_gdn()
     r = g.num_v_heads // g.num_k_heads
     per_group = qkvz.reshape(g.num_k_heads, -1, qkvz.shape[-1])
     q, k, v, z = np.split(
@@ -55,7 +55,7 @@ def _deinterleave_qwen3_next(qkvz: np.ndarray, ba: np.ndarray, cfg: ModelConfig)
 
 def _interleave_qwen3_next(in_proj: np.ndarray, cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of `_deinterleave_qwen3_next`: our [in, q|k|v|z|b|a] -> HF (qkvz, ba)."""
-    g = cfg.gdn
+    g = cfg.need_gdn()
     sizes = [g.key_dim, g.key_dim, g.value_dim, g.value_dim, g.num_v_heads]
     q, k, v, z, b, a = np.split(in_proj.T, np.cumsum(sizes), axis=0)
     grouped = lambda t: t.reshape(g.num_k_heads, -1, t.shape[-1])  # noqa: E731
@@ -71,7 +71,7 @@ def _gdn_in_proj(prefix: str, cfg: ModelConfig) -> Source:
             lambda qkvz, ba: _deinterleave_qwen3_next(qkvz, ba, cfg),
             lambda p: _interleave_qwen3_next(p, cfg),
         )
-    g = cfg.gdn
+    g = cfg.need_gdn()
     names = tuple(f"{prefix}.in_proj_{p}.weight" for p in ("qkv", "z", "b", "a"))
     ends = np.cumsum([g.conv_dim, g.value_dim, g.num_v_heads])
     return Source(
@@ -87,8 +87,10 @@ def _attention_sources(hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
         "v_proj": mult.attention_in,
         "o_proj": mult.attention_out,
     }
-    src = {(p, "kernel"): scaled(linear(f"{hf}.{p}"), scale) for p, scale in scales.items()}
-    if cfg.attention.qk_norm:
+    src: dict[Path_, Source] = {
+        (p, "kernel"): scaled(linear(f"{hf}.{p}"), scale) for p, scale in scales.items()
+    }
+    if cfg.need_attention().qk_norm:
         src.update({(n, "weight"): same(f"{hf}.{n}.weight") for n in ("q_norm", "k_norm")})
     return src
 
@@ -96,16 +98,17 @@ def _attention_sources(hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
 def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
     match kind:
         case Mixer.MAMBA2:
-            src = {
+            mamba2 = cfg.need_mamba2()
+            src: dict[Path_, Source] = {
                 ("in_proj", "kernel"): scaled(linear(f"{hf}.in_proj"), mamba2_in_proj_scale(cfg)),
                 ("conv_weight",): conv(f"{hf}.conv1d"),
                 ("out_proj", "kernel"): scaled(
                     linear(f"{hf}.out_proj"), cfg.multipliers.mamba2_out
                 ),
             }
-            if cfg.mamba2.gate_norm != "gate_only":
+            if mamba2.gate_norm != "gate_only":
                 src[("norm", "weight")] = same(f"{hf}.norm.weight")
-            if cfg.mamba2.conv_bias:
+            if mamba2.conv_bias:
                 src[("conv_bias",)] = same(f"{hf}.conv1d.bias")
             src.update({(p,): same(f"{hf}.{p}") for p in ("dt_bias", "D")})
             src[("A",)] = _a_from_log(f"{hf}.A_log")
@@ -133,7 +136,7 @@ def _mixer_sources(kind: Mixer, hf: str, cfg: ModelConfig) -> dict[Path_, Source
 def _granite_ffn_sources(kind: Ffn, hf: str) -> dict[Path_, Source]:
     """Granite-4.0-H (`hf` the layer): the shared MLP (`shared_mlp`) alone, or beside the MoE
     (`block_sparse_moe`, its experts stacked); both keep gate | up fused in `input_linear`."""
-    shared = {
+    shared: dict[Path_, Source] = {
         ("gate_proj", "kernel"): half(f"{hf}.shared_mlp.input_linear", 0),
         ("up_proj", "kernel"): half(f"{hf}.shared_mlp.input_linear", 1),
         ("down_proj", "kernel"): linear(f"{hf}.shared_mlp.output_linear"),
@@ -150,7 +153,7 @@ def _granite_ffn_sources(kind: Ffn, hf: str) -> dict[Path_, Source]:
     }
 
 
-def _mlp_sources(hf: str, gated: bool) -> dict[Path_, Source]:
+def _mlp_sources(hf: str, gated: bool) -> dict[tuple[str, str], Source]:
     projs = ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
     return {(p, "kernel"): linear(f"{hf}.{p}") for p in projs}
 
@@ -161,12 +164,12 @@ def _ffn_sources(kind: Ffn, hf: str, cfg: ModelConfig) -> dict[Path_, Source]:
     match kind:
         case Ffn.MLP:
             scales = {"gate_proj": cfg.multipliers.mlp_gate, "down_proj": cfg.multipliers.mlp_down}
-            src = _mlp_sources(hf, cfg.mlp.activation == "silu_gated")
-            return {k: scaled(v, scales.get(k[0], 1.0)) for k, v in src.items()}
+            mlp = _mlp_sources(hf, cfg.need_mlp().activation == "silu_gated")
+            return {k: scaled(v, scales.get(k[0], 1.0)) for k, v in mlp.items()}
         case Ffn.MOE:
-            moe = cfg.moe
+            moe = cfg.need_moe()
             gated = moe.activation == "silu_gated"
-            src = {("router", "kernel"): linear(f"{hf}.gate")}
+            src: dict[Path_, Source] = {("router", "kernel"): linear(f"{hf}.gate")}
             for proj in (
                 ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj")
             ):
@@ -235,7 +238,12 @@ _ADAPTED_ATTENTION = tuple(
     (("attention", f"{p}_proj"), f"{p}_adapter", f"self_attn.{p}_proj", f"self_attn.linear_{p}")
     for p in "qkv"
 )
-_ADAPTED_MLP = (("mlp", "gate_up_proj"), "gate_up_adapter", *(["feed_forward.gate_up_proj"] * 2))
+_ADAPTED_MLP = (
+    ("mlp", "gate_up_proj"),
+    "gate_up_adapter",
+    "feed_forward.gate_up_proj",  # the HF kernel and its adapter list share the name
+    "feed_forward.gate_up_proj",
+)
 
 
 def _shared_kernel(
@@ -260,11 +268,11 @@ def _transformer_mamba2_sources(cfg: ModelConfig, i: int) -> dict[Path_, Source]
     tensors (and every use site's adapters, numbered j) lie under the block's first use site; the
     layer's own `linear` and Mamba2 mixer (`mamba_decoder`) under it."""
     hybrid = [k for k, m in enumerate(cfg.mixers) if m == Mixer.TRANSFORMER_MAMBA2]
-    block = cfg.shared_block
+    block = cfg.need_shared_block()
     j = hybrid.index(i)
     sites = hybrid[j % block.num_blocks :: block.num_blocks]
     shared, layer = f"model.layers.{sites[0]}.shared_transformer", f"model.layers.{i}"
-    src = {
+    src: dict[Path_, Source] = {
         ("block_norm", "weight"): same(f"{shared}.input_layernorm.weight"),
         ("attention", "o_proj", "kernel"): linear(f"{shared}.self_attn.o_proj"),
         ("ffn_norm", "weight"): same(f"{shared}.pre_ff_layernorm.weight"),
@@ -278,7 +286,7 @@ def _transformer_mamba2_sources(cfg: ModelConfig, i: int) -> dict[Path_, Source]
     if not block.attention_adapters:
         src.update({(*m, "kernel"): linear(f"{shared}.{w}") for m, _, w, _ in _ADAPTED_ATTENTION})
     for module, adapter, weight, lora in adapted:
-        names = tuple(f"{shared}.{lora}_adapter_list.{j}.{k}" for k in (0, 1))
+        down, up = (f"{shared}.{lora}_adapter_list.{j}.{k}" for k in (0, 1))
         joint = tuple(
             ("layers", s, "mixer", *path)
             for s in sites
@@ -286,9 +294,9 @@ def _transformer_mamba2_sources(cfg: ModelConfig, i: int) -> dict[Path_, Source]
         )
         own = sites.index(i)
         src[(*module, "kernel")] = _shared_kernel(
-            f"{shared}.{weight}", tuple(f"{n}.weight" for n in names), joint, own
+            f"{shared}.{weight}", (f"{down}.weight", f"{up}.weight"), joint, own
         )
-        src[(adapter, "down")], src[(adapter, "up")] = (linear(n) for n in names)
+        src[(adapter, "down")], src[(adapter, "up")] = linear(down), linear(up)
     return src
 
 

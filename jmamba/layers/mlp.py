@@ -52,7 +52,10 @@ def mlp_tp_rules(field: str, intermediate: int, gated: bool) -> dict[tuple[str, 
     """Column-parallel gate and up (their `intermediate` channels over tp), row-parallel down;
     `field` names the config field of `intermediate` in errors."""
     channels = Segment(field, intermediate)
-    rules = {("up_proj", "kernel"): split(1, channels), ("down_proj", "kernel"): split(0, channels)}
+    rules: dict[tuple[str, ...], ShardRule] = {
+        ("up_proj", "kernel"): split(1, channels),
+        ("down_proj", "kernel"): split(0, channels),
+    }
     if gated:
         rules[("gate_proj", "kernel")] = split(1, channels)
     return rules

@@ -11,10 +11,12 @@ y       = (o * sigmoid(gate)) Wo            (gate only when output_gate)
 from __future__ import annotations
 
 import dataclasses
+from typing import Generic
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from typing_extensions import TypeVar
 
 from jmamba.config import AttentionConfig
 from jmamba.layers.linear import Linear
@@ -30,10 +32,14 @@ from jmamba.parallel.rules import REPLICATED, Segment, ShardRule, split
 from jmamba.step.pytree import StepInputs
 from pallas_kernels import ops
 
+# A leaf of the cache: an array, or in `tp_axes` the axis of that array that tensor parallelism
+# splits (the same pytree).
+_Leaf = TypeVar("_Leaf", default=jax.Array)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class KVCache:
+class KVCache(Generic[_Leaf]):
     """Paged KV cache of one attention layer.
 
     Attributes:
@@ -41,20 +47,18 @@ class KVCache:
       v: same shape as k.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: _Leaf
+    v: _Leaf
 
-    @classmethod
-    def zeros(
-        cls, cfg: AttentionConfig, num_blocks: int, block_size: int, dtype: jnp.dtype
-    ) -> KVCache:
+    @staticmethod
+    def zeros(cfg: AttentionConfig, num_blocks: int, block_size: int, dtype: jnp.dtype) -> KVCache:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
-    @classmethod
-    def tp_axes(cls) -> KVCache:
+    @staticmethod
+    def tp_axes() -> KVCache[int]:
         """The axis of each array that tensor parallelism splits: the KV heads."""
-        return cls(2, 2)
+        return KVCache(2, 2)
 
 
 def _heads(cfg: AttentionConfig) -> tuple[Segment, Segment]:
@@ -80,7 +84,7 @@ def attention_tp_rules(cfg: AttentionConfig) -> dict[tuple[str, ...], ShardRule]
     replicated (k_proj, v_proj), the per-head q/k norms whole."""
     heads, kv_heads = _heads(cfg)
     o_rows = dataclasses.replace(heads, unit_size=cfg.head_dim)
-    rules = {
+    rules: dict[tuple[str, ...], ShardRule] = {
         ("q_proj", "kernel"): split(1, heads),
         ("k_proj", "kernel"): split(1, kv_heads),
         ("v_proj", "kernel"): split(1, kv_heads),
@@ -134,8 +138,9 @@ class Attention(nnx.Module):
         self, x: jax.Array, cache: KVCache, inputs: StepInputs
     ) -> tuple[jax.Array, KVCache]:
         cfg = self.cfg
-        q, k, v, gate = self._project(x, inputs.positions)
-        k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, inputs.kv_slots, _live(inputs))
+        positions, kv_slots = jnp.asarray(inputs.positions), jnp.asarray(inputs.kv_slots)
+        q, k, v, gate = self._project(x, positions)
+        k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, kv_slots, _live(inputs))
         q_decode, q_prefill = split_sections(q, inputs)
         scale = cfg.scale
         o_decode = jnp.zeros_like(q_decode)
@@ -153,14 +158,13 @@ class Attention(nnx.Module):
         o_prefill = jnp.zeros_like(q_prefill)
         if inputs.num_prefill_tokens:
             token_rows, live = prefill_token_rows(inputs)
-            positions = inputs.positions[inputs.num_decode_tokens :]
             o_prefill = ops.paged_attention(
                 q_prefill,
                 k_cache,
                 v_cache,
-                inputs.prefill.block_table,
+                jnp.asarray(inputs.prefill.block_table),
                 token_rows.astype(jnp.int32),
-                positions,
+                positions[inputs.num_decode_tokens :],
                 live,
                 scale=scale,
             )

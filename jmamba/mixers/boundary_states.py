@@ -9,6 +9,7 @@ that a later request can start from that boundary with both. Without them, nothi
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from jmamba.step.pytree import PrefillRows
 from pallas_kernels import ops
@@ -17,15 +18,15 @@ from pallas_kernels import ops
 def kernel_rows(rows: PrefillRows) -> ops.Rows:
     """The prefill section as the kernels' `Rows`; the boundary block size only with prefix
     caching (`PrefillRows` holds 0 there without it, `Rows` None)."""
-    caching = rows.boundary_slots is not None
+    boundary_slots = rows.boundary_slots
     return ops.Rows(
-        query_start_loc=rows.query_start_loc,
-        num_computed=rows.num_computed,
-        has_initial_state=rows.has_initial_state,
-        read_slots=rows.read_slots,
-        write_slots=rows.write_slots,
-        boundary_slots=rows.boundary_slots,
-        block_size=rows.state_block_size if caching else None,
+        query_start_loc=jnp.asarray(rows.query_start_loc),
+        num_computed=jnp.asarray(rows.num_computed),
+        has_initial_state=jnp.asarray(rows.has_initial_state),
+        read_slots=jnp.asarray(rows.read_slots),
+        write_slots=jnp.asarray(rows.write_slots),
+        boundary_slots=None if boundary_slots is None else jnp.asarray(boundary_slots),
+        block_size=None if boundary_slots is None else rows.state_block_size,
     )
 
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Generic
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from typing_extensions import TypeVar
 
 from jmamba.config import GDN_CHUNK_SIZE, GDNConfig
 from jmamba.layers.fp32_param import Fp32Param
@@ -33,10 +35,14 @@ from jmamba.parallel.rules import REPLICATED, Segment, ShardRule, split
 from jmamba.step.pytree import StepInputs
 from pallas_kernels import ops
 
+# A leaf of the cache: an array, or in `tp_axes` the axis of that array that tensor parallelism
+# splits (the same pytree).
+_Leaf = TypeVar("_Leaf", default=jax.Array)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class GDNState:
+class GDNState(Generic[_Leaf]):
     """Recurrent state of one Gated DeltaNet layer for every state slot (slot 0 is NULL).
 
     Attributes:
@@ -44,22 +50,22 @@ class GDNState:
       recurrent: [num_slots, num_v_heads, head_v_dim, head_k_dim] delta-rule state, V-first, fp32.
     """
 
-    conv: jax.Array
-    recurrent: jax.Array
+    conv: _Leaf
+    recurrent: _Leaf
 
-    @classmethod
+    @staticmethod
     def zeros(
-        cls, cfg: GDNConfig, num_slots: int, dtype: jnp.dtype, state_dtype: jnp.dtype = jnp.float32
+        cfg: GDNConfig, num_slots: int, dtype: jnp.dtype, state_dtype: jnp.dtype = jnp.float32
     ) -> GDNState:
-        return cls(
+        return GDNState(
             jnp.zeros((num_slots, cfg.conv_dim, cfg.d_conv - 1), dtype),
             jnp.zeros((num_slots, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), state_dtype),
         )
 
-    @classmethod
-    def tp_axes(cls) -> GDNState:
+    @staticmethod
+    def tp_axes() -> GDNState[int]:
         """The axis of each array that tensor parallelism splits: conv channels, value heads."""
-        return cls(1, 1)
+        return GDNState(1, 1)
 
 
 def _heads(cfg: GDNConfig) -> tuple[Segment, Segment]:

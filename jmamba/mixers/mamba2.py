@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Generic
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from typing_extensions import TypeVar
 
 from jmamba.config import Mamba2Config
 from jmamba.layers.fp32_param import Fp32Param
@@ -61,9 +63,14 @@ def log_from_a(a: np.ndarray) -> np.ndarray:
     return out
 
 
+# A leaf of the cache: an array, or in `tp_axes` the axis of that array that tensor parallelism
+# splits (the same pytree).
+_Leaf = TypeVar("_Leaf", default=jax.Array)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Mamba2State:
+class Mamba2State(Generic[_Leaf]):
     """Recurrent state of one Mamba2 layer for every state slot (slot 0 is NULL).
 
     Attributes:
@@ -71,22 +78,22 @@ class Mamba2State:
       ssm: [num_slots, num_heads, head_dim, d_state] SSM hidden state (fp32 by default).
     """
 
-    conv: jax.Array
-    ssm: jax.Array
+    conv: _Leaf
+    ssm: _Leaf
 
-    @classmethod
+    @staticmethod
     def zeros(
-        cls, cfg: Mamba2Config, num_slots: int, dtype: jnp.dtype, ssm_dtype: jnp.dtype = jnp.float32
+        cfg: Mamba2Config, num_slots: int, dtype: jnp.dtype, ssm_dtype: jnp.dtype = jnp.float32
     ) -> Mamba2State:
-        return cls(
+        return Mamba2State(
             jnp.zeros((num_slots, cfg.conv_dim, cfg.d_conv - 1), dtype),
             jnp.zeros((num_slots, cfg.num_heads, cfg.head_dim, cfg.d_state), ssm_dtype),
         )
 
-    @classmethod
-    def tp_axes(cls) -> Mamba2State:
+    @staticmethod
+    def tp_axes() -> Mamba2State[int]:
         """The axis of each array that tensor parallelism splits: conv channels, SSM heads."""
-        return cls(1, 1)
+        return Mamba2State(1, 1)
 
 
 def _units(cfg: Mamba2Config) -> tuple[Segment, Segment, Segment]:

@@ -16,10 +16,12 @@ its two partial outputs and the layer (`jmamba.model.Layer`) all-reduces it once
 from __future__ import annotations
 
 import dataclasses
+from typing import Generic
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from typing_extensions import TypeVar
 
 from jmamba.config import AttentionConfig, Mamba2Config
 from jmamba.mixers.attention import Attention, KVCache, attention_tp_rules
@@ -28,10 +30,14 @@ from jmamba.parallel.collectives import WHOLE, TensorParallel
 from jmamba.parallel.rules import ShardRule
 from jmamba.step.pytree import StepInputs
 
+# A leaf of the cache: an array, or in `tp_axes` the axis of that array that tensor parallelism
+# splits (the same pytree).
+_Leaf = TypeVar("_Leaf", default=jax.Array)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class ParallelHybridCache:
+class ParallelHybridCache(Generic[_Leaf]):
     """The two states of one parallel hybrid layer.
 
     Attributes:
@@ -39,12 +45,11 @@ class ParallelHybridCache:
       state: the Mamba2 half's conv and SSM state (`Mamba2State`, by slot; slot 0 is NULL).
     """
 
-    kv: KVCache
-    state: Mamba2State
+    kv: KVCache[_Leaf]
+    state: Mamba2State[_Leaf]
 
-    @classmethod
+    @staticmethod
     def zeros(
-        cls,
         attention: AttentionConfig,
         mamba2: Mamba2Config,
         *,
@@ -54,15 +59,15 @@ class ParallelHybridCache:
         dtype: jnp.dtype,
         state_dtype: jnp.dtype = jnp.float32,
     ) -> ParallelHybridCache:
-        return cls(
+        return ParallelHybridCache(
             KVCache.zeros(attention, num_blocks, block_size, dtype),
             Mamba2State.zeros(mamba2, num_slots, dtype, state_dtype),
         )
 
-    @classmethod
-    def tp_axes(cls) -> ParallelHybridCache:
+    @staticmethod
+    def tp_axes() -> ParallelHybridCache[int]:
         """The axis of each array that tensor parallelism splits (each half's own)."""
-        return cls(KVCache.tp_axes(), Mamba2State.tp_axes())
+        return ParallelHybridCache(KVCache.tp_axes(), Mamba2State.tp_axes())
 
 
 def parallel_hybrid_tp_rules(

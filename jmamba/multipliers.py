@@ -31,7 +31,7 @@ class WeightMultipliers:
     attention_key: float = 1.0
     attention_out: float = 1.0
     mamba2_in: float = 1.0
-    mamba2_segments: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    mamba2_segments: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)  # five: checked below
     mamba2_out: float = 1.0
     mlp_gate: float = 1.0
     mlp_down: float = 1.0

@@ -30,7 +30,7 @@ from jmamba.checkpoints.families.registry import load_hf_config
 from jmamba.checkpoints.name_map import tensor_sources
 from jmamba.checkpoints.reader import TensorReader
 from jmamba.checkpoints.skipped_tensors import skipped_tensors
-from jmamba.checkpoints.source import Path_, Source
+from jmamba.checkpoints.source import Path_, Source, param_path
 from jmamba.checkpoints.weights import check_tensor_names, param_dtype, resolve_dtype
 from jmamba.model import HybridLM
 from jmamba.parallel.rules import REPLICATED, ShardRule
@@ -70,7 +70,8 @@ def read_shards(
             for n in names
         }
         check_tensor_names(cfg, sources, tensors.names() - skipped, model_dir)
-        for path, variable in nnx.to_flat_state(nnx.state(whole)):
+        for parts, variable in nnx.to_flat_state(nnx.state(whole)):
+            path = param_path(parts)
             target = param_dtype(variable, dtype)
             shape = variable.get_value().shape
             rule = rules.get(path, REPLICATED)
@@ -124,6 +125,7 @@ def _read_run(
     dtype: np.dtype,
 ) -> np.ndarray:
     """Entries [start, stop) along parameter axis `axis`, built from slices of the tensors."""
+    assert source.read_axis is not None, "only a source with a read_axis is read as slices"
     tensor_axis = source.read_axis(axis)
     if tensor_axis is None:  # the axis picks tensors of a stack: read those alone
         value = source.build(*(tensors.read(name) for name in source.names[start:stop]))

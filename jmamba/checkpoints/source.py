@@ -5,12 +5,23 @@ kinds: a tensor as it is, a linear weight, conv taps, a stack of experts, fused 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
 import numpy as np
 
 Path_ = tuple[str | int, ...]  # a parameter's path in the model's flat state
+
+
+def param_path(parts: tuple[Hashable, ...]) -> Path_:
+    """A path of `nnx.to_flat_state` as a `Path_`: nnx types its parts as any sortable keys, and a
+    module's are its attribute names and list indices (TypeError on any other part)."""
+    path: list[str | int] = []
+    for part in parts:
+        if not isinstance(part, str | int):
+            raise TypeError(f"parameter path {parts} holds {part!r}, neither a name nor an index")
+        path.append(part)
+    return tuple(path)
 
 
 class Source(NamedTuple):

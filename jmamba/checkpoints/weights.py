@@ -37,7 +37,7 @@ from jmamba.checkpoints.families.registry import from_hf_config, load_hf_config
 from jmamba.checkpoints.files import checkpoint_dtype, read_safetensors
 from jmamba.checkpoints.name_map import tensor_sources
 from jmamba.checkpoints.skipped_tensors import skip_message, skipped_tensors, unpack_experts
-from jmamba.checkpoints.source import Path_, Source
+from jmamba.checkpoints.source import Path_, Source, param_path
 from jmamba.config import ModelConfig
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.model import HybridLM
@@ -60,7 +60,7 @@ def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -
         resolved = jnp.dtype(dtype)
     except TypeError:
         resolved = None
-    if resolved not in {jnp.dtype(d) for d in DTYPES.values()}:
+    if resolved is None or resolved not in {jnp.dtype(d) for d in DTYPES.values()}:
         raise ValueError(f"dtype={dtype!r} must be one of {['auto', *DTYPES]}")
     return resolved
 
@@ -111,7 +111,8 @@ def load_pretrained(
     flat = nnx.to_flat_state(state)
     check_tensor_names(cfg, sources, tensors.keys(), model_dir)
     for path, variable in flat:
-        names, build = sources[path].names, sources[path].build
+        source = sources[param_path(path)]
+        names, build = source.names, source.build
         value = np.asarray(build(*(tensors[n] for n in names)))
         if value.shape != variable.get_value().shape:
             raise ValueError(
@@ -164,7 +165,9 @@ def save_pretrained(model: HybridLM, model_dir: str | Path, hf_config: dict[str,
             f"hf_config describes {from_hf_config(hf_config)}, not the model's {model.config}"
         )
     sources = tensor_sources(model.config)
-    values = {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
+    values = {
+        param_path(p): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))
+    }
     tensors: dict[str, np.ndarray] = {}
     pieces: dict[str, dict[int, np.ndarray]] = {}
     for path, value in values.items():

@@ -62,8 +62,10 @@ def _check_no_bias(cfg: HFConfig, *keys: str) -> None:
 def _rope(cfg: HFConfig, head_dim: int) -> tuple[int, float]:
     """(rotary_dim, rope_theta) from 5.x `rope_parameters` or the older top-level fields."""
     params = cfg.get("rope_parameters") or {}
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    factor = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    theta = _decode_float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    factor = _decode_float(
+        params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    )
     rope_type = params.get("rope_type", "default")
     if rope_type != "default":
         raise ValueError(f"rope_type={rope_type!r} is not supported (only 'default')")

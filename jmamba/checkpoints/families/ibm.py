@@ -60,7 +60,7 @@ def _mamba2(cfg: HFConfig) -> Mamba2Config:
     )
 
 
-def _rope_parameters(cfg: HFConfig) -> dict:
+def _rope_parameters(cfg: HFConfig) -> HFConfig:
     """transformers reads a non-null `rope_scaling` in place of `rope_parameters`."""
     return cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
 
@@ -93,7 +93,7 @@ def _attention(cfg: HFConfig, rotary_factor: float, softmax_scale: float | None)
         num_kv_heads=int(_get(cfg, "num_key_value_heads", heads)),
         head_dim=head_dim,
         rotary_dim=int(head_dim * rotary_factor),
-        rope_theta=float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        rope_theta=_decode_float(params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
         softmax_scale=softmax_scale,
     )
 

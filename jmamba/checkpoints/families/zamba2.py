@@ -18,7 +18,13 @@ from __future__ import annotations
 
 import math
 
-from jmamba.checkpoints.families.hf_fields import HFConfig, _check_no_bias, _common, _get
+from jmamba.checkpoints.families.hf_fields import (
+    HFConfig,
+    _check_no_bias,
+    _common,
+    _decode_float,
+    _get,
+)
 from jmamba.config import (
     AttentionConfig,
     Ffn,
@@ -87,7 +93,7 @@ def _attention(cfg: HFConfig, hidden: int, adapters: bool) -> AttentionConfig:
         if params.get("rope_type", "default") != "default":
             raise ValueError(f"rope_type={params['rope_type']!r} is not supported (only 'default')")
         rotary_dim = head_dim
-        theta = float(params.get("rope_theta", cfg.get("rope_theta", theta)))
+        theta = _decode_float(params.get("rope_theta", cfg.get("rope_theta", theta)))
     return AttentionConfig(
         num_heads=heads,
         num_kv_heads=kv_heads,

@@ -61,7 +61,8 @@ def check_step_inputs(
         _check_blocks(host, live_d, live_p, block_size, published_blocks)
 
 
-def _require(condition: bool | np.bool_, message: str) -> None:
+def _require(condition: object, message: str) -> None:
+    """ValueError with `message` unless `condition` (a Python or numpy truth value) holds."""
     if not condition:
         raise ValueError(f"StepInputs: {message}")
 
@@ -134,7 +135,7 @@ def _check_decode(s: StepInputs) -> np.ndarray:
     d = s.decode
     rd, w = d.write_slots.shape
     _require((d.query_lens <= w).all(), f"decode.query_lens={d.query_lens.tolist()} must be <= {w}")
-    live = _live_prefix(d.query_lens, "decode")
+    live = _live_prefix(np.asarray(d.query_lens), "decode")
     for name in ("seq_lens", "read_slots", "write_slots", "block_table"):
         _require_null(getattr(d, name), ~live, f"decode.{name}")
     num_computed = d.seq_lens - d.query_lens
@@ -178,7 +179,7 @@ def _check_decode(s: StepInputs) -> np.ndarray:
 
 def _check_prefill(s: StepInputs, chunk_size: int | None) -> np.ndarray:
     p = s.prefill
-    qsl, first = p.query_start_loc, s.num_decode_tokens
+    qsl, first = np.asarray(p.query_start_loc), s.num_decode_tokens
     lengths = np.diff(qsl)
     _require(
         qsl[0] == 0 and (lengths >= 0).all() and qsl[-1] <= s.num_prefill_tokens,
@@ -251,7 +252,7 @@ def _check_boundaries(s: StepInputs, chunk_size: int | None) -> None:
     )
 
 
-def _check_slots(s: StepInputs, live_d: np.ndarray, published_slots) -> None:
+def _check_slots(s: StepInputs, live_d: np.ndarray, published_slots: np.ndarray | None) -> None:
     d, p = s.decode, s.prefill
     reads = np.concatenate([d.read_slots, p.read_slots])
     writes = [d.write_slots[r][d.write_slots[r] != 0] for r in range(len(live_d))]
@@ -289,7 +290,13 @@ def _require_distinct(values: np.ndarray, what: str) -> None:
     )
 
 
-def _check_bounds(s: StepInputs, num_blocks, num_slots, vocab_size, block_size) -> None:
+def _check_bounds(
+    s: StepInputs,
+    num_blocks: int | None,
+    num_slots: int | None,
+    vocab_size: int | None,
+    block_size: int | None,
+) -> None:
     limits = [
         ("token_ids", [s.token_ids], vocab_size),
         (
@@ -313,7 +320,13 @@ def _check_bounds(s: StepInputs, num_blocks, num_slots, vocab_size, block_size) 
             _require(top < limit, f"{name} hold {top}, outside [0, {limit})")
 
 
-def _check_blocks(s: StepInputs, live_d, live_p, block_size: int, published_blocks) -> None:
+def _check_blocks(
+    s: StepInputs,
+    live_d: np.ndarray,
+    live_p: np.ndarray,
+    block_size: int,
+    published_blocks: np.ndarray | None,
+) -> None:
     d, p = s.decode, s.prefill
     tables = np.concatenate([d.block_table, p.block_table])
     seq_lens = np.concatenate([d.seq_lens, p.seq_lens])
@@ -343,13 +356,15 @@ def _check_blocks(s: StepInputs, live_d, live_p, block_size: int, published_bloc
         "kv_slots of live tokens must be block_table[row, pos // block_size] * block_size "
         "+ pos % block_size",
     )
-    _require_distinct(s.kv_slots[lanes], "kv_slots")
+    _require_distinct(np.asarray(s.kv_slots)[lanes], "kv_slots")
     if published_blocks is not None:
         clash = np.intersect1d(s.kv_slots[lanes] // block_size, np.asarray(published_blocks))
         _require(clash.size == 0, f"a step writes K/V into published blocks {clash.tolist()}")
 
 
-def _live_token_rows(s: StepInputs, live_d: np.ndarray):
+def _live_token_rows(
+    s: StepInputs, live_d: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(row in decode+prefill order, position, token index) of every live token."""
     d, p = s.decode, s.prefill
     rd, w = d.write_slots.shape
@@ -358,7 +373,7 @@ def _live_token_rows(s: StepInputs, live_d: np.ndarray):
     d_index = np.arange(rd * w)[lane_live]
     lengths = np.diff(p.query_start_loc)
     p_rows = rd + np.repeat(np.arange(len(lengths)), lengths)
-    p_index = rd * w + np.arange(p.query_start_loc[-1])
+    p_index = rd * w + np.arange(np.asarray(p.query_start_loc)[-1])
     rows = np.concatenate([d_index // w, p_rows]).astype(np.int64)
     index = np.concatenate([d_index, p_index]).astype(np.int64)
-    return rows, s.positions[index], index
+    return rows, np.asarray(s.positions)[index], index

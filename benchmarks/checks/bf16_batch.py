@@ -1,5 +1,5 @@
 """A bf16 request's output is bitwise independent of its batch under `EngineConfig.batch_invariant`
-(docs/architecture.md 5.8; benchmarks/RESULTS.md, 2026-11-27).
+(docs/architecture.md 5.8; benchmarks/results/log/2026-11-27.md).
 
 The random bf16 bench models (`benchmarks/harness/models.py`: the 0.87B NemotronH shape and four
 layers of its Qwen3-Next shape; `--quick`: the tiny NemotronH twin) through the batch section's

@@ -18,9 +18,9 @@ VARIANTS: dict[str, dict[str, str]] = {
     # XLA turns its command buffers off while a profile is taken unless told otherwise: with this
     # flag the profile shows the step as it runs (fewer launches, shorter gaps) when graphs apply.
     "cmdbuf_prof": {"XLA_FLAGS": "--xla_enable_command_buffers_during_profiling=true"},
-    # A launch probe (results log, 2026-11-23, "Command buffers and the decode step's launches"):
-    # XLA's default minimum graph size left chains of fusions between other kernels launched one
-    # by one (7.6 us a kernel); a minimum of 1 took 1.0 us.
+    # A launch probe (benchmarks/results/log/2026-11-23.md, "Command buffers and the decode
+    # step's launches"): XLA's default minimum graph size left chains of fusions between other
+    # kernels launched one by one (7.6 us a kernel); a minimum of 1 took 1.0 us.
     "min_graph1": {"XLA_FLAGS": "--xla_gpu_graph_min_graph_size=1"},
     # At batch 1 XLA rewrites each [1, K] x [K, N] matmul into a multiply + reduce fusion (35-45%
     # of bandwidth on the H100); a threshold of 0 may keep them GEMMs.

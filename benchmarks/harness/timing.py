@@ -79,12 +79,12 @@ def device_seconds(step: Callable, state: Any, reps: int, chain: int = 5) -> flo
     """Median seconds of one `state = step(state)` on the device, host round trip excluded (one
     untimed call first compiles and warms it).
 
-    A timing that dispatches one call and waits for it also pays the host's side of the round
-    trip: a traced H200 run showed 0.55-0.64 ms of idle GPU between one timed loop's last kernel
-    and the next loop's first, a fifth of a loop of eight 0.28 ms kernels (results log,
-    2026-11-27, "Timing harness"). So each timing runs `chain` calls back to back (each
-    dispatched while the one before runs) and once alone, and takes the difference over
-    `chain - 1`: the round trip cancels.
+    A timing that dispatches one call and waits for it also pays the host's side of the round trip:
+    a traced H200 run showed 0.55-0.64 ms of idle GPU between one timed loop's last kernel and the
+    next loop's first, a fifth of a loop of eight 0.28 ms kernels
+    (benchmarks/results/log/2026-11-27.md, "Timing harness"). So each timing runs `chain` calls back
+    to back (each dispatched while the one before runs) and once alone, and takes the difference
+    over `chain - 1`: the round trip cancels.
     """
     state = jax.block_until_ready(step(state))
 

@@ -10,8 +10,8 @@ printed apart. `--tunings sweep` also times other launch knobs (`SWEEP`) at `--s
 
 Beside the time, the rounding: row 0 of `x[:M] @ w` against the same row computed alone (M = 1):
 how many of its N outputs differ bitwise, for XLA's GEMM and for ours (0 everywhere for ours is
-the point; the history is in the results log, 2026-11-26, "Why a draft equal to the target is
-not always accepted in bf16").
+the point; the history is in benchmarks/results/log/2026-11-26.md, "Why a draft equal to the
+target is not always accepted in bf16").
 
     JMAMBA_KERNELS=interpret python -m benchmarks.kernels matmul --ms 1,3 --shapes 64x48  # CPU
     python -m benchmarks.kernels matmul                                                 # GPU

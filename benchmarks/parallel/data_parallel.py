@@ -5,8 +5,9 @@ serves a decode-heavy workload: `--requests` prompts of `--prompt-len` random to
 greedy output tokens each (no EOS: every request generates all of them). Per rank: 256 sequences, a
 4096 token budget, one decode bucket, so each configuration compiles three step variants
 (decode-only, mixed, prefill-only); a short warm-up workload compiles them before the timed runs, of
-which the last counts (`--repeats`, 2: a first run paid one-time costs on the H100, see RESULTS.md).
-Throughput = generated tokens / wall time of that run (prefill included).
+which the last counts (`--repeats`, 2: a first run paid one-time costs on the H100:
+benchmarks/results/log/2026-11-26.md). Throughput = generated tokens / wall time of that run
+(prefill included).
 
 Then the idle-rank check: rank 1 first serves requests (so its shard holds live state), then every
 request is pinned to rank 0 while rank 1 runs only all-padding steps; rank 1's non-NULL blocks and

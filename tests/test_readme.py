@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.serve.test_serve import free_port, wait_ready
+from tests.tiers import slow, slow_cases
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -81,13 +82,14 @@ PROMISES = {
 }
 
 
-@pytest.mark.parametrize("word", sorted(PROMISES))
+@pytest.mark.parametrize("word", slow_cases(sorted(PROMISES), quick=['--prompt "def "']))
 def test_readme_generate_commands_do_what_the_text_says(word: str):
     matching = [c for c in shell_commands() if "jmamba generate" in c and word in c]
     assert len(matching) == 1, f"one README command with {word!r}: {matching}"
     assert PROMISES[word] in run_shell(matching[0])
 
 
+@slow
 def test_readme_tensor_parallel_command_gives_the_text_of_one_device():
     """The README says tokens over tensor parallelism are those of one device: the command's
     generated text equals the same command's without the flag and the fake devices."""
@@ -108,6 +110,7 @@ def test_every_readme_shell_command_is_run_by_a_test():
         assert covered, f"no test runs the README command {command!r}"
 
 
+@slow
 def test_readme_server_blocks_answer():
     (serve,) = [c for c in shell_commands() if "jmamba serve" in c]
     port = str(free_port())

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.jmamba import fixture_runs as runs
+from tests.tiers import slow
 
 TOL = 1e-4
 
@@ -36,12 +37,20 @@ TOL = 1e-4
 # fixture, Zamba2's too, through the compiled kernels. The interpreted ones run the chunked test
 # only: its chunks are prefills with and without initial states and its tail is decode steps, so
 # it wires every kernel the full forward does (21 s of CI saved).
+# The quick tier runs each fixture of power-of-two dims through the references and the first
+# odd-shaped one through the kernels; the slow tier (tests/tiers.py) the odd ones' repeats.
 REFERENCE = [(f, "reference") for f in runs.ALL]
 INTERPRETED = [
     ("nemotron_h_odd", "interpret"),
     ("qwen3_5_odd", "interpret"),
     ("falcon_h1_odd", "interpret"),
 ]
+
+
+def tiered(cases: list[tuple[str, str]]) -> list:
+    """Fixture params: odd-shaped references and all but the first interpreted case slow."""
+    quick = {c for c in cases if not c[0].endswith("_odd") or c == INTERPRETED[0]}
+    return [c if c in quick else pytest.param(c, marks=slow) for c in cases]
 
 
 @contextlib.contextmanager
@@ -70,12 +79,12 @@ def load(name: str, implementation: str) -> runs.Fixture:
     return runs.load(name, wrap)
 
 
-@pytest.fixture(scope="module", params=REFERENCE, ids=lambda c: "-".join(c))
+@pytest.fixture(scope="module", params=tiered(REFERENCE), ids=lambda c: "-".join(c))
 def reference_fixture(request) -> runs.Fixture:
     return load(*request.param)
 
 
-@pytest.fixture(scope="module", params=REFERENCE + INTERPRETED, ids=lambda c: "-".join(c))
+@pytest.fixture(scope="module", params=tiered(REFERENCE + INTERPRETED), ids=lambda c: "-".join(c))
 def fixture(request) -> runs.Fixture:
     return load(*request.param)
 

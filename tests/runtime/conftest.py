@@ -23,6 +23,7 @@ from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
+from tests.tiers import quick_first
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
 MAX_MODEL_LEN = 64
@@ -210,6 +211,6 @@ def assert_greedy(
     assert len(got) == limit, f"{len(got)} tokens where greedy makes {limit}"
 
 
-@pytest.fixture(params=FAMILIES)
+@pytest.fixture(params=quick_first(FAMILIES))
 def family(request) -> str:
     return request.param

@@ -23,6 +23,7 @@ from runtime.cli import main
 from runtime.core.sampling_params import SamplingParams
 from runtime.llm import LLM
 from tests.jmamba.checkpoints.hub_cache import add_fixture
+from tests.tiers import quick_first
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 # One fixture per architecture; `*_vl` are Qwen3.5 as published (the multimodal wrappers).
@@ -39,7 +40,7 @@ PROMPT_LEN = 19
 GREEDY_TOKENS = 10
 
 
-@pytest.mark.parametrize("name", ARCHITECTURES)
+@pytest.mark.parametrize("name", quick_first(ARCHITECTURES))
 def test_checkpoint_directory_generates_transformers_greedy_token(name):
     expected = np.load(FIXTURES / name / "expected.npz")
     prompt = expected["seq_a"][:PROMPT_LEN].tolist()
@@ -79,7 +80,7 @@ def test_falcon_h1_prefill_after_a_prefix_hit_is_transformers():
     assert (stats.hits, stats.hit_tokens) == (1, 32)
 
 
-@pytest.mark.parametrize("name", ["bamba_odd", "granite_h_odd", "zamba2_odd"])
+@pytest.mark.parametrize("name", quick_first(["bamba_odd", "granite_h_odd", "zamba2_odd"]))
 def test_engine_decode_agrees_with_transformers_and_a_fresh_prefill(name):
     """Greedy decoding through the engine (prefill, then decode steps on the state pools): the
     first token is transformers' argmax, and a later token and its top logprobs are those of a

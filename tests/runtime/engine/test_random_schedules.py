@@ -20,6 +20,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, naive_greedy
+from tests.tiers import quick_first
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
 
@@ -112,7 +113,7 @@ def drawn_workload(
     return budget, prompts, free, eos, params
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 @settings(max_examples=max(settings.default.max_examples // 2, 3))  # per family: CI time
 @given(
     requests=st.lists(request_strategy, min_size=1, max_size=6),

@@ -22,6 +22,7 @@ from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
 from tests.runtime.conftest import base_config, make_engine, model_and_runner, run_to_completion
+from tests.tiers import slow
 
 
 @per_module
@@ -161,6 +162,7 @@ def alone_tokens(family: str, prompt: tuple[int, ...], max_tokens: int) -> list[
     placement_seed=st.integers(0, 2**16),
     async_scheduling=st.booleans(),
 )
+@slow
 def test_random_schedules_over_ranks_keep_idle_shards_and_tokens(
     ranks, requests, busy_ranks, placement_seed, async_scheduling
 ):

@@ -13,6 +13,9 @@ from pathlib import Path
 from runtime.core.sampling_params import SamplingParams
 from runtime.llm import LLM
 from tests.runtime.parallel.multihost_case import MAX_TOKENS, OPTIONS, PROMPTS
+from tests.tiers import slow
+
+pytestmark = slow  # two processes, each compiling its own steps
 
 ROOT = Path(__file__).parents[3]
 TIMEOUT_S = 300

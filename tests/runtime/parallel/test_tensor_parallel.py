@@ -31,6 +31,7 @@ from runtime.engine import Engine
 from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
 from tests.jmamba.fixture_runs import FIXTURES
+from tests.tiers import quick_first
 
 PROMPT_LENS = (1, 13, 37, 20, 5, 29)
 MAX_TOKENS = 4
@@ -89,11 +90,13 @@ def one_device(name: str) -> tuple[list[list[int]], list[np.ndarray]]:
 
 @pytest.mark.parametrize(
     ("name", "tp"),
-    [
-        ("qwen3_next", 4),  # 2 KV heads, 2 GDN key heads on 4 shards; 4 experts
-        ("mamba2", 4),  # 2 groups on 4 shards: a norm group over 2 shards
-        ("falcon_h1", 2),  # attention beside Mamba2, one all-reduce
-    ],
+    quick_first(
+        [
+            ("qwen3_next", 4),  # 2 KV heads, 2 GDN key heads on 4 shards; 4 experts
+            ("mamba2", 4),  # 2 groups on 4 shards: a norm group over 2 shards
+            ("falcon_h1", 2),  # attention beside Mamba2, one all-reduce
+        ]
+    ),
 )
 def test_tensor_parallel_tokens_and_logits_equal_one_device(name, tp):
     tokens, logits = run(name, 1, tp)

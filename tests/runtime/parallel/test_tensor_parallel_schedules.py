@@ -31,6 +31,7 @@ from tests.runtime.prefix_cache.test_prefix_caching import (
     shared_prefix_arrivals,
     tokens,
 )
+from tests.tiers import slow
 
 FAMILY = "nemotron_h"  # Mamba2 (2 groups over 2 shards), attention (2 KV heads), MoE, MLP
 
@@ -63,6 +64,7 @@ request_strategy = st.fixed_dictionaries(
 )
 
 
+@slow
 @settings(max_examples=max(settings.default.max_examples // 15, 3))
 @given(
     requests=st.lists(request_strategy, min_size=1, max_size=5),

@@ -36,6 +36,7 @@ from tests.runtime.conftest import (
     model_and_runner,
     naive_greedy,
 )
+from tests.tiers import quick_first
 
 MAX_LEN, MAX_NUM_SEQS, NUM_BLOCKS, MAX_CACHED = 192, 4, 40, 8
 MODES = ("align", "all")
@@ -143,7 +144,7 @@ def serve_and_check_with_aborts(engine: Engine, family: str, arrivals, abort_at)
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_hits_inside_a_chunk_and_full_prompt_hits_are_lossless(family, mode):
     """A = (budget - 1 state block + half a block) shared tokens + its own, then B (the shared
     part + other tokens) and C (A again) together. "all": B starts at budget - 1 state block, a
@@ -164,7 +165,7 @@ def test_hits_inside_a_chunk_and_full_prompt_hits_are_lossless(family, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_hits_after_preemption_and_under_eviction_pressure_are_lossless(family, mode):
     """Six requests of 103 + 12 tokens, two on each of three shared 97-token prefixes (the second
     arriving after the first one's prefill): 39 KV blocks for up to 4 running requests of 15
@@ -186,7 +187,7 @@ def test_hits_after_preemption_and_under_eviction_pressure_are_lossless(family, 
 @pytest.mark.parametrize(
     ("mode", "async_scheduling"), [*((m, False) for m in MODES), ("all", True)]
 )
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_a_chat_hits_its_previous_answer_in_all_mode(family, mode, async_scheduling):
     """Turn 1's prompt ends 3 tokens before a state block boundary and its 8-token answer is
     decoded across it; turn 2's prompt is turn 1's prompt + answer + a question. "all" caches the
@@ -221,7 +222,7 @@ def published_contents(engine: Engine) -> dict[tuple[str, int], list[np.ndarray]
     return entries
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_published_slots_and_blocks_stay_bit_identical_while_published(family):
     """After every step, each entry that was published before it and still is holds the same bits
     (requests hitting it read it, prefills and decodes around it write other slots)."""
@@ -264,7 +265,7 @@ request_strategy = st.fixed_dictionaries(
 
 
 @settings(max_examples=max(settings.default.max_examples // 5, 3))
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 @given(
     requests=st.lists(request_strategy, min_size=1, max_size=6),
     mode=st.sampled_from(MODES),

@@ -27,6 +27,7 @@ import pytest
 
 from runtime import LLM, SamplingParams
 from runtime.cli import main
+from tests.tiers import slow, slow_cases
 
 ROOT = Path(__file__).parents[3]
 MODEL = "tiny-stdlib"
@@ -134,6 +135,7 @@ def test_n_logprobs_and_seeds(client: openai.OpenAI, llm: LLM):
     assert len(content) == 3 and all(len(entry.top_logprobs) == 3 for entry in content)
 
 
+@slow
 def test_concurrent_clients_get_their_alone_tokens(client: openai.OpenAI, llm: LLM):
     prompts = [("def " * (1 + i % 5)) + f"f{i}(" for i in range(32)]
     lengths = [4 + (i * 7) % 20 for i in range(32)]
@@ -212,7 +214,7 @@ def test_invalid_json_models_and_health(server: str):
     assert httpx.get(f"{server}/health", timeout=10).json() == {"status": "ok"}
 
 
-@pytest.mark.parametrize("workload", ["random", "shared-prefix", "chat"])
+@pytest.mark.parametrize("workload", slow_cases(["random", "shared-prefix", "chat"]))
 def test_bench_against_the_server_prints_its_table(server: str, workload: str, capsys, tmp_path):
     out = tmp_path / "bench.json"
     argv = ["bench", "--url", server, "--workload", workload, "--num-requests", "6"]

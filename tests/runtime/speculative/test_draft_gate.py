@@ -20,6 +20,7 @@ from runtime.serve.metrics import _EngineCollector
 from runtime.speculative.gate import BatchLimit, MeasuredGate, draft_gate
 from tests.runtime.speculative.spec_support import assert_serves_naive_greedy, spec_engine
 from tests.runtime.speculative.test_speculative import assert_pools_empty
+from tests.tiers import slow
 
 
 def run(gate: MeasuredGate, steps: int, num_running: int, rate: dict[bool, float]) -> list[bool]:
@@ -158,6 +159,7 @@ def test_never_drafts_above_max_batch_size_or_without_requests():
     assert gate.measured == {}
 
 
+@slow
 def test_an_adaptive_engine_serves_the_naive_greedy_tokens():
     """Whatever the gate chooses step by step (plain steps and drafting ones, all asynchronous
     with the MTP head; the hypothesis schedules draw random gates with every drafter), every

@@ -31,6 +31,7 @@ from tests.runtime.prefix_cache.test_prefix_caching import (
     serve,
     tokens,
 )
+from tests.tiers import quick_first
 
 K = 3
 SLOTS = 1 + MAX_NUM_SEQS * (2 + K) + MAX_CACHED
@@ -64,7 +65,7 @@ def assert_every_draft_accepted(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_repeated_prompts_and_shared_prefixes_are_lossless(family, mode):
     """A prompt, then the same prompt again (it starts at its last state block boundary); then
     six requests, two on each of three shared 97-token prefixes, the second arriving after the
@@ -99,7 +100,7 @@ def test_a_preempted_request_returns_to_its_own_cached_prefix(mode):
     assert_every_draft_accepted(engine)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_a_chat_turn_hits_the_answer_drafted_before(family):
     """Turn 2 = turn 1's prompt + its drafted answer + a question: "all" caches the state the
     answer's decode crossed, so turn 2 starts inside turn 1's answer."""

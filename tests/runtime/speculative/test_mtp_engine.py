@@ -40,6 +40,7 @@ from tests.runtime.speculative.spec_support import CoinGate, mtp_model
 from tests.runtime.speculative.test_speculative_prefix import (
     request_strategy as prefix_request_strategy,
 )
+from tests.tiers import quick_first, slow
 
 K = 3
 FAMILIES = ("nemotron_h", "qwen3_next")
@@ -89,7 +90,7 @@ def arrivals(seed: int) -> list[tuple[int, list[int], int]]:
 @pytest.mark.parametrize(
     ("family", "mode", "async_scheduling"),
     # Synchronous drafting steps with preemption: test_speculative_schedules.py draws them.
-    [("qwen3_next", "off", True), ("qwen3_next", "all", True)],
+    quick_first([("qwen3_next", "off", True), ("qwen3_next", "all", True)]),
 )
 def test_mtp_greedy_equals_full_recompute(family, mode, async_scheduling):
     """Drafts from the head change no token: preemption ("off": 13 KV blocks for five
@@ -133,6 +134,7 @@ def test_random_cached_schedules_with_asynchronous_drafts_are_lossless(requests,
     assert scheduler.block_pool.num_used == 0 and scheduler.slot_pool.num_used == 0
 
 
+@slow
 def test_a_repeated_prompt_hits_on_its_first_repeat_with_drafts():
     """The prefix cache's hits with MTP drafts equal those without speculation, the exact
     repeat among them."""

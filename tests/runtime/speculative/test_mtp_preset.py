@@ -26,6 +26,7 @@ from runtime.engine import Engine
 from tests.compiled import per_module
 from tests.runtime.conftest import run_to_completion
 from tests.runtime.parallel.test_data_parallel import PinnedRouter
+from tests.tiers import quick_first, slow
 
 K = 2
 PROMPT_BYTES = 96
@@ -83,7 +84,7 @@ def test_the_preset_has_a_trained_head():
     assert record["mtp_head"]["results"]["heldout"]["head_top1_accuracy"] > 0.3
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling", quick_first([False, True]), ids=["sync", "async"])
 def test_the_head_drafts_losslessly_and_hits_on_the_first_repeat(monkeypatch, async_scheduling):
     """Asynchronous: every drafting step is dispatched before the one in flight retires, its
     drafts taken from that step on the device; rows scheduled on rejected drafts are dropped."""
@@ -109,6 +110,7 @@ def test_the_head_drafts_losslessly_and_hits_on_the_first_repeat(monkeypatch, as
     assert drafting.stats.prefix_cache.hits == hits_before + 1
 
 
+@slow
 def test_sampled_requests_keep_their_tokens_with_drafts():
     """A lane samples output len(outputs) + t from its request's own (seed, index) stream and a
     draft is accepted iff it equals that sample (runtime.device.sampler): with the head's drafts
@@ -137,6 +139,7 @@ def test_sampled_requests_keep_their_tokens_with_drafts():
     assert steps[True] <= steps[False] + 1, steps  # + 1: the asynchronous engine's last retire
 
 
+@slow
 def test_an_idle_rank_keeps_every_pool_untouched_while_the_other_drafts():
     """Two data-parallel ranks, every request on rank 0: rank 1 runs all-padding steps (the
     head's chained passes included) and its shard of every pool, the head's KV pool among them,

@@ -11,6 +11,7 @@ import pytest
 from runtime.core.sampling_params import SamplingParams
 from tests.runtime.conftest import FAMILIES, naive_greedy, run_to_completion
 from tests.runtime.speculative.spec_support import Oracle, spec_engine, trained_engine
+from tests.tiers import quick_first, slow, slow_cases
 
 PROMPT_LENS = (1, 13, 37, 20)
 MAX_TOKENS = 10
@@ -75,7 +76,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("family", "method", "k"), CASES)
+@pytest.mark.parametrize(
+    ("family", "method", "k"),
+    slow_cases(CASES, quick=[("mamba2", "ngram", 1), ("mamba2", "draft_model", 3)]),
+)
 def test_greedy_with_drafts_equals_full_recompute(family, method, k):
     prompts = distinct_prompts(3)
     truth = {str(i): naive_greedy(family, p, MAX_TOKENS) for i, p in enumerate(prompts)}
@@ -95,7 +99,7 @@ def test_greedy_with_drafts_equals_full_recompute(family, method, k):
     assert_pools_empty(engine)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_draft_model_equal_to_target_accepts_every_draft(family):
     """The draft model's state rolls back by slot choice exactly: with the target as its own draft
     model every greedy draft is accepted, through preemption and mixed steps."""
@@ -172,6 +176,7 @@ def test_stop_rules_cut_accepted_drafts(family):
     assert run_to_completion(engine)["0"] == truth and len(truth) == 7
 
 
+@slow
 def test_ngram_on_the_trained_preset_accepts_drafts():
     """The trained stdlib model repeats code it has seen: prompt lookup drafts are accepted often,
     steps drop, and the tokens equal those of the same engine proposing nothing."""

@@ -35,6 +35,7 @@ from tests.runtime.prefix_cache.test_prefix_caching import (
     tokens,
 )
 from tests.runtime.speculative.spec_support import Oracle
+from tests.tiers import quick_first
 
 K = 3
 SPEC_PREFIX_SLOTS = 1 + MAX_NUM_SEQS * (2 + K) + MAX_CACHED
@@ -63,7 +64,7 @@ def oracle_engine(family: str, arrivals, seed: int = 0, **options) -> Engine:
     return engine
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", quick_first(FAMILIES))
 def test_a_chat_hits_the_boundary_state_an_accepted_lane_published(family):
     """Turn 1's prompt ends 3 tokens before a state block boundary and its 12-token answer is
     decoded across it with drafts (accepted lanes cover every position once, so some accepted

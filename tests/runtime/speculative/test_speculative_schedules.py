@@ -20,6 +20,7 @@ from tests.runtime.conftest import naive_greedy
 from tests.runtime.engine.test_random_schedules import drawn_workload, request_strategy
 from tests.runtime.speculative.spec_support import CoinGate, Oracle, spec_engine
 from tests.runtime.speculative.test_speculative import assert_pools_empty
+from tests.tiers import slow
 
 K = 3
 # Hybrid families (KV blocks and state slots both in play; every family's lanes are checked by
@@ -41,6 +42,7 @@ def expected(family: str, prompt: tuple[int, ...], params: SamplingParams, eos: 
     return tokens, "stop" if stopped else "length"
 
 
+@slow
 @pytest.mark.parametrize("family", FAMILIES)
 # 5 examples in CI: an example compiles its drafter's engine (up to 10 s); 8 took 74 s of a
 # 12-minute CI (2026-11-27). The "long" profile runs 200.

@@ -64,10 +64,12 @@ def split_operands(refs: tuple, count: int, block_size: int | None) -> tuple:
     return refs[:count], refs[count], refs[count + 1 :]
 
 
-def swizzled_smem(shape: tuple[int, ...], dtype, stages: int | None = None) -> plgpu.SMEM:
+def swizzled_smem(shape: tuple[int, ...], dtype, stages: int | None = None) -> pl.MemoryRef:
     """A tiled, 128-byte swizzled SMEM buffer (`stages` of them): what TMA fills and wgmma reads."""
     elems = 128 // jnp.dtype(dtype).itemsize
-    transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))
+    # jax declares the transforms' base `Transform` a Protocol whose placeholder methods mypy
+    # reads as abstract; these two implement what a tiling and a swizzle need.
+    transforms = (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
     return plgpu.SMEM(shape if stages is None else (stages, *shape), dtype, transforms=transforms)
 
 

@@ -66,14 +66,26 @@ class Rows:
     def num_rows(self) -> int:
         return self.query_start_loc.shape[0] - 1
 
+    def need_block_size(self) -> int:
+        """`block_size`, which a call with boundary slots has (ValueError without them)."""
+        if self.block_size is None:
+            raise ValueError("these rows have no boundary slots, so no block_size")
+        return self.block_size
+
     def int32_operands(self) -> tuple[jax.Array, ...]:
         """The kernels' operands: (query_start_loc, num_computed, has_initial_state, read_slots,
         write_slots, boundary_slots) as int32, boundary_slots a NULL [R, 1] when None."""
         boundary = self.boundary_slots
         if boundary is None:
             boundary = jnp.zeros((self.num_rows, 1), jnp.int32)
-        arrays = (self.query_start_loc, self.num_computed, self.has_initial_state)
-        arrays += (self.read_slots, self.write_slots, boundary)
+        arrays = (
+            self.query_start_loc,
+            self.num_computed,
+            self.has_initial_state,
+            self.read_slots,
+            self.write_slots,
+            boundary,
+        )
         return tuple(jnp.asarray(a).astype(jnp.int32) for a in arrays)
 
     def check(self, chunk_size: int | None = None) -> int:

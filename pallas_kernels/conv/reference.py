@@ -174,7 +174,7 @@ def causal_conv1d_boundary_states(x: jax.Array, conv_state: jax.Array, rows: Row
     nb = rows.boundary_slots.shape[1]
     if span == 0 or nb == 0:
         return conv_state
-    query_start_loc, block_size = rows.query_start_loc, rows.block_size
+    query_start_loc, block_size = rows.query_start_loc, rows.need_block_size()
     init = gather_slots(conv_state, rows.read_slots, rows.has_initial_state)  # [R, D, W-1] fp32
     nc = rows.num_computed[:, None]
     before = (nc // block_size + 1 + jnp.arange(nb)[None, :]) * block_size - nc  # [R, NB] tokens

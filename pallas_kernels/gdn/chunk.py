@@ -45,9 +45,9 @@ class ChunkTuning:
     shared memory); `intra_num_warps` of kernel 1; `precision` of fp32 dots on the GPU (None =
     HIGHEST for fp32 tiles; interpret mode always uses HIGHEST).
 
-    `block_v` 64 (H200, 2026-11-27, RESULTS.md "Timing harness"): 871 us at 8 x 2048 tokens
-    against 1333 at 32 (FLA 958), 584 against 569 at 1 x 8192 (FLA 530). V columns are
-    independent, so the choice does not change the outputs.
+    `block_v` 64: on the H200 well ahead of 32 at 8 x 2048 tokens and on par at 1 x 8192
+    (benchmarks/results/README.md, beside FLA's kernels). V columns are independent, so the
+    choice does not change the outputs.
     """
 
     block_v: int = 64
@@ -264,8 +264,10 @@ def gdn_chunk(
     qsl, nc, has_init, read, write, bnd = rows.int32_operands()
     cstart, clen, count, c0 = chunk_tiles(qsl, nc, num_tokens, chunk_size)
     spec = intra_spec(q, v, scale, use_qk_l2norm, chunk_size, tuning, interpret)
-    launch = dict(num_warps=tuning.intra_num_warps, split=tuning.split_intra, interpret=interpret)
-    tiles = intra_tiles(q, k, v, g, beta, cstart, clen, spec, **launch)
+    warps, split = tuning.intra_num_warps, tuning.split_intra
+    tiles = intra_tiles(
+        q, k, v, g, beta, cstart, clen, spec, num_warps=warps, split=split, interpret=interpret
+    )
     num_boundaries = 0 if rows.boundary_slots is None else rows.boundary_slots.shape[1]
     block_v = min(pow2(tuning.block_v), spec.block_v)
     kernel = functools.partial(

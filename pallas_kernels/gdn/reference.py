@@ -154,7 +154,7 @@ def gdn_chunk_reference(
 
     xs = (jnp.arange(T), qf, kf, v, g, beta)
     (_, final), (o, per_token) = jax.lax.scan(body, (jnp.zeros_like(init[0]), init), xs)
-    if nb:
+    if nb and boundary_slots is not None:  # nb > 0: there are boundary slots
         tok, hit = boundary_tokens(rows, nb)
         slots = jnp.where(hit, boundary_slots, 0).reshape(-1)
         state = scatter_states(
@@ -169,7 +169,7 @@ def boundary_tokens(rows: Rows, nb: int) -> tuple[jax.Array, jax.Array]:
 
     Boundary j of row r follows the token at absolute position (nc // bs + j + 1) * bs - 1.
     """
-    query_start_loc, block_size = rows.query_start_loc, rows.block_size
+    query_start_loc, block_size = rows.query_start_loc, rows.need_block_size()
     nc = rows.num_computed[:, None]
     p1 = (nc // block_size + 1 + jnp.arange(nb)[None, :]) * block_size
     length = (query_start_loc[1:] - query_start_loc[:-1])[:, None]

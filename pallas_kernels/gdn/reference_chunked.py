@@ -121,7 +121,7 @@ def gdn_chunk_reference_chunked(
     o0 = jnp.zeros((T, HV, V), jnp.float32)
     carry = (jnp.zeros_like(init[0]), init, bounds0, o0)
     (_, final, bounds, o), _ = jax.lax.scan(body, carry, jnp.arange(row.shape[0]))
-    if nb:
+    if nb and boundary_slots is not None:  # nb > 0: there are boundary slots
         _, hit = boundary_tokens(rows, nb)
         slots = jnp.where(hit, boundary_slots, 0).reshape(-1)
         state = scatter_states(state, slots, bounds.reshape((-1,) + bounds.shape[2:]))

@@ -31,7 +31,7 @@ class ScanTuning:
     tokens in tiles of `block_k` (divides block_q; None = block_q), `block_p`, `pass_block_n` state
     columns per pass program and its `pass_stages` (loads of the next chunk state in flight),
     `num_warps` / `num_stages` of the output kernel, `state_warps` and `state_block_q` (tokens
-    per step; 32 took 161 us against 221 at 64 on the H100 at 1x8192) of the chunk-state kernel,
+    per step; 32 beat 64 on the H100, benchmarks/results/README.md) of the chunk-state kernel,
     `heads_per_program` heads of one group per output program (they load the group's C rows and
     C B^T tiles once; the largest divisor of the heads per group not above it is used; each head's
     sums are the same either way).
@@ -91,10 +91,9 @@ def ssd_chunk_scan(
     fp32 [H, T] dt' and cumulative decay, NC = T // Q + 2R). The two round differently, so the
     choice must never depend on the batch (docs/architecture.md 5.8: a request's output may not
     depend on how many prefills share its step); it comes from the model's config
-    (`Mamba2Config.scan_algorithm`). Sequential is the models' default: on the H200 (RESULTS.md,
-    "Timing harness") it takes 946 us at 8 rows x 2048 tokens against the parallel kernels'
-    1216, and 902 against 623 us at 1 x 8192 (changing a model's algorithm changes its
-    rounding: check its fixtures on the GPU first).
+    (`Mamba2Config.scan_algorithm`). Sequential is the models' default: on the H200 it is the
+    faster at 8 rows x 2048 tokens and the slower at 1 x 8192 (benchmarks/results/README.md;
+    changing a model's algorithm changes its rounding: check its fixtures on the GPU first).
     Chunks end at absolute multiples of their size (a divisor of `chunk_size`) in both. These are
     the Triton kernels; on an H100 the dispatched op runs the sequential algorithm in Mosaic GPU
     where it applies (`ssd/sequential_mgpu.py`).
@@ -104,18 +103,29 @@ def ssd_chunk_scan(
     D = zeros if D is None else D
     dt_bias = zeros if dt_bias is None else dt_bias
     args = (rows.int32_operands(), x, dt, A, B, C, D, z, dt_bias, ssm_state)
-    opts = dict(
-        dt_softplus=dt_softplus,
-        dt_limit=tuple(dt_limit),
-        block_size=rows.block_size,
-        interpret=interpret,
-    )
+    low, high = dt_limit  # a tuple, also where a caller passed a list
     if algorithm == "parallel":
-        return _parallel_scan(*args, chunk_size, tuning, **opts)
+        return _parallel_scan(
+            *args,
+            chunk_size,
+            tuning,
+            dt_softplus=dt_softplus,
+            dt_limit=(low, high),
+            block_size=rows.block_size,
+            interpret=interpret,
+        )
     block_q = _token_block("chunk_size", chunk_size, "seq_block_q", tuning.seq_block_q)
     block_p = max(16, min(pow2(tuning.block_p), pow2(x.shape[2])))
     return sequential_scan(
-        *args, **opts, block_q=block_q, block_p=block_p, num_warps=tuning.num_warps, num_stages=1
+        *args,
+        dt_softplus=dt_softplus,
+        dt_limit=(low, high),
+        block_size=rows.block_size,
+        interpret=interpret,
+        block_q=block_q,
+        block_p=block_p,
+        num_warps=tuning.num_warps,
+        num_stages=1,
     )
 
 

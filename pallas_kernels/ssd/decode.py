@@ -24,8 +24,8 @@ No conv runs inside launch 2. B and C cannot: every head of a group reads the gr
 windows and one of them must write them, but a one-token decode updates its slot in place
 (write slot == read slot), so that write would race with the other heads' reads; launch order
 makes it safe. x could (each head owns its columns), but there it delays the program's state
-loads: launch 2 then moved 80% of the DRAM bandwidth where the plain state update moves 87%, at
-the same grid and occupancy (Nsight Compute, benchmarks/RESULTS.md, 2026-11-28).
+loads: launch 2 then moved less of the DRAM bandwidth than the plain state update, at the same
+grid and occupancy (Nsight Compute, benchmarks/results/README.md).
 Each grid lists a row's tiles first: see `pallas_kernels/_common.py`, "Decode launch order".
 """
 
@@ -223,12 +223,13 @@ def mamba2_decode(
     )(read, write, zxbcdt, conv_weight, bias, conv_state)
     block_p = min(pow2(block_p), pow2(geo.head_dim))
     y_shape = (geo.batch, geo.lanes, geo.heads, geo.head_dim)
+    low, high = dt_limit  # a tuple, also where a caller passed a list
     kernel = functools.partial(
         _ssm_kernel,
         geo=geo,
         block_p=block_p,
         dt_softplus=dt_softplus,
-        dt_limit=tuple(dt_limit),
+        dt_limit=(low, high),
         on_gpu=not interpret,
     )
     y, ssm_state = pl.pallas_call(

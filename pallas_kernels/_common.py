@@ -54,7 +54,7 @@ def check_tile_knobs(tuning, counts: Sequence[str] = ("num_stages",)) -> None:
 # tiles first and the rows last, grid (tiles, heads, rows): programs that run at the same time
 # then read one slot's state in memory order. With the rows first they read B slots a state's
 # stride apart (2 MiB per slot at the Qwen3-Next layer), and the fused and unfused decode paths
-# took 1-8% longer (benchmarks/probe_decode_change.py, RESULTS.md 2026-11-27).
+# took longer (benchmarks/results/README.md).
 
 
 def live_slot(slots: jax.Array, num_slots: int) -> jax.Array:

@@ -4,7 +4,7 @@ in an order fixed by static shapes (`EngineConfig.batch_invariant`).
 On the GPU XLA picks how to multiply and how to reduce a row by the whole shape and by what it
 fuses the operation with, so a row's bf16 outputs can round differently with the number of rows
 in the step: a request's greedy tokens then depend on its batch and on speculative lanes
-(benchmarks/RESULTS.md, 2026-11-27). Inside `batch_invariant()` the model's products run
+(benchmarks/results/README.md). Inside `batch_invariant()` the model's products run
 `pallas_kernels.ops.matmul` (`jmamba.layers.matmul`) and its norms' sums of squares
 `pallas_kernels.ops.row_sum_squares` (`jmamba.layers.norms`), and the MoE router's softmax and
 its sums over experts and choices fold in order or run as that product (`jmamba.layers.moe`):

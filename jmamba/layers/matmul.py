@@ -4,7 +4,7 @@ head).
 XLA's GEMM picks its algorithm by the whole shape: on the GPU a one-row product runs a
 matrix-vector kernel and larger ones tiled GEMMs, so a row's bf16 outputs round differently with
 how many rows share the product (40% of a row's outputs at the 0.87B model's shapes,
-benchmarks/RESULTS.md, 2026-11-26). Under `jmamba.layers.invariance.batch_invariant()` every
+benchmarks/results/README.md). Under `jmamba.layers.invariance.batch_invariant()` every
 product runs `pallas_kernels.ops.matmul` instead, whose tiles and split of K come from the
 weight's shape alone, at some cost in speed at prefill sizes (benchmarks/bench_matmul.py).
 """

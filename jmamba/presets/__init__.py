@@ -10,7 +10,8 @@
 
 Every preset is written as the HF `config.json` a real checkpoint of its family would carry, so it
 goes through the same adapter (`jmamba.checkpoints.families.registry`) as a downloaded model, and
-all of them read text through the byte-level tokenizer of `jmamba.text.tokenizer`.
+all of them read text through the byte-level tokenizer of `jmamba.text.tokenizer` and the plain
+chat template beside this module (`chat_template.jinja`, `jmamba.text.chat_template`).
 """
 
 from __future__ import annotations

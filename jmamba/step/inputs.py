@@ -17,8 +17,8 @@ Token layout (T tokens in all):
   `query_start_loc[r] : query_start_loc[r + 1]`; tokens past `query_start_loc[-1]` are padding.
 
 Sentinel: `NULL = 0`. Block 0 of every KV pool and slot 0 of every state pool are reserved; padding
-rows and tokens are NULL / zero / False in every field (DESIGN.md section 5). No -1 reaches a
-device.
+rows and tokens are NULL / zero / False in every field (docs/architecture.md section 5, "Sentinels
+and invariants"). No -1 reaches a device.
 """
 
 from __future__ import annotations

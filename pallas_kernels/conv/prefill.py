@@ -53,8 +53,8 @@ def causal_conv1d_prefill(
     `walk_tokens` consecutive tokens of one channel block, `unroll` per loop step; then the final
     windows over (rows, channel blocks), written into `conv_state` in place (aliased). Both read
     the rows from `query_start_loc` themselves. (A tiled kernel, block_t x block_d tiles with one
-    shifted load per tap, was removed: its best was 237 us per call against the walk kernel's
-    148 us at 1 x 8192 tokens, D 8192 on the H100, RESULTS.md, issue 14.)
+    shifted load per tap, was removed: at its best it was slower than the walk kernel at
+    1 x 8192 tokens, D 8192 on the H100, benchmarks/results/README.md, issue 14.)
     """
     width, num_rows = check_prefill_args(x, weight, bias, conv_state, rows, activation)
     check_walk(walk_tokens, unroll)

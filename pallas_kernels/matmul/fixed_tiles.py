@@ -45,9 +45,9 @@ class MatmulTuning:
     of two >= 16: tensor-core dots need 16), `num_warps`, `num_stages`; K is split in S parts
     until there are `min_programs` programs per row tile, each part keeping at least
     `min_split` of K. Static (from code, never from the batch), so a row's rounding does not
-    depend on M. Defaults from `benchmarks/bench_matmul.py --tunings sweep` on the H200
-    (2026-11-27, the 0.87B model's projections): 128 x 128 tiles with 8 warps came within
-    0.8-1.3x of 64- and 32-row tiles at M = 2-64 and took 0.6-0.8x their time at M = 8192."""
+    depend on M. Defaults from `benchmarks/bench_matmul.py --tunings sweep` on the H200 (the
+    0.87B model's projections, benchmarks/results/README.md): 128 x 128 tiles with 8 warps came
+    close to 64- and 32-row tiles at M = 2-64 and beat them at M = 8192."""
 
     block_m: int = 128
     block_n: int = 128

@@ -34,9 +34,9 @@ class GroupedMatmulTuning:
     """Launch knobs: a tile of `block_m` rows x `block_n` columns per step, K in `block_k` slices
     (each a power of two >= 16: tensor-core dots need 16), `num_warps`, `num_stages` (software
     pipelining of the K loop). Static: from code, never from the batch. Defaults from
-    `benchmarks/bench_moe.py --tunings all` on the H100 (Qwen3-Next experts, 2026-11-23): K slices
-    of 64 in 4 stages took 55 us at 1 token (128 in 3: 101 us) and tied the rest at 16-256 tokens
-    (88-90% of the memory roofline at 64 and 256)."""
+    `benchmarks/bench_moe.py --tunings all` on the H100 (Qwen3-Next experts,
+    benchmarks/results/README.md): K slices of 64 in 4 stages were the fastest at 1 token (well
+    ahead of 128 in 3) and tied the rest at 16-256 tokens, near the memory roofline."""
 
     block_m: int = 16
     block_n: int = 64

@@ -6,7 +6,7 @@ Shapes (R rows of D values):
 
 XLA reduces a row inside whatever fusion its neighbours form, with a tiling chosen for the whole
 shape, so a row's sum may round differently with the number of rows in the step (a bf16 prompt's
-RMSNorm did, prefilled beside 15 others against alone: benchmarks/probe_layer_rounding.py). Here
+RMSNorm did, prefilled beside 15 others against alone: benchmarks/results/README.md). Here
 
     program (block of `rows_per_program` rows):
       acc = 0

@@ -3,8 +3,7 @@
 Kept beside the parallel kernels of `ssd/chunk_kernels.py` because it wins when there are many
 rows: every program does the whole chunk math with the state in registers, so nothing but x, B, C,
 dt, y and the slot states crosses DRAM, but the critical path is one row's chain of chunks. On the
-H100 (benchmarks/RESULTS.md) it took 1070 us at 8x2048 against 1713 us for the three phases, and
-999 us at 1x8192 against 894 us.
+H100 it beats the three phases at 8x2048 and trails them at 1x8192 (benchmarks/results/README.md).
 """
 
 from __future__ import annotations

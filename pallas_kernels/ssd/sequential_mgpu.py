@@ -1,8 +1,9 @@
 """The sequential SSD scan for Hopper, in Mosaic GPU: wgmma and TMA, the state in registers.
 
 The design of `ssd/sequential.py` (one program per (head, row) walks the row's chunks in order),
-written for sm_90a: the Triton lowering reaches 0.74-1.36x mamba_ssm with it, this kernel
-2.1-2.4x on the H100 (benchmarks/RESULTS.md, 2026-11-28). Each program is two warpgroups:
+written for sm_90a: on the H100 the Triton lowering of that design runs about as fast as
+mamba_ssm, this kernel well ahead of both (benchmarks/results/README.md). Each program is two
+warpgroups:
 
     warpgroup 1 (memory)   TMA: the tiles of up to STAGES chunks ahead of the one computed
                            x [Q, P], B, C [Q, N] (through untiled buffers, see below), z [Q, P],
@@ -145,7 +146,7 @@ def decay_inputs(meta, dt, A, dt_bias, *, dt_softplus, dt_limit):
     chunk's i-th token (zeros past its end); and the index of each row's first chunk. A chunk's
     row depends only on its own tokens, whatever else the call holds, and the kernel's TMA reads
     it at an aligned offset. The rows are gathered from the tokens (a scatter of [T, H] values
-    cost 50 us at 1 x 8192 on the H100)."""
+    was the slower on the H100, benchmarks/results/README.md)."""
     num_tokens = dt.shape[0]
     chunk_t0, chunk_n, first, _ = chunk_table(meta[0], meta[1], num_tokens, Q)
     lanes = jnp.arange(Q, dtype=jnp.int32)

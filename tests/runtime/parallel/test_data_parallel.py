@@ -110,7 +110,8 @@ def step_checking_idle_ranks(engine: Engine) -> tuple[list, list[int]]:
     for rank in idle:
         after = rank_shards(engine.runner, rank)
         assert_bit_identical(before[rank], after, f"idle rank {rank} changed its shard")
-    logits = engine.last_result.logits
+    result = engine.last_result  # None until a step retires (asynchronous: one step late)
+    logits = None if result is None else result.logits
     assert logits is None or np.isfinite(logits).all()  # NaN in the NULL entries never leaks
     return finished, idle
 

@@ -88,7 +88,7 @@ class Layer(nnx.Module):
     ) -> tuple[jax.Array, LayerCache]:
         """x and embeddings [T, hidden] (the embeddings as the first layer got them)."""
         # Named scopes tag every HLO op with its part, so a profile splits the step's device time
-        # by part (benchmarks/profile_engine.py); they cost nothing at run time.
+        # by part (benchmarks/engine/profile_step.py); they cost nothing at run time.
         if self.mixer is not None:
             with jax.named_scope(f"mixer_{type(self.mixer).__name__}"):
                 if self.mixer_norm is None:  # it reads the embeddings and norms its own inputs

@@ -19,7 +19,7 @@ import numpy as np
 from benchmarks.checks import Check, use_kernels
 from jmamba import load_pretrained
 from jmamba.model import HybridLM
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
 from tests.jmamba import fixture_runs as runs
@@ -57,11 +57,11 @@ def make_prompts(num: int, chunk: int, vocab: int, seed: int) -> list[list[int]]
     return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
 
 
-def engine_config(prompts: list[list[int]], setup: Setup) -> EngineConfig:
+def engine_config(prompts: list[list[int]], setup: Setup) -> EngineArgs:
     """One config for the together and alone engines (they share the runner's compiled steps)."""
     n = len(prompts)
     budget = sum(map(len, prompts)) + 13  # room for all prompts at once, plus padding tokens
-    return EngineConfig(
+    return EngineArgs(
         max_num_seqs=n,
         max_num_batched_tokens=max(budget, ALONE_TOKENS),
         max_model_len=MAX_PROMPT + setup.max_tokens,
@@ -84,7 +84,7 @@ def generate(engine: Engine, prompts: list[list[int]], setup: Setup) -> list[Gen
         if first and [s.num_tokens for s in schedule.prefills] != list(map(len, prompts)):
             raise ValueError("the first step did not prefill every prompt whole")
         first = False
-        logits = engine.runner.last_logits[0]  # the only rank
+        logits = engine.last_result.logits[0]  # the only rank
         for item, row in zip(schedule.items, batch.sample_rows, strict=True):
             request = item.request
             if item.start + item.num_tokens == request.num_tokens - 1:  # a token was sampled

@@ -36,6 +36,7 @@ from benchmarks.harness.models import build_model
 from benchmarks.harness.serving import PROMPT_LEN, make_engine
 from runtime import engine as engine_module
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.step_result import StepResult
 from runtime.engine import Engine
 
 WARM_STEPS = 8  # the prefill step, then decode steps before timing
@@ -45,7 +46,7 @@ PARTS = ("schedule", "agree", "snapshot", "build", "postprocess", "verify", "dra
 class _StubRunner:
     """Stands for `runner`'s `dispatch` / `fetch`: token 7 for every logits row; with
     `num_drafts` K, every draft accepted and, from a drafting step, K drafts (7 each) at every
-    column (`StepOutputs.tokens`, `ModelRunner.last_drafts`)."""
+    column (`StepResult.drafts`)."""
 
     def __init__(self, runner, num_drafts: int) -> None:
         self.runner, self.num_drafts = runner, num_drafts
@@ -54,15 +55,21 @@ class _StubRunner:
     def dispatch(self, bucket, batches, **options):
         return bucket, len(batches), self.num_drafts if options.get("drafts", True) else 0
 
-    def fetch(self, dispatched) -> list[np.ndarray]:
+    def fetch(self, dispatched) -> StepResult:
         if not isinstance(dispatched, tuple):
             return self._fetch(dispatched)
         bucket, num_batches, num_drafts = dispatched
-        rows = np.full((3 + num_drafts, bucket.num_logits), 7, np.int32)
-        rows[1] = 1 if self.num_drafts else 0  # whether each lane's draft was accepted
-        rows[2] = num_drafts  # the count row of the drafts
-        self.runner.last_drafts = [rows[2:]] * num_batches if num_drafts else None
-        return [rows[:2]] * num_batches
+        tokens = np.full(bucket.num_logits, 7, np.int32)
+        accepted = np.full(bucket.num_logits, 1 if self.num_drafts else 0, np.int32)
+        drafts = np.full((1 + num_drafts, bucket.num_logits), 7, np.int32)
+        drafts[0] = num_drafts  # the count row of the drafts
+        return StepResult(
+            tokens=[tokens] * num_batches,
+            accepted=[accepted] * num_batches,
+            drafts=[drafts] * num_batches if num_drafts else None,
+            logprobs=None,
+            logits=None,
+        )
 
 
 def _timed(seconds: collections.Counter, name: str, fn: Callable) -> Callable:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from jmamba import HybridLM
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.model_runner import ModelRunner
@@ -20,10 +20,10 @@ PROMPT_LEN = 16
 
 def bench_config(
     max_num_seqs: int, budget: int, max_model_len: int, decode_rows: tuple[int, ...], **options
-) -> EngineConfig:
+) -> EngineArgs:
     """The benches' engine config: KV blocks of 16 tokens, decode row buckets `decode_rows`, one
     prefill bucket (`budget` tokens, `max_num_seqs` rows); `options`: any other field."""
-    return EngineConfig(
+    return EngineArgs(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
@@ -63,7 +63,7 @@ def make_engine(
         tensor_parallel_size=tensor_parallel_size,
         speculative=speculative,
     )
-    engine = Engine(model, config, runner=runner or ModelRunner(model, config, params=params))
+    engine = Engine(model, config, params=params, runner=runner)
     engine.warmup()
     rng = np.random.default_rng(0)
     for _ in range(batch):

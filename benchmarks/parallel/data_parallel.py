@@ -31,15 +31,16 @@ import numpy as np
 from benchmarks.harness.models import build_model
 from benchmarks.harness.serving import bench_config
 from jmamba import HybridLM
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 
 
 def engine_config(
     ranks: int, seqs: int, budget: int, max_model_len: int, async_scheduling: bool
-) -> EngineConfig:
+) -> EngineArgs:
     return bench_config(
         seqs,
         budget,
@@ -77,7 +78,7 @@ def rank_shard(runner: ModelRunner, rank: int) -> list[np.ndarray]:
     return out
 
 
-def idle_rank_check(model, config: EngineConfig, runner: ModelRunner, prompts, max_tokens) -> dict:
+def idle_rank_check(model, config: EngineArgs, runner: ModelRunner, prompts, max_tokens) -> dict:
     """Rank 1 serves, then sits idle while rank 0 serves everything: rank 1's shard unchanged?"""
     serve(Engine(model, config, runner=runner, router=Pinned(1)), prompts[:8], max_tokens)
     before = rank_shard(runner, 1)
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, runner, config = [], None, None
     for ranks in sorted({1, args.ranks}):
         config = engine_config(ranks, args.seqs, args.budget, max_len, args.async_scheduling)
-        runner = ModelRunner(model, config)
+        runner = ModelRunner(model, resolve_config(model, config))
         warm_start = time.perf_counter()
         serve(Engine(model, config, runner=runner), prompts, 4)
         warm_s = time.perf_counter() - warm_start

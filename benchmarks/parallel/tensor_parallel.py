@@ -48,9 +48,10 @@ from benchmarks.harness.serving import PROMPT_LEN
 from benchmarks.harness.trace import load_trace, profile_events, summarize_profile
 from jmamba import HybridLM
 from jmamba.checkpoints.families.registry import from_hf_config
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.distributed import make_mesh
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.device.placement import RandomShards
 from runtime.engine import Engine
@@ -132,13 +133,13 @@ def allreduce_bytes(model: HybridLM, batch: int) -> int:
     return reductions * batch * cfg.hidden_size * 2
 
 
-def decode_config(model: HybridLM, batches: list[int], tp: int, dp: int) -> EngineConfig:
+def decode_config(model: HybridLM, batches: list[int], tp: int, dp: int) -> EngineArgs:
     """One engine config for every batch of the sweep (per rank: a decode bucket per batch; the
     prompts of every batch prefilled in one step of one bucket), so one runner serves them all."""
     rows = sorted({max(-(-b // dp), 2) for b in batches})  # per rank; decode buckets start at 2
     least = model.config.chunk_size + rows[-1] - 1  # a full chunk beside a full decode batch
     budget = max(least, rows[-1] * PROMPT_LEN)
-    return EngineConfig(
+    return EngineArgs(
         max_num_seqs=rows[-1],
         max_num_batched_tokens=budget,
         max_model_len=256,
@@ -157,7 +158,7 @@ def decode_row(model, runner, label, batch, steps, bandwidth, link, profile_dir)
     """One (shape, mesh, batch) row on the shared runner (its decode variants compiled): median
     async step time after the prefill and warm-up steps, the per-GPU roofline."""
     config, tp, dp = runner.config, runner.config.tensor_parallel_size, runner.mesh.size
-    engine = Engine(model, config, runner=runner)
+    engine = Engine(model, EngineArgs.of_config(config), runner=runner)
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(0, model.config.vocab_size, PROMPT_LEN).tolist() for _ in range(batch)]
     ids = [engine.add_request(p, SamplingParams(max_tokens=2 * steps + 16)) for p in prompts]
@@ -226,7 +227,7 @@ def prefill_row(model, label, tp, length, params) -> dict:
     """Prefill tokens/s of one `length`-token prompt in one step (compiled on a first prompt);
     shorter where the model's positions end first (it still generates one token)."""
     length = min(length, model.config.max_position_embeddings - 1)
-    config = EngineConfig(
+    config = EngineArgs(
         max_num_seqs=1,
         max_num_batched_tokens=length,
         max_model_len=length + 1,
@@ -236,8 +237,7 @@ def prefill_row(model, label, tp, length, params) -> dict:
         prefix_caching="off",
         tensor_parallel_size=tp,
     )
-    runner = ModelRunner(model, config, params=params)
-    engine = Engine(model, config, runner=runner)
+    engine = Engine(model, config, params=params)
     rng = np.random.default_rng(0)
     times = []
     for _ in range(2):  # the first compiles
@@ -313,9 +313,10 @@ def bench_mesh(args, tp: int, dp: int, bandwidth: float, save) -> None:
     for shape in args.shapes.split(","):
         model, params = model_shapes(shape, args.small), SharedParams(RandomShards())
         label = shape if dp == 1 else f"{shape} dp={dp}"
-        runner = ModelRunner(model, decode_config(model, batches, tp, dp), params=params)
+        config = decode_config(model, batches, tp, dp)
+        runner = ModelRunner(model, resolve_config(model, config), params=params)
         start = time.perf_counter()
-        Engine(model, runner.config, runner=runner).warmup()  # the decode variants, in parallel
+        Engine(model, config, runner=runner).warmup()  # the decode variants, in parallel
         setup = dict(shape=label, tp=tp, dp=dp, weights_s=params.seconds)
         setup.update(variants=runner.num_variants, warmup_s=time.perf_counter() - start)
         compiled = sum(runner.compile_seconds.values())

@@ -43,8 +43,9 @@ import numpy as np
 from benchmarks.harness.models import build_model
 from jmamba import HybridLM
 from runtime.core.buckets import Bucket, BucketPolicy, lane_width
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from runtime.outputs.request_output import RequestOutput
@@ -76,9 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def engine_config(args: argparse.Namespace, mode: str, max_model_len: int) -> EngineConfig:
+def engine_config(args: argparse.Namespace, mode: str, max_model_len: int) -> EngineArgs:
     seqs = args.max_num_seqs
-    return EngineConfig(
+    return EngineArgs(
         max_num_seqs=seqs,
         max_num_batched_tokens=args.budget,
         max_model_len=max_model_len,
@@ -105,9 +106,9 @@ def every_bucket(policy: BucketPolicy) -> list[Bucket]:
     return sorted(b for b in buckets if b.num_decode_rows or b.num_prefill_rows)
 
 
-def warm_runner(model: HybridLM, config: EngineConfig) -> ModelRunner:
+def warm_runner(model: HybridLM, config: EngineArgs) -> ModelRunner:
     """A runner with every step variant of `config` compiled (on all-padding steps)."""
-    runner = ModelRunner(model, config)
+    runner = ModelRunner(model, resolve_config(model, config))
     runner.warmup(every_bucket(BucketPolicy(runner.config)))
     return runner
 

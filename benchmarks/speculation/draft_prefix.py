@@ -31,14 +31,14 @@ import numpy as np
 from benchmarks.harness.models import build_model
 from benchmarks.speculation.drafters import build_draft_model
 from jmamba import HybridLM
-from runtime import Engine, EngineConfig, SamplingParams, SpeculativeConfig
+from runtime import Engine, EngineArgs, SamplingParams, SpeculativeConfig
 
 K = 4
 
 
-def engine_config(args: argparse.Namespace, speculative: SpeculativeConfig | None) -> EngineConfig:
+def engine_config(args: argparse.Namespace, speculative: SpeculativeConfig | None) -> EngineArgs:
     lengths = [int(n) for n in args.lengths.split(",")]
-    return EngineConfig(
+    return EngineArgs(
         max_num_seqs=2,
         max_num_batched_tokens=args.budget,
         max_model_len=max(lengths) + args.max_tokens + 16,

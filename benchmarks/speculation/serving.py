@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness.serving import bench_config
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
@@ -33,7 +33,7 @@ def engine_config(
     speculative: SpeculativeConfig | None,
     async_scheduling: bool = False,
     batch_invariant: bool = False,
-) -> EngineConfig:
+) -> EngineArgs:
     """One engine config for every method: decode row buckets `batches`, one prefill bucket."""
     return bench_config(
         max_batch,

@@ -77,11 +77,12 @@ from benchmarks.speculation.serving import (
 )
 from jmamba import HybridLM
 from jmamba.loading import load_model
-from runtime.core.config import EngineConfig
+from runtime.core.engine_args import EngineArgs
 from runtime.core.speculative_config import SpeculativeConfig
+from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
-from runtime.speculative.draft_model import draft_engine_config
+from runtime.speculative.draft_model import draft_engine_args
 from runtime.speculative.gate import DraftGate
 
 METHODS = ("none", "ngram-2", "ngram-4", "oracle-4", "draft-4", "self-4", "mtp-1", "mtp-3")
@@ -113,7 +114,7 @@ class Bench:
         self.truth: dict[str, list[int]] = {}
         self.gates: dict[str, DraftGate] = {}
 
-    def config(self, method: str) -> EngineConfig:
+    def config(self, method: str) -> EngineArgs:
         kind, k, limit, adaptive = parse_method(method)
         spec = None
         if kind in ("ngram", "oracle", "mtp"):
@@ -125,9 +126,9 @@ class Bench:
         args = self.args
         return engine_config(*sizes, spec, args.async_scheduling, args.batch_invariant)
 
-    def runner(self, key: tuple, model: HybridLM, config: EngineConfig) -> ModelRunner:
+    def runner(self, key: tuple, model: HybridLM, config: EngineArgs) -> ModelRunner:
         if key not in self.runners:
-            self.runners[key] = ModelRunner(model, config)
+            self.runners[key] = ModelRunner(model, resolve_config(model, config))
         return self.runners[key]
 
     def engine(self, method: str) -> Engine:
@@ -135,17 +136,20 @@ class Bench:
         config = self.config(method)
         model = self.mtp_model if kind == "mtp" else self.model
         runner = self.runner(
-            (kind == "mtp", config.speculative and config.speculative.width), model, config
+            (kind == "mtp", config.speculative_config and config.speculative_config.width),
+            model,
+            config,
         )
         if kind not in ("draft", "self"):
             engine = Engine(model, config, runner=runner)
             if kind == "oracle":
-                engine.drafter = OracleDrafter(self.oracle_truth(), config.speculative)
+                engine.drafter = OracleDrafter(self.oracle_truth(), config.speculative_config)
             # A server's gate learns once: every serve of a method shares the first one's.
             engine.gate = self.gates.setdefault(method, engine.gate)
             return engine
         draft = self.model if kind == "self" else self.draft_model
-        draft_runner = self.runner((kind, k), draft, draft_engine_config(runner.config))
+        draft_args = draft_engine_args(runner.config)
+        draft_runner = self.runner((kind, k), draft, draft_args)
         return Engine(
             self.model, config, runner=runner, draft_model=draft, draft_runner=draft_runner
         )

@@ -6,7 +6,7 @@ matrix-vector kernel and larger ones tiled GEMMs, so a row's bf16 outputs round 
 how many rows share the product (40% of a row's outputs at the 0.87B model's shapes,
 benchmarks/results/README.md). Under `jmamba.layers.invariance.batch_invariant()` every
 product runs `pallas_kernels.ops.matmul` instead, whose tiles and split of K come from the
-weight's shape alone, at some cost in speed at prefill sizes (benchmarks/bench_matmul.py).
+weight's shape alone, at some cost in speed at prefill sizes (benchmarks/kernels/matmul.py).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jmamba.config import MoeConfig
+from jmamba.layer_configs import MoeConfig
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.invariance import is_batch_invariant
 from jmamba.layers.linear import Linear

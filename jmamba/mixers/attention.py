@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from typing_extensions import TypeVar
 
-from jmamba.config import AttentionConfig
+from jmamba.layer_configs import AttentionConfig
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import RMSNorm
 from jmamba.layers.rope import apply_rope

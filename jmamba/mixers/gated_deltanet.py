@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 from typing_extensions import TypeVar
 
-from jmamba.config import GDN_CHUNK_SIZE, GDNConfig
+from jmamba.layer_configs import GDN_CHUNK_SIZE, GDNConfig
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import HeadGatedRMSNorm

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from typing_extensions import TypeVar
 
-from jmamba.config import Mamba2Config
+from jmamba.layer_configs import Mamba2Config
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import GroupGatedRMSNorm, SiluGate

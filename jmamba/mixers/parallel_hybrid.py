@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 from typing_extensions import TypeVar
 
-from jmamba.config import AttentionConfig, Mamba2Config
+from jmamba.layer_configs import AttentionConfig, Mamba2Config
 from jmamba.mixers.attention import Attention, KVCache, attention_tp_rules
 from jmamba.mixers.mamba2 import Mamba2, Mamba2State, mamba2_tp_rules
 from jmamba.parallel.collectives import WHOLE, TensorParallel

@@ -15,15 +15,15 @@ blocks and the Mamba2 state slot (`ParallelHybridCache`: the same two states as 
 layer); each use site of a shared block keeps KV blocks of its own, as transformers' cache does.
 
 Shared weights, folded per use site. A Zamba2 checkpoint holds `num_mem_blocks` transformer blocks
-(`jmamba.config.SharedBlockConfig`); the j-th hybrid layer uses block j % num_mem_blocks, plus its
-own rank-r LoRA adapters on the block's gate | up kernel and (`use_shared_attention_adapter`) on q,
-k and v. The loader gives every use site its own copy of the block with its adapters folded in, `W +
-B A` (`jmamba.checkpoints.folding.lora_fold`, in float64 rounded once to fp32: the folded and the
-unfolded products agree within the 1e-4 parity), so the step runs plain attention and MLP kernels
-and the model shares no weight at run time: no shared module in the NNX graph, no LoRA matmuls in
-the step, each layer a tree of its own parameters like every other kind. The cost is memory. A block
-is 14 H^2 + 3 H I parameters (q, k, v 2H x 2H each, o 2H x H, gate | up H x 2I, down I x H); for the
-published configs (H, I, use sites / blocks) that is:
+(`jmamba.layer_configs.SharedBlockConfig`); the j-th hybrid layer uses block j % num_mem_blocks,
+plus its own rank-r LoRA adapters on the block's gate | up kernel and
+(`use_shared_attention_adapter`) on q, k and v. The loader gives every use site its own copy of the
+block with its adapters folded in, `W + B A` (`jmamba.checkpoints.folding.lora_fold`, in float64
+rounded once to fp32: the folded and the unfolded products agree within the 1e-4 parity), so the
+step runs plain attention and MLP kernels and the model shares no weight at run time: no shared
+module in the NNX graph, no LoRA matmuls in the step, each layer a tree of its own parameters like
+every other kind. The cost is memory. A block is 14 H^2 + 3 H I parameters (q, k, v 2H x 2H each, o
+2H x H, gate | up H x 2I, down I x H); for the published configs (H, I, use sites / blocks) that is:
 
     Zamba2-1.2B (2048,  8192,  6 / 1): 109 M per block, 5 extra copies:  0.55 B params, 1.1 GB bf16
     Zamba2-2.7B (2560, 10240,  9 / 2): 170 M per block, 7 extra copies:  1.19 B params, 2.4 GB bf16
@@ -70,7 +70,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jmamba.config import AttentionConfig, Mamba2Config, SharedBlockConfig
+from jmamba.layer_configs import AttentionConfig, Mamba2Config, SharedBlockConfig
 from jmamba.layers.linear import Linear
 from jmamba.layers.lora import LoraFactors
 from jmamba.layers.mlp import GateUpMLP

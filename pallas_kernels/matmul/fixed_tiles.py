@@ -42,12 +42,12 @@ from pallas_kernels.matmul.reference import HIGHEST, check_args
 @dataclasses.dataclass(frozen=True)
 class MatmulTuning:
     """Launch knobs: tiles of `block_m` rows x `block_n` columns, K in `block_k` slices (powers
-    of two >= 16: tensor-core dots need 16), `num_warps`, `num_stages`; K is split in S parts
-    until there are `min_programs` programs per row tile, each part keeping at least
-    `min_split` of K. Static (from code, never from the batch), so a row's rounding does not
-    depend on M. Defaults from `benchmarks/bench_matmul.py --tunings sweep` on the H200 (the
-    0.87B model's projections, benchmarks/results/README.md): 128 x 128 tiles with 8 warps came
-    close to 64- and 32-row tiles at M = 2-64 and beat them at M = 8192."""
+    of two >= 16: tensor-core dots need 16), `num_warps`, `num_stages`; K is split in S parts until
+    there are `min_programs` programs per row tile, each part keeping at least `min_split` of K.
+    Static (from code, never from the batch), so a row's rounding does not depend on M. Defaults
+    from `python -m benchmarks.kernels matmul --tunings sweep` on the H200 (the 0.87B model's
+    projections, benchmarks/results/README.md): 128 x 128 tiles with 8 warps came close to 64- and
+    32-row tiles at M = 2-64 and beat them at M = 8192."""
 
     block_m: int = 128
     block_n: int = 128

@@ -34,7 +34,7 @@ class GroupedMatmulTuning:
     """Launch knobs: a tile of `block_m` rows x `block_n` columns per step, K in `block_k` slices
     (each a power of two >= 16: tensor-core dots need 16), `num_warps`, `num_stages` (software
     pipelining of the K loop). Static: from code, never from the batch. Defaults from
-    `benchmarks/bench_moe.py --tunings all` on the H100 (Qwen3-Next experts,
+    `python -m benchmarks.kernels moe --tunings all` on the H100 (Qwen3-Next experts,
     benchmarks/results/README.md): K slices of 64 in 4 stages were the fastest at 1 token (well
     ahead of 128 in 3) and tied the rest at 16-256 tokens, near the memory roofline."""
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jmamba.config import MoeConfig
+from jmamba.layer_configs import MoeConfig
 from jmamba.layers import moe
 from jmamba.layers.invariance import batch_invariant
 from pallas_kernels import ops

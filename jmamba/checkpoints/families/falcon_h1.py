@@ -18,14 +18,8 @@ from jmamba.checkpoints.families.hf_fields import (
     _get,
     _rope,
 )
-from jmamba.config import (
-    AttentionConfig,
-    Ffn,
-    Mamba2Config,
-    Mixer,
-    MlpConfig,
-    ModelConfig,
-)
+from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.layer_configs import AttentionConfig, Mamba2Config, MlpConfig
 from jmamba.multipliers import WeightMultipliers
 
 

@@ -21,15 +21,8 @@ from jmamba.checkpoints.families.hf_fields import (
     _decode_float,
     _get,
 )
-from jmamba.config import (
-    AttentionConfig,
-    Ffn,
-    Mamba2Config,
-    Mixer,
-    MlpConfig,
-    ModelConfig,
-    MoeConfig,
-)
+from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.layer_configs import AttentionConfig, Mamba2Config, MlpConfig, MoeConfig
 
 
 def _mamba2(cfg: HFConfig) -> Mamba2Config:

@@ -9,15 +9,8 @@ wrappers whose text model these adapters read (`registry.WRAPPERS`, `registry.te
 from __future__ import annotations
 
 from jmamba.checkpoints.families.hf_fields import HFConfig, _check_no_bias, _common, _get, _rope
-from jmamba.config import (
-    AttentionConfig,
-    Ffn,
-    GDNConfig,
-    Mixer,
-    MlpConfig,
-    ModelConfig,
-    MoeConfig,
-)
+from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.layer_configs import AttentionConfig, GDNConfig, MlpConfig, MoeConfig
 
 
 def _qwen_layer_mixers(cfg: HFConfig) -> list[Mixer]:

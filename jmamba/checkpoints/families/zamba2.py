@@ -25,14 +25,8 @@ from jmamba.checkpoints.families.hf_fields import (
     _decode_float,
     _get,
 )
-from jmamba.config import (
-    AttentionConfig,
-    Ffn,
-    Mamba2Config,
-    Mixer,
-    ModelConfig,
-    SharedBlockConfig,
-)
+from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.layer_configs import AttentionConfig, Mamba2Config, SharedBlockConfig
 
 _KINDS = {
     "mamba": Mixer.MAMBA2,

@@ -13,7 +13,8 @@ from safetensors.numpy import load_file, save_file
 
 from jmamba import HybridLM, from_hf_config, load_hf_config, load_pretrained
 from jmamba.checkpoints.weights import save_pretrained
-from jmamba.config import Ffn, Mixer, SharedBlockConfig
+from jmamba.config import Ffn, Mixer
+from jmamba.layer_configs import SharedBlockConfig
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 

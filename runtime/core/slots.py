@@ -1,4 +1,5 @@
-"""`SlotPlanner`: the seam between the scheduler and prefix caching; `PlainSlots`: no caching.
+"""`SlotPlanner`: the seam between the scheduler and prefix caching, with what crosses it (a
+`Hit`, a planner's `PrefixCacheStats`); `PlainSlots`: no caching.
 
 A slot planner keeps one rank's pools (KV blocks and recurrent-state slots) and decides, for each
 scheduled row, which state slot it reads and which it writes. The scheduler decides which rows
@@ -17,8 +18,9 @@ rows carry NULL.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import Any, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -30,32 +32,83 @@ from runtime.core.schedule import ScheduledRequest
 _NONE = np.zeros(0, np.int32)
 
 
+class Hit(NamedTuple):
+    """A cached prefix a request starts after: its first `num_tokens` tokens' KV blocks and the
+    state after them (`SlotPlanner.take_hit`; `NO_HIT` where nothing is cached).
+
+    Attributes:
+      num_tokens: p, a multiple of state_block_size (0: no hit).
+      block_ids: the cached KV blocks of [0, p) (empty for a model without attention).
+      slot: the state slot holding the state after p tokens (NULL for a model without
+        recurrent layers).
+    """
+
+    num_tokens: int
+    block_ids: list[int]
+    slot: int
+
+
+NO_HIT = Hit(0, [], NULL)
+
+
+@dataclasses.dataclass
+class PrefixCacheStats:
+    """Counters of one rank's prefix cache (`runtime.prefix_cache`; `SlotPlanner.stats`).
+
+    Attributes:
+      lookups / lookup_tokens: admissions (first ones and re-admissions after preemption) and
+        their prefill tokens.
+      hits / hit_tokens: admissions that started past token 0, and the tokens they skipped.
+      blocks_published / states_published: entries added.
+      block_evictions / state_evictions: entries dropped to make room.
+    """
+
+    lookups: int = 0
+    lookup_tokens: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    blocks_published: int = 0
+    states_published: int = 0
+    block_evictions: int = 0
+    state_evictions: int = 0
+
+    @classmethod
+    def total(cls, parts: list[PrefixCacheStats]) -> PrefixCacheStats:
+        """Every counter summed over `parts` (the ranks of an engine)."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        return cls(**{name: sum(getattr(part, name) for part in parts) for name in names})
+
+    @property
+    def token_hit_rate(self) -> float:
+        """Share of looked-up prefill tokens that a hit skipped."""
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+
 class SlotPlanner(Protocol):
     """What the scheduler asks of a rank's pools and slot policy (see the module docstring).
 
     Attributes:
       block_pool / slot_pool: the rank's KV block and state-slot pools (slot and block 0: NULL).
       uses_blocks / uses_slots: whether the model has attention / recurrent layers.
-      stats: the prefix cache's counters (`PrefixCacheStats`), None for a planner that caches
-        nothing.
+      stats: the prefix cache's counters, None for a planner that caches nothing.
     """
 
     block_pool: Pool
     slot_pool: Pool
     uses_blocks: bool
     uses_slots: bool
-    stats: Any
+    stats: PrefixCacheStats | None
 
     # Admission: the prefix a waiting request may start after.
-    def take_hit(self, request: Request) -> Any:
+    def take_hit(self, request: Request) -> Hit:
         """Start `request` after its longest cached prefix (its `num_computed` and `block_ids`
-        then cover it; references held); returns the hit, opaque to the scheduler, which hands it
-        back to `drop_hit` or `admitted`."""
+        then cover it; references held); returns the hit (`NO_HIT`: none), which the scheduler
+        does not read: it hands it back to `drop_hit` or `admitted`."""
 
-    def drop_hit(self, request: Request, hit: Any) -> None:
+    def drop_hit(self, request: Request, hit: Hit) -> None:
         """Undo `take_hit` for a request that is not admitted after all."""
 
-    def admitted(self, request: Request, hit: Any) -> None:
+    def admitted(self, request: Request, hit: Hit) -> None:
         """`request` was admitted after `hit`: count the lookup, mark the hit recently used."""
 
     # Pool entries.
@@ -122,7 +175,7 @@ class SlotPlanner(Protocol):
 class PlainSlots:
     """A request reads and writes its own state slot; nothing is cached (prefix caching "off")."""
 
-    stats = None
+    stats: PrefixCacheStats | None = None
 
     def __init__(self, config: EngineConfig, *, uses_blocks: bool, uses_slots: bool) -> None:
         self.config = config
@@ -138,13 +191,14 @@ class PlainSlots:
         self._in_flight: dict[Request, tuple[int, ...]] = {}
         self._overwritten: set[Request] = set()
 
-    def take_hit(self, request: Request) -> None:
+    def take_hit(self, request: Request) -> Hit:
         """Nothing is cached: every request starts at token 0."""
+        return NO_HIT
 
-    def drop_hit(self, request: Request, hit: None) -> None:
+    def drop_hit(self, request: Request, hit: Hit) -> None:
         """Nothing was taken."""
 
-    def admitted(self, request: Request, hit: None) -> None:
+    def admitted(self, request: Request, hit: Hit) -> None:
         """Nothing to count."""
 
     def can_allocate_blocks(self, n: int) -> bool:

@@ -10,8 +10,8 @@ never asks whether caching is on. docs/architecture.md, "Prefix caching", has th
 from __future__ import annotations
 
 from runtime.core.config import EngineConfig
-from runtime.core.slots import PlainSlots, SlotPlanner
-from runtime.prefix_cache.cache import Hit, PrefixCache, PrefixCacheStats
+from runtime.core.slots import Hit, PlainSlots, PrefixCacheStats, SlotPlanner
+from runtime.prefix_cache.cache import PrefixCache
 from runtime.prefix_cache.slots import CachingSlots
 
 __all__ = ["CachingSlots", "Hit", "PrefixCache", "PrefixCacheStats", "slot_planner"]

@@ -27,17 +27,16 @@ Host side only: numpy and hashlib, no jax.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import types
 import weakref
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import numpy as np
 
 from runtime.core.pools import NULL, Pool
 from runtime.core.request import Request
+from runtime.core.slots import NO_HIT, Hit, PrefixCacheStats
 
 DIGEST_BYTES = 16
 
@@ -47,57 +46,6 @@ def chain_digest(previous: bytes, token_ids: list[int]) -> bytes:
     h = hashlib.blake2b(previous, digest_size=DIGEST_BYTES)
     h.update(np.asarray(token_ids, np.int32).tobytes())
     return h.digest()
-
-
-class Hit(NamedTuple):
-    """A cached prefix: its first `num_tokens` tokens' KV blocks and the state after them.
-
-    Attributes:
-      num_tokens: p, a multiple of state_block_size (0: no hit).
-      block_ids: the cached KV blocks of [0, p) (empty for a model without attention).
-      slot: the state slot holding the state after p tokens (NULL for a model without
-        recurrent layers).
-    """
-
-    num_tokens: int
-    block_ids: list[int]
-    slot: int
-
-
-NO_HIT = Hit(0, [], NULL)
-
-
-@dataclasses.dataclass
-class PrefixCacheStats:
-    """Counters of one rank's prefix cache.
-
-    Attributes:
-      lookups / lookup_tokens: admissions (first ones and re-admissions after preemption) and
-        their prefill tokens.
-      hits / hit_tokens: admissions that started past token 0, and the tokens they skipped.
-      blocks_published / states_published: entries added.
-      block_evictions / state_evictions: entries dropped to make room.
-    """
-
-    lookups: int = 0
-    lookup_tokens: int = 0
-    hits: int = 0
-    hit_tokens: int = 0
-    blocks_published: int = 0
-    states_published: int = 0
-    block_evictions: int = 0
-    state_evictions: int = 0
-
-    @classmethod
-    def total(cls, parts: list[PrefixCacheStats]) -> PrefixCacheStats:
-        """Every counter summed over `parts` (the ranks of an engine)."""
-        names = [field.name for field in dataclasses.fields(cls)]
-        return cls(**{name: sum(getattr(part, name) for part in parts) for name in names})
-
-    @property
-    def token_hit_rate(self) -> float:
-        """Share of looked-up prefill tokens that a hit skipped."""
-        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
 
 
 class PrefixCache:

@@ -23,8 +23,8 @@ from runtime.core.config import EngineConfig
 from runtime.core.pools import NULL
 from runtime.core.request import Request, RequestStatus
 from runtime.core.schedule import ScheduledRequest
-from runtime.core.slots import PlainSlots
-from runtime.prefix_cache.cache import Hit, PrefixCache
+from runtime.core.slots import Hit, PlainSlots
+from runtime.prefix_cache.cache import PrefixCache
 
 
 class CachingSlots(PlainSlots):

@@ -251,14 +251,14 @@ def _fill_decode[S: RowSequence](
         a.d_write[lane_rows, lane_columns] = np.fromiter(lane_slots, np.int32, num_lanes)
     _fill_chained(a, decodes)
     if num_lanes == n:  # one token per row: whole columns of the tables, no gather
-        rows, lanes, index = np.arange(n), 0, np.arange(0, n * width, width)
-        lane_params = params  # the sampling values of each lane
+        rows, index, lane_params = np.arange(n), np.arange(0, n * width, width), params
+        lanes: int | np.ndarray = 0  # every token is lane 0 of its row
         a.token_ids[index] = row.first_token
         a.token_sources[index] = sources
     else:
         rows, lanes = _ragged(query_lens)
         index = rows * width + lanes
-        lane_params = params[rows]
+        lane_params = params[rows]  # the sampling values of each lane
         lane_tokens, lane_sources = _lane_tokens(decodes, row.first_token, sources)
         a.token_ids[index] = lane_tokens
         a.token_sources[index] = lane_sources

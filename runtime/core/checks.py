@@ -21,27 +21,25 @@ def _is_bool(value: object) -> bool:
 
 def integer(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
     """`value` as an int in [low, high] (a missing bound is open); else ValueError."""
-    if (
-        _is_bool(value)
-        or not isinstance(value, numbers.Integral)
-        or (low is not None and value < low)
-        or (high is not None and value > high)
-    ):
+    number = None if _is_bool(value) or not isinstance(value, numbers.Integral) else int(value)
+    if number is None or (low is not None and number < low) or (high is not None and number > high):
         raise ValueError(f"{name}={value!r} must be an int{_range(low, high, low_open=False)}")
-    return int(value)
+    return number
 
 
 def real(
     name: str, value: object, *, low: float, high: float | None = None, low_open: bool = False
 ) -> float:
     """`value` (int or float) as a finite float in [low, high], or (low, high] with `low_open`."""
-    if _is_bool(value) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        ok = False
-    else:
-        ok = (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
+    number = None if _is_bool(value) or not isinstance(value, numbers.Real) else float(value)
+    if (
+        number is None
+        or not math.isfinite(number)
+        or not (number > low if low_open else number >= low)
+        or (high is not None and number > high)
+    ):
         raise ValueError(f"{name}={value!r} must be a finite number{_range(low, high, low_open)}")
-    return float(value)
+    return number
 
 
 def _range(low: float | None, high: float | None, low_open: bool) -> str:
@@ -74,6 +72,7 @@ def token_ids(name: str, value: object, vocab_size: int | None = None) -> list[i
     Refused: strings (a string of digits is not a list of ids), nested lists, floats, bools and,
     with `vocab_size`, ids outside [0, vocab_size); without it, negative ids.
     """
+    ids: list[int]
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
             raise ValueError(

@@ -78,7 +78,7 @@ class Request:
     finish_time: float | None = None
     logprobs: list[dict[int, float]] | None = None
     sampling_row: SamplingRow[float] = dataclasses.field(init=False, repr=False)
-    sampling_needs: SamplingNeeds = dataclasses.field(init=False, repr=False, default=None)
+    sampling_needs: SamplingNeeds = dataclasses.field(init=False, repr=False)
     penalty_history: PenaltyHistory | None = dataclasses.field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:

@@ -9,9 +9,12 @@ data-dependent branch and never waits on a device predicate.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
+
+from runtime.core.sampling_params import SamplingParams
 
 MIN_MASK_WIDTH = 4  # masked-id columns come in powers of two from here, to bound the variants
 MIN_PENALTY_WIDTH = 32  # penalty-table columns likewise (a short prompt and output fit in one)
@@ -70,9 +73,9 @@ class SamplingInputs(NamedTuple):
     penalties: PenaltyInputs | None = None
 
 
-class TokenLogprobs(NamedTuple):
-    """Log-probabilities of one step's rows, the sampler's optional output (a pytree: device
-    arrays in the step, numpy on the host).
+class TokenLogprobs[T](NamedTuple):
+    """Log-probabilities of one step's rows, the sampler's optional output (a pytree:
+    `TokenLogprobs[jax.Array]` in the step, `TokenLogprobs[np.ndarray]` on the host).
 
     Attributes:
       sampled: [N] float32, log-probability of each row's sampled token.
@@ -80,9 +83,9 @@ class TokenLogprobs(NamedTuple):
       top_logprobs: [N, K] float32, their log-probabilities.
     """
 
-    sampled: np.ndarray
-    top_ids: np.ndarray
-    top_logprobs: np.ndarray
+    sampled: T
+    top_ids: T
+    top_logprobs: T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +127,7 @@ class SamplingMode:
         return cls(bool(sampled), bool(filtered), mask, bool(logprobs), top, penalty)
 
     @classmethod
-    def of_requests(cls, requests) -> SamplingMode:
+    def of_requests(cls, requests: Sequence[SamplingRequest]) -> SamplingMode:
         """The mode a step serving `requests` needs (what `of` gives for the rows the builder
         fills from them), before any array is built. Reads each request's `sampling_needs`;
         the requests' progress only where some request has a `min_tokens`."""
@@ -165,14 +168,14 @@ class SamplingMode:
         )
 
 
-def _most_penalized_tokens(requests) -> int:
+def _most_penalized_tokens(requests: Sequence[SamplingRequest]) -> int:
     """The most distinct prompt and known output tokens of a penalized request of `requests`
     (what its `PenaltyHistory`, caught up with its outputs, holds)."""
     return max(
         (
             r.penalty_history.caught_up(r.output_token_ids).num_columns
             for r in requests
-            if r.sampling_needs.penalized
+            if r.penalty_history is not None
         ),
         default=0,
     )
@@ -197,11 +200,40 @@ class SamplingNeeds(NamedTuple):
     penalized: bool = False
 
     @classmethod
-    def of(cls, params) -> SamplingNeeds:
+    def of(cls, params: SamplingParams) -> SamplingNeeds:
         """The needs of a request with these `SamplingParams`."""
         sampled = params.temperature > 0.0
         filtered = sampled and (params.top_k > 0 or params.top_p < 1.0)
         return cls(sampled, filtered, params.logprobs, params.min_tokens, params.is_penalized)
+
+
+class CountedTokens(Protocol):
+    """A penalized request's token history as `SamplingMode.of_requests` reads it (a
+    `runtime.core.penalties.PenaltyHistory`)."""
+
+    @property
+    def num_columns(self) -> int: ...
+
+    def caught_up(self, output_token_ids: list[int]) -> CountedTokens: ...
+
+
+class SamplingRequest(Protocol):
+    """What `SamplingMode.of_requests` reads of a request (a `runtime.core.request.Request`)."""
+
+    @property
+    def sampling_needs(self) -> SamplingNeeds: ...
+
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+    @property
+    def penalty_history(self) -> CountedTokens | None: ...
 
 
 def mask_width(num_masked: int) -> int:

@@ -6,6 +6,7 @@ Vocabulary only: the drafters that read it live in the speculative wing (`runtim
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from runtime.core import checks
 
@@ -77,7 +78,7 @@ class SpeculativeConfig:
         return self.max_batch_size is not None or self.adaptive
 
     @classmethod
-    def of(cls, value: SpeculativeConfig | dict | None) -> SpeculativeConfig | None:
+    def of(cls, value: SpeculativeConfig | dict[str, Any] | None) -> SpeculativeConfig | None:
         """A config from itself, a dict of its fields (as LLM / CLI options give it), or None."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
@@ -122,8 +123,9 @@ def chained_lane_slots(
     device): a request then holds the lanes of its step in flight, unverified, while the next
     step gives it 1 + K more. Without them the second row's drafts would be trimmed to the
     slots left (`Scheduler`, step 5)."""
-    chains = async_scheduling and speculative is not None and speculative.drafts_on_device
-    return max_num_seqs * speculative.width if chains else 0
+    if speculative is None or not (async_scheduling and speculative.drafts_on_device):
+        return 0
+    return max_num_seqs * speculative.width
 
 
 def min_num_slots(max_num_seqs: int, speculative: SpeculativeConfig | None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -220,12 +221,12 @@ def _fill_decode[S: RowSequence](
     if n == 0:
         return [], [], []
     requests = [item.request for item in decodes]
-    table = np.array(
-        [_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True)], np.int64
-    )
+    scalars = (_decode_scalars(i, r) for i, r in zip(decodes, requests, strict=True))
+    table = _table(scalars, n, len(DecodeScalars._fields), np.int64)
     row: DecodeScalars[np.ndarray] = DecodeScalars(*table.T)
     query_lens, starts, num_blocks, sources = row.query_len, row.start, row.num_blocks, row.source
-    params = np.array([r.sampling_row for r in requests], np.float64)  # [n, SamplingRow]
+    fixed = (r.sampling_row for r in requests)
+    params = _table(fixed, n, len(SamplingRow._fields), np.float64)  # [n, SamplingRow]
     a.d_query_lens[:n] = query_lens
     a.d_seq_lens[:n] = starts + query_lens
     a.d_read[:n] = row.read_slot
@@ -329,6 +330,11 @@ def _history(request: RowSequence) -> PenaltyHistory:
     return request.penalty_history.caught_up(request.output_token_ids)
 
 
+def _table(rows: Iterable[tuple[float, ...]], n: int, width: int, dtype: type) -> np.ndarray:
+    """[n, width] from n rows of `width` numbers (twice as fast as `np.array` of NamedTuples)."""
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype, n * width).reshape(n, width)
+
+
 def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For rows of `lengths` items: (row of each item, index of each item in its row)."""
     rows = np.repeat(np.arange(lengths.size), lengths)
@@ -351,22 +357,17 @@ class DecodeScalars[T](NamedTuple):
     source: T
 
 
-def _decode_scalars[S: RowSequence](item: ScheduledRow[S], request: S) -> DecodeScalars[int]:
+def _decode_scalars[S: RowSequence](item: ScheduledRow[S], request: S) -> tuple[int, ...]:
+    """A decode row's `DecodeScalars`, as a plain tuple in its field order: built per row per
+    step, and a NamedTuple built by keyword cost 0.87 us a row more (0.2 ms a step at 256)."""
     start = item.start
     if start < request.num_tokens:
         token, source = request.token_at(start), 0
     else:
         token, source = 0, request.pending_row + 1
-    return DecodeScalars(
-        query_len=item.num_tokens,
-        start=start,
-        read_slot=item.read_slot,
-        write_slot=item.lane_slots[0] if item.lane_slots else item.write_slot,
-        num_blocks=len(request.block_ids),
-        num_outputs=request.num_sampled,
-        first_token=token,
-        source=source,
-    )
+    write = item.lane_slots[0] if item.lane_slots else item.write_slot
+    num_blocks, num_outputs = len(request.block_ids), request.num_sampled
+    return (item.num_tokens, start, item.read_slot, write, num_blocks, num_outputs, token, source)
 
 
 def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:

@@ -55,8 +55,10 @@ def carried(
     num_drafts = depth - 1 - (rejected is not None)
     rows = [tokens[:n]]
     for j in range(1, 1 + num_drafts):
-        made = drafts is not None and j < drafts.shape[0]
-        rows.append(drafts[j, :n] if made else jnp.zeros(n, tokens.dtype))
+        if drafts is not None and j < drafts.shape[0]:
+            rows.append(drafts[j, :n])
+        else:  # a draft the head did not make this step
+            rows.append(jnp.zeros(n, tokens.dtype))
     if rejected is not None:
         rows.append(rejected[:n])
     return jnp.pad(jnp.stack(rows), ((0, 0), (0, width - n)))

@@ -9,9 +9,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def kv_slots_at(block_tables: jax.Array, positions: jax.Array, block_size: int) -> jax.Array:
+def kv_slots_at(
+    block_tables: jax.Array | np.ndarray, positions: jax.Array | np.ndarray, block_size: int
+) -> jax.Array:
     """`positions` [R] or [R, W] (row r's in `block_tables` [R, max_blocks]) -> their flat KV
     slots, same shape; NULL where the row's table has no block there (a NULL entry, or past
     the table's width)."""

@@ -80,7 +80,7 @@ class DispatchedStep:
 
     batches: list[StepBatch]
     tokens: jax.Array
-    token_logprobs: TokenLogprobs | None
+    token_logprobs: TokenLogprobs[jax.Array] | None
     logits: jax.Array | None
 
 
@@ -238,8 +238,8 @@ class ModelRunner:
         )
 
     def _local_logprobs(
-        self, token_logprobs: TokenLogprobs | None, batches: list[StepBatch]
-    ) -> list[TokenLogprobs] | None:
+        self, token_logprobs: TokenLogprobs[jax.Array] | None, batches: list[StepBatch]
+    ) -> list[TokenLogprobs[np.ndarray]] | None:
         if token_logprobs is None:
             return None
         rows = [self.mesh.local_rows(a) for a in token_logprobs]

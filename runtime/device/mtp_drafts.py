@@ -37,6 +37,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jmamba.mixers.attention import KVCache
 from jmamba.model import HybridLM, LayerCache
 from jmamba.mtp import next_token_ids
 from jmamba.step.pytree import DecodeRows, NextTokens, PrefillRows, StepInputs
@@ -144,7 +145,7 @@ def _base_lanes(
 def _block_size(model: HybridLM, caches: tuple[LayerCache, ...]) -> int:
     """Tokens per KV block: axis 1 of the head's first KV cache."""
     head_caches = caches[model.config.num_layers :]
-    return next(cache.k.shape[1] for cache in head_caches if cache is not None)
+    return next(cache.k.shape[1] for cache in head_caches if isinstance(cache, KVCache))
 
 
 def _chain_inputs(

@@ -31,6 +31,7 @@ from flax import nnx
 
 from jmamba.checkpoints.reader import TensorReader
 from jmamba.checkpoints.shards import ShardValues, read_shards
+from jmamba.checkpoints.source import param_path
 from jmamba.checkpoints.weights import cast
 from jmamba.model import HybridLM
 from jmamba.sharding import shard_config, shard_values
@@ -72,7 +73,7 @@ def _num_params(model: HybridLM) -> int:
 def place_params(model: HybridLM, mesh: DeviceMesh) -> PlacedParams:
     """Slice every parameter of the whole `model` (on the host or a device) for the mesh's tp
     shards and place each slice on its devices."""
-    whole = {path: v.get_value() for path, v in nnx.to_flat_state(nnx.state(model))}
+    whole = {param_path(path): v.get_value() for path, v in nnx.to_flat_state(nnx.state(model))}
     return _placed(model, mesh, shard_values(model.config, mesh.tp_size, whole))
 
 
@@ -160,8 +161,11 @@ def _random_leaf(
 def _on_shards(values: list[np.ndarray], mesh: DeviceMesh) -> jax.Array:
     """The global [T, ...] array whose slice t (on every device of tp column t) is values[t]."""
     shape = (len(values), *values[0].shape)
+    # jax types the callback's index `Index | None` but never passes None (it asserts so).
     return jax.make_array_from_callback(
-        shape, mesh.by_shard, lambda index: values[index[0].start or 0][None]
+        shape,
+        mesh.by_shard,
+        lambda index: values[index[0].start or 0][None],  # type: ignore[index]
     )
 
 
@@ -201,6 +205,12 @@ def zero_caches(
     return caches
 
 
-def _local_caches(shard_model: HybridLM, **sizes: int) -> Any:
+def _local_caches(
+    shard_model: HybridLM, *, num_blocks: int, block_size: int, num_slots: int
+) -> Any:
     """One rank's one shard's caches, as shapes."""
-    return jax.eval_shape(lambda: shard_model.init_caches(**sizes))
+    return jax.eval_shape(
+        lambda: shard_model.init_caches(
+            num_blocks=num_blocks, block_size=block_size, num_slots=num_slots
+        )
+    )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jmamba.step.pytree import StepInputs
 from runtime.core.sampling_inputs import (
@@ -33,12 +34,16 @@ from runtime.core.sampling_inputs import (
     TokenLogprobs,
 )
 
+# A field of the step's inputs (`SamplingInputs`, `PenaltyInputs`, `StepInputs`): typed as the
+# host builds it (numpy), a traced array inside the step.
+InputArray = jax.Array | np.ndarray
+
 
 def sample(
     logits: jax.Array,
     params: SamplingInputs,
     mode: SamplingMode,
-    fed: jax.Array | None = None,
+    fed: InputArray | None = None,
 ) -> jax.Array:
     """Pick one token per row.
 
@@ -52,6 +57,8 @@ def sample(
       [N] int32 token ids (argmax of the penalized, masked logits for rows with temperature 0).
     """
     if mode.penalty_width:
+        if params.penalties is None:
+            raise ValueError(f"a step of penalty_width={mode.penalty_width} has no penalty tables")
         logits = penalize(logits, params.penalties, fed)
     if mode.mask_width:
         logits = _mask(logits, params.masked_ids, params.num_masked)
@@ -71,14 +78,14 @@ def sample(
     return jnp.where(is_greedy, greedy, sampled)
 
 
-def fed_tokens(inputs: StepInputs) -> jax.Array:
+def fed_tokens(inputs: StepInputs) -> InputArray:
     """[N] int32 the token each logits row was fed (after an asynchronous step's token sources
     are applied): the penalties count a pending one as an output."""
     return inputs.token_ids[inputs.logits_indices]
 
 
 def penalize(
-    logits: jax.Array, penalties: PenaltyInputs, fed: jax.Array | None = None
+    logits: jax.Array, penalties: PenaltyInputs, fed: InputArray | None = None
 ) -> jax.Array:
     """Rows' logits after their repetition, then frequency and presence penalties (vLLM's order).
 
@@ -103,13 +110,13 @@ def penalize(
     return jnp.where(neutral[:, None], logits, penalized)
 
 
-def _row_histogram(shape: tuple[int, int], ids: jax.Array, weights: jax.Array) -> jax.Array:
+def _row_histogram(shape: tuple[int, ...], ids: InputArray, weights: InputArray) -> jax.Array:
     """[N, vocab] int32: each row's `weights` [N, P] summed at its `ids` [N, P]."""
     rows = jnp.arange(shape[0])[:, None]
     return jnp.zeros(shape, jnp.int32).at[rows, ids].add(weights.astype(jnp.int32))
 
 
-def logprobs(logits: jax.Array, tokens: jax.Array, width: int) -> TokenLogprobs:
+def logprobs(logits: jax.Array, tokens: jax.Array, width: int) -> TokenLogprobs[jax.Array]:
     """Log-probabilities of the model's raw next-token distribution (log-softmax of `logits`,
     before temperature, filtering and masking): of `tokens` [N] and of each row's top `width`."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -138,7 +145,7 @@ def num_accepted(accepted: jax.Array, inputs: StepInputs) -> jax.Array:
     return jnp.cumprod(flags, axis=1).sum(axis=1)
 
 
-def _mask(logits: jax.Array, masked_ids: jax.Array, num_masked: jax.Array) -> jax.Array:
+def _mask(logits: jax.Array, masked_ids: InputArray, num_masked: InputArray) -> jax.Array:
     """Set to -inf the first `num_masked[r]` ids of `masked_ids[r]` in row r."""
     rows = jnp.arange(logits.shape[0])[:, None]
     live = jnp.arange(masked_ids.shape[1])[None, :] < num_masked[:, None]
@@ -148,7 +155,7 @@ def _mask(logits: jax.Array, masked_ids: jax.Array, num_masked: jax.Array) -> ja
     return jnp.where(hits > 0, -jnp.inf, logits)
 
 
-def _filter_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def _filter_top_k_top_p(logits: jax.Array, top_k: InputArray, top_p: InputArray) -> jax.Array:
     """Set to -inf every logit outside the row's top-k and its top-p nucleus."""
     vocab = logits.shape[-1]
     ordered = jnp.sort(logits, axis=-1)[:, ::-1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -67,8 +66,9 @@ def _rank_step(spec: StepSpec, param_leaves, caches, packed, previous):
     None too without a head)."""
     mode, drafter = spec.mode, spec.drafter
     inputs, sampling, sources, following = unpack(packed[0], spec.layout)
-    token_sources, chained = (None, None) if previous is None else sources
+    chained = None
     if previous is not None:
+        token_sources, chained = sources
         inputs, sampling = follow(
             inputs, sampling, token_sources, chained, previous[0], spec.block_size
         )
@@ -130,7 +130,7 @@ def spmd_step(
     return caches, StepOutputs(tokens, token_logprobs, logits), carried
 
 
-def with_output_buffers(traced: jax.stages.Traced) -> Callable:
+def with_output_buffers(traced: jax.stages.Traced) -> jax.stages.Wrapped:
     """A traced variant of `spmd_step` as a jitted function of (param_leaves, caches, packed,
     outputs, carried) whose `outputs`, the variant's output buffers, are never read: donated,
     they give the new outputs their addresses (`runtime.device.step_buffers`). Its body replays

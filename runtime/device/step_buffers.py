@@ -44,7 +44,7 @@ class StepOutputs(NamedTuple):
     None."""
 
     tokens: jax.Array
-    token_logprobs: TokenLogprobs | None
+    token_logprobs: TokenLogprobs[jax.Array] | None
     logits: jax.Array | None
 
 
@@ -81,10 +81,11 @@ class StepBuffers:
         self.carried = self._zeros(jax.ShapeDtypeStruct((mesh.size, *carried_shape), np.int32))
 
     def add_variant(
-        self, key: Any, packed: jax.ShapeDtypeStruct, outputs: StepOutputs
+        self, key: Any, packed: jax.Array | jax.ShapeDtypeStruct, outputs: StepOutputs
     ) -> StepOutputs:
-        """Make `key`'s buffers, zeroed: its input slot shaped like `packed`, its outputs shaped
-        like `outputs` (ShapeDtypeStructs). Returns the output buffers."""
+        """Make `key`'s buffers, zeroed: its input slot shaped like `packed` (an array or its
+        shape), its outputs shaped like `outputs` (ShapeDtypeStructs). Returns the output
+        buffers."""
         self._packed[key], self._outputs[key] = self._zeros((packed, outputs))
         return self._outputs[key]
 

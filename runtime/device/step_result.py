@@ -27,5 +27,9 @@ class StepResult:
     tokens: list[np.ndarray]
     accepted: list[np.ndarray]
     drafts: list[np.ndarray] | None
-    logprobs: list[TokenLogprobs] | None
+    logprobs: list[TokenLogprobs[np.ndarray]] | None
     logits: np.ndarray | None
+
+    def drafts_of(self, rank: int) -> np.ndarray | None:
+        """drafts[rank], or None when the step drafted nothing on the device."""
+        return None if self.drafts is None else self.drafts[rank]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from runtime.core.request import Request
 from runtime.core.sampling_inputs import TokenLogprobs
 from runtime.core.schedule import Schedule, ScheduledRequest
@@ -52,7 +54,7 @@ class OutputProcessor:
             self._texts[request.request_id] = RequestText(self.tokenizer, stop)
 
     def process(
-        self, sampled: list[Sampled], logprobs: list[TokenLogprobs] | None
+        self, sampled: list[Sampled], logprobs: list[TokenLogprobs[np.ndarray]] | None
     ) -> list[tuple[int, Request]]:
         """Append this step's logprobs (per rank, None when the step computed none) to the
         requests that asked for them; decode the text of requests with stop strings. Returns
@@ -110,10 +112,13 @@ def stream_deltas(parts: list[Part], outputs: list[RequestOutput]) -> list[Strea
     ]
 
 
-def _token_logprobs(logprobs: TokenLogprobs, row: int, request: Request) -> dict[int, float]:
+def _token_logprobs(
+    logprobs: TokenLogprobs[np.ndarray], row: int, request: Request
+) -> dict[int, float]:
     """{token: log-probability} of the request's newest token, then its top k alternatives."""
     entry = {request.output_token_ids[-1]: float(logprobs.sampled[row])}
-    for column in range(request.sampling_params.logprobs):
+    asked = request.sampling_params.logprobs or 0  # set: the request keeps logprobs
+    for column in range(asked):
         entry.setdefault(
             int(logprobs.top_ids[row, column]), float(logprobs.top_logprobs[row, column])
         )

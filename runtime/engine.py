@@ -17,8 +17,7 @@ import gc
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from flax import nnx
-
+from jmamba.model import HybridLM
 from runtime.core import checks
 from runtime.core.buckets import Bucket, BucketPolicy
 from runtime.core.builder import build_rank, with_mode
@@ -26,7 +25,7 @@ from runtime.core.config import COMPILE_WORKERS
 from runtime.core.engine_args import EngineArgs
 from runtime.core.request import FinishReason, Request
 from runtime.core.request_table import RequestTable
-from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
+from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler, no_drafts
@@ -68,7 +67,7 @@ class Engine:
 
     def __init__(
         self,
-        model: nnx.Module,
+        model: HybridLM,
         args: EngineArgs | None = None,
         *,
         keep_logits: bool = False,
@@ -76,7 +75,7 @@ class Engine:
         runner: ModelRunner | None = None,
         router: Router | None = None,
         tokenizer: Any = None,
-        draft_model: nnx.Module | None = None,
+        draft_model: HybridLM | None = None,
         draft_runner: ModelRunner | None = None,
     ) -> None:
         """Resolve `args` for `model` once (`config`), then build pools, schedulers and the runner
@@ -174,7 +173,7 @@ class Engine:
 
     def rank_of(self, request_id: str | int) -> int:
         """The global data-parallel rank serving a live request."""
-        return self.ranks[self.requests.local_rank(checks.request_id(request_id))]
+        return self.ranks[self.requests.rank_of(request_id)]
 
     @property
     def has_unfinished(self) -> bool:
@@ -298,7 +297,6 @@ class Engine:
         extras = step.mode.logprobs or self.outputs.has_text or self._streaming
         sampled = [sampled_items(schedule) for schedule in step.schedules] if extras else []
         finished = []
-        device_drafts = result.drafts or [None] * len(result.tokens)
         for rank, (schedule, batch) in enumerate(zip(step.schedules, step.batches, strict=True)):
             stale = self.schedulers[rank].in_flight.stale_decodes(schedule)
             tokens, drafts, acceptance = verified_tokens(
@@ -312,22 +310,20 @@ class Engine:
             self._num_retired += len(schedule.decodes) - sum(stale) + acceptance.num_accepted
             self.stats.ranks[rank].speculation.add(acceptance)
             finished += self.schedulers[rank].retire(schedule, tokens, drafts)
-            self.drafter.observe(schedule, step.bucket, device_drafts[rank])
+            self.drafter.observe(schedule, step.bucket, result.drafts_of(rank))
         if extras:
-            finished += self._stop_on_text(sampled, result.logprobs)
+            finished += self._stop_on_text(sampled, result)
         self.drafter.release_done()
         parts = self.outputs.new_parts(sampled, finished) if self._streaming else []
         outputs = [self._release(request) for request in finished]
         self.last_deltas += stream_deltas(parts, outputs)  # a drained step's come first
         return outputs
 
-    def _stop_on_text(
-        self, sampled: list[Sampled], logprobs: list[TokenLogprobs] | None
-    ) -> list[Request]:
+    def _stop_on_text(self, sampled: list[Sampled], result: StepResult) -> list[Request]:
         """Logprobs and text of this step's tokens; finish the requests whose text now holds a
         stop string. Returns those that were still running."""
         stopped = []
-        for rank, request in self.outputs.process(sampled, logprobs):
+        for rank, request in self.outputs.process(sampled, result.logprobs):
             if not request.is_finished:  # else it ended by a stop token or length this step
                 self.schedulers[rank].abort(request.request_id)
                 stopped.append(request)
@@ -386,8 +382,9 @@ class Engine:
             )
         modes = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
         for carry, drafts, buckets in self.buckets.warmup_variants(prefill):
-            kinds = dict(modes=modes, carry=carry, drafts=drafts)
-            self.runner.warmup(buckets, **kinds, progress=progress, workers=workers)
+            self.runner.warmup(
+                buckets, modes=modes, carry=carry, drafts=drafts, progress=progress, workers=workers
+            )
         self.drafter.warmup()
         self._freeze_gc()
 

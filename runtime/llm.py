@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from tqdm import tqdm
+from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
 from jmamba.text.chat_template import ChatTemplate, load_chat_template
@@ -22,10 +23,8 @@ from runtime.observe.step_stats import StepStats
 from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.prefix_cache import PrefixCacheStats
 
-DEFAULT_MODEL = "tiny-stdlib"
-Conversation = Sequence[
-    Mapping[str, str]
-]  # [{"role": ..., "content": ...}, ...]  # the trained preset: it writes Python-looking text
+DEFAULT_MODEL = "tiny-stdlib"  # the trained preset: it writes Python-looking text
+Conversation = Sequence[Mapping[str, str]]  # [{"role": ..., "content": ...}, ...]
 
 
 class LLM:
@@ -175,14 +174,14 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
     ) -> list[str]:
         """Check every prompt, then queue them all; returns their request ids."""
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        items: list[str | Sequence[int]] = [prompts] if isinstance(prompts, str) else list(prompts)
         if not isinstance(sampling_params, Sequence):
-            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"{len(sampling_params)} sampling_params for {len(prompts)} prompts")
+            sampling_params = [sampling_params or SamplingParams()] * len(items)
+        if len(sampling_params) != len(items):
+            raise ValueError(f"{len(sampling_params)} sampling_params for {len(items)} prompts")
         checked = [
             self.engine.check_request(self._encode(prompt), params)
-            for prompt, params in zip(prompts, sampling_params, strict=True)
+            for prompt, params in zip(items, sampling_params, strict=True)
         ]
         if self.tokenizer is None and any(params.stop for _, params in checked):
             raise ValueError("stop strings need a tokenizer: this model directory has none")
@@ -209,6 +208,6 @@ class LLM:
         )
 
 
-def _is_conversation(messages: object) -> bool:
+def _is_conversation(messages: Conversation | Sequence[Conversation]) -> TypeIs[Conversation]:
     """Whether `messages` is one conversation (a list of message dicts), not a list of them."""
     return isinstance(messages, Sequence) and bool(messages) and isinstance(messages[0], Mapping)

@@ -79,6 +79,10 @@ class RequestTable:
             raise ValueError(f"request_id={request_id!r} is not a live request of this engine")
         return self._requests[request_id]
 
+    def rank_of(self, request_id: str | int) -> int:
+        """The local rank of the live request with this id; ValueError if there is none."""
+        return self._ranks[self.get(request_id).request_id]
+
     def local_rank(self, request_id: str) -> int | None:
         """The local rank (index into the engine's schedulers) of a live request, else None."""
         return self._ranks.get(request_id)

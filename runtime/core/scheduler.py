@@ -58,6 +58,8 @@ import bisect
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from runtime.core import stopping
 from runtime.core.config import EngineConfig
 from runtime.core.in_flight import RowsInFlight
@@ -150,7 +152,9 @@ class Scheduler:
         self.advance(schedule)
         return self.retire(schedule, sampled, drafts)
 
-    def advance(self, schedule: Schedule, sample_rows: Sequence[int] | None = None) -> list[bool]:
+    def advance(
+        self, schedule: Schedule, sample_rows: np.ndarray | Sequence[int] | None = None
+    ) -> list[bool]:
         """Once the step is dispatched: count its tokens as computed and move each row's slot
         bookkeeping to what the step writes, so the next step can be scheduled before this one's
         tokens are known. A row whose chunk reaches the last known token samples a token the

@@ -8,6 +8,7 @@ nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from runtime.core.schedule import Schedule
@@ -16,12 +17,19 @@ from runtime.core.step_batch import StepBatch
 
 
 class Inspectable(Protocol):
-    """What a view reads of an engine."""
+    """What a view reads of an engine (read only)."""
 
-    ranks: list[int]
-    schedulers: list[Scheduler]
-    last_schedules: list[Schedule]
-    last_batches: list[StepBatch]
+    @property
+    def ranks(self) -> Sequence[int]: ...
+
+    @property
+    def schedulers(self) -> Sequence[Scheduler]: ...
+
+    @property
+    def last_schedules(self) -> Sequence[Schedule]: ...
+
+    @property
+    def last_batches(self) -> Sequence[StepBatch]: ...
 
 
 class EngineView:
@@ -33,7 +41,8 @@ class EngineView:
     @property
     def scheduler(self) -> Scheduler:
         """The scheduler of a single-rank engine (`schedulers[i]` serves rank `ranks[i]`)."""
-        return self._only_rank(self._engine.schedulers)
+        self._one_rank()
+        return self._engine.schedulers[0]
 
     @property
     def last_schedule(self) -> Schedule | None:
@@ -67,8 +76,12 @@ class EngineView:
             raise ValueError(f"rank={rank!r} is not a rank of this process: {ranks}")
         return self._engine.schedulers[ranks.index(rank)]
 
-    def _only_rank[T](self, per_rank: list[T]) -> T | None:
+    def _only_rank[T](self, per_rank: Sequence[T]) -> T | None:
+        """The one rank's entry of `per_rank` (None: empty, before the first step)."""
+        self._one_rank()
+        return per_rank[0] if per_rank else None
+
+    def _one_rank(self) -> None:
         num_ranks = len(self._engine.schedulers)
         if num_ranks != 1:
             raise ValueError(f"this engine drives {num_ranks} ranks: index the per-rank list")
-        return per_rank[0] if per_rank else None

@@ -33,8 +33,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from flax import nnx
 
+from jmamba.model import HybridLM
 from runtime.core.buckets import Bucket, lane_width, round_up
 from runtime.core.builder import build_rank, with_mode
 from runtime.core.config import POOL_SIZE_FIELDS, STEP_SHAPE_FIELDS, EngineConfig
@@ -48,7 +48,7 @@ from runtime.core.step_batch import StepBatch
 from runtime.device.distributed import agree_max, agree_max_int
 from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
-from runtime.speculative.draft_sequences import RankDrafts
+from runtime.speculative.draft_sequences import Drafts, RankDrafts
 from runtime.speculative.verify import check_verifiable
 
 
@@ -57,7 +57,7 @@ class DraftModelDrafter:
 
     def __init__(
         self,
-        model: nnx.Module,
+        model: HybridLM,
         target_config: EngineConfig,
         num_ranks: int,
         *,
@@ -164,7 +164,7 @@ class DraftModelDrafter:
             for draft in passes:
                 RankDrafts.after_prefills(draft)
 
-    def _run(self, bucket: Bucket, schedules: list[Schedule]) -> list[list[int]]:
+    def _run(self, bucket: Bucket, schedules: list[Drafts]) -> list[list[int]]:
         """One draft-model step; per rank, each scheduled row's greedy token (in item order).
         The ranks of every process agree on the sampler mode (its min_tokens mask width)."""
         batches = [self._build(schedule, bucket) for schedule in schedules]
@@ -174,7 +174,7 @@ class DraftModelDrafter:
         tokens = self.runner.run(bucket, batches).tokens
         return [t[b.sample_rows].tolist() for t, b in zip(tokens, batches, strict=True)]
 
-    def _build(self, schedule: Schedule, bucket: Bucket) -> StepBatch:
+    def _build(self, schedule: Drafts, bucket: Bucket) -> StepBatch:
         config = self.config
         batch = build_rank(schedule, bucket, config)
         if config.validate_inputs and not schedule.is_empty:
@@ -223,13 +223,15 @@ def _check_shared_runner(shared: EngineConfig, needed: EngineConfig) -> None:
             raise ValueError(f"draft runner {name}={theirs} is below this engine's {ours}")
 
 
-def check_draft_model(draft: nnx.Module, target: nnx.Module) -> None:
-    """ValueError unless `draft` is a jmamba model over the target's vocabulary."""
-    config = getattr(draft, "config", None)
-    if config is None or not hasattr(config, "vocab_size"):
+def check_draft_model(draft: object, target: HybridLM) -> HybridLM:
+    """`draft` if it is a jmamba model (`HybridLM`) over the target's vocabulary; else
+    ValueError."""
+    if not isinstance(draft, HybridLM):
         raise ValueError(f"draft_model={type(draft).__name__} is not a jmamba model")
-    if config.vocab_size != target.config.vocab_size:
+    vocab_size = draft.config.vocab_size
+    if vocab_size != target.config.vocab_size:
         raise ValueError(
-            f"draft model vocab_size={config.vocab_size} differs from the target's "
+            f"draft model vocab_size={vocab_size} differs from the target's "
             f"{target.config.vocab_size}: drafts must be target token ids"
         )
+    return draft

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from jmamba.loading import load_model
+from jmamba.model import HybridLM
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.request import Request
@@ -94,9 +95,9 @@ class NoDrafts:
 
 def make_drafter(
     config: EngineConfig,
-    model: object,
+    model: HybridLM,
     num_ranks: int,
-    draft_model: object = None,
+    draft_model: HybridLM | None = None,
     draft_runner: ModelRunner | None = None,
 ) -> Drafter:
     """The drafter `config.speculative` asks for (`NoDrafts` without speculation). For
@@ -121,8 +122,8 @@ def make_drafter(
                 "preset name, or the model object"
             )
         draft_model, _ = load_model(spec.draft_model, seed=config.seed)
-    check_draft_model(draft_model, model)
-    return DraftModelDrafter(draft_model, config, num_ranks, runner=draft_runner)
+    checked = check_draft_model(draft_model, model)
+    return DraftModelDrafter(checked, config, num_ranks, runner=draft_runner)
 
 
 def check_mtp_head(model: object) -> None:

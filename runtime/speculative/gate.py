@@ -49,7 +49,8 @@ class DraftGate(Protocol):
     the same answer and a multi-host engine need not agree on it (one collective per step less).
     """
 
-    uniform: bool
+    @property
+    def uniform(self) -> bool: ...
 
     def drafts(self, num_running: int) -> bool:
         """Whether the coming step drafts, when no rank runs more than `num_running` requests."""
@@ -156,9 +157,9 @@ class MeasuredGate:
     def _close(self) -> None:
         """A full window next to one of the other kind folds their ratio into its class's (a
         window that retired no decode token, or took no time, measures nothing)."""
-        full = self._class is not None and self._steps == self.window and not self._spoiled
-        if not full or self._tokens == 0 or self._seconds <= 0:  # e.g. prefill chunks only
-            self._last = None
+        full = self._steps == self.window and not self._spoiled
+        if self._class is None or not full or self._tokens == 0 or self._seconds <= 0:
+            self._last = None  # e.g. a window of prefill chunks only
             return
         window = _Window(self._class, self._kind, self._tokens / self._seconds)
         last, self._last = self._last, window

@@ -21,10 +21,8 @@ async def run_sessions(
     seed: int = 0,
 ) -> list[Record]:
     """Every turn's `Record`, in the order the turns finished."""
-    if (concurrency is None) == (request_rate is None):
-        raise ValueError("give one of concurrency and request_rate")
     records: list[Record] = []
-    if concurrency is not None:
+    if concurrency is not None and request_rate is None:
         gate = asyncio.Semaphore(concurrency)
 
         async def held(session: Session) -> None:
@@ -33,6 +31,8 @@ async def run_sessions(
 
         await asyncio.gather(*(held(session) for session in sessions))
         return records
+    if request_rate is None or concurrency is not None:
+        raise ValueError("give one of concurrency and request_rate")
     gaps = np.random.default_rng(seed).exponential(1.0 / request_rate, len(sessions))
     starts = np.cumsum(gaps) - gaps[0]
 

@@ -65,11 +65,13 @@ class HttpTarget:
             "stream_options": {"include_usage": True},
         }
         start = time.perf_counter()
-        first, text, usage = None, "", {}
+        first: float | None = None
+        text = ""
+        usage: dict[str, Any] = {}  # the last chunk's (JSON)
         async with self.client.stream("POST", f"{self.url}/v1/completions", json=body) as reply:
             if reply.status_code != 200:
                 raise RuntimeError(
-                    f"the server answered {reply.status_code}: {await reply.aread()}"
+                    f"the server answered {reply.status_code}: {await reply.aread()!r}"
                 )
             async for chunk in _events(reply):
                 for choice in chunk.get("choices", []):

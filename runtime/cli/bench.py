@@ -95,17 +95,17 @@ async def _target(args: argparse.Namespace):
     from runtime.bench.targets import EngineTarget, HttpTarget
 
     if args.url is not None:
-        target = HttpTarget(args.url)
-        models = (await target.client.get(f"{target.url}/v1/models")).json()
-        return target, int(models["data"][0]["max_model_len"])
+        http = HttpTarget(args.url)
+        models = (await http.client.get(f"{http.url}/v1/models")).json()
+        return http, int(models["data"][0]["max_model_len"])
     from runtime.llm import LLM  # loads jax: after the arguments are known to be good
 
     llm = LLM(args.model, **engine_options(args))
     if llm.tokenizer is None:
         raise ValueError(f"{args.model!r} has no tokenizer: the bench sends text")
-    target = EngineTarget(llm)
-    target.start()
-    return target, llm.engine.config.max_model_len
+    engine = EngineTarget(llm)
+    engine.start()
+    return engine, llm.engine.config.max_model_len
 
 
 def _spec(args: argparse.Namespace, max_model_len: int):

@@ -22,7 +22,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends each option's default to its help, unless the default is None (the help says what
     None means) or the help already names its default."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
+    def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if action.default is None or "default" in text:
             return text

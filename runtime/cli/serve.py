@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Literal
 
 from runtime.cli.engine_options import (
     HelpFormatter,
@@ -20,7 +21,8 @@ from runtime.cli.engine_options import (
 )
 from runtime.core.config import COMPILE_WORKERS
 
-WARMUPS = {"decode": False, "alone": "alone", "all": True}  # --warmup -> Engine.warmup(prefill=)
+# --warmup -> Engine.warmup(prefill=)
+WARMUPS: dict[str, bool | Literal["alone"]] = {"decode": False, "alone": "alone", "all": True}
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace, started: float) -> int:
     return 0
 
 
-def _compile(llm, warmup: bool | str, workers: int) -> None:
+def _compile(llm, warmup: bool | Literal["alone"], workers: int) -> None:
     start = time.perf_counter()
     llm.engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)
     print(

@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
@@ -94,9 +94,12 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def submit(self, prompt: list[int], params: SamplingParams) -> tuple[str, AsyncIterator]:
+    def submit(
+        self, prompt: list[int], params: SamplingParams
+    ) -> tuple[str, AsyncGenerator[StreamDelta]]:
         """Queue a request whose prompt and params `Engine.check_request` accepted; returns its
-        id and an async iterator over its deltas (ending with the delta that finishes it).
+        id and an async generator of its deltas (ending with the delta that finishes it; closing
+        it aborts the request).
         Raises `EngineError` once a failed step has retired the engine."""
         if self.failure is not None:
             raise EngineError(f"the engine failed and serves no more (restart it): {self.failure}")
@@ -117,7 +120,7 @@ class AsyncEngine:
 
     async def _deltas(
         self, request_id: str, stream: asyncio.Queue[StreamDelta | EngineError]
-    ) -> AsyncIterator[StreamDelta]:
+    ) -> AsyncGenerator[StreamDelta]:
         try:
             while True:
                 delta = await stream.get()

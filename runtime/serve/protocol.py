@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 from runtime.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -105,11 +106,16 @@ class CompletionRequest(_Sampling):
         if self.suffix:
             raise BadRequest("suffix is not supported", "suffix")
         prompt = self.prompt
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        if isinstance(prompt, str) or _is_token_ids(prompt):
             return [prompt]
         if not prompt:
             raise BadRequest("prompt is empty", "prompt")
         return list(prompt)
+
+
+def _is_token_ids(prompt: list[int] | list[str] | list[list[int]]) -> TypeIs[list[int]]:
+    """Whether a list prompt is one prompt's token ids (else a list of prompts)."""
+    return bool(prompt) and isinstance(prompt[0], int)
 
 
 class TextPart(BaseModel):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from runtime.outputs.request_output import StreamDelta
@@ -25,7 +25,7 @@ from runtime.serve.responses import (
 
 
 async def merged(
-    streams: list[AsyncIterator[StreamDelta]],
+    streams: list[AsyncGenerator[StreamDelta]],
 ) -> AsyncIterator[tuple[int, StreamDelta]]:
     """(stream index, delta) as the streams produce them, until every one ends; an error of one
     ends them all. Closing this iterator (a client that left) closes every stream, which aborts
@@ -40,7 +40,7 @@ async def merged(
         return
     queue: asyncio.Queue[tuple[int, StreamDelta | Exception | None]] = asyncio.Queue()
 
-    async def pump(index: int, stream: AsyncIterator[StreamDelta]) -> None:
+    async def pump(index: int, stream: AsyncGenerator[StreamDelta]) -> None:
         try:
             async for delta in stream:
                 await queue.put((index, delta))
@@ -74,7 +74,7 @@ class Completion:
         self,
         response_id: str,
         model_name: str,
-        streams: list[AsyncIterator[StreamDelta]],
+        streams: list[AsyncGenerator[StreamDelta]],
         prompt_tokens: int,
         include_usage: bool,
         logprobs_k: int | None,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from jmamba.model import HybridLM
 from runtime.core import checks
 from runtime.core.buckets import Bucket, BucketPolicy
-from runtime.core.builder import build_rank, with_mode
+from runtime.core.builder import build_rank
 from runtime.core.config import COMPILE_WORKERS
 from runtime.core.engine_args import EngineArgs
 from runtime.core.request import FinishReason, Request
@@ -229,7 +229,7 @@ class Engine:
         snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
         schedules = self.drafter.propose(schedules, bucket) if drafting else schedules
         batches = [
-            with_mode(self._build(scheduler, schedule, bucket), mode)
+            self._build(scheduler, schedule, bucket).with_mode(mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
         carry = self.config.async_scheduling and not synchronous
@@ -389,7 +389,7 @@ class Engine:
         self._freeze_gc()
 
     def _freeze_gc(self) -> None:
-        """Collect, then hide every object alive now from the collector (`EngineConfig.freeze_gc`):
+        """Collect, then hide every object alive now from the collector (`EngineArgs.freeze_gc`):
         the step loop's full collections then walk only what the engine made since."""
         if self.config.freeze_gc:
             gc.collect()

@@ -35,7 +35,7 @@ def prefill_inputs(
         recurrent model a continuation must start on a multiple of its `chunk_size`.
       max_blocks: width of the block table; None fits the sequence exactly.
       all_logits: logits for every token, else for the last one only (the runtime's layout:
-        `StepInputs.validate` expects one logits index per row, so it refuses this one).
+        `check_step_inputs` expects one logits index per row, so it refuses this one).
     Returns:
       A `StepInputs` with no decode row and one prefill row; its logits are
       `[len(token_ids) or 1, vocab]`.

@@ -5,5 +5,5 @@ Nothing here imports jax, flax or the kernels (tests/runtime/core/test_host_modu
 a fresh interpreter), and nothing here imports a feature wing: prefix caching and speculative
 decoding plug in through the `SlotPlanner` seam (`slots.py`) and the scheduler's `num_drafts`
 callback, and their config types live here as plain vocabulary (`speculative_config.py`,
-`EngineConfig.prefix_caching`).
+`EngineArgs.prefix_caching`).
 """

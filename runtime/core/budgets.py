@@ -1,5 +1,5 @@
 """Token budgets and bucket sizes: the powers of two that bucket tables are made of, and the
-smallest and the derived token budget of a step (`EngineConfig.max_num_batched_tokens`)."""
+smallest and the derived token budget of a step (`EngineArgs.max_num_batched_tokens`)."""
 
 from __future__ import annotations
 

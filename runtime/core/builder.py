@@ -10,7 +10,6 @@ side never loads jax (docs/architecture.md section 3). A row's sequence is anyth
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -20,7 +19,7 @@ import numpy as np
 from jmamba.step.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
-from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs, widened_penalties
+from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs
 from runtime.core.request import SamplingRow
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, mask_width
 from runtime.core.schedule import RowSequence, ScheduledRow, StepSchedule
@@ -368,23 +367,6 @@ def _decode_scalars[S: RowSequence](item: ScheduledRow[S], request: S) -> tuple[
     write = item.lane_slots[0] if item.lane_slots else item.write_slot
     num_blocks, num_outputs = len(request.block_ids), request.num_sampled
     return (item.num_tokens, start, item.read_slot, write, num_blocks, num_outputs, token, source)
-
-
-def with_mode(batch: StepBatch, mode: SamplingMode) -> StepBatch:
-    """`batch` for a sampler that computes at least what it needs (the mode data-parallel ranks
-    agreed on): `masked_ids` widened to `mode.mask_width` with dead (ignored) columns, the
-    penalty tables to `mode.penalty_width` with neutral ones."""
-    if mode == batch.mode:
-        return batch
-    need = batch.mode.as_array()
-    if (mode.as_array() < need).any():
-        raise ValueError(f"sampling mode {mode} computes less than this batch needs: {batch.mode}")
-    sampling = batch.sampling
-    ids = sampling.masked_ids
-    wider = np.pad(ids, ((0, 0), (0, mode.mask_width - ids.shape[1])))
-    penalties = widened_penalties(sampling.penalties, ids.shape[0], mode.penalty_width)
-    sampling = sampling._replace(masked_ids=wider, penalties=penalties)
-    return dataclasses.replace(batch, sampling=sampling, mode=mode)
 
 
 def build_dummy(

@@ -110,6 +110,14 @@ class EngineConfig:
         return self.state_block_size if self.prefix_caching == "align" else self.chunk_size
 
     @property
+    def largest_step(self) -> tuple[int, int]:
+        """(token lanes, logits rows) of the largest step bucket: the largest prefill token
+        bucket or decode lanes, and every row's sampled lanes."""
+        decode_rows = self.decode_row_buckets[-1]
+        tokens = max(self.prefill_token_buckets[-1], decode_rows * self.decode_width)
+        return tokens, decode_rows * self.decode_width + self.prefill_row_buckets[-1]
+
+    @property
     def max_blocks_per_seq(self) -> int:
         """Width of every block-table row."""
         return blocks_per_seq(self.max_model_len, self.block_size)

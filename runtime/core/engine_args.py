@@ -296,7 +296,7 @@ class EngineArgs:
                 f"gpu_memory_utilization={utilization} needs a device that reports its memory "
                 "(the CPU does not): give num_blocks instead"
             )
-        tokens, rows = _largest_step(config)
+        tokens, rows = config.largest_step
         return memory.num_blocks(
             utilization,
             config.num_slots,
@@ -395,11 +395,3 @@ class EngineArgs:
         return checks.sizes(
             "prefill_token_buckets", default if given is None else given, reaching=budget
         )
-
-
-def _largest_step(config: EngineConfig) -> tuple[int, int]:
-    """(token lanes, logits rows) of the largest step bucket of `config`: the largest prefill
-    token bucket or decode lanes, and every row's sampled lanes."""
-    decode_rows = config.decode_row_buckets[-1]
-    tokens = max(config.prefill_token_buckets[-1], decode_rows * config.decode_width)
-    return tokens, decode_rows * config.decode_width + config.prefill_row_buckets[-1]

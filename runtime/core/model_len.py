@@ -1,6 +1,6 @@
 """`max_model_len` when the user gives none, and the KV pool a config gets without memory sizing.
 
-The rule (`EngineConfig.max_model_len` says it to users):
+The rule (`EngineArgs.max_model_len` says it to users):
 
 - no max_model_len given: the checkpoint's `max_position_embeddings`; a host-only config that
   knows no checkpoint (scheduler tests) gets `DEFAULT_MAX_MODEL_LEN`;

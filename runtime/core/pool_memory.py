@@ -1,7 +1,7 @@
 """`PoolMemory`: how many KV blocks fit beside the parameters, activations and state slots of one
 device.
 
-With `EngineConfig.gpu_memory_utilization = u` and no `num_blocks`, the pools are sized from what
+With `EngineArgs.gpu_memory_utilization = u` and no `num_blocks`, the pools are sized from what
 one device may use (a rank's share of each pool sits on each of its tensor-parallel devices, one
 shard of its heads):
 

@@ -1,8 +1,8 @@
 """`Pool`: reference-counted ids of a device pool (KV blocks or state slots); id 0 is NULL.
 
 Id 0 is reserved in every pool: it is never handed out, and it is the only id padding may use
-(DESIGN.md section 5). Reference counts let prefix caching share an id later; today every id has
-one owner. Ids are handed out lowest first, so pools stay compact and runs are reproducible.
+(docs/architecture.md section 5). Reference counts let prefix caching share an id later; today every
+id has one owner. Ids are handed out lowest first, so pools stay compact and runs are reproducible.
 """
 
 from __future__ import annotations

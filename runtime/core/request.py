@@ -48,7 +48,7 @@ class Request:
     repetition penalties; else None) lists its prompt's distinct tokens and counts its outputs
     (`runtime.core.penalties`).
 
-    Asynchronous scheduling (`EngineConfig.async_scheduling`): `num_pending` counts outputs a
+    Asynchronous scheduling (`EngineArgs.async_scheduling`): `num_pending` counts outputs a
     dispatched step gives that the host has not seen yet (1, or 1 + k for a row with k drafts,
     counted as if all are accepted: `Scheduler.advance`); `pending_row` is the logits row of
     that step which holds the last of them (the next step's decode row takes it from there on

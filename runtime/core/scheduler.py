@@ -9,9 +9,9 @@ most S = `max_num_seqs` rows per step, alignment a: the model's `chunk_size` c, 
    from lanes set aside before any prefill is served, so decodes never wait for prefills.
 2. Running prefills share the rest, oldest first. A prefill chunk ends on an absolute multiple of
    a unless it ends the tokens to prefill, so a request's result does not depend on how its
-   prompt was cut (DESIGN.md section 5, invariant 7; a is a multiple of c). In "align" mode a
-   chunk also stops at the last multiple of a in the prompt: the tail after it is a chunk of its
-   own, so the state at that boundary is a chunk end and gets cached
+   prompt was cut (docs/architecture.md section 5, invariant 7; a is a multiple of c). In
+   "align" mode a chunk also stops at the last multiple of a in the prompt: the tail after it is
+   a chunk of its own, so the state at that boundary is a chunk end and gets cached
    (`EngineConfig.ends_chunk_at_last_boundary`).
 3. Waiting requests are admitted oldest first with the tokens left. Each first asks the slot
    planner for its longest cached prefix (none without prefix caching) and starts after it. A

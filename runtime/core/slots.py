@@ -164,7 +164,7 @@ class SlotPlanner(Protocol):
     def retired(self, item: ScheduledRequest) -> None:
         """The row's step has run and its tokens are appended: publish what it wrote."""
 
-    # What no step may write (`StepInputs.validate`).
+    # What no step may write (`check_step_inputs`).
     @property
     def published_slots(self) -> np.ndarray: ...
 

@@ -11,7 +11,7 @@ import numpy as np
 from jmamba.step.inputs import NextTokens, StepInputs
 from jmamba.step.invariants import check_step_inputs
 from runtime.core.config import EngineConfig
-from runtime.core.penalties import check_penalties
+from runtime.core.penalties import check_penalties, widened_penalties
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode
 
 
@@ -61,6 +61,23 @@ class StepBatch:
     following: NextTokens
     chained: ChainedRows
 
+    def with_mode(self, mode: SamplingMode) -> StepBatch:
+        """This batch for a sampler that computes at least what it needs (the mode data-parallel
+        ranks agreed on): `masked_ids` widened to `mode.mask_width` with dead (ignored) columns,
+        the penalty tables to `mode.penalty_width` with neutral ones."""
+        if mode == self.mode:
+            return self
+        if (mode.as_array() < self.mode.as_array()).any():
+            raise ValueError(
+                f"sampling mode {mode} computes less than this batch needs: {self.mode}"
+            )
+        sampling = self.sampling
+        ids = sampling.masked_ids
+        wider = np.pad(ids, ((0, 0), (0, mode.mask_width - ids.shape[1])))
+        penalties = widened_penalties(sampling.penalties, ids.shape[0], mode.penalty_width)
+        sampling = sampling._replace(masked_ids=wider, penalties=penalties)
+        return dataclasses.replace(self, sampling=sampling, mode=mode)
+
     def validate(
         self,
         config: EngineConfig,
@@ -71,7 +88,7 @@ class StepBatch:
         published_blocks: np.ndarray | None = None,
         num_carried: int = 0,
     ) -> None:
-        """ValueError unless the inputs keep the invariants (`StepInputs.validate`, with the pool
+        """ValueError unless the inputs keep the invariants (`check_step_inputs`, with the pool
         sizes of `config` and what the prefix cache published) and the token sources theirs."""
         check_step_inputs(
             self.inputs,

@@ -93,7 +93,7 @@ class DeviceMesh:
         """This process's rows as a program whose input is split `by_rank` takes them: the
         numpy rows themselves when this process drives every rank (the program's dispatch
         places them in C++: 0.15-0.20 ms a step less than `global_array` and a copy on the H200's
-        host, `benchmarks/probe_draft_step.py`), else the global array."""
+        host: benchmarks/results/log/2026-11-27.md), else the global array."""
         return local if self.drives_every_rank else self.global_array(local)
 
     def local_rows(self, array: jax.Array) -> np.ndarray:

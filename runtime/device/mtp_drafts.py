@@ -9,7 +9,7 @@ costs what a plain engine's step costs: the head's KV cache skips that step's to
 the row drafts again the head attends to what those positions' slots held. Only the drafts'
 acceptance can change, never a token (verification decides); on the trained `tiny-stdlib` head
 a request whose prompt and first 16-96 tokens ran without drafts accepted its later drafts
-about as often as one whose every step fed the head (benchmarks/RESULTS.md, 2026-12-05).
+about as often as one whose every step fed the head (benchmarks/results/log/2026-12-05.md).
 
 `MTPDrafts`, per step, after the target sampled (and verified) its lanes:
 

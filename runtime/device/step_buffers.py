@@ -1,10 +1,10 @@
 """`StepBuffers`: the device buffers a step reads and writes, kept at fixed addresses.
 
 On the GPU XLA runs the whole step as one command buffer (a CUDA graph). When any buffer the graph
-reads or writes has moved since the graph was recorded, XLA records it again before launching it:
-on the H100 that took ~0.2 ms for the 1b decode step's 179 commands, and the launch that follows
-is slower too (benchmarks/probe_launch.py: a chain of 170 kernels returned after 219-297 us with
-fresh buffers every call, 66-77 us with donated ones). So nothing the step touches is allocated
+reads or writes has moved since the graph was recorded, XLA records it again before launching it: on
+the H100 that took ~0.2 ms for the 1b decode step's 179 commands, and the launch that follows is
+slower too (benchmarks/results/log/2026-11-23.md: a chain of 170 kernels returned after 219-297 us
+with fresh buffers every call, 66-77 us with donated ones). So nothing the step touches is allocated
 per step:
 
     what              lives                           how the step sees it

@@ -3,7 +3,7 @@
 A `Schedule` holds live `Request` objects, which keep changing after the step (tokens appended,
 blocks freed, slots reused): looked at later it shows the requests' state now, not at the step.
 A record copies what the step decided and what it cost at the time it ran; the engine keeps the
-last `EngineConfig.step_records` of them (`Engine.records`) for notebooks and profiling.
+last `EngineArgs.step_records` of them (`Engine.records`) for notebooks and profiling.
 """
 
 from __future__ import annotations

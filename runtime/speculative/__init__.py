@@ -5,6 +5,9 @@ verifies them all in one step, and the accepted ones are kept (greedy output is 
 - `ngram.py`: prompt lookup in the request's own tokens, on the host;
 - `draft_model.py` (+ `draft_sequences.py`): a smaller model over the target's vocabulary, with its
   own caches, rolled back by slot choice like the target;
+- `mtp.py`: the model's own multi-token-prediction head drafts on the device, inside the step
+  (`runtime.device.mtp_drafts`), and hands its drafts to the next step;
+- `gate.py`: whether a step drafts at all (`BatchLimit`, the adaptive gate);
 - `verify.py`: which drafts a step accepted, and the acceptance counters.
 
 `drafter.make_drafter` builds the drafter a config asks for; the engine always holds one.

@@ -36,7 +36,7 @@ import numpy as np
 
 from jmamba.model import HybridLM
 from runtime.core.buckets import Bucket, lane_width, round_up
-from runtime.core.builder import build_rank, with_mode
+from runtime.core.builder import build_rank
 from runtime.core.config import POOL_SIZE_FIELDS, STEP_SHAPE_FIELDS, EngineConfig
 from runtime.core.engine_args import EngineArgs
 from runtime.core.request import Request
@@ -170,7 +170,7 @@ class DraftModelDrafter:
         batches = [self._build(schedule, bucket) for schedule in schedules]
         needs = np.max([batch.mode.as_array() for batch in batches], axis=0)
         mode = SamplingMode.from_array(agree_max(needs))
-        batches = [with_mode(batch, mode) for batch in batches]
+        batches = [batch.with_mode(mode) for batch in batches]
         tokens = self.runner.run(bucket, batches).tokens
         return [t[b.sample_rows].tolist() for t, b in zip(tokens, batches, strict=True)]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from runtime.core.buckets import Bucket, BucketPolicy
-from runtime.core.builder import build_dummy, build_step, with_mode
+from runtime.core.builder import build_dummy, build_step
 from runtime.core.penalties import PenaltyHistory, penalty_inputs
 from runtime.core.request import Request
 from runtime.core.sampling_inputs import SamplingInputs, SamplingMode, penalty_width
@@ -246,18 +246,18 @@ def test_with_mode_widens_tables_and_gives_an_idle_rank_neutral_ones():
     history = PenaltyHistory(list(range(20)), params_of(frequency=1.0)).caught_up([25, 25])
     mode = SamplingMode(penalty_width=penalty_width(70))
     assert mode.penalty_width == 128
-    dummy = with_mode(build_dummy(Bucket(2, 1, 8, 2), max_blocks=MAX_BLOCKS), mode)
+    dummy = build_dummy(Bucket(2, 1, 8, 2), max_blocks=MAX_BLOCKS).with_mode(mode)
     tables = dummy.sampling.penalties
     assert tables.token_ids.shape == (4, 128) and SamplingMode.of(dummy.sampling) == mode
     assert (tables.repetition == 1).all() and not tables.token_ids.any()
     narrow = dummy.sampling._replace(penalties=penalty_inputs([(1, history, False)], 4))
     batch = dataclasses.replace(dummy, sampling=narrow, mode=SamplingMode.of(narrow))
-    wide = with_mode(batch, mode).sampling.penalties
+    wide = batch.with_mode(mode).sampling.penalties
     assert wide.token_ids.shape == (4, 128)
     assert wide.token_ids[1, :21].tolist() == [*range(20), 25]
     assert wide.output_counts[1].sum() == 2 and not wide.token_ids[1, 21:].any()
     with pytest.raises(ValueError, match="computes less"):
-        with_mode(batch, SamplingMode())
+        batch.with_mode(SamplingMode())
 
 
 @pytest.mark.parametrize(

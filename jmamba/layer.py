@@ -76,7 +76,6 @@ class Layer(nnx.Module):
         norm = lambda: RMSNorm(config.hidden_size, config.norm_eps, config.norm_offset)  # noqa: E731
         self.tp = TensorParallel(config.num_shards)
         self.residual_multiplier = config.residual_multiplier
-        self.reads_embeddings = mixer.reads_embeddings
         has_norm = mixer != Mixer.NONE and not mixer.reads_embeddings
         self.mixer_norm = norm() if has_norm else None
         self.mixer = _make_mixer(config, mixer, rngs, self.tp)
@@ -91,7 +90,7 @@ class Layer(nnx.Module):
         # by part (benchmarks/engine/profile_step.py); they cost nothing at run time.
         if self.mixer is not None:
             with jax.named_scope(f"mixer_{type(self.mixer).__name__}"):
-                if self.mixer_norm is None:  # it reads the embeddings and norms its own inputs
+                if self.mixer_norm is None:  # `Mixer.reads_embeddings`: it norms its own inputs
                     y, cache = self.mixer(x, embeddings, cache, inputs)
                 else:
                     y, cache = self.mixer(self.mixer_norm(x), cache, inputs)

@@ -1,6 +1,10 @@
 """Reading a checkpoint's files: its JSON files, one `model.safetensors` or the shards its
 `model.safetensors.index.json` lists, with errors naming the file, and the dtype most of the
-stored weights have (read from the headers alone, the skipped tensors left out)."""
+stored weights have (read from the headers alone, the skipped tensors left out).
+
+float8 tensors (FP8 checkpoints, `jmamba.checkpoints.quantization`) are read by memory map as
+`ml_dtypes` arrays: safetensors' numpy reader has no float8 dtype.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,19 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file
+from safetensors import SafetensorError, safe_open
 
 from jmamba.checkpoints.skipped_tensors import MTP, SKIPPED
 
 # The safetensors dtypes of floating weights -> the parameter dtype `dtype="auto"` picks. float16
 # checkpoints load as bfloat16 (the same size, float32's exponent range: no overflow in the
 # recurrent states' inputs); float64 ones as float32.
+# float8 weights do not count: an FP8 checkpoint loads in the dtype of its unquantized weights.
 _AUTO = {"F32": "float32", "F64": "float32", "BF16": "bfloat16", "F16": "bfloat16"}
+# The safetensors dtypes of float8 tensors -> their numpy dtypes.
+FLOAT8 = {"F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2)}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -75,9 +82,38 @@ def _header(path: Path) -> dict[str, Any]:
 
 def _load_file(path: Path) -> dict[str, np.ndarray]:
     try:
-        return load_file(path)
+        with safe_open(str(path), framework="numpy") as handle:
+            float8 = float8_tensors(path)
+            read = lambda n: read_float8(path, *float8[n]) if n in float8 else handle.get_tensor(n)  # noqa: E731
+            return {name: read(name) for name in handle.keys()}
     except SafetensorError as error:  # truncated or not a safetensors file at all
         raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
+
+
+Float8Entry = tuple[np.dtype, tuple[int, ...], int]  # dtype, shape, first byte in the file
+
+
+def float8_tensors(path: Path) -> dict[str, Float8Entry]:
+    """The float8 tensors of a safetensors file, by name: their dtype, shape and first byte."""
+    with path.open("rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+    data = 8 + length  # tensors' offsets count from the end of the header
+    return {
+        name: (FLOAT8[entry["dtype"]], tuple(entry["shape"]), data + entry["data_offsets"][0])
+        for name, entry in _header(path).items()
+        if name != "__metadata__" and entry.get("dtype") in FLOAT8
+    }
+
+
+def read_float8(
+    path: Path, dtype: np.dtype, shape: tuple[int, ...], start: int, index: tuple[slice, ...] = ()
+) -> np.ndarray:
+    """A float8 tensor of `float8_tensors(path)`, or its slice `index`, read by memory map (only
+    the pages of the slice are read)."""
+    if not all(shape):
+        return np.zeros(shape, dtype)[index]
+    mapped = np.memmap(path, np.uint8, "r", offset=start, shape=shape)
+    return np.array(mapped[index]).view(dtype)
 
 
 def checkpoint_dtype(model_dir: str | Path) -> str:

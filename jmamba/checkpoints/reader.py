@@ -5,6 +5,8 @@ tensor-parallel shard's slice alone (`jmamba.checkpoints.shards`).
 Packed expert tensors (`<p>.experts.gate_up_proj` [E, 2I, H], `<p>.experts.down_proj` [E, H, I], see
 `jmamba.checkpoints.skipped_tensors.unpack_experts`) are read under the per-expert names the name
 map expects: expert e's gate is rows [0, I) of packed[e], so a slice of it is a slice of the file.
+FP8 weights (`jmamba.checkpoints.quantization`) are read dequantized to fp32, a slice with the
+scales of its blocks, and their scale tensors are no names of the reader.
 `elements_read` counts what was read, for tests that check a loader read slices only.
 """
 
@@ -18,7 +20,10 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for safetensors'
 import numpy as np
 from safetensors import safe_open
 
-from jmamba.checkpoints.files import safetensors_files
+from jmamba.checkpoints.files import Float8Entry, float8_tensors, read_float8, safetensors_files
+from jmamba.checkpoints.quantization.dequantization import dequantize, scale_grid
+from jmamba.checkpoints.quantization.quantized_tensors import find_quantized
+from jmamba.checkpoints.quantization.registry import load_scheme
 from jmamba.checkpoints.skipped_tensors import PACKED_EXPERTS
 
 Index = tuple[slice, ...]
@@ -43,13 +48,19 @@ class TensorReader:
         self._stack = contextlib.ExitStack()
         self._files: dict[Path, Any] = {}
         self._entries: dict[str, _Entry] = {}
+        self._float8: dict[str, Float8Entry] = {}
+        self._grids: dict[str, np.ndarray] = {}
         self.elements_read = 0
+        self._shapes: dict[str, tuple[int, ...]] = {}  # the stored tensors'
         for path in safetensors_files(Path(model_dir)):
             handle = self._stack.enter_context(safe_open(str(path), framework="numpy"))
             self._files[path] = handle
+            self._float8.update(float8_tensors(path))
             for name in handle.keys():
-                shape = tuple(handle.get_slice(name).get_shape())
-                self._add(name, _Entry(path, name, shape))
+                self._shapes[name] = tuple(handle.get_slice(name).get_shape())
+                self._add(name, _Entry(path, name, self._shapes[name]))
+        float8 = {name: entry[0] for name, entry in self._float8.items()}
+        self._quantized = find_quantized(load_scheme(model_dir), self._shapes, float8)
 
     def __enter__(self) -> TensorReader:
         return self
@@ -58,8 +69,8 @@ class TensorReader:
         self._stack.close()
 
     def names(self) -> set[str]:
-        """Every tensor name, packed experts under their per-expert names."""
-        return set(self._entries)
+        """Every tensor name, packed experts under their per-expert names, scales left out."""
+        return set(self._entries) - self._quantized.consumed
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name].shape
@@ -72,10 +83,27 @@ class TensorReader:
             rows = index[0]
             rows = slice(entry.row + rows.start, entry.row + rows.stop)
             index = (slice(entry.expert, entry.expert + 1), rows, *index[1:])
-        value = self._files[entry.path].get_slice(entry.stored)[index]
+        value = self._read_stored(entry, index)
         value = value[0] if entry.expert is not None else value
         self.elements_read += value.size
         return value
+
+    def _read_stored(self, entry: _Entry, index: Index) -> np.ndarray:
+        """Slice `index` of the stored tensor of `entry`, an FP8 weight's dequantized."""
+        if entry.stored not in self._float8:
+            return self._files[entry.path].get_slice(entry.stored)[index]
+        entries = read_float8(entry.path, *self._float8[entry.stored], index)
+        block = self._quantized.scheme.block
+        return dequantize(entries, self._grid(entry.stored), block, index)
+
+    def _grid(self, stored: str) -> np.ndarray:
+        """The scale grid of the FP8 weight `stored` (read once, whole: one scale per block)."""
+        if stored not in self._grids:
+            scale = self._quantized.scales[stored]
+            handle = self._files[self._entries[scale].path]
+            block = self._quantized.scheme.block
+            self._grids[stored] = scale_grid(handle.get_tensor(scale), self._shapes[stored], block)
+        return self._grids[stored]
 
     def _add(self, name: str, entry: _Entry) -> None:
         """Register a stored tensor (a packed expert tensor as its per-expert names)."""

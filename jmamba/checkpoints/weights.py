@@ -36,6 +36,8 @@ from safetensors.numpy import save_file
 from jmamba.checkpoints.families.registry import from_hf_config, load_hf_config
 from jmamba.checkpoints.files import checkpoint_dtype, read_safetensors
 from jmamba.checkpoints.name_map import tensor_sources
+from jmamba.checkpoints.quantization.quantized_tensors import dequantized
+from jmamba.checkpoints.quantization.registry import load_scheme
 from jmamba.checkpoints.skipped_tensors import skip_message, skipped_tensors, unpack_experts
 from jmamba.checkpoints.source import Path_, Source, param_path
 from jmamba.config import ModelConfig
@@ -96,10 +98,12 @@ def load_pretrained(
     host memory, never on a device (a runner then places each tensor-parallel shard of them on its
     own device: `runtime.device.placement`). A multimodal wrapper gives its text model;
     the tensors it skips (`skipped_tensors`) are counted in one `logging` INFO line of this
-    module's logger ("skipped 33 vision tensors (model.visual.*) of a ... checkpoint")."""
+    module's logger ("skipped 33 vision tensors (model.visual.*) of a ... checkpoint"). An FP8
+    checkpoint (`jmamba.checkpoints.quantization`: its `quantization_config`) loads with its
+    FP8 weights dequantized to fp32, then cast to `dtype`."""
     cfg = load_hf_config(model_dir)
     dtype = resolve_dtype(dtype, model_dir)
-    tensors = read_safetensors(model_dir)
+    tensors = dequantized(load_scheme(model_dir), read_safetensors(model_dir))
     skipped = skipped_tensors(cfg.architecture, tensors, has_mtp=cfg.has_mtp)
     if skipped:
         logger.info(skip_message(cfg.architecture, skipped))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.serve.test_serve import free_port, wait_ready
+from tests.runtime.serve.live import free_port, wait_ready
 from tests.tiers import slow, slow_cases
 
 ROOT = Path(__file__).parents[1]

@@ -1,17 +1,22 @@
 """`jmamba serve`: an OpenAI-compatible HTTP server for one model (runtime/serve/).
 
-The model loads first; the server then listens at once and answers `/health` 503 while the
-engine thread compiles the step variants a server needs from the start (decode steps and one
-prefill row alone; with a bar on stderr; JAX's persistent compilation cache keeps them for the next
-start), 200 once they are compiled.
+The port is bound first, before jax loads: a port in use, a `--host` that is not this machine's
+or a bad option fails at once. The server then answers from the start: 503 with `Retry-After`
+(and `/health` 503) while the model loads and the engine thread compiles the step variants a
+server needs from the start (decode steps and one prefill row alone; with a bar on stderr; JAX's
+persistent compilation cache keeps them for the next start), 200 once they are compiled.
+SIGTERM (or Ctrl-C) stops taking connections, lets the requests in flight finish for up to
+`--shutdown-timeout` seconds, and exits, at any stage.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from runtime.cli.engine_options import (
     HelpFormatter,
@@ -21,8 +26,12 @@ from runtime.cli.engine_options import (
 )
 from runtime.core.config import COMPILE_WORKERS
 
+if TYPE_CHECKING:  # loads jax: the command imports it only once the port is bound
+    from runtime.llm import LLM
+
 # --warmup -> Engine.warmup(prefill=)
 WARMUPS: dict[str, bool | Literal["alone"]] = {"decode": False, "alone": "alone", "all": True}
+API_KEY_ENV = "JMAMBA_API_KEY"  # the key when --api-key is not given
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -37,7 +46,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "Needs the serve extra (pip install jmamba[serve]).",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
+    serve.add_argument(
+        "--port", type=_port, default=8000, help="port to listen on (0: any free one)"
+    )
     serve.add_argument(
         "--served-model-name",
         default=None,
@@ -62,44 +73,147 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         choices=["critical", "error", "warning", "info", "debug"],
         help="uvicorn's log level",
     )
+    _add_http_options(serve)
     add_engine_options(serve, max_num_seqs=32)
     serve.set_defaults(run=run)
 
 
+def _add_http_options(serve: argparse.ArgumentParser) -> None:
+    http = serve.add_argument_group("HTTP limits and access")
+    http.add_argument(
+        "--api-key",
+        default=None,
+        help=f"every /v1 route needs 'Authorization: Bearer <key>' (default: ${API_KEY_ENV} "
+        "if set, else none); /health and /metrics stay open",
+    )
+    http.add_argument(
+        "--max-request-bytes",
+        type=_positive,
+        default=16 * 2**20,
+        help="largest request body; a larger one gets a 413",
+    )
+    http.add_argument(
+        "--max-choices-per-request",
+        type=_positive,
+        default=256,
+        help="most prompts x n one request may ask for; more gets a 400",
+    )
+    http.add_argument(
+        "--max-queued-requests",
+        type=_positive,
+        default=1024,
+        help="most choices waiting beyond those the engine runs at once (max-num-seqs per "
+        "rank); a request past it gets a 503 with Retry-After",
+    )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds SIGTERM waits for the requests in flight before it cancels them",
+    )
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0 to 65535; 0: any)")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def run(args: argparse.Namespace, started: float) -> int:
-    """Load the model, then serve until interrupted."""
+    """Bind the port, then serve (loading and compiling meanwhile) until stopped."""
     try:
         import uvicorn
 
         from runtime.serve.app import build_app
+        from runtime.serve.limits import Limits
     except ImportError as error:
         raise ValueError(
             f"jmamba serve needs the serve extra (pip install jmamba[serve]): {error}"
         ) from None
-    from runtime.llm import LLM  # loads jax: after the arguments are known to be good
-
-    initialize_multi_host(args)
-    llm = LLM(args.model, **engine_options(args))
+    listener = _listen(args.host, args.port)
     name = args.served_model_name or args.model
-    warmup = WARMUPS[args.warmup]
-    app = build_app(llm, name, startup=lambda: _compile(llm, warmup, args.compile_workers))
-    loaded = time.perf_counter() - started
-    print(
-        f"jmamba serve: {name} loaded in {loaded:.1f} s; http://{args.host}:{args.port}/v1 "
-        "(GET /health is 200 once the step variants are compiled)",
-        file=sys.stderr,
-        flush=True,
+    failures: list[BaseException] = []
+    limits = Limits(args.max_request_bytes, args.max_choices_per_request, args.max_queued_requests)
+    app = build_app(
+        lambda: _load(args, started),
+        name,
+        lambda llm: _compile(llm, WARMUPS[args.warmup], args.compile_workers),
+        limits=limits,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        on_failure=lambda error: _stop(server, failures, error),  # `server` is made next
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    config = uvicorn.Config(
+        app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout
+    )
+    server = uvicorn.Server(config)
+    host, port = listener.getsockname()[:2]
+    _say(f"listening on http://{host}:{port}/v1, loading {name} (GET /health is 200 once ready)")
+    try:
+        server.run(sockets=[listener])
+    except KeyboardInterrupt:  # uvicorn raises Ctrl-C's signal again once it has drained
+        _exit_now(130)
+    if failures:
+        raise failures[0]  # the load's error (a ValueError: exit 2, said in one line)
     return 0
 
 
-def _compile(llm, warmup: bool | Literal["alone"], workers: int) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port; ValueError when it cannot be (the port taken, a host that
+    is not this machine's or that no resolver knows)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        raise ValueError(f"--host {host!r}: {error.strerror}") from None
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return listener
+
+
+def _load(args: argparse.Namespace, started: float) -> LLM:
+    """The `LLM` of the options (in the server's loading thread)."""
+    from runtime.llm import LLM  # loads jax: after the port is bound
+
+    initialize_multi_host(args)
+    llm = LLM(args.model, **engine_options(args))
+    _say(f"{llm.name} loaded in {time.perf_counter() - started:.1f} s; compiling")
+    return llm
+
+
+def _compile(llm: LLM, warmup: bool | Literal["alone"], workers: int) -> None:
     start = time.perf_counter()
     llm.engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)
-    print(
-        f"jmamba serve: ready, {llm.engine.num_variants} step variants compiled in "
-        f"{time.perf_counter() - start:.1f} s",
-        file=sys.stderr,
-        flush=True,
+    _say(
+        f"ready, {llm.engine.num_variants} step variants compiled in "
+        f"{time.perf_counter() - start:.1f} s"
     )
+
+
+def _stop(server: Any, failures: list[BaseException], error: BaseException) -> None:
+    """A failed load: the server stops, and the command exits with the error."""
+    failures.append(error)
+    server.should_exit = True
+
+
+def _say(message: str) -> None:
+    print(f"jmamba serve: {message}", file=sys.stderr, flush=True)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without joining threads: a compile under way cannot be interrupted, and the
+    interpreter's exit would wait for its worker threads."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

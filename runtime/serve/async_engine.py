@@ -15,6 +15,12 @@ device out of memory) fails every live request the same way and retires the engi
 The server then answers `/health` 503 with the cause and refuses new requests, so that whatever
 supervises it restarts it (vLLM's engine does the same on a dead engine), instead of streaming
 empty answers from a broken one.
+
+`add` is the server's one entry: the engine thread adds a request's choices with
+`Engine.add_request`, whose checks are the only ones a request meets (all or none: a choice it
+refuses takes back the ones added before it), and the handler awaits the answer. Compiles are
+timed as wall time: the start-up work's, then each step's that compiled a variant on first use
+(logged: every request in flight waited for it).
 """
 
 from __future__ import annotations
@@ -26,19 +32,25 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from runtime.core.sampling_params import SamplingParams
 from runtime.engine import Engine
 from runtime.outputs.request_output import StreamDelta
+from runtime.serve.errors import ApiError, BadRequest, named_param
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 0.5  # the thread's sleep between inbox checks when nothing runs
+STOP_SECONDS = 3.0  # how long `stop` waits for the thread (a compile cannot be interrupted)
+
+Job = tuple[Sequence[int], SamplingParams]  # one choice: prompt token ids, sampling params
 
 
-class EngineError(RuntimeError):
+class EngineError(ApiError, RuntimeError):
     """The engine failed a request after it was accepted (an internal error, not bad input)."""
+
+    status = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +58,15 @@ class _Add:
     request_id: str
     prompt: list[int]
     params: SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class _AddAll:
+    """Choices to add all or none; `answer` gets None or the ValueError of the refused one."""
+
+    request_ids: list[str]
+    jobs: list[Job]
+    answer: Callable[[ValueError | None], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,18 +82,26 @@ class AsyncEngine:
       ready: set once the start-up work (compiling the step variants) is done: until then the
         server answers 503.
       step_seconds: wall time of the latest engine step (for metrics).
-      failure: the exception of the step that retired the engine, or None while it serves.
+      compile_seconds: wall time spent compiling: the start-up work, then the steps that
+        compiled a variant on first use.
+      num_late_compiles: steps after `ready` that compiled a variant.
+      num_aborted: requests aborted before they finished (clients that left).
+      failure: the exception of the start-up or step that retired the engine, or None.
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.step_seconds = 0.0
+        self.compile_seconds = 0.0
+        self.num_late_compiles = 0
+        self.num_aborted = 0
         self.failure: Exception | None = None
         self.ready = threading.Event()
         self._startup: Callable[[], None] | None = None
-        self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Add | _AddAll | _Abort] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, asyncio.Queue[StreamDelta | EngineError]] = {}
+        self._answers: set[asyncio.Future[ValueError | None]] = set()  # `add`s not yet answered
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -92,7 +121,44 @@ class AsyncEngine:
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=STOP_SECONDS)
+
+    @property
+    def num_live(self) -> int:
+        """Requests queued to the thread or in the engine, not yet finished and read."""
+        return len(self._streams)
+
+    async def add(self, jobs: list[Job]) -> list[AsyncGenerator[StreamDelta]]:
+        """Add every job (one choice each) through `Engine.add_request` on the engine thread,
+        all or none; returns their delta streams (as `submit`'s). Raises `BadRequest` naming
+        what the engine refused, `EngineError` once a failure has retired the engine."""
+        self._check_serving()
+        assert self._loop is not None, "start() first"
+        request_ids = [f"req-{next(self._ids)}" for _ in jobs]
+        streams = [self._open(request_id) for request_id in request_ids]
+        answer: asyncio.Future[ValueError | None] = self._loop.create_future()
+        self._answers.add(answer)
+        loop = self._loop
+
+        def reply(error: ValueError | None) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(_settle, answer, error)
+
+        self._inbox.put(_AddAll(request_ids, jobs, reply))
+        self._wake.set()
+        try:
+            refused = await answer
+        except BaseException:  # the handler left, or the engine failed: take them back
+            for request_id in request_ids:
+                self.abort(request_id)
+            raise
+        finally:
+            self._answers.discard(answer)
+        if refused is not None:  # the engine holds none of them
+            for request_id in request_ids:
+                self._streams.pop(request_id, None)
+            param = getattr(refused, "param", None) or named_param(str(refused))
+            raise BadRequest(str(refused), param)
+        return [self._deltas(i, s) for i, s in zip(request_ids, streams, strict=True)]
 
     def submit(
         self, prompt: list[int], params: SamplingParams
@@ -101,16 +167,24 @@ class AsyncEngine:
         id and an async generator of its deltas (ending with the delta that finishes it; closing
         it aborts the request).
         Raises `EngineError` once a failed step has retired the engine."""
-        if self.failure is not None:
-            raise EngineError(f"the engine failed and serves no more (restart it): {self.failure}")
+        self._check_serving()
         request_id = f"req-{next(self._ids)}"
-        stream: asyncio.Queue[StreamDelta | EngineError] = asyncio.Queue()
-        self._streams[request_id] = stream
-        if self.failure is not None:  # it failed after the check above: no thread will answer
-            stream.put_nowait(EngineError(f"engine step failed: {self.failure}"))
+        stream = self._open(request_id)
         self._inbox.put(_Add(request_id, prompt, params))
         self._wake.set()
         return request_id, self._deltas(request_id, stream)
+
+    def _check_serving(self) -> None:
+        if self.failure is not None:
+            raise EngineError(f"the engine failed and serves no more (restart it): {self.failure}")
+
+    def _open(self, request_id: str) -> asyncio.Queue[StreamDelta | EngineError]:
+        """The queue of a new request's deltas."""
+        stream: asyncio.Queue[StreamDelta | EngineError] = asyncio.Queue()
+        self._streams[request_id] = stream
+        if self.failure is not None:  # it failed after the check: no thread will answer
+            stream.put_nowait(EngineError(f"engine step failed: {self.failure}"))
+        return stream
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its blocks and slots are freed by the engine thread)."""
@@ -135,8 +209,8 @@ class AsyncEngine:
     # ------------------------------------------------------------------------ engine thread
 
     def _run(self) -> None:
-        if self._startup is not None:
-            self._startup()
+        if not self._start_up():
+            return
         self.ready.set()
         while not self._stopping:
             self._drain_inbox()
@@ -144,7 +218,7 @@ class AsyncEngine:
                 self._wake.wait(IDLE_WAIT_SECONDS)
                 self._wake.clear()
                 continue
-            start = time.perf_counter()
+            start, compiled = time.perf_counter(), self._compiled_seconds()
             try:
                 deltas = self.engine.step_deltas()
             except Exception as error:  # fail its requests, say why, take no more
@@ -153,8 +227,39 @@ class AsyncEngine:
                 self._fail_all(error)
                 return
             self.step_seconds = time.perf_counter() - start
+            self._count_late_compile(self._compiled_seconds() - compiled)
             if deltas and self._loop is not None:  # one wake-up of the loop per step
                 self._loop.call_soon_threadsafe(self._deliver, deltas)
+
+    def _start_up(self) -> bool:
+        """Run the start-up work (timed as compile wall time); False if it failed."""
+        start = time.perf_counter()
+        try:
+            if self._startup is not None:
+                self._startup()
+        except Exception as error:  # a compile failed: the server cannot serve
+            log.exception("the server's start-up failed")
+            self.failure = error
+            return False
+        self.compile_seconds = time.perf_counter() - start
+        return True
+
+    def _compiled_seconds(self) -> float:
+        """Compile seconds summed over variants (the target's and the draft model's)."""
+        return self.engine.runner.total_compile_seconds + self.engine.drafter.total_compile_seconds
+
+    def _count_late_compile(self, seconds: float) -> None:
+        """A step after start-up compiled (serially, in the step: its seconds are wall time)."""
+        if seconds <= 0:
+            return
+        self.compile_seconds += seconds
+        self.num_late_compiles += 1
+        log.warning(
+            "a step compiled a new variant on first use in %.1f s (%d compiled; every request "
+            "in flight waited): --warmup all compiles every variant before ready",
+            seconds,
+            self.engine.num_variants,
+        )
 
     def _drain_inbox(self) -> None:
         while True:
@@ -163,12 +268,29 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if isinstance(message, _Abort):
-                self.engine.abort(message.request_id)
+                if self.engine.abort(message.request_id) is not None:
+                    self.num_aborted += 1
+                continue
+            if isinstance(message, _AddAll):
+                message.answer(self._add_all(message))
                 continue
             try:
                 self.engine.add_request(message.prompt, message.params, message.request_id)
             except ValueError as error:
                 self._hand_over(message.request_id, EngineError(str(error)))
+
+    def _add_all(self, message: _AddAll) -> ValueError | None:
+        """Add a request's choices; at the first refused, take back those added before it."""
+        added: list[str] = []
+        for request_id, (prompt, params) in zip(message.request_ids, message.jobs, strict=True):
+            try:
+                self.engine.add_request(prompt, params, request_id)
+            except ValueError as error:
+                for done in added:
+                    self.engine.abort(done)
+                return error
+            added.append(request_id)
+        return None
 
     def _fail_all(self, error: Exception) -> None:
         """After a failed step: fail every live request's stream (and any queued one's), on the
@@ -179,6 +301,9 @@ class AsyncEngine:
     def _fail_streams(self, message: str) -> None:
         for stream in self._streams.values():
             stream.put_nowait(EngineError(message))
+        for answer in self._answers:  # the thread will not drain its inbox again
+            if not answer.done():
+                answer.set_exception(EngineError(message))
 
     def _deliver(self, deltas: list[StreamDelta]) -> None:
         """On the event loop: one step's deltas into their requests' queues."""
@@ -191,3 +316,9 @@ class AsyncEngine:
         stream = self._streams.get(request_id)
         if stream is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(stream.put_nowait, item)
+
+
+def _settle(answer: asyncio.Future[ValueError | None], error: ValueError | None) -> None:
+    """On the event loop: the engine thread's answer to an `add`, unless its handler left."""
+    if not answer.done():
+        answer.set_result(error)

@@ -4,8 +4,12 @@ Read from the engine at scrape time: running and waiting requests, KV blocks and
 use, prefix-cache lookups, hits
 and token hit rate, speculative drafts proposed and accepted and the steps that drafted, the
 latest step's wall time.
+Read from the engine thread (`AsyncEngine`): compile seconds as wall time (the warm-up's, then
+each step's that compiled on first use), the step variants compiled, the compiles after ready,
+requests aborted before they finished.
 Observed by the handlers as requests finish: time to first token, time per output token (after
-the first), end-to-end latency, requests by finish reason, prompt and generated tokens.
+the first), end-to-end latency, requests by finish reason, prompt and generated tokens; and by
+`CountRejections`, every request answered with an error, by status.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.serve.async_engine import AsyncEngine
 
@@ -59,11 +64,6 @@ class _EngineCollector(Collector):
                 "Share of looked-up prompt tokens a hit skipped.",
                 cache.token_hit_rate,
             )
-        yield CounterMetricFamily(
-            "jmamba_compile_seconds",
-            "Seconds spent compiling step variants (start-up and first uses).",
-            engine.runner.total_compile_seconds + engine.drafter.total_compile_seconds,
-        )
         spec = engine.stats.speculation
         yield CounterMetricFamily("jmamba_spec_drafted", "Drafts verified.", spec.num_drafted)
         yield CounterMetricFamily("jmamba_spec_accepted", "Drafts accepted.", spec.num_accepted)
@@ -74,12 +74,40 @@ class _EngineCollector(Collector):
         )
 
 
-class Metrics:
-    """The server's registry and the histograms and counters its handlers observe."""
+class _ThreadCollector(Collector):
+    """What the engine thread counts: compiles (wall time) and aborts."""
 
     def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.engine
+        yield CounterMetricFamily(
+            "jmamba_compile_seconds",
+            "Wall seconds spent compiling step variants (the warm-up, then first uses).",
+            engine.compile_seconds,
+        )
+        yield GaugeMetricFamily(
+            "jmamba_step_variants", "Step variants compiled.", engine.engine.num_variants
+        )
+        yield CounterMetricFamily(
+            "jmamba_compiles_after_ready",
+            "Steps that compiled a variant after the server was ready (every request waited).",
+            engine.num_late_compiles,
+        )
+        yield CounterMetricFamily(
+            "jmamba_requests_aborted",
+            "Requests aborted before they finished (clients that left).",
+            engine.num_aborted,
+        )
+
+
+class Metrics:
+    """The server's registry and the histograms and counters its handlers observe; the
+    engine's metrics join once the model is loaded (`watch`)."""
+
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(engine))
         self.ttft = Histogram(
             "jmamba_time_to_first_token_seconds",
             "Time from a request's arrival to its first token.",
@@ -110,6 +138,17 @@ class Metrics:
         self.generation_tokens = Counter(
             "jmamba_generation_tokens", "Tokens generated.", registry=self.registry
         )
+        self.rejected = Counter(
+            "jmamba_requests_rejected",
+            "Requests answered with an error, by HTTP status.",
+            ["status"],
+            registry=self.registry,
+        )
+
+    def watch(self, engine: AsyncEngine) -> None:
+        """Add the engine's metrics (once it is loaded)."""
+        self.registry.register(_EngineCollector(engine))
+        self.registry.register(_ThreadCollector(engine))
 
     def finish(self, reason: str, ttft: float | None, latency: float, num_tokens: int) -> None:
         """Count one finished completion."""
@@ -123,3 +162,23 @@ class Metrics:
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CountRejections:
+    """ASGI middleware: counts every response of status 400 or more in `metrics.rejected`, but
+    `/health`'s (a probe's 503 while starting refuses no request)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                self.metrics.rejected.labels(str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)

@@ -16,16 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 from runtime.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from runtime.serve.errors import BadRequest
 
 MAX_N = 16  # most completions one request may ask for
-
-
-class BadRequest(ValueError):
-    """A request body the server refuses (a 400 with an OpenAI-style error naming `param`)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+DEFAULT_MAX_TOKENS = 16  # /v1/completions' default, as in OpenAI's API
 
 
 class StreamOptions(BaseModel):
@@ -38,7 +32,7 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(None, ge=1)  # 0 is refused, as OpenAI's API refuses it
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = Field(1, ge=1, le=MAX_N)
@@ -97,6 +91,11 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None
     suffix: str | None = None
 
+    @property
+    def answer_tokens(self) -> int:
+        """`max_tokens`, 16 when not given."""
+        return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
     def prompts(self) -> list[str | list[int]]:
         """The prompts of the request, each a text or a list of token ids."""
         if self.echo:
@@ -143,7 +142,7 @@ class ChatCompletionRequest(_Sampling):
     room the context leaves); `logprobs` true with `top_logprobs` k returns log-probabilities."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
@@ -169,18 +168,9 @@ class ChatCompletionRequest(_Sampling):
 
     @property
     def answer_tokens(self) -> int | None:
+        """`max_completion_tokens`, else `max_tokens`; None: the room the context leaves."""
         return (
             self.max_completion_tokens
             if self.max_completion_tokens is not None
             else self.max_tokens
         )
-
-
-def error_body(
-    message: str,
-    param: str | None = None,
-    kind: str = "invalid_request_error",
-    code: str | None = None,
-) -> dict[str, Any]:
-    """An OpenAI-style error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

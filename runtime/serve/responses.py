@@ -30,27 +30,39 @@ class Choice:
 
 
 class Decoder:
-    """Token text for log-probabilities (the tokenizer's piece of one token id)."""
+    """Token text for log-probabilities (the tokenizer's piece of one token id), each piece
+    decoded once per server (a dict bounded by the vocabulary; safe to share between threads)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._pieces: dict[int, str] = {}
 
     def piece(self, token: int) -> str:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._decode(token)
+            self._pieces[token] = piece
+        return piece
+
+    def _decode(self, token: int) -> str:
         if self.tokenizer is None:
             return str(token)
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
 
 def completion_logprobs(
-    token_ids: list[int], logprobs: list[Logprobs], k: int, decoder: Decoder
+    token_ids: list[int], logprobs: list[Logprobs], k: int, decoder: Decoder, start: int = 0
 ) -> dict[str, Any]:
-    """`/v1/completions` logprobs: tokens, their log-probabilities, each position's top k."""
+    """`/v1/completions` logprobs: tokens, their log-probabilities, each position's top k, and
+    each token's offset into the completion's text (`start` for the first: a streamed chunk's
+    continue from the pieces of the chunks before it)."""
     top = [_top(entry, k) for entry in logprobs]
+    pieces = [decoder.piece(t) for t in token_ids]
     return {
-        "tokens": [decoder.piece(t) for t in token_ids],
+        "tokens": pieces,
         "token_logprobs": [entry[t] for t, entry in zip(token_ids, logprobs, strict=True)],
         "top_logprobs": [{decoder.piece(t): v for t, v in pairs} for pairs in top],
-        "text_offset": _offsets([decoder.piece(t) for t in token_ids]),
+        "text_offset": _offsets(pieces, start),
     }
 
 
@@ -81,8 +93,8 @@ def _top(entry: Logprobs, k: int) -> list[tuple[int, float]]:
     return sorted(entry.items(), key=lambda item: -item[1])[:k]
 
 
-def _offsets(pieces: list[str]) -> list[int]:
-    offsets, at = [], 0
+def _offsets(pieces: list[str], start: int) -> list[int]:
+    offsets, at = [], start
     for piece in pieces:
         offsets.append(at)
         at += len(piece)

@@ -12,8 +12,8 @@ from typing import Any
 
 from runtime.outputs.request_output import StreamDelta
 from runtime.serve.async_engine import EngineError
+from runtime.serve.errors import error_body
 from runtime.serve.metrics import Metrics
-from runtime.serve.protocol import error_body
 from runtime.serve.responses import (
     Choice,
     Decoder,
@@ -86,6 +86,7 @@ class Completion:
         self.include_usage, self.logprobs_k = include_usage, logprobs_k
         self.metrics, self.decoder = metrics, decoder
         self.choices = [Choice(i) for i in range(len(streams))]
+        self._text_offsets = [0] * len(streams)  # per choice: where its next streamed chunk starts
         self._arrival = time.perf_counter()
         self._first: dict[int, float] = {}
 
@@ -95,9 +96,15 @@ class Completion:
             self._add(index, delta)
         kind = "chat.completion" if chat else "text_completion"
         response = envelope(kind, self.response_id, self.model_name)
-        response["choices"] = [self._choice(choice, chat) for choice in self.choices]
+        if self.logprobs_k is None:
+            response["choices"] = self._choices(chat)
+        else:  # a piece per token and alternative: long for a long answer, so off the loop
+            response["choices"] = await asyncio.to_thread(self._choices, chat)
         response["usage"] = self._usage()
         return response
+
+    def _choices(self, chat: bool) -> list[dict[str, Any]]:
+        return [self._choice(choice, chat) for choice in self.choices]
 
     async def sse(self, chat: bool) -> AsyncIterator[str]:
         """Server-sent events: a chunk per choice per engine step, then the usage chunk when
@@ -143,7 +150,7 @@ class Completion:
         return entry
 
     def _delta_choice(self, index: int, delta: StreamDelta, chat: bool) -> dict[str, Any]:
-        logprobs = self._logprobs(delta.token_ids, delta.logprobs or [], chat)
+        logprobs = self._logprobs(delta.token_ids, delta.logprobs or [], chat, index)
         entry: dict[str, Any] = {"index": index, "logprobs": logprobs}
         if chat:
             entry["delta"] = {"content": delta.text or ""}
@@ -159,11 +166,20 @@ class Completion:
             "finish_reason": None,
         }
 
-    def _logprobs(self, token_ids: list[int], logprobs: list, chat: bool) -> dict[str, Any] | None:
+    def _logprobs(
+        self, token_ids: list[int], logprobs: list, chat: bool, streamed: int | None = None
+    ) -> dict[str, Any] | None:
+        """The logprobs of `token_ids`: a whole choice's, or the next chunk of choice
+        `streamed`'s (its text offsets continue from its earlier chunks')."""
         if self.logprobs_k is None:
             return None
-        build = chat_logprobs if chat else completion_logprobs
-        return build(token_ids, logprobs, self.logprobs_k, self.decoder)
+        if chat:
+            return chat_logprobs(token_ids, logprobs, self.logprobs_k, self.decoder)
+        start = 0 if streamed is None else self._text_offsets[streamed]
+        built = completion_logprobs(token_ids, logprobs, self.logprobs_k, self.decoder, start)
+        if streamed is not None:
+            self._text_offsets[streamed] = start + sum(len(piece) for piece in built["tokens"])
+        return built
 
     def _chunk(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         chunk = envelope(kind, self.response_id, self.model_name)

@@ -12,14 +12,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -27,51 +21,18 @@ import pytest
 
 from runtime import LLM, SamplingParams
 from runtime.cli import main
+from tests.runtime.serve.live import ready_server
 from tests.tiers import slow, slow_cases
 
-ROOT = Path(__file__).parents[3]
 MODEL = "tiny-stdlib"
 OPTIONS = ["--max-num-seqs", "8", "--max-model-len", "256", "--prefix-caching", "off"]
-START_SECONDS = 240  # load + compile on a busy 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """The base URL of a live `jmamba serve` (stopped after the module)."""
-    port = free_port()
-    command = [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port), *OPTIONS]
-    command += ["--model", MODEL, "--warmup", "decode"]
-    with tempfile.TemporaryFile() as log:  # a file, not a pipe: a full pipe would stall it
-        env = os.environ | {"PYTHONPATH": str(ROOT)}
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=log, stdout=log)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(base, process, log)
-            yield base
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-
-
-def wait_ready(base: str, process: subprocess.Popen, log) -> None:
-    deadline = time.monotonic() + START_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            raise AssertionError(f"the server exited: {log.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"the server was not ready in {START_SECONDS} s")
+    with ready_server([*OPTIONS, "--model", MODEL, "--warmup", "decode"]) as live:
+        yield live.base
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +139,20 @@ def metrics(server: str) -> dict[str, float]:
     return values
 
 
+JSON = {"content-type": "application/json"}
+
+
+def post_json(url: str, body: dict) -> httpx.Response:
+    """POST `body` as ASCII JSON: a lone surrogate travels as its escape, as JSON allows."""
+    return httpx.post(url, content=json.dumps(body), headers=JSON, timeout=30)
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
         ({"model": MODEL, "prompt": "x", "max_tokens": -1}, "max_tokens"),
+        ({"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens"),  # not 16 tokens
+        ({"model": MODEL, "prompt": "\ud800"}, "prompt"),  # a lone surrogate: not a 500
         ({"model": "other", "prompt": "x"}, "model"),
         ({"model": MODEL, "prompt": 12}, "prompt"),
         ({"model": MODEL, "prompt": "x" * 300}, None),  # past max_model_len
@@ -192,7 +163,7 @@ def metrics(server: str) -> dict[str, float]:
     ],
 )
 def test_bad_bodies_get_400_and_the_server_goes_on(server: str, body: dict, param: str | None):
-    response = httpx.post(f"{server}/v1/completions", json=body, timeout=30)
+    response = post_json(f"{server}/v1/completions", body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
@@ -226,3 +197,55 @@ def test_bench_against_the_server_prints_its_table(server: str, workload: str, c
     numbers = json.loads(out.read_text())
     assert numbers["requests"] == 6 and numbers["output_tokens_per_s"] > 0
     assert 0 < numbers["ttft_ms_p50"] <= numbers["latency_ms_p50"]
+
+
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "param"),
+    [
+        (
+            "POST",
+            CHAT,
+            {"model": MODEL, "messages": USER, "max_completion_tokens": 0},
+            400,
+            "max_completion_tokens",
+        ),
+        ("POST", CHAT, {"model": MODEL, "messages": USER, "max_tokens": 0}, 400, "max_tokens"),
+        (
+            "POST",
+            CHAT,
+            {"model": MODEL, "messages": [{"role": "user", "content": "\ud800"}]},
+            400,
+            "messages",
+        ),
+        ("POST", CHAT, b'{"model": "tiny-stdlib", "messages": "\xff\xfe"}', 400, None),
+        ("POST", CHAT, {"model": MODEL}, 400, "messages"),
+        ("POST", "/v1/nowhere", {}, 404, None),
+        ("GET", "/v1/completions", None, 405, None),
+        ("DELETE", "/v1/models", None, 405, None),
+    ],
+)
+def test_every_error_is_in_openais_shape(server, method, path, body, status, param):
+    """Validation errors, a lone surrogate, a body that is not UTF-8, an unknown route and a wrong
+    method: each answered with its status and {"error": {message, type, param, code}}."""
+    content = body if isinstance(body, bytes) else json.dumps(body)
+    response = httpx.request(method, f"{server}{path}", content=content, headers=JSON, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert param is None or error["param"] == param
+    if status == 400:
+        assert error["type"] == "invalid_request_error"
+
+
+def test_streamed_text_offsets_continue_across_chunks(client: openai.OpenAI):
+    """Each chunk's `text_offset` continues from the chunks before it: the streamed offsets are
+    the whole response's."""
+    ask = dict(model=MODEL, prompt="def ", max_tokens=12, temperature=0, logprobs=1)
+    whole = client.completions.create(**ask).choices[0].logprobs
+    chunks = client.completions.create(**ask, stream=True)
+    streamed = [offset for chunk in chunks for offset in chunk.choices[0].logprobs.text_offset]
+    assert streamed == whole.text_offset and streamed[-1] > 0

@@ -36,8 +36,8 @@ def test_a_failed_step_fails_its_requests_and_retires_the_engine(llm, monkeypatc
     app = build_app(llm, MODEL)
     body = {"model": MODEL, "prompt": "def ", "max_tokens": 4}
     with TestClient(app) as client:
-        served = app.state.served
-        wait_until(served.engine.ready.is_set)
+        startup = app.state.startup
+        wait_until(lambda: startup.stage == "ready")
         assert client.get("/health").status_code == 200
         monkeypatch.setattr(llm.engine, "step_deltas", broken_step)
         failed = client.post("/v1/completions", json=body)

@@ -36,7 +36,7 @@ from runtime.device.model_runner import ModelRunner
 from runtime.device.mtp_drafts import served_model
 from runtime.device.placement import ParamSource, place_params
 from runtime.device.step_result import StepResult
-from runtime.launched_step import LaunchedStep
+from runtime.launched_step import LaunchedProgram, LaunchedStep
 from runtime.observe.describe import describe_engine
 from runtime.observe.step_record import ScheduleRecord, StepRecord
 from runtime.observe.step_stats import StepStats, StepTimer
@@ -48,6 +48,11 @@ from runtime.router import LeastOutstandingWork, Router
 from runtime.speculative.drafter import make_drafter
 from runtime.speculative.gate import draft_gate
 from runtime.speculative.verify import verified_tokens
+
+
+def idle() -> Schedule:
+    """The schedule of a rank's step that runs no row (an all-padding step)."""
+    return Schedule([], [], [])
 
 
 class Engine:
@@ -108,7 +113,7 @@ class Engine:
         self._timer = StepTimer([self.runner, self.drafter])
         self._num_launched = 0
         self._num_retired = 0  # decode tokens the current step retired (`gate.observe`)
-        self._in_flight: LaunchedStep | None = None  # asynchronous: dispatched, not retired
+        self._in_flight: LaunchedProgram | None = None  # asynchronous: dispatched, not retired
         self.tokenizer = tokenizer
         self.records: collections.deque[StepRecord] = collections.deque(
             maxlen=self.config.step_records
@@ -201,44 +206,76 @@ class Engine:
         synchronous = drafting and not self.buckets.drafting_carries
         outputs = self._drain() if synchronous else []  # host drafts need every row's last token
         launched = self._launch(drafting, synchronous)
+        last = None if launched is None else launched.steps[-1]  # the others moved on already
         if self.config.async_scheduling and not synchronous:  # retire N - 1 while N runs
             retiring, self._in_flight = self._in_flight, launched
-            outputs += [] if retiring is None else self._retire(retiring)
-            self._advance(launched)
+            retired = [] if retiring is None else self._retire(retiring)
+            self._advance(last)
         else:  # N moves rows on, then retires
             retiring = launched
-            self._advance(launched)
-            outputs += [] if launched is None else self._retire(launched)
+            self._advance(last)
+            retired = [] if launched is None else self._retire(launched)
         if retiring is None and launched is None:
             return outputs
         self._timer.stop()
         self.gate.observe(self._num_retired, self._timer.run_seconds, drafting)
-        self.stats.count(self._timer, None if launched is None else launched.schedules, drafting)
-        self._record(retiring, outputs)
-        return outputs
+        steps = None if launched is None else [step.schedules for step in launched.steps]
+        self.stats.count(self._timer, steps, drafting)
+        self._record(retired)
+        return outputs + [output for _, finished in retired for output in finished]
 
-    def _launch(self, drafting: bool, synchronous: bool) -> LaunchedStep | None:
-        """Schedule every rank, agree on a bucket, draft, build and dispatch the step; None
-        (nothing dispatched) when no rank of any process has work."""
+    def _launch(self, drafting: bool, synchronous: bool) -> LaunchedProgram | None:
+        """Schedule every rank, agree on a bucket, draft, build and dispatch the program: one
+        step, or `_num_steps` decode steps, each scheduled once the one before has moved its
+        rows on; None (nothing dispatched) when no rank of any process has work."""
         num_drafts = self.drafter.num_wanted if drafting else no_drafts
         schedules = [s.schedule(num_drafts) for s in self.schedulers]
         agreed = self._agree(schedules)
         if agreed is None:
             return None
         bucket, mode = agreed
+        steps = [self._planned(bucket, mode, schedules, drafting)]
+        for _ in range(1, self._num_steps(bucket, mode, drafting)):
+            self._advance(steps[-1])
+            schedules = [s.schedule() if s.decodes_only else idle() for s in self.schedulers]
+            steps.append(self._planned(bucket, mode, schedules, False))
+        carry = self.config.async_scheduling and not synchronous
+        dispatched = self._timer.device(
+            self.runner.dispatch_steps,
+            bucket,
+            [step.batches for step in steps],
+            carry=carry,
+            drafts=drafting,
+        )
+        self.last_bucket, self.last_schedules = bucket, steps[-1].schedules
+        self.last_batches = steps[-1].batches
+        return LaunchedProgram(steps, dispatched)
+
+    def _planned(
+        self, bucket: Bucket, mode: SamplingMode, schedules: list[Schedule], drafting: bool
+    ) -> LaunchedStep:
+        """One step of a program: each rank's schedule (with its drafts when `drafting`) and
+        batch, numbered."""
         snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
         schedules = self.drafter.propose(schedules, bucket) if drafting else schedules
         batches = [
             self._build(scheduler, schedule, bucket).with_mode(mode)
             for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
         ]
-        carry = self.config.async_scheduling and not synchronous
-        dispatch = self.runner.dispatch
-        dispatched = self._timer.device(dispatch, bucket, batches, carry=carry, drafts=drafting)
-        self.last_bucket, self.last_schedules, self.last_batches = bucket, schedules, batches
         index, self._num_launched = self._num_launched, self._num_launched + 1
-        parts = (index, bucket, mode, schedules, batches, dispatched, snapshots, drafting)
-        return LaunchedStep(*parts)
+        return LaunchedStep(index, bucket, mode, schedules, batches, snapshots, drafting)
+
+    def _num_steps(self, bucket: Bucket, mode: SamplingMode, drafting: bool) -> int:
+        """N, the steps the program runs: `decode_steps` when its first step holds decode rows
+        alone and nothing else is left to schedule on any rank (nothing waits, nothing
+        prefills), it drafts nothing and no row samples with penalties (their counts would miss
+        the tokens still on the device); else 1. Later steps schedule the ranks' decodes; a
+        rank that preempts one (so something waits) runs all-padding steps for the rest."""
+        n = self.config.decode_steps
+        if n == 1 or drafting or not bucket.is_decode_only or mode.penalty_width:
+            return 1
+        elsewhere = agree_max_int(not all(s.decodes_only for s in self.schedulers))
+        return 1 if elsewhere else n
 
     def _drafts_now(self) -> bool:
         """Whether this step drafts: every process's gate is asked about the same batch size,
@@ -249,12 +286,12 @@ class Engine:
         return drafts if self.gate.uniform else bool(agree_max_int(drafts))
 
     def _drain(self) -> list[RequestOutput]:
-        """Retire the step in flight (asynchronous scheduling) before a step with drafts is
+        """Retire the program in flight (asynchronous scheduling) before a step with drafts is
         scheduled; returns what finished in it."""
         retiring, self._in_flight = self._in_flight, None
-        outputs = [] if retiring is None else self._retire(retiring)
-        self._record(retiring, outputs)
-        return outputs
+        retired = [] if retiring is None else self._retire(retiring)
+        self._record(retired)
+        return [output for _, finished in retired for output in finished]
 
     def _agree(self, schedules: list[Schedule]) -> tuple[Bucket, SamplingMode] | None:
         """Elementwise max of the ranks' buckets and sampler modes, over every process; None if no
@@ -286,11 +323,18 @@ class Engine:
             moved = scheduler.advance(schedule, batch.sample_rows)
             self.drafter.dispatched(schedule, step.bucket, moved, step.drafted)
 
-    def _retire(self, step: LaunchedStep) -> list[RequestOutput]:
-        """Wait for the step's tokens and hand them to the schedulers (verifying drafts,
-        appending tokens, stops, prefix publication); logprobs, text and stream deltas; release
-        what finished."""
-        result = self._timer.device(self.runner.fetch, step.dispatched)
+    def _retire(self, program: LaunchedProgram) -> list[tuple[LaunchedStep, list[RequestOutput]]]:
+        """Wait for the program's tokens and retire its steps in order; each step with what
+        finished in it."""
+        results = self._timer.device(self.runner.fetch_steps, program.dispatched)
+        return [
+            (step, self._retire_step(step, result))
+            for step, result in zip(program.steps, results, strict=True)
+        ]
+
+    def _retire_step(self, step: LaunchedStep, result: StepResult) -> list[RequestOutput]:
+        """Hand a step's tokens to the schedulers (verifying drafts, appending tokens, stops,
+        prefix publication); logprobs, text and stream deltas; release what finished."""
         self.last_result = result
         # Per-token work beyond the token itself only when something asks for it: the plain
         # path stays as cheap as it was.
@@ -334,13 +378,15 @@ class Engine:
         self.requests.remove(request.request_id)
         return self.outputs.finish(request)
 
-    def _record(self, step: LaunchedStep | None, outputs: list[RequestOutput]) -> None:
-        """Keep the retired step's record (when records are kept and a step was retired)."""
-        if not self.records.maxlen or step is None:
+    def _record(self, retired: list[tuple[LaunchedStep, list[RequestOutput]]]) -> None:
+        """Keep the retired steps' records (when records are kept), each with what finished in
+        it; the steps of one program share its times."""
+        if not self.records.maxlen:
             return
-        finished = [output.request_id for output in outputs]
-        parts = (step.index, step.bucket, step.mode, step.snapshots, finished, self._timer)
-        self.records.append(StepRecord.of(*parts))
+        for step, outputs in retired:
+            finished = [output.request_id for output in outputs]
+            parts = (step.index, step.bucket, step.mode, step.snapshots, finished, self._timer)
+            self.records.append(StepRecord.of(*parts))
 
     # --------------------------------------------------------------------------------- driving
 
@@ -381,9 +427,15 @@ class Engine:
                 "step, or step until has_unfinished is False"
             )
         modes = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
-        for carry, drafts, buckets in self.buckets.warmup_variants(prefill):
+        for group in self.buckets.warmup_variants(prefill):
             self.runner.warmup(
-                buckets, modes=modes, carry=carry, drafts=drafts, progress=progress, workers=workers
+                group.buckets,
+                modes=modes,
+                carry=group.carry,
+                drafts=group.drafts,
+                num_steps=group.steps,
+                progress=progress,
+                workers=workers,
             )
         self.drafter.warmup()
         self._freeze_gc()

@@ -82,11 +82,12 @@ def round_up(sizes: tuple[int, ...], n: int) -> int:
 
 class WarmupGroup(NamedTuple):
     """Buckets `Engine.warmup` compiles alike: whether their steps carry tokens to the next (an
-    asynchronous engine's) and whether they draft."""
+    asynchronous engine's), whether they draft, and how many steps a program runs."""
 
     carry: bool
     drafts: bool
     buckets: list[Bucket]
+    steps: int = 1
 
 
 class BucketPolicy:
@@ -98,6 +99,7 @@ class BucketPolicy:
         self.prefill_rows = config.prefill_row_buckets
         self.width = config.decode_width
         self.asynchronous = config.async_scheduling
+        self.decode_steps = config.decode_steps
         spec = config.speculative
         # Steps without drafts: every step without speculation; with it, those its gate skips
         # (`SpeculativeConfig.drafts_selectively`).
@@ -159,12 +161,17 @@ class BucketPolicy:
         """`warmup_buckets` split by how their steps run. Steps without drafts use the width-1
         buckets, asynchronously in an asynchronous engine; steps that may carry drafts (a
         speculative engine's drafting steps, whatever their width) run synchronously, unless
-        the engine is asynchronous and drafts on the device (`drafting_carries`)."""
+        the engine is asynchronous and drafts on the device (`drafting_carries`). With
+        `decode_steps` N > 1 the width-1 decode buckets are also compiled as programs of N
+        steps."""
         buckets = self.warmup_buckets(prefill)
         groups = []
         if self.undrafted_steps:
             narrow = [b for b in buckets if b.width == 1]
             groups.append(WarmupGroup(self.asynchronous, False, narrow))
+            if self.decode_steps > 1:
+                decodes = [b for b in narrow if b.is_decode_only]
+                groups.append(WarmupGroup(True, False, decodes, self.decode_steps))
         if self.width > 1:
             groups.append(WarmupGroup(self.drafting_carries, True, buckets))
         return groups

@@ -65,6 +65,7 @@ class EngineConfig:
     max_cached_states: int
     speculative: SpeculativeConfig | None
     async_scheduling: bool
+    decode_steps: int
     batch_invariant: bool
     chunk_size: int
 

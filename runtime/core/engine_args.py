@@ -33,6 +33,9 @@ DEFAULT_PREFIX_CACHING = "all"
 # The smallest derived state budget: "all" writes a state per state block of every prompt, and a
 # request's own deeper states would push a shared one out of a budget of one or two.
 DEFAULT_MIN_CACHED_STATES = 16
+# The most decode steps one program may run (`EngineArgs.decode_steps`): past a few dozen the host
+# time it saves is a sliver of the program's, and a stop inside it wastes more device time.
+MAX_DECODE_STEPS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +119,11 @@ class EngineArgs:
         without drafts run so (`SpeculativeConfig.max_batch_size`): a step with drafts first
         retires the one in flight. Off by default here (stepping an engine by hand shows each
         step's own finishes); `LLM` turns it on unless speculation drafts in every step.
+      decode_steps: N, the decode steps one device program runs while every scheduled request
+        decodes, none waits, no step drafts and none samples with penalties (multi-step decode:
+        each sampled token feeds the next step on the device, the host learns N steps' tokens
+        at once; docs/architecture.md, "Multi-step decode"). 1 (the default): a program a step.
+        Same tokens whatever N; a request that stops inside the N steps emits nothing after.
       batch_invariant: products and norms' sums in an order fixed by static shapes
         (`jmamba.layers.invariance`): a request's bf16 outputs on the GPU do not depend on its batch
         or on speculative lanes; slower prefill. Off: XLA's, which round a row by the step's shape.
@@ -142,6 +150,7 @@ class EngineArgs:
     max_cached_states: int | None = None
     speculative: SpeculativeConfig | dict[str, Any] | None = None
     async_scheduling: bool = False
+    decode_steps: int = 1
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
@@ -168,6 +177,7 @@ class EngineArgs:
         if self.max_model_len is not None and not self.sizes_blocks_from_memory:
             self._check_num_blocks(self._default_blocks(self.max_model_len), self.max_model_len)
         checks.flag("async_scheduling", self.async_scheduling)
+        checks.integer("decode_steps", self.decode_steps, low=1, high=MAX_DECODE_STEPS)
         checks.flag("batch_invariant", self.batch_invariant)
         speculative = self.speculative_config  # a bad dict of its fields raises here
         if self.num_slots is not None:
@@ -253,6 +263,7 @@ class EngineArgs:
             max_cached_states=cached,
             speculative=speculative,
             async_scheduling=self.async_scheduling,
+            decode_steps=self.decode_steps,
             batch_invariant=self.batch_invariant,
             chunk_size=chunk_size,
         )

@@ -100,6 +100,13 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def decodes_only(self) -> bool:
+        """Whether the next schedule holds decode rows alone: nothing waits and every running
+        request is past its prompt (`Engine` chains such steps into one program)."""
+        running = self.running
+        return not self.waiting and all(r.num_computed >= r.num_prefill_tokens for r in running)
+
     def add(self, request: Request) -> None:
         _insert_by_arrival(self.waiting, request)
 

@@ -63,22 +63,24 @@ from runtime.device.step_result import StepResult
 
 class VariantKey(NamedTuple):
     """What a compiled step is specialised on: its bucket (shapes), the sampler's mode, whether
-    it carries tokens to the next step (an asynchronous engine's steps), and whether it drafts on
+    it carries tokens to the next step (an asynchronous engine's steps), whether it drafts on
     the device (an MTP engine's steps; False for every step of an engine that drafts nowhere or
-    on the host)."""
+    on the host), and how many steps one call runs (`dispatch_steps`)."""
 
     bucket: Bucket
     mode: SamplingMode
     carry: bool
     drafts: bool
+    steps: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class DispatchedStep:
-    """A step handed to the device whose outputs may not be computed yet (`ModelRunner.dispatch`;
-    `ModelRunner.fetch` waits for them)."""
+    """A program handed to the device whose outputs may not be computed yet: one step
+    (`ModelRunner.dispatch`; `fetch` waits for it) or several (`dispatch_steps`, `fetch_steps`;
+    each output then has a step axis after the rank's). `parts[j]`: step j's batch per rank."""
 
-    batches: list[StepBatch]
+    parts: list[list[StepBatch]]
     tokens: jax.Array
     token_logprobs: TokenLogprobs[jax.Array] | None
     logits: jax.Array | None
@@ -192,61 +194,106 @@ class ModelRunner:
         speculation. `inputs`: the batches already on the device (`device_inputs`), for
         benchmarks that replay one step."""
         key = self._variant(bucket, batches, carry, drafts)
-        compiled = self._compiled.get(key) or self._compile(key, batches[0])
-        fresh = self.mesh.step_rows(self._rows(key, batches)) if inputs is None else inputs
+        compiled = self._compiled_for(key, batches[0])
+        rows = self._rows(key, batches) if inputs is None else inputs
+        return self._dispatch(key, compiled, [batches], rows)
+
+    def dispatch_steps(
+        self, bucket: Bucket, parts: list[list[StepBatch]], *, carry: bool, drafts: bool
+    ) -> DispatchedStep:
+        """Hand `len(parts)` steps to the device as one program (multi-step decode), step j with
+        `parts[j]`, one batch per local rank, built for `bucket` with one sampling mode; each
+        step after the first takes its tokens from the one before on the device. One part is
+        `dispatch`. Several carry (their last step hands its tokens to the next carrying step)
+        and draft nothing."""
+        if len(parts) == 1:
+            return self.dispatch(bucket, parts[0], carry=carry, drafts=drafts)
+        key = self._variant(bucket, parts[0], carry, drafts, steps=len(parts))
+        compiled = self._compiled_for(key, parts[0][0])
+        rows = np.hstack([self._rows(key, batches) for batches in parts])
+        return self._dispatch(key, compiled, parts, rows)
+
+    def _compiled_for(self, key: VariantKey, batch: StepBatch) -> Any:
+        """Variant `key`'s executable, compiled first (from `batch`'s shapes) if needed."""
+        return self._compiled.get(key) or self._compile(key, batch)
+
+    def _dispatch(
+        self,
+        key: VariantKey,
+        compiled: Any,
+        parts: list[list[StepBatch]],
+        rows: np.ndarray | jax.Array,
+    ) -> DispatchedStep:
+        """Run variant `key` on its packed `rows` ([local ranks, steps x words], or already a
+        device array)."""
+        fresh = self.mesh.step_rows(rows) if isinstance(rows, np.ndarray) else rows
         packed = self.buffers.upload(key, fresh)
         self.caches, outputs, carried = compiled(
             self._param_leaves,
             self.caches,
             packed,
             self.buffers.outputs(key),
-            self.buffers.carried if carry else None,
+            self.buffers.carried if key.carry else None,
         )
         self.buffers.keep(key, outputs, carried)
         outputs = self.buffers.download(outputs)
         for fetched in jax.tree.leaves(outputs):
             self.mesh.start_copy_to_host(fetched)
-        return DispatchedStep(batches, *outputs)
+        return DispatchedStep(parts, *outputs)
 
     def device_inputs(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:
         """The batches packed into the one device array `dispatch` sends (compiling the variant
         first if needed)."""
         key = self._variant(bucket, batches, carry=False, drafts=True)
-        if key not in self._compiled:
-            self._compile(key, batches[0])
-        return self._packed(key, batches)
+        self._compiled_for(key, batches[0])
+        return self.mesh.global_array(self._rows(key, batches))
 
     def _variant(
-        self, bucket: Bucket, batches: list[StepBatch], carry: bool, drafts: bool
+        self, bucket: Bucket, batches: list[StepBatch], carry: bool, drafts: bool, steps: int = 1
     ) -> VariantKey:
         if len(batches) != len(self.local_ranks):
             raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
         mode = batches[0].mode
         if any(b.mode != mode for b in batches):
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
-        return VariantKey(bucket, mode, carry, drafts and self.drafter.num_drafts > 0)
+        if steps > 1:  # several steps a program: each carries to the next, none drafts
+            carry, drafts = True, False
+        return VariantKey(bucket, mode, carry, drafts and self.drafter.num_drafts > 0, steps)
 
     def fetch(self, step: DispatchedStep) -> StepResult:
-        """Wait for a dispatched step; what it gave back, on the host."""
-        rows = self.mesh.local_rows(step.tokens)  # [ranks, 2 (+ 1 + k), N]: `StepOutputs`
-        return StepResult(
-            tokens=list(rows[:, 0]),
-            accepted=list(rows[:, 1]),
-            drafts=list(rows[:, 2:]) if rows.shape[1] > 2 else None,
-            logprobs=self._local_logprobs(step.token_logprobs, step.batches),
-            logits=None if step.logits is None else self.mesh.local_rows(step.logits),
-        )
+        """Wait for a dispatched step (of one step); what it gave back, on the host."""
+        if len(step.parts) != 1:
+            raise ValueError(f"a program of {len(step.parts)} steps: fetch_steps")
+        tokens, logprobs, logits = self._local_outputs(step)
+        return _result(tokens, logprobs, logits, step.parts[0])
 
-    def _local_logprobs(
-        self, token_logprobs: TokenLogprobs[jax.Array] | None, batches: list[StepBatch]
-    ) -> list[TokenLogprobs[np.ndarray]] | None:
-        if token_logprobs is None:
-            return None
-        rows = [self.mesh.local_rows(a) for a in token_logprobs]
+    def fetch_steps(self, step: DispatchedStep) -> list[StepResult]:
+        """Wait for a dispatched program; what each of its steps gave back, in order."""
+        if len(step.parts) == 1:
+            return [self.fetch(step)]
+        tokens, logprobs, logits = self._local_outputs(step)
+        at = lambda a, j: None if a is None else a[:, j]  # noqa: E731
         return [
-            TokenLogprobs(*(a[i][batch.sample_rows] for a in rows))
-            for i, batch in enumerate(batches)
+            _result(
+                tokens[:, j],
+                None if logprobs is None else TokenLogprobs(*(a[:, j] for a in logprobs)),
+                at(logits, j),
+                batches,
+            )
+            for j, batches in enumerate(step.parts)
         ]
+
+    def _local_outputs(
+        self, step: DispatchedStep
+    ) -> tuple[np.ndarray, TokenLogprobs[np.ndarray] | None, np.ndarray | None]:
+        """This process's ranks' rows of the program's outputs (waiting for them)."""
+        rows = self.mesh.local_rows
+        logprobs = step.token_logprobs
+        return (
+            rows(step.tokens),
+            None if logprobs is None else TokenLogprobs(*(rows(a) for a in logprobs)),
+            None if step.logits is None else rows(step.logits),
+        )
 
     def warmup(
         self,
@@ -255,12 +302,14 @@ class ModelRunner:
         modes: tuple[SamplingMode, ...] = (SamplingMode(),),
         carry: bool = False,
         drafts: bool = True,
+        num_steps: int = 1,
         progress: bool = False,
         workers: int = COMPILE_WORKERS,
     ) -> None:
         """Compile `buckets` in each sampling mode of `modes` (`carry`, `drafts`: as `dispatch`
-        takes them), then run each once on all-padding steps (which change no live slot and feed
-        no token); `progress` shows a bar with the compile seconds so far.
+        takes them; `num_steps`: programs of that many steps, as `dispatch_steps` runs them),
+        then run each once on all-padding steps (which change no live slot and feed no token);
+        `progress` shows a bar with the compile seconds so far.
 
         Variants are lowered one by one (Python, under the GIL), each handed to `workers` compiling
         threads as soon as it is lowered (XLA compiles without the GIL), so each variant's
@@ -272,7 +321,9 @@ class ModelRunner:
             for mode in modes
         ]
         ranks = len(self.local_ranks)
-        todo = {self._variant(b, [batch] * ranks, carry, drafts): batch for b, batch in steps}
+        todo = {
+            self._variant(b, [batch] * ranks, carry, drafts, num_steps): batch for b, batch in steps
+        }
         todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
         with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
             with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
@@ -285,7 +336,8 @@ class ModelRunner:
                     bar.update()
                     bar.set_postfix_str(f"{self.total_compile_seconds:.1f} s compiling")
         for bucket, batch in steps:
-            self.fetch(self.dispatch(bucket, [batch] * ranks, carry=carry, drafts=drafts))
+            parts = [[batch] * ranks] * num_steps
+            self.fetch_steps(self.dispatch_steps(bucket, parts, carry=carry, drafts=drafts))
 
     def _dummy(self, bucket: Bucket) -> StepBatch:
         return build_dummy(
@@ -300,10 +352,6 @@ class ModelRunner:
         layout = self._layouts[key]
         return np.stack([pack(self._packed_tree(b, key), layout) for b in batches])
 
-    def _packed(self, key: VariantKey, batches: list[StepBatch]) -> jax.Array:
-        """The batches packed, as the global array the variant was lowered for."""
-        return self.mesh.global_array(self._rows(key, batches))
-
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
         return self._finish_compile(key, *self._lower(key, batch))
 
@@ -312,7 +360,8 @@ class ModelRunner:
         seconds it took)."""
         start = time.perf_counter()
         self._layouts[key] = layout_of(self._packed_tree(batch, key))
-        packed = self._packed(key, [batch] * len(self.local_ranks))
+        rows = self._rows(key, [batch] * len(self.local_ranks))
+        packed = self.mesh.global_array(np.tile(rows, (1, key.steps)))
         spec = StepSpec(
             graphdef=self.graphdef,
             param_treedef=self._param_treedef,
@@ -322,6 +371,7 @@ class ModelRunner:
             layout=self._layouts[key],
             mode=key.mode,
             drafter=self.drafter if key.drafts else NoDeviceDrafts(),
+            steps=key.steps,
         )
         carried = self.buffers.carried if key.carry else None
         traced = self._jitted.trace(spec, self._param_leaves, self.caches, packed, carried)
@@ -358,3 +408,25 @@ def carried_tokens(config: EngineConfig) -> int:
     spec = config.speculative
     width = 1 if spec is None else spec.width
     return max(config.decode_row_buckets) * width + max(config.prefill_row_buckets)
+
+
+def _result(
+    tokens: np.ndarray,
+    logprobs: TokenLogprobs[np.ndarray] | None,
+    logits: np.ndarray | None,
+    batches: list[StepBatch],
+) -> StepResult:
+    """One step's `StepResult` from its rows of the outputs (tokens [ranks, 2 (+ 1 + k), N]:
+    `StepOutputs`), each scheduled request's log-probabilities taken from its sampled row."""
+    return StepResult(
+        tokens=list(tokens[:, 0]),
+        accepted=list(tokens[:, 1]),
+        drafts=list(tokens[:, 2:]) if tokens.shape[1] > 2 else None,
+        logprobs=None
+        if logprobs is None
+        else [
+            TokenLogprobs(*(a[i][batch.sample_rows] for a in logprobs))
+            for i, batch in enumerate(batches)
+        ],
+        logits=logits,
+    )

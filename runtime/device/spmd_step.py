@@ -43,6 +43,7 @@ class StepSpec:
       layout: where each input sits in the packed row (`runtime.device.packing`).
       mode: the sampler's mode.
       drafter: what drafts for the next step on the device (`runtime.device.mtp_drafts`).
+      steps: the steps one call runs (`_rank_chain`; 1: the plain step).
     """
 
     graphdef: Any
@@ -53,6 +54,27 @@ class StepSpec:
     layout: Layout
     mode: SamplingMode
     drafter: DeviceDrafter
+    steps: int = 1
+
+
+def _rank_chain(spec: StepSpec, param_leaves, caches, packed, previous):
+    """`spec.steps` steps of one device in one program (multi-step decode): packed [1, S x
+    words] holds each step's packed row in turn, and each step takes over from the one before
+    through what it carries, as a carrying step takes over from the previous program
+    (`runtime.device.chaining`). Returns `_rank_step`'s outputs, each with a step axis after
+    the rank's ([1, S, ...]), the caches, and what the last step carries."""
+    parts = packed.reshape(spec.steps, 1, -1)
+
+    def one_step(carry, part):
+        caches, previous = carry
+        tokens, logprobs, logits, caches, carried = _rank_step(
+            spec, param_leaves, caches, part, previous
+        )
+        return (caches, carried), (tokens, logprobs, logits)
+
+    (caches, carried), outputs = jax.lax.scan(one_step, (caches, previous), parts)
+    tokens, logprobs, logits = jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), outputs)
+    return tokens, logprobs, logits, caches, carried
 
 
 def _rank_step(spec: StepSpec, param_leaves, caches, packed, previous):
@@ -112,7 +134,7 @@ def spmd_step(
     (`with_output_buffers`)."""
     by_rank = P(AXIS)
     param_specs = [P(TP_AXIS)] * len(param_leaves)
-    step = functools.partial(_rank_step, spec)
+    step = functools.partial(_rank_step if spec.steps == 1 else _rank_chain, spec)
     logprob_specs = TokenLogprobs(by_rank, by_rank, by_rank) if spec.mode.logprobs else None
     tokens, token_logprobs, logits, caches, carried = jax.shard_map(
         step,

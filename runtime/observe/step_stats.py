@@ -59,17 +59,22 @@ class StepStats:
         parts = [rank.prefix_cache for rank in self.ranks if rank.prefix_cache is not None]
         return PrefixCacheStats.total(parts) if parts else None
 
-    def count(self, timer: StepTimer, schedules: list[Schedule] | None, drafted: bool) -> None:
-        """Add one engine step: its `timer`'s seconds and, when it dispatched a step (`schedules`,
-        one per rank), whether it drafted, and each rank's live or idle step and the tokens it
-        computed."""
+    def count(self, timer: StepTimer, steps: list[list[Schedule]] | None, drafted: bool) -> None:
+        """Add one engine step: its `timer`'s seconds and, when it dispatched a program (`steps`:
+        each of its steps' schedules, one per rank), its steps, whether it drafted, and each
+        rank's live or idle steps and the tokens they computed."""
         self.host_seconds += timer.host_seconds
         self.device_seconds += timer.device_seconds
         self.compile_seconds += timer.compile_seconds
-        if schedules is None:
+        if steps is None:
             return
-        self.num_steps += 1
+        self.num_steps += len(steps)
         self.num_drafting_steps += drafted
+        for schedules in steps:
+            self._count_ranks(schedules)
+
+    def _count_ranks(self, schedules: list[Schedule]) -> None:
+        """Count one step of each rank: live (and its tokens) or idle."""
         for rank, schedule in zip(self.ranks, schedules, strict=True):
             if schedule.is_empty:
                 rank.num_idle_steps += 1

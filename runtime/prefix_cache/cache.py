@@ -179,7 +179,9 @@ class PrefixCache:
         prefix, deeper blocks are always older, so eviction never cuts a prefix in the middle
         (a block is useless without every block before it).
         """
-        full = request.num_computed // self.block_size
+        # Computed tokens may run past the known ones: a chain of decode steps feeds tokens the
+        # host learns later (`EngineArgs.decode_steps`); a block is keyed by known tokens only.
+        full = min(request.num_computed, request.num_tokens) // self.block_size
         if not self.uses_blocks or full <= num_offered:
             return max(full, num_offered)
         digests = self.digests(request, full)

@@ -29,6 +29,9 @@ FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
 MAX_MODEL_LEN = 64
 BLOCK_SIZE = 8
 MAX_NUM_SEQS = 4
+# Decode steps a program runs, as the random schedules draw them (`EngineArgs.decode_steps`): 3
+# puts stops, lengths, aborts and preemptions inside a program, and compiles one more variant.
+DECODE_STEPS = (1, 3)
 
 
 def base_config(family: str) -> EngineArgs:

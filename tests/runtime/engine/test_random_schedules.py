@@ -19,7 +19,7 @@ from runtime.core.budgets import min_token_budget
 from runtime.core.sampling_params import SamplingParams
 from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
-from tests.runtime.conftest import base_config, make_engine, naive_greedy
+from tests.runtime.conftest import DECODE_STEPS, base_config, make_engine, naive_greedy
 from tests.tiers import quick_first
 
 FAMILIES = ("mamba2", "nemotron_h", "qwen3_next")
@@ -121,13 +121,15 @@ def drawn_workload(
     max_num_seqs=st.integers(1, 4),
     eos_at=st.integers(0, 7),
     async_scheduling=st.booleans(),
+    decode_steps=st.sampled_from(DECODE_STEPS),
 )
 def test_random_schedule_is_valid_batch_invariant_and_stops(
-    family, requests, extra_budget, max_num_seqs, eos_at, async_scheduling
+    family, requests, extra_budget, max_num_seqs, eos_at, async_scheduling, decode_steps
 ):
     """Arrivals, aborts, small pools (preemption), varied budgets, EOS and stop tokens,
-    min_tokens, with and without asynchronous scheduling: every request == the request served
-    alone (synchronously), which obeys the stopping rules."""
+    min_tokens, with and without asynchronous scheduling, one or several decode steps a program:
+    every request == the request served alone (synchronously, a step a program), which obeys the
+    stopping rules."""
     budget, prompts, free, eos, params = drawn_workload(
         family, requests, extra_budget, max_num_seqs, eos_at
     )
@@ -137,6 +139,7 @@ def test_random_schedule_is_valid_batch_invariant_and_stops(
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         async_scheduling=async_scheduling,
+        decode_steps=decode_steps,
     )
     outputs, aborted, step = {}, set(), 0
     while step <= 6 or engine.has_unfinished:
@@ -154,6 +157,7 @@ def test_random_schedule_is_valid_batch_invariant_and_stops(
     )
     event("preempted" if engine.inspect.scheduler.num_preemptions else "no preemption")
     event(f"async_scheduling={async_scheduling}")
+    event(f"decode_steps={decode_steps}")
     for i, r in enumerate(requests):
         if str(i) in aborted:
             continue

@@ -21,7 +21,13 @@ from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
-from tests.runtime.conftest import base_config, make_engine, model_and_runner, run_to_completion
+from tests.runtime.conftest import (
+    DECODE_STEPS,
+    base_config,
+    make_engine,
+    model_and_runner,
+    run_to_completion,
+)
 from tests.tiers import slow
 
 
@@ -36,11 +42,15 @@ def dp_runner(family: str, ranks: int) -> ModelRunner:
     return runner
 
 
-def dp_engine(family: str, ranks: int, router=None, async_scheduling: bool = False) -> Engine:
+def dp_engine(
+    family: str, ranks: int, router=None, async_scheduling: bool = False, decode_steps: int = 1
+) -> Engine:
     model, _ = model_and_runner(family)
     runner = dp_runner(family, ranks)
     config = dataclasses.replace(
-        EngineArgs.of_config(runner.config), async_scheduling=async_scheduling
+        EngineArgs.of_config(runner.config),
+        async_scheduling=async_scheduling,
+        decode_steps=decode_steps,
     )
     return Engine(model, config, runner=runner, router=router)
 
@@ -162,10 +172,11 @@ def alone_tokens(family: str, prompt: tuple[int, ...], max_tokens: int) -> list[
     busy_ranks=st.integers(1, 2),
     placement_seed=st.integers(0, 2**16),
     async_scheduling=st.booleans(),
+    decode_steps=st.sampled_from(DECODE_STEPS),
 )
 @slow
 def test_random_schedules_over_ranks_keep_idle_shards_and_tokens(
-    ranks, requests, busy_ranks, placement_seed, async_scheduling
+    ranks, requests, busy_ranks, placement_seed, async_scheduling, decode_steps
 ):
     """Arrivals on only `busy_ranks` ranks (the others idle for many steps), aborts and preemption
     (small pools), with and without asynchronous scheduling: validate() on every rank every step,
@@ -175,7 +186,7 @@ def test_random_schedules_over_ranks_keep_idle_shards_and_tokens(
     rng = np.random.default_rng(placement_seed)
     busy = min(busy_ranks, ranks - 1)  # the last rank never gets a request: idle every step
     pins = {str(i): int(rng.integers(0, busy)) for i in range(len(requests))}
-    engine = dp_engine(family, ranks, PinnedRouter(pins), async_scheduling)
+    engine = dp_engine(family, ranks, PinnedRouter(pins), async_scheduling, decode_steps)
     prompts = [
         tuple(np.random.default_rng(r["seed"]).integers(0, 256, r["prompt_len"]).tolist())
         for r in requests

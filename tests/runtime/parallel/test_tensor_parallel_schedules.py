@@ -19,7 +19,7 @@ from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
 from tests.compiled import per_module
-from tests.runtime.conftest import model_and_runner, naive_greedy
+from tests.runtime.conftest import DECODE_STEPS, model_and_runner, naive_greedy
 from tests.runtime.parallel.test_data_parallel import (
     PinnedRouter,
     set_null_entries,
@@ -69,14 +69,19 @@ request_strategy = st.fixed_dictionaries(
 @given(
     requests=st.lists(request_strategy, min_size=1, max_size=5),
     async_scheduling=st.booleans(),
+    decode_steps=st.sampled_from(DECODE_STEPS),
 )
-def test_random_schedules_on_dp2_tp2_keep_the_idle_rank_and_tokens(requests, async_scheduling):
+def test_random_schedules_on_dp2_tp2_keep_the_idle_rank_and_tokens(
+    requests, async_scheduling, decode_steps
+):
     prefixes = [tokens(50 + k, 60) for k in range(2)]
     arrivals = shared_prefix_arrivals(requests, prefixes, seed=70)
     model, _ = model_and_runner(FAMILY)
     runner = mesh_runner()
     config = dataclasses.replace(
-        EngineArgs.of_config(runner.config), async_scheduling=async_scheduling
+        EngineArgs.of_config(runner.config),
+        async_scheduling=async_scheduling,
+        decode_steps=decode_steps,
     )
     router = PinnedRouter({str(i): 0 for i in range(len(arrivals))})
     engine = Engine(model, config, runner=runner, router=router)

@@ -31,6 +31,7 @@ from runtime.outputs.request_output import RequestOutput
 from tests.compiled import per_module
 from tests.runtime.conftest import (
     BLOCK_SIZE,
+    DECODE_STEPS,
     FAMILIES,
     assert_greedy,
     model_and_runner,
@@ -185,17 +186,23 @@ def test_hits_after_preemption_and_under_eviction_pressure_are_lossless(family, 
 
 
 @pytest.mark.parametrize(
-    ("mode", "async_scheduling"), [*((m, False) for m in MODES), ("all", True)]
+    ("mode", "async_scheduling", "decode_steps"),
+    [*((m, False, 1) for m in MODES), ("all", True, 1), ("all", False, 4), ("all", True, 4)],
 )
 @pytest.mark.parametrize("family", quick_first(FAMILIES))
-def test_a_chat_hits_its_previous_answer_in_all_mode(family, mode, async_scheduling):
+def test_a_chat_hits_its_previous_answer_in_all_mode(
+    family, mode, async_scheduling, decode_steps
+):
     """Turn 1's prompt ends 3 tokens before a state block boundary and its 8-token answer is
     decoded across it; turn 2's prompt is turn 1's prompt + answer + a question. "all" caches the
     state the crossing decode step wrote, so turn 2 starts past turn 1's prompt, also when that
-    step was scheduled before the token it fed was on the host (asynchronous: the state is keyed
-    when the step retires); "align" starts at most at turn 1's last chunk end."""
+    step was scheduled before the token it fed was on the host (asynchronous, or inside a
+    program of several decode steps: the state is keyed when the step retires); "align" starts
+    at most at turn 1's last chunk end."""
     sbs, _ = SETUPS[family]
-    engine = prefix_engine(family, mode, async_scheduling=async_scheduling)
+    engine = prefix_engine(
+        family, mode, async_scheduling=async_scheduling, decode_steps=decode_steps
+    )
     first = tokens(30, 2 * sbs - 3)
     turn1 = serve(engine, [(0, first, 8)])["0"]
     second = first + turn1.token_ids + tokens(31, 5)
@@ -271,17 +278,23 @@ request_strategy = st.fixed_dictionaries(
     mode=st.sampled_from(MODES),
     max_cached_states=st.integers(1, MAX_CACHED),
     async_scheduling=st.booleans(),
+    decode_steps=st.sampled_from(DECODE_STEPS),
 )
 def test_random_shared_prefix_schedules_are_lossless(
-    family, requests, mode, max_cached_states, async_scheduling
+    family, requests, mode, max_cached_states, async_scheduling, decode_steps
 ):
     """Shared prefixes of random lengths, arrivals, aborts, preemption (39 blocks), with and
-    without asynchronous scheduling: validate() on every step, every request that was not
-    aborted equals full recompute, and every pool holds only the cache's entries at the end."""
+    without asynchronous scheduling, one or several decode steps a program: validate() on every
+    step, every request that was not aborted equals full recompute, and every pool holds only
+    the cache's entries at the end."""
     prefixes = [tokens(50 + k, 100) for k in range(3)]
     arrivals = shared_prefix_arrivals(requests, prefixes, seed=60)
     engine = prefix_engine(
-        family, mode, max_cached_states=max_cached_states, async_scheduling=async_scheduling
+        family,
+        mode,
+        max_cached_states=max_cached_states,
+        async_scheduling=async_scheduling,
+        decode_steps=decode_steps,
     )
     serve_and_check_with_aborts(engine, family, arrivals, [r["abort_at"] for r in requests])
     event("hit" if engine.stats.ranks[0].prefix_cache.hits else "no hit")

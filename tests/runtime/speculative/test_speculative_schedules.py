@@ -16,7 +16,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from runtime.core.sampling_params import SamplingParams
-from tests.runtime.conftest import naive_greedy
+from tests.runtime.conftest import DECODE_STEPS, naive_greedy
 from tests.runtime.engine.test_random_schedules import drawn_workload, request_strategy
 from tests.runtime.speculative.spec_support import CoinGate, Oracle, spec_engine
 from tests.runtime.speculative.test_speculative import assert_pools_empty
@@ -54,6 +54,7 @@ def expected(family: str, prompt: tuple[int, ...], params: SamplingParams, eos: 
     eos_at=st.integers(0, 7),
     drafter=st.sampled_from(["oracle", "ngram", "draft_model", "mtp"]),
     async_scheduling=st.booleans(),
+    decode_steps=st.sampled_from(DECODE_STEPS),
     gate=st.sampled_from(["every step", "max_batch_size=1", "max_batch_size=2", "coin"]),
     seed=st.integers(0, 2**16),
 )
@@ -65,6 +66,7 @@ def test_random_schedule_with_drafts_equals_full_recompute(
     eos_at,
     drafter,
     async_scheduling,
+    decode_steps,
     gate,
     seed,
 ):
@@ -84,6 +86,7 @@ def test_random_schedule_with_drafts_equals_full_recompute(
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         async_scheduling=async_scheduling,
+        decode_steps=decode_steps,
     )
     if drafter == "oracle":
         engine.drafter = Oracle({str(i): f for i, f in enumerate(free)}, K, seed=seed)

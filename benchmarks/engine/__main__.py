@@ -7,6 +7,7 @@ from benchmarks.harness.suite import run_suite
 
 BENCHES = (
     "decode",
+    "multi_step",
     "profile_step",
     "profile_host",
 )

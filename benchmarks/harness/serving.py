@@ -46,12 +46,13 @@ def make_engine(
     tensor_parallel_size: int = 1,
     params: ParamSource = place_params,
     speculative: SpeculativeConfig | None = None,
+    decode_steps: int = 1,
 ) -> Engine:
     """A warmed-up engine holding `batch` requests of PROMPT_LEN random tokens (not yet stepped),
     prefilled `budget` tokens a step (default: all prompts in one step); `runner`: another such
     engine's runner (its compiled steps); else one on `tensor_parallel_size` devices whose
     parameters come from `params` (`RandomShards` for a model given as shapes); `speculative`:
-    the engine's speculative decoding (None: off)."""
+    the engine's speculative decoding (None: off); `decode_steps`: decode steps a program."""
     least = model.config.chunk_size + batch - 1
     budget = max(budget or batch * PROMPT_LEN, least)
     config = bench_config(
@@ -62,6 +63,7 @@ def make_engine(
         async_scheduling=async_scheduling,
         tensor_parallel_size=tensor_parallel_size,
         speculative=speculative,
+        decode_steps=decode_steps,
     )
     engine = Engine(model, config, params=params, runner=runner)
     engine.warmup()
@@ -73,17 +75,19 @@ def make_engine(
 
 
 def time_steps(engine: Engine, steps: int) -> tuple[float, float, float]:
-    """(wall, host, device) seconds per `Engine.step()` over `steps` decode steps, after the
-    prefill step and three warm decode steps."""
+    """(wall, host, device) seconds per decode step over at least `steps` decode steps, after the
+    prefill step and three warm calls of `Engine.step()` (each runs several decode steps when
+    the engine's `decode_steps` asks for them)."""
     for _ in range(4):
         engine.step()
     host0, device0 = engine.stats.host_seconds, engine.stats.device_seconds
+    steps0 = engine.stats.num_steps
     start = time.perf_counter()
-    for _ in range(steps):
+    while engine.stats.num_steps - steps0 < steps:
         engine.step()
-    step_s = (time.perf_counter() - start) / steps
+    elapsed, done = time.perf_counter() - start, engine.stats.num_steps - steps0
     return (
-        step_s,
-        (engine.stats.host_seconds - host0) / steps,
-        (engine.stats.device_seconds - device0) / steps,
+        elapsed / done,
+        (engine.stats.host_seconds - host0) / done,
+        (engine.stats.device_seconds - device0) / done,
     )

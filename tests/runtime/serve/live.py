@@ -23,11 +23,13 @@ START_SECONDS = 240  # load + compile on a busy 2-core machine
 
 @dataclasses.dataclass
 class LiveServer:
-    """A running server: its base URL, its process and its output so far (`output()`)."""
+    """A running server: its base URL, its process, when it was started (`time.monotonic`) and
+    its output so far (`output()`)."""
 
     base: str
     process: subprocess.Popen
     log: IO[bytes]
+    started_at: float
 
     def output(self) -> str:
         self.log.seek(0)
@@ -50,11 +52,12 @@ def started(options: list[str], env: dict[str, str] | None = None) -> Iterator[L
     port = free_port()
     with tempfile.TemporaryFile() as log:
         environment = os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})
+        started_at = time.monotonic()
         process = subprocess.Popen(
             serve_command(port, options), cwd=ROOT, env=environment, stderr=log, stdout=log
         )
         try:
-            yield LiveServer(f"http://127.0.0.1:{port}", process, log)
+            yield LiveServer(f"http://127.0.0.1:{port}", process, log, started_at)
         finally:
             process.terminate()
             process.wait(timeout=30)

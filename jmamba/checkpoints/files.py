@@ -84,10 +84,10 @@ def _load_file(path: Path) -> dict[str, np.ndarray]:
     try:
         with safe_open(str(path), framework="numpy") as handle:
             float8 = float8_tensors(path)
-            read = lambda n: read_float8(path, *float8[n]) if n in float8 else handle.get_tensor(n)  # noqa: E731
-            return {name: read(name) for name in handle.keys()}
+            tensors = {n: handle.get_tensor(n) for n in handle.keys() if n not in float8}
     except SafetensorError as error:  # truncated or not a safetensors file at all
         raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
+    return tensors | {name: read_float8(path, *entry) for name, entry in float8.items()}
 
 
 Float8Entry = tuple[np.dtype, tuple[int, ...], int]  # dtype, shape, first byte in the file

@@ -3,8 +3,9 @@ the tensors the scheme consumes (scales, activation scales, KV-cache scales), fo
 dtypes and shapes alone, before any tensor is read.
 
 The dtype on disk says what is quantized: a float8_e4m3fn linear weight `<linear>.weight` [out,
-in], or packed experts `<p>.experts.gate_up_proj` / `down_proj` [E, out, in]; any other tensor
-stays as it is (the layers a checkpoint keeps in bf16). Refused, by name: an FP8 tensor in a
+in], or a stack of experts [E, out, in] (packed `<p>.experts.gate_up_proj` / `down_proj`,
+Granite's `block_sparse_moe.input_linear` / `output_linear`); any other tensor stays as it is
+(the layers a checkpoint keeps in bf16). Refused, by name: an FP8 tensor in a
 checkpoint without a `quantization_config`, an e5m2 one, an FP8 tensor of another kind or rank (a
 conv, a norm), a missing scale or activation scale, and a scale whose shape is not one per block
 of its weight. A scale whose weight is not FP8 is left among the tensors, so the loader's name
@@ -14,6 +15,7 @@ check calls it unexpected.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 
 import ml_dtypes
@@ -31,6 +33,10 @@ from jmamba.checkpoints.skipped_tensors import PACKED_EXPERTS
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 _KV_SCALES = (".k_scale", ".v_scale")
+# Stacks of expert weights [E, out, in]: packed experts, Granite's stacked ones.
+EXPERT_STACKS = re.compile(
+    rf"{PACKED_EXPERTS.pattern}|.+\.block_sparse_moe\.(input|output)_linear\.weight"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +83,9 @@ def _check_weight(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """ValueError unless `name` is an e4m3 linear weight or a packed expert tensor."""
     if dtype != E4M3:
         raise ValueError(f"tensor {name} is {dtype}: FP8 weights are read in float8_e4m3fn only")
-    packed = PACKED_EXPERTS.fullmatch(name) is not None
+    stack = EXPERT_STACKS.fullmatch(name) is not None
     linear = name.endswith(".weight") and len(shape) == 2
-    if not (linear or (packed and len(shape) == 3)):
+    if not (linear or (stack and len(shape) == 3)):
         raise ValueError(
             f"FP8 tensor {name} of shape {list(shape)} is not a layer kind we read quantized: "
             "linear weights [out, in] and packed experts [E, out, in] only"

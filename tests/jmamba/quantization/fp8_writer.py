@@ -180,7 +180,10 @@ def _quantized(name: str, tensor: np.ndarray) -> bool:
     if KEPT.fullmatch(name):
         return False
     linear = name.endswith(".weight") and tensor.ndim == 2
-    return linear or name.endswith((".experts.gate_up_proj", ".experts.down_proj"))
+    granite_experts = ".block_sparse_moe." in name and tensor.ndim == 3
+    return (
+        linear or granite_experts or name.endswith((".experts.gate_up_proj", ".experts.down_proj"))
+    )
 
 
 def _scale_name(name: str, suffix: str) -> str:

@@ -188,6 +188,11 @@ REFUSALS = {
         _replace("model.layers.0.linear_attn.in_proj_ba.weight_scale_inv", np.ones((1, 4))),
         "unexpected tensors ['model.layers.0.linear_attn.in_proj_ba.weight_scale_inv']",
     ),
+    "kv scales the config does not declare": (
+        modelopt(kv_cache=False),
+        _replace("model.layers.3.self_attn.k_proj.k_scale", np.asarray(0.02, np.float32)),
+        "unexpected tensors ['model.layers.3.self_attn.k_proj.k_scale']",
+    ),
 }
 
 

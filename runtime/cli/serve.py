@@ -128,15 +128,15 @@ def _positive(text: str) -> int:
 def run(args: argparse.Namespace, started: float) -> int:
     """Bind the port, then serve (loading and compiling meanwhile) until stopped."""
     try:
+        import fastapi  # noqa: F401 (the app's, imported below once the port is bound)
         import uvicorn
-
-        from runtime.serve.app import build_app
-        from runtime.serve.limits import Limits
     except ImportError as error:
         raise ValueError(
             f"jmamba serve needs the serve extra (pip install jmamba[serve]): {error}"
         ) from None
     listener = _listen(args.host, args.port)
+    from runtime.serve.app import build_app  # loads jax: after the port is bound
+    from runtime.serve.limits import Limits
     name = args.served_model_name or args.model
     failures: list[BaseException] = []
     limits = Limits(args.max_request_bytes, args.max_choices_per_request, args.max_queued_requests)

@@ -5,11 +5,11 @@ dtypes and shapes alone, before any tensor is read.
 The dtype on disk says what is quantized: a float8_e4m3fn linear weight `<linear>.weight` [out,
 in], or a stack of experts [E, out, in] (packed `<p>.experts.gate_up_proj` / `down_proj`,
 Granite's `block_sparse_moe.input_linear` / `output_linear`); any other tensor stays as it is
-(the layers a checkpoint keeps in bf16). Refused, by name: an FP8 tensor in a
-checkpoint without a `quantization_config`, an e5m2 one, an FP8 tensor of another kind or rank (a
-conv, a norm), a missing scale or activation scale, and a scale whose shape is not one per block
-of its weight. A scale whose weight is not FP8 is left among the tensors, so the loader's name
-check calls it unexpected.
+(the layers a checkpoint keeps in bf16). Refused, by name: an FP8 tensor in a checkpoint without
+a `quantization_config`, an e5m2 one, an FP8 tensor of another kind or rank (a conv, a norm), a
+missing scale or activation scale, and a scale whose shape is not one per block of its weight. A
+scale whose weight is not FP8 (or KV-cache scales the config does not declare) is left among the
+tensors, so the loader's name check calls it unexpected.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def find_quantized(
 
 
 def _check_weight(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    """ValueError unless `name` is an e4m3 linear weight or a packed expert tensor."""
+    """ValueError unless `name` is an e4m3 linear weight or stack of expert weights."""
     if dtype != E4M3:
         raise ValueError(f"tensor {name} is {dtype}: FP8 weights are read in float8_e4m3fn only")
     stack = EXPERT_STACKS.fullmatch(name) is not None
@@ -88,7 +88,7 @@ def _check_weight(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     if not (linear or (stack and len(shape) == 3)):
         raise ValueError(
             f"FP8 tensor {name} of shape {list(shape)} is not a layer kind we read quantized: "
-            "linear weights [out, in] and packed experts [E, out, in] only"
+            "linear weights [out, in] and stacks of expert weights [E, out, in] only"
         )
 
 

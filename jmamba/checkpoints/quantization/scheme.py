@@ -63,15 +63,13 @@ class Fp8Scheme:
         return f"{weight.removesuffix('.weight')}.input_scale"
 
     def describe(self) -> str:
-        """One line for logs and `print(llm)`, e.g. "fp8 e4m3, 128x128 blocks, dynamic per
-        token activations"."""
+        """One line for logs and `print(llm)`, e.g. "fp8 e4m3 weights per 128x128 block, dynamic
+        per 1x128 group activations"."""
         if not self.quantized:
             return "unquantized"
         rows, cols = self.block
-        weights = {(0, 0): "per-tensor", (1, 0): "per-channel"}.get(
-            self.block, f"{rows}x{cols} blocks"
-        )
-        return f"{self.method} e4m3, {weights} weights, {self.activations} activations"
+        weights = {(0, 0): "tensor", (1, 0): "channel"}.get(self.block, f"{rows}x{cols} block")
+        return f"{self.method} e4m3 weights per {weights}, {self.activations} activations"
 
 
 NO_QUANTIZATION = Fp8Scheme("none")

@@ -36,7 +36,7 @@ def test_block_fp8_as_qwen_publishes_it():
     assert scheme.scale_name("a.b.weight") == "a.b.weight_scale_inv"
     assert scheme.scale_name("m.experts.gate_up_proj") == "m.experts.gate_up_proj_scale_inv"
     assert scheme.describe() == (
-        "fp8 e4m3, 128x128 blocks weights, dynamic per 1x128 group activations"
+        "fp8 e4m3 weights per 128x128 block, dynamic per 1x128 group activations"
     )
 
 
@@ -51,6 +51,7 @@ def test_per_tensor_fp8_with_static_activations():
     )
     assert scheme.input_scale_name("x.q_proj.weight") == "x.q_proj.input_scale"
     assert scheme.kept == ("lm_head",)
+    assert scheme.describe() == "fp8 e4m3 weights per tensor, static per tensor activations"
 
 
 @pytest.mark.parametrize(("strategy", "block"), [("channel", (1, 0)), ("tensor", (0, 0))])
@@ -59,6 +60,7 @@ def test_compressed_tensors_strategies(strategy, block):
     assert scheme == Fp8Scheme(
         "compressed-tensors", block, "weight_scale", kept=("lm_head", "re:.*mlp.gate$")
     )
+    assert scheme.describe().startswith(f"compressed-tensors e4m3 weights per {strategy},")
 
 
 def test_compressed_tensors_block_weight_only_with_kv_scales():

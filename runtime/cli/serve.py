@@ -137,6 +137,7 @@ def run(args: argparse.Namespace, started: float) -> int:
     listener = _listen(args.host, args.port)
     from runtime.serve.app import build_app  # loads jax: after the port is bound
     from runtime.serve.limits import Limits
+
     name = args.served_model_name or args.model
     failures: list[BaseException] = []
     limits = Limits(args.max_request_bytes, args.max_choices_per_request, args.max_queued_requests)

@@ -20,7 +20,6 @@ from typing import Any, Literal
 from jmamba.model import HybridLM
 from runtime.core import checks
 from runtime.core.buckets import Bucket, BucketPolicy
-from runtime.core.builder import build_rank
 from runtime.core.config import COMPILE_WORKERS
 from runtime.core.engine_args import EngineArgs
 from runtime.core.request import FinishReason, Request
@@ -28,9 +27,9 @@ from runtime.core.request_table import RequestTable
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
-from runtime.core.scheduler import Scheduler, no_drafts
+from runtime.core.scheduler import Scheduler
 from runtime.core.step_batch import StepBatch
-from runtime.device.distributed import agree_max, agree_max_int
+from runtime.device.distributed import agree_max_int
 from runtime.device.memory import pool_memory
 from runtime.device.model_runner import ModelRunner
 from runtime.device.mtp_drafts import served_model
@@ -38,21 +37,17 @@ from runtime.device.placement import ParamSource, place_params
 from runtime.device.step_result import StepResult
 from runtime.launched_step import LaunchedProgram, LaunchedStep
 from runtime.observe.describe import describe_engine
-from runtime.observe.step_record import ScheduleRecord, StepRecord
+from runtime.observe.step_record import StepRecord
 from runtime.observe.step_stats import StepStats, StepTimer
 from runtime.observe.view import EngineView
 from runtime.outputs.processor import OutputProcessor, Sampled, sampled_items, stream_deltas
 from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.prefix_cache import slot_planner
+from runtime.program_planner import ProgramPlanner
 from runtime.router import LeastOutstandingWork, Router
 from runtime.speculative.drafter import make_drafter
 from runtime.speculative.gate import draft_gate
 from runtime.speculative.verify import verified_tokens
-
-
-def idle() -> Schedule:
-    """The schedule of a rank's step that runs no row (an all-padding step)."""
-    return Schedule([], [], [])
 
 
 class Engine:
@@ -105,13 +100,21 @@ class Engine:
         self.drafter = make_drafter(self.config, model, len(self.ranks), draft_model, draft_runner)
         self.gate = draft_gate(self.config)
         self.stats = StepStats.of_ranks([s.slots.stats for s in self.schedulers])
+        self.planner = ProgramPlanner(
+            self.config,
+            self.model_config,
+            self.schedulers,
+            self.buckets,
+            self.runner.num_carried,
+            keeps_records=self.config.step_records > 0,
+        )
         self.last_bucket: Bucket | None = None
         self.last_schedules: list[Schedule] = []
         self.last_batches: list[StepBatch] = []
+        self.last_program: LaunchedProgram | None = None  # the last dispatched (tests, views)
         self.last_result: StepResult | None = None  # the last retired step's (tests, views)
         self.requests = RequestTable.of(self.config, self.model_config)
         self._timer = StepTimer([self.runner, self.drafter])
-        self._num_launched = 0
         self._num_retired = 0  # decode tokens the current step retired (`gate.observe`)
         self._in_flight: LaunchedProgram | None = None  # asynchronous: dispatched, not retired
         self.tokenizer = tokenizer
@@ -225,20 +228,12 @@ class Engine:
         return outputs + [output for _, finished in retired for output in finished]
 
     def _launch(self, drafting: bool, synchronous: bool) -> LaunchedProgram | None:
-        """Schedule every rank, agree on a bucket, draft, build and dispatch the program: one
-        step, or `_num_steps` decode steps, each scheduled once the one before has moved its
-        rows on; None (nothing dispatched) when no rank of any process has work."""
-        num_drafts = self.drafter.num_wanted if drafting else no_drafts
-        schedules = [s.schedule(num_drafts) for s in self.schedulers]
-        agreed = self._agree(schedules)
-        if agreed is None:
+        """Plan the next program (`ProgramPlanner.plan`: one step, or several decode steps) and
+        dispatch it; None (nothing dispatched) when no rank of any process has work."""
+        steps = self.planner.plan(self.drafter, drafting)
+        if not steps:
             return None
-        bucket, mode = agreed
-        steps = [self._planned(bucket, mode, schedules, drafting)]
-        for _ in range(1, self._num_steps(bucket, mode, drafting)):
-            self._advance(steps[-1])
-            schedules = [s.schedule() if s.decodes_only else idle() for s in self.schedulers]
-            steps.append(self._planned(bucket, mode, schedules, False))
+        bucket = steps[0].bucket
         carry = self.config.async_scheduling and not synchronous
         dispatched = self._timer.device(
             self.runner.dispatch_steps,
@@ -249,33 +244,8 @@ class Engine:
         )
         self.last_bucket, self.last_schedules = bucket, steps[-1].schedules
         self.last_batches = steps[-1].batches
-        return LaunchedProgram(steps, dispatched)
-
-    def _planned(
-        self, bucket: Bucket, mode: SamplingMode, schedules: list[Schedule], drafting: bool
-    ) -> LaunchedStep:
-        """One step of a program: each rank's schedule (with its drafts when `drafting`) and
-        batch, numbered."""
-        snapshots = [ScheduleRecord.of(s) for s in schedules] if self.records.maxlen else []
-        schedules = self.drafter.propose(schedules, bucket) if drafting else schedules
-        batches = [
-            self._build(scheduler, schedule, bucket).with_mode(mode)
-            for scheduler, schedule in zip(self.schedulers, schedules, strict=True)
-        ]
-        index, self._num_launched = self._num_launched, self._num_launched + 1
-        return LaunchedStep(index, bucket, mode, schedules, batches, snapshots, drafting)
-
-    def _num_steps(self, bucket: Bucket, mode: SamplingMode, drafting: bool) -> int:
-        """N, the steps the program runs: `decode_steps` when its first step holds decode rows
-        alone and nothing else is left to schedule on any rank (nothing waits, nothing
-        prefills), it drafts nothing and no row samples with penalties (their counts would miss
-        the tokens still on the device); else 1. Later steps schedule the ranks' decodes; a
-        rank that preempts one (so something waits) runs all-padding steps for the rest."""
-        n = self.config.decode_steps
-        if n == 1 or drafting or not bucket.is_decode_only or mode.penalty_width:
-            return 1
-        elsewhere = agree_max_int(not all(s.decodes_only for s in self.schedulers))
-        return 1 if elsewhere else n
+        self.last_program = LaunchedProgram(steps, dispatched)
+        return self.last_program
 
     def _drafts_now(self) -> bool:
         """Whether this step drafts: every process's gate is asked about the same batch size,
@@ -293,35 +263,11 @@ class Engine:
         self._record(retired)
         return [output for _, finished in retired for output in finished]
 
-    def _agree(self, schedules: list[Schedule]) -> tuple[Bucket, SamplingMode] | None:
-        """Elementwise max of the ranks' buckets and sampler modes, over every process; None if no
-        rank of any process has work (then no step runs anywhere)."""
-        agreed = agree_max(self.buckets.needs(schedules))
-        return self.buckets.agreed(agreed)
-
-    def _build(self, scheduler: Scheduler, schedule: Schedule, bucket: Bucket) -> StepBatch:
-        config = self.config
-        batch = build_rank(schedule, bucket, config, state_block_size=config.boundary_block_size)
-        if config.validate_inputs:
-            batch.validate(
-                config,
-                chunk_size=self.model_config.chunk_size,
-                vocab_size=self.model_config.vocab_size,
-                published_slots=scheduler.slots.published_slots,
-                published_blocks=scheduler.slots.published_blocks,
-                num_carried=self.runner.num_carried,
-            )
-        return batch
-
     def _advance(self, step: LaunchedStep | None) -> None:
-        """The dispatched step's rows move on (`Scheduler.advance`): the next step can be
-        scheduled before its tokens are known. Nothing to do when no step was dispatched."""
-        if step is None:
-            return
-        parts = zip(self.schedulers, step.schedules, step.batches, strict=True)
-        for scheduler, schedule, batch in parts:
-            moved = scheduler.advance(schedule, batch.sample_rows)
-            self.drafter.dispatched(schedule, step.bucket, moved, step.drafted)
+        """The dispatched program's last step moves its rows on (`ProgramPlanner.advance`; the
+        others moved on when planned). Nothing to do when no program was dispatched."""
+        if step is not None:
+            self.planner.advance(self.drafter, step)
 
     def _retire(self, program: LaunchedProgram) -> list[tuple[LaunchedStep, list[RequestOutput]]]:
         """Wait for the program's tokens and retire its steps in order; each step with what

@@ -38,22 +38,33 @@ from runtime import engine as engine_module
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device.step_result import StepResult
 from runtime.engine import Engine
+from runtime.observe.step_record import ScheduleRecord
 
 WARM_STEPS = 8  # the prefill step, then decode steps before timing
 PARTS = ("schedule", "agree", "snapshot", "build", "postprocess", "verify", "drafter", "record")
 
 
 class _StubRunner:
-    """Stands for `runner`'s `dispatch` / `fetch`: token 7 for every logits row; with
+    """Stands for `runner`'s `dispatch` / `fetch` (and `dispatch_steps` / `fetch_steps`, one
+    `dispatch` a step): token 7 for every logits row; with
     `num_drafts` K, every draft accepted and, from a drafting step, K drafts (7 each) at every
     column (`StepResult.drafts`)."""
 
     def __init__(self, runner, num_drafts: int) -> None:
         self.runner, self.num_drafts = runner, num_drafts
         self._fetch = runner.fetch  # for the real step still in flight (asynchronous engine)
+        self.runner_fetch_steps = runner.fetch_steps
 
     def dispatch(self, bucket, batches, **options):
         return bucket, len(batches), self.num_drafts if options.get("drafts", True) else 0
+
+    def dispatch_steps(self, bucket, parts, **options):
+        return [self.dispatch(bucket, batches, **options) for batches in parts]
+
+    def fetch_steps(self, dispatched) -> list[StepResult]:
+        if not isinstance(dispatched, list):
+            return self.runner_fetch_steps(dispatched)
+        return [self.fetch(step) for step in dispatched]
 
     def fetch(self, dispatched) -> StepResult:
         if not isinstance(dispatched, tuple):
@@ -88,14 +99,16 @@ def _instrument(engine: Engine, seconds: collections.Counter) -> None:
     scheduler.schedule = _timed(seconds, "schedule", scheduler.schedule)
     scheduler.advance = _timed(seconds, "postprocess", scheduler.advance)
     scheduler.retire = _timed(seconds, "postprocess", scheduler.retire)
-    engine._agree = _timed(seconds, "agree", engine._agree)
-    engine._build = _timed(seconds, "build", engine._build)
+    planner = engine.planner
+    planner._agree = _timed(seconds, "agree", planner._agree)
+    planner._build = _timed(seconds, "build", planner._build)
     engine._record = _timed(seconds, "record", engine._record)
     drafter = engine.drafter
     for name in ("propose", "dispatched", "observe", "release_done"):
         setattr(drafter, name, _timed(seconds, "drafter", getattr(drafter, name)))
     stub = _StubRunner(engine.runner, engine.runner.drafter.num_drafts)
     engine.runner.dispatch, engine.runner.fetch = stub.dispatch, stub.fetch
+    engine.runner.dispatch_steps, engine.runner.fetch_steps = stub.dispatch_steps, stub.fetch_steps
 
 
 def profile_batch(
@@ -124,8 +137,8 @@ def profile_batch(
     engine.step()  # the prefill step, with the real runner (compiles it)
     seconds: collections.Counter = collections.Counter(dict.fromkeys(PARTS, 0.0))
     _instrument(engine, seconds)
-    record_of, verify = engine_module.ScheduleRecord.of, engine_module.verified_tokens
-    engine_module.ScheduleRecord.of = _timed(seconds, "snapshot", record_of)
+    record_of, verify = ScheduleRecord.of, engine_module.verified_tokens
+    ScheduleRecord.of = _timed(seconds, "snapshot", record_of)  # type: ignore[method-assign]
     engine_module.verified_tokens = _timed(seconds, "verify", verify)
     try:
         for _ in range(WARM_STEPS - 1):
@@ -136,7 +149,7 @@ def profile_batch(
             engine.step()
         total = time.thread_time() - start
     finally:
-        engine_module.ScheduleRecord.of, engine_module.verified_tokens = record_of, verify
+        ScheduleRecord.of, engine_module.verified_tokens = record_of, verify  # type: ignore
     if len(engine.inspect.scheduler.running) != batch:
         raise RuntimeError("a request finished while timed: the steps were not all decode steps")
     parts = {name: 1e3 * s / steps for name, s in seconds.items()}

@@ -108,22 +108,29 @@ def test_four_ranks_give_the_single_device_tokens(family):
     assert all(s.block_pool.num_used == 0 and s.slot_pool.num_used == 0 for s in multi.schedulers)
 
 
-def step_checking_idle_ranks(engine: Engine) -> tuple[list, list[int]]:
-    """One step; asserts that every rank that was idle in it kept its shard bit-identical.
-    Returns (finished outputs, idle ranks)."""
+def step_checking_idle_ranks(engine: Engine) -> tuple[list, list[int], int]:
+    """One engine step (a program of one or several steps); asserts that every rank that was
+    idle in each of its steps kept its shard bit-identical. Returns (finished outputs, idle
+    ranks, steps the program ran)."""
     before = [rank_shards(engine.runner, r) for r in engine.ranks]
     num_steps = engine.stats.num_steps
     finished = engine.step()
     if engine.stats.num_steps == num_steps:
-        return finished, []  # nothing was scheduled anywhere: no step ran
-    idle = [r for r, s in zip(engine.ranks, engine.last_schedules, strict=True) if s.is_empty]
+        return finished, [], 0  # nothing was scheduled anywhere: no step ran
+    program = engine.last_program
+    assert program is not None
+    idle = [
+        rank
+        for i, rank in enumerate(engine.ranks)
+        if all(step.schedules[i].is_empty for step in program.steps)
+    ]
     for rank in idle:
         after = rank_shards(engine.runner, rank)
         assert_bit_identical(before[rank], after, f"idle rank {rank} changed its shard")
     result = engine.last_result  # None until a step retires (asynchronous: one step late)
     logits = None if result is None else result.logits
     assert logits is None or np.isfinite(logits).all()  # NaN in the NULL entries never leaks
-    return finished, idle
+    return finished, idle, len(program.steps)
 
 
 def test_a_rank_that_finished_its_requests_runs_dummy_steps_and_touches_nothing():
@@ -138,7 +145,7 @@ def test_a_rank_that_finished_its_requests_runs_dummy_steps_and_touches_nothing(
     engine.add_request(long, SamplingParams(max_tokens=6), request_id="long")
     outputs, idle_steps = {}, 0
     while engine.has_unfinished:
-        finished, idle = step_checking_idle_ranks(engine)
+        finished, idle, _ = step_checking_idle_ranks(engine)
         outputs |= {o.request_id: o.token_ids for o in finished}
         idle_steps += idle == [0]
     assert idle_steps >= 5 and engine.stats.ranks[0].num_idle_steps == idle_steps
@@ -200,9 +207,9 @@ def test_random_schedules_over_ranks_keep_idle_shards_and_tokens(
                 )
             if r["abort_at"] == step and engine.abort(str(i)) is not None:
                 aborted.add(str(i))
-        finished, idle = step_checking_idle_ranks(engine)
+        finished, idle, steps = step_checking_idle_ranks(engine)
         outputs |= {o.request_id: o.token_ids for o in finished}
-        idle_steps += len(idle)
+        idle_steps += len(idle) * steps
         step += 1
         assert step < 400
     assert idle_steps >= engine.stats.num_steps

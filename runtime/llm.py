@@ -13,7 +13,7 @@ from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
 from jmamba.text.chat_template import ChatTemplate, load_chat_template
-from runtime.core.engine_args import EngineArgs
+from runtime.core.engine_args import DEFAULT_DECODE_STEPS, EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device import compile_cache
@@ -45,6 +45,7 @@ class LLM:
         dtype: str = "auto",
         warmup: bool | str = False,
         async_scheduling: bool | None = None,
+        decode_steps: int = DEFAULT_DECODE_STEPS,
         **engine_options,
     ):
         """`model` is a preset name ("tiny-stdlib", see `preset_names()`) or a HF checkpoint
@@ -52,7 +53,9 @@ class LLM:
         compiles step variants now instead of on first use, with a progress bar: True the
         decode-only ones, "all" every one the config can use; `async_scheduling` (the
         `EngineArgs` field) None: on unless speculative decoding drafts on the host in every
-        step (step N + 1 is scheduled while N runs, same outputs); `engine_options` are the other
+        step (step N + 1 is scheduled while N runs, same outputs); `decode_steps` (the
+        `EngineArgs` field) decode steps one device program runs while every request decodes
+        (same outputs; 1: a program a step); `engine_options` are the other
         `EngineArgs` fields (max_num_seqs, max_model_len, prefix_caching, state_block_size,
         max_cached_states, data_parallel_size, tensor_parallel_size, ...). The model's
         parameters stay in host memory (`model`); the engine's runner copies each device's
@@ -70,7 +73,9 @@ class LLM:
         if async_scheduling is None:
             spec = SpeculativeConfig.of(engine_options.get("speculative"))
             async_scheduling = spec is None or spec.has_asynchronous_steps
-        args = EngineArgs(**engine_options, async_scheduling=async_scheduling)
+        args = EngineArgs(
+            **engine_options, async_scheduling=async_scheduling, decode_steps=decode_steps
+        )
         compile_cache.enable()
         start = time.perf_counter()
         self.name = model

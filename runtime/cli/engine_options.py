@@ -11,7 +11,7 @@ from typing import Any
 
 import jmamba.presets
 from runtime.core.config import PREFIX_CACHING_MODES
-from runtime.core.engine_args import DEFAULT_PREFIX_CACHING
+from runtime.core.engine_args import DEFAULT_DECODE_STEPS, DEFAULT_PREFIX_CACHING, MAX_DECODE_STEPS
 from runtime.core.speculative_config import METHODS, SpeculativeConfig
 
 PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]
@@ -92,6 +92,13 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         default=None,
         help="schedule each step while the previous one runs on the device (same tokens; "
         "default: on unless ngram or draft-model speculation drafts in every step)",
+    )
+    budgets.add_argument(
+        "--decode-steps",
+        type=int,
+        default=DEFAULT_DECODE_STEPS,
+        help="decode steps one device program runs while every request decodes and none "
+        f"waits (same tokens; 1: a program a step; at most {MAX_DECODE_STEPS})",
     )
     _add_prefix_caching(parser)
     _add_speculative(parser)
@@ -197,6 +204,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         state_block_size=args.state_block_size,
         max_cached_states=args.max_cached_states,
         async_scheduling=args.async_scheduling,
+        decode_steps=args.decode_steps,
         batch_invariant=args.batch_invariant,
         speculative=speculative_config(args),
     )

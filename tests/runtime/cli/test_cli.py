@@ -11,6 +11,7 @@ import pytest
 
 from runtime.cli import main
 from runtime.cli.engine_options import add_engine_options, engine_options
+from runtime.core.engine_args import DEFAULT_DECODE_STEPS
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.llm import LLM
@@ -214,6 +215,18 @@ def test_cli_speculative_and_batch_invariant_options_reach_the_config():
     assert engine_options(args)["speculative"] == SpeculativeConfig("ngram", 3, adaptive=True)
     assert not engine_options(args)["batch_invariant"]
     assert engine_options(parser.parse_args(["--batch-invariant"]))["batch_invariant"]
+
+
+def test_decode_steps_reach_the_config_from_the_cli_and_llm():
+    """Several decode steps a program by default (`DEFAULT_DECODE_STEPS`), 1 when asked, a bad
+    count refused by name; LLM's default is the CLI's."""
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser)
+    assert engine_options(parser.parse_args([]))["decode_steps"] == DEFAULT_DECODE_STEPS > 1
+    assert engine_options(parser.parse_args(["--decode-steps", "1"]))["decode_steps"] == 1
+    assert LLM("tiny-mamba2").engine.config.decode_steps == DEFAULT_DECODE_STEPS
+    with pytest.raises(ValueError, match=r"decode_steps=0 must be an int in \[1, 64\]"):
+        LLM("tiny-mamba2", decode_steps=0)
 
 
 def test_llm_refuses_a_state_block_shorter_than_a_chunk():

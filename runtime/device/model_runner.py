@@ -264,20 +264,18 @@ class ModelRunner:
         """Wait for a dispatched step (of one step); what it gave back, on the host."""
         if len(step.parts) != 1:
             raise ValueError(f"a program of {len(step.parts)} steps: fetch_steps")
-        tokens, logprobs, logits = self._local_outputs(step)
-        return _result(tokens, logprobs, logits, step.parts[0])
+        return StepResult.of_rows(*self._local_outputs(step), step.parts[0])
 
     def fetch_steps(self, step: DispatchedStep) -> list[StepResult]:
         """Wait for a dispatched program; what each of its steps gave back, in order."""
         if len(step.parts) == 1:
             return [self.fetch(step)]
         tokens, logprobs, logits = self._local_outputs(step)
-        at = lambda a, j: None if a is None else a[:, j]  # noqa: E731
         return [
-            _result(
+            StepResult.of_rows(
                 tokens[:, j],
                 None if logprobs is None else TokenLogprobs(*(a[:, j] for a in logprobs)),
-                at(logits, j),
+                None if logits is None else logits[:, j],
                 batches,
             )
             for j, batches in enumerate(step.parts)
@@ -408,25 +406,3 @@ def carried_tokens(config: EngineConfig) -> int:
     spec = config.speculative
     width = 1 if spec is None else spec.width
     return max(config.decode_row_buckets) * width + max(config.prefill_row_buckets)
-
-
-def _result(
-    tokens: np.ndarray,
-    logprobs: TokenLogprobs[np.ndarray] | None,
-    logits: np.ndarray | None,
-    batches: list[StepBatch],
-) -> StepResult:
-    """One step's `StepResult` from its rows of the outputs (tokens [ranks, 2 (+ 1 + k), N]:
-    `StepOutputs`), each scheduled request's log-probabilities taken from its sampled row."""
-    return StepResult(
-        tokens=list(tokens[:, 0]),
-        accepted=list(tokens[:, 1]),
-        drafts=list(tokens[:, 2:]) if tokens.shape[1] > 2 else None,
-        logprobs=None
-        if logprobs is None
-        else [
-            TokenLogprobs(*(a[i][batch.sample_rows] for a in logprobs))
-            for i, batch in enumerate(batches)
-        ],
-        logits=logits,
-    )

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from runtime.core.sampling_inputs import TokenLogprobs
+from runtime.core.step_batch import StepBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,30 @@ class StepResult:
     drafts: list[np.ndarray] | None
     logprobs: list[TokenLogprobs[np.ndarray]] | None
     logits: np.ndarray | None
+
+    @classmethod
+    def of_rows(
+        cls,
+        tokens: np.ndarray,
+        logprobs: TokenLogprobs[np.ndarray] | None,
+        logits: np.ndarray | None,
+        batches: list[StepBatch],
+    ) -> StepResult:
+        """One step's result from its rows of the outputs, per local rank (tokens [ranks,
+        2 (+ 1 + k), N]: `runtime.device.step_buffers.StepOutputs`), each scheduled request's
+        log-probabilities taken from its sampled row (`batches[i].sample_rows`)."""
+        return cls(
+            tokens=list(tokens[:, 0]),
+            accepted=list(tokens[:, 1]),
+            drafts=list(tokens[:, 2:]) if tokens.shape[1] > 2 else None,
+            logprobs=None
+            if logprobs is None
+            else [
+                TokenLogprobs(*(a[i][batch.sample_rows] for a in logprobs))
+                for i, batch in enumerate(batches)
+            ],
+            logits=logits,
+        )
 
     def drafts_of(self, rank: int) -> np.ndarray | None:
         """drafts[rank], or None when the step drafted nothing on the device."""

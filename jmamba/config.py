@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import math
 
+from jmamba.fp8_plan import NO_FP8, Fp8Plan
 from jmamba.layer_configs import (
     GDN_CHUNK_SIZE,
     AttentionConfig,
@@ -119,6 +120,8 @@ class ModelConfig:
     # The tensor-parallel shards this config is one of (`jmamba.sharding.shard_config`: its layer
     # configs hold one shard's heads, groups and channels); 1 is a whole model.
     num_shards: int = 1
+    # Which linear layers hold FP8 kernels (`jmamba.fp8_plan`; the loader sets it).
+    quantization: Fp8Plan = NO_FP8
 
     def __post_init__(self) -> None:
         require(

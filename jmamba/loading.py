@@ -12,7 +12,13 @@ from flax import nnx
 from jmamba import presets
 from jmamba.checkpoints import hub
 from jmamba.checkpoints.families.registry import load_hf_config
-from jmamba.checkpoints.weights import cast, load_pretrained, on_host, resolve_dtype
+from jmamba.checkpoints.weights import (
+    QUANTIZATIONS,
+    cast,
+    load_pretrained,
+    on_host,
+    resolve_dtype,
+)
 from jmamba.model import HybridLM
 from jmamba.text.tokenizer import byte_tokenizer
 
@@ -20,7 +26,12 @@ PRESET_PREFIX = "tiny-"
 
 
 def load_model(
-    model: str, seed: int = 0, dtype: str = "auto", *, host: bool = False
+    model: str,
+    seed: int = 0,
+    dtype: str = "auto",
+    *,
+    host: bool = False,
+    quantization: str | None = None,
 ) -> tuple[HybridLM, Any]:
     """Return (HybridLM, tokenizer or None) for `model`, resolved in this order: an existing local
     directory (a HF checkpoint); a preset ("tiny-<name>"); a Hugging Face hub id ("org/name": its
@@ -31,22 +42,32 @@ def load_model(
     preset is built from `seed` and gets the presets' byte-level tokenizer. `dtype` is "auto"
     (the checkpoint's; float32 for a random-weight preset), "float32" or "bfloat16". `host`: the
     parameters stay in host memory (numpy), for a runner to place shard by shard.
+    `quantization`: None, or "fp8" to quantize a checkpoint's dense projections at load
+    (`load_pretrained`; a random-weight preset has no checkpoint to quantize).
     """
     resolve_dtype(dtype)  # a bad name fails before anything loads
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r} must be one of {list(QUANTIZATIONS)}")
     path = Path(model)
     if path.is_dir():
-        return _load_directory(path, model, dtype, host)
+        return _load_directory(path, model, dtype, host, quantization)
     if model.startswith(PRESET_PREFIX) and not path.exists():
         name = model.removeprefix(PRESET_PREFIX)
         if name not in presets.names():
             raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
         if name in presets.trained_names():
             path = presets.path(name)
-            return load_pretrained(path, dtype, host=host), load_tokenizer(path)
+            trained = load_pretrained(path, dtype, host=host, quantization=quantization)
+            return trained, load_tokenizer(path)
+        if quantization is not None:
+            raise ValueError(
+                f"quantization={quantization!r} needs a checkpoint; {model!r} is a random-weight "
+                f"preset (trained presets: {[PRESET_PREFIX + n for n in presets.trained_names()]})"
+            )
         random = cast(HybridLM(presets.tiny(name), rngs=nnx.Rngs(seed)), dtype)
         return (on_host(random) if host else random), _byte_tokenizer()
     if hub.is_hub_id(model) and not path.exists():
-        return _load_directory(hub.snapshot(model), model, dtype, host)
+        return _load_directory(hub.snapshot(model), model, dtype, host, quantization)
     raise ValueError(
         f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()} nor "
         "a Hugging Face hub id (org/name)"
@@ -63,12 +84,15 @@ def load_model_shapes(model_dir: Path, dtype: str = "auto") -> tuple[HybridLM, A
     return shapes, load_tokenizer(model_dir)
 
 
-def _load_directory(path: Path, model: str, dtype: str, host: bool) -> tuple[HybridLM, Any]:
+def _load_directory(
+    path: Path, model: str, dtype: str, host: bool, quantization: str | None
+) -> tuple[HybridLM, Any]:
     if not (path / "config.json").is_file():
         raise ValueError(f"checkpoint directory {model!r} has no config.json")
     if not list(path.glob("*.safetensors")):
         raise ValueError(f"checkpoint directory {model!r} has no *.safetensors files")
-    return load_pretrained(path, dtype, host=host), load_tokenizer(path)
+    loaded = load_pretrained(path, dtype, host=host, quantization=quantization)
+    return loaded, load_tokenizer(path)
 
 
 def preset_names() -> list[str]:

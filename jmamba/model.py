@@ -25,6 +25,7 @@ from flax import nnx
 
 from jmamba.config import Mixer, ModelConfig
 from jmamba.layer import Layer, LayerCache
+from jmamba.layers.fp8_linear import with_fp8_linears
 from jmamba.layers.linear import Linear
 from jmamba.layers.matmul import matmul
 from jmamba.layers.norms import RMSNorm
@@ -73,6 +74,7 @@ class HybridLM(nnx.Module):
             else Linear(config.hidden_size, config.vocab_per_shard, rngs=rngs)
         )
         self.mtp = MTPHead(config, rngs=rngs) if config.has_mtp else None
+        with_fp8_linears(self, config.quantization)
 
     def without_head(self) -> HybridLM:
         """This model without its MTP head (sharing every other parameter): what an engine that

@@ -58,6 +58,7 @@ def scaled(source: Source, scale: float | np.ndarray) -> Source:
         split=lambda p: source.split(unfold(p, scale)),
         # A scalar folds into any slice; a per-column one only into the whole parameter.
         read_axis=source.read_axis if scale.ndim == 0 else None,
+        weight=None,  # the parameter is no longer the weight itself
     )
 
 

@@ -40,6 +40,10 @@ class Source(NamedTuple):
     then the sliced parameter (a transpose, a dropped unit axis, an elementwise map, a scalar
     fold all commute with slicing). None: the parameter must be built from whole tensors
     (a concatenation or interleaving of tensors, a per-column fold, a fused gate | up).
+
+    `weight`: the one linear weight [out, in] whose transpose the parameter is, unchanged (no
+    fold, no concatenation); what an FP8 load may keep in e4m3 (`jmamba.fp8_plan`). None for a
+    parameter built otherwise.
     """
 
     names: tuple[str, ...]
@@ -48,6 +52,7 @@ class Source(NamedTuple):
     piece: tuple[int, int] | None = None
     joint: tuple[Path_, ...] = ()
     read_axis: Callable[[int], int | None] | None = None
+    weight: str | None = None
 
 
 def same_axis(axis: int) -> int:
@@ -67,7 +72,8 @@ def same(name: str) -> Source:
 
 def linear(name: str) -> Source:
     """A linear layer's `name.weight`, [out, in] on disk, ours [in, out]."""
-    return Source((f"{name}.weight",), lambda t: t.T, lambda p: (p.T,), read_axis=swapped_axis)
+    weight = f"{name}.weight"
+    return Source((weight,), lambda t: t.T, lambda p: (p.T,), read_axis=swapped_axis, weight=weight)
 
 
 def conv(name: str) -> Source:

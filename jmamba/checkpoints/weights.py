@@ -21,6 +21,7 @@ Parameter dtypes (`cast`, `load_pretrained`) follow the parameter's role, see `p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterable
@@ -36,17 +37,19 @@ from safetensors.numpy import save_file
 from jmamba.checkpoints.families.registry import from_hf_config, load_hf_config
 from jmamba.checkpoints.files import checkpoint_dtype, read_safetensors
 from jmamba.checkpoints.name_map import tensor_sources
-from jmamba.checkpoints.quantization.quantized_tensors import dequantized
+from jmamba.checkpoints.quantization.fp8_params import fp8_load
 from jmamba.checkpoints.quantization.registry import load_scheme
 from jmamba.checkpoints.skipped_tensors import skip_message, skipped_tensors, unpack_experts
 from jmamba.checkpoints.source import Path_, Source, param_path
 from jmamba.config import ModelConfig
+from jmamba.layers.fp8_linear import Fp8Kernel
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.model import HybridLM
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # what models may be cast to
+QUANTIZATIONS = (None, "fp8")  # load_pretrained's `quantization`
 
 
 def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -> jnp.dtype:
@@ -70,8 +73,10 @@ def resolve_dtype(dtype: str | jnp.dtype, model_dir: str | Path | None = None) -
 def param_dtype(variable: nnx.Variable, dtype: jnp.dtype) -> jnp.dtype:
     """The dtype a parameter takes in a model of `dtype`, by its declared role: an `Fp32Param`
     (norm weights; A or A_log, D, dt_bias; conv taps and bias; MoE router kernel and bias) stays
-    fp32, every other parameter (the matmul weights: Linear kernels, embedding, lm_head, MoE expert
-    stacks) takes `dtype`."""
+    fp32, an `Fp8Kernel` (an `Fp8Linear`'s) stays e4m3, every other parameter (the matmul weights:
+    Linear kernels, embedding, lm_head, MoE expert stacks) takes `dtype`."""
+    if isinstance(variable, Fp8Kernel):
+        return jnp.dtype(jnp.float8_e4m3fn)
     return jnp.dtype(jnp.float32) if isinstance(variable, Fp32Param) else dtype
 
 
@@ -90,7 +95,11 @@ def cast(model: HybridLM, dtype: str | jnp.dtype) -> HybridLM:
 
 
 def load_pretrained(
-    model_dir: str | Path, dtype: str | jnp.dtype = "auto", *, host: bool = False
+    model_dir: str | Path,
+    dtype: str | jnp.dtype = "auto",
+    *,
+    host: bool = False,
+    quantization: str | None = None,
 ) -> HybridLM:
     """Build `HybridLM` from a HF checkpoint directory as a model of `dtype`: "auto" (the
     checkpoint's own, see `checkpoint_dtype`), "float32" or "bfloat16"; each parameter in
@@ -99,18 +108,30 @@ def load_pretrained(
     own device: `runtime.device.placement`). A multimodal wrapper gives its text model;
     the tensors it skips (`skipped_tensors`) are counted in one `logging` INFO line of this
     module's logger ("skipped 33 vision tensors (model.visual.*) of a ... checkpoint"). An FP8
-    checkpoint (`jmamba.checkpoints.quantization`: its `quantization_config`) loads with its
-    FP8 weights dequantized to fp32, then cast to `dtype`."""
+    checkpoint (`jmamba.checkpoints.quantization`: its `quantization_config`) keeps the FP8
+    weights of its dense projections in e4m3 with their scales (`Fp8Linear`s, the plan in
+    `model.config.quantization`, `jmamba.checkpoints.quantization.fp8_params`) and loads its
+    other FP8 weights dequantized to fp32, then cast to `dtype`. `quantization="fp8"` quantizes a
+    checkpoint without FP8 weights at load, the same projections per output channel (an FP8
+    checkpoint keeps its own); None loads the checkpoint as it is."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r} must be one of {list(QUANTIZATIONS)}")
     cfg = load_hf_config(model_dir)
     dtype = resolve_dtype(dtype, model_dir)
-    tensors = dequantized(load_scheme(model_dir), read_safetensors(model_dir))
+    tensors, plan, sources = fp8_load(
+        cfg,
+        load_scheme(model_dir),
+        read_safetensors(model_dir),
+        tensor_sources(cfg),
+        dynamic=quantization == "fp8",
+    )
+    cfg = dataclasses.replace(cfg, quantization=plan)
     skipped = skipped_tensors(cfg.architecture, tensors, has_mtp=cfg.has_mtp)
     if skipped:
         logger.info(skip_message(cfg.architecture, skipped))
         for name in (n for names in skipped.values() for n in names):
             del tensors[name]
     tensors = unpack_experts(tensors)
-    sources = tensor_sources(cfg)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
     flat = nnx.to_flat_state(state)
     check_tensor_names(cfg, sources, tensors.keys(), model_dir)

@@ -1,11 +1,12 @@
-"""FP8 checkpoints load with no flag: per format and family, the model's parameters are those
-of the same checkpoint with its weights dequantized in numpy (`fp8_writer`, independent of the
-loader), bit for bit, whole (`load_pretrained`) and one tensor-parallel shard at a time
-(`read_shards`); the logits agree within 1e-6 (the same parameters: in practice exactly), and
-stay near transformers' logits of the unquantized fixture, greedy tokens equal where HF's margin
-exceeds the quantization error. The refusals: a missing scale or activation scale, a scale whose
-blocks do not tile its weight, FP8 tensors without a quantization_config or of a layer kind we
-do not read quantized (a conv), e5m2 weights, a scale beside an unquantized weight."""
+"""FP8 checkpoints load with no flag: per format and family, the model's parameters are those of
+the same checkpoint with its weights dequantized in numpy (`fp8_writer`, independent of the
+loader), bit for bit, whole (`load_pretrained`, its `Fp8Linear`s' kernels dequantized) and one
+tensor-parallel shard at a time (`read_shards`); the logits agree within 1e-6 (the same
+parameters: in practice exactly), and stay near transformers' logits of the unquantized fixture,
+greedy tokens equal where HF's margin exceeds the quantization error. The refusals: a missing
+scale or activation scale, a scale whose blocks do not tile its weight, FP8 tensors without a
+quantization_config or of a layer kind we do not read quantized (a conv), e5m2 weights, a scale
+beside an unquantized weight."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from jmamba.checkpoints.shards import read_shards
 from jmamba.checkpoints.weights import load_pretrained
 from jmamba.model import HybridLM
 from jmamba.step.prefill import prefill_inputs
+from tests.jmamba.quantization.fp8_model import dequantized_params
 from tests.jmamba.quantization.fp8_writer import (
     FIXTURES,
     Format,
@@ -60,7 +62,9 @@ KEPT_PARAMS = re.compile(r"norm|conv|'A'|'A_log'|'D'|dt_bias|embed|lm_head|route
 
 
 def _params(model: HybridLM) -> dict[tuple, np.ndarray]:
-    return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model))}
+    """The model's parameters, an `Fp8Linear`'s as the one kernel it stands for (dequantized, in
+    the model's dtype)."""
+    return dequantized_params(model)
 
 
 def _differing(ours: dict, theirs: dict) -> list:

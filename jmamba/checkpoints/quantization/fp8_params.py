@@ -1,0 +1,169 @@
+"""FP8 weights kept in e4m3 at load: the model's `Fp8Plan` and the name map's `Source`s that build
+each planned layer's kernel and scale (`load_pretrained`, one whole model: a tensor-parallel load
+reads every FP8 weight dequantized, `jmamba.checkpoints.reader`).
+
+A layer is planned when it is a dense `Linear` (not the LM head, which the model reads as a
+matrix, nor an fp32 router) whose parameter is one checkpoint weight transposed and nothing else
+(`Source.weight`): from an FP8 checkpoint, where that weight is FP8, in the checkpoint's scale
+layout; under `quantization="fp8"` (`dynamic_fp8`), every such layer, per output channel (amax /
+448, vLLM's `--quantization fp8`). The other FP8 weights are dequantized as before, each with its
+reason in the plan: expert stacks, kernels with a multiplier or a LoRA adapter folded in,
+parameters concatenated from several tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from jmamba.checkpoints.quantization.dequantization import grid_shape
+from jmamba.checkpoints.quantization.quantized_tensors import (
+    QuantizedTensors,
+    dequantized,
+    find_quantized,
+    float8_dtypes,
+)
+from jmamba.checkpoints.quantization.scheme import Fp8Scheme
+from jmamba.checkpoints.skipped_tensors import PACKED_EXPERTS
+from jmamba.checkpoints.source import Source, param_path
+from jmamba.config import ModelConfig
+from jmamba.fp8_plan import NO_FP8, Block, Fp8Plan, Path_
+from jmamba.layers.linear import Linear
+from jmamba.model import HybridLM
+
+Tensors = dict[str, np.ndarray]
+Sources = dict[Path_, Source]
+E4M3_MAX = 448.0
+PER_CHANNEL: Block = (0, 1)  # ours [in, out]: one scale per output column
+DYNAMIC = "fp8 (quantized at load) e4m3 weights per channel, dynamic per token activations"
+
+
+def linear_layers(cfg: ModelConfig) -> list[Path_]:
+    """The module paths of the dense `Linear`s of `HybridLM(cfg)` an FP8 plan may cover: every
+    one with a plain `nnx.Param` kernel (an `Fp32Param` router stays fp32) but the LM head."""
+    model = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
+    return [
+        param_path(path)
+        for path, node in nnx.iter_graph(model)
+        if isinstance(node, Linear) and type(node.kernel) is nnx.Param and path != ("lm_head",)
+    ]
+
+
+def _dequantized_reason(path: Path_, source: Source, layers: set[Path_]) -> str:
+    """Why the parameter at `path`, built from FP8 weights, stays dequantized."""
+    if path[-1] != "kernel":
+        return "a stack of experts (no grouped FP8 matmul yet)"
+    if source.joint:
+        return "a shared kernel with its use site's LoRA adapter folded in"
+    if path[:-1] not in layers:
+        return "not a dense Linear (the LM head, a router)"
+    if len(source.names) > 1 or source.piece is not None:
+        return "concatenated from several tensors or a piece of a fused one"
+    return "a constant multiplier folded in"
+
+
+def _fp8_weight_names(found: QuantizedTensors) -> Callable[[str], bool]:
+    """Whether a name of the name map is an FP8 weight's: one of `found`, or an expert's slice
+    of a packed FP8 stack (`<p>.experts.<e>.<proj>.weight`, `unpack_experts`' names)."""
+    packed = {m[1] for name in found.scales if (m := PACKED_EXPERTS.fullmatch(name))}
+    return lambda name: name in found.scales or name.rsplit(".", 3)[0] in packed
+
+
+def checkpoint_plan(cfg: ModelConfig, sources: Sources, found: QuantizedTensors) -> Fp8Plan:
+    """The plan of an FP8 checkpoint whose quantized weights are `found`."""
+    layers = set(linear_layers(cfg))
+    rows, cols = found.scheme.block  # of the [out, in] weight: ours is (cols, rows)
+    planned = tuple(
+        (layer, (cols, rows))
+        for layer in sorted(layers, key=str)
+        if sources[(*layer, "kernel")].weight in found.scales
+    )
+    kernels = {(*layer, "kernel") for layer, _ in planned}
+    fp8 = _fp8_weight_names(found)
+    dequantized = tuple(
+        (path, _dequantized_reason(path, source, layers))
+        for path, source in sources.items()
+        if path not in kernels and any(fp8(name) for name in source.names)
+    )
+    return Fp8Plan(planned, dequantized, found.scheme.describe())
+
+
+def dynamic_plan(cfg: ModelConfig, sources: Sources) -> Fp8Plan:
+    """`quantization="fp8"`'s plan: every dense layer that is one weight, per output channel."""
+    layers = sorted(linear_layers(cfg), key=str)
+    planned = tuple(
+        (layer, PER_CHANNEL) for layer in layers if sources[(*layer, "kernel")].weight is not None
+    )
+    return Fp8Plan(planned, (), DYNAMIC)
+
+
+def quantize_channels(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An [in, out] kernel as e4m3 entries and fp32 scales [1, out]: amax / 448 per output
+    column (1 for an all-zero column), entries divided by it, clipped, rounded to nearest."""
+    kernel = np.asarray(kernel, np.float32)
+    amax = np.max(np.abs(kernel), axis=0, keepdims=True)
+    scale = np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
+    entries = np.clip(kernel / scale, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return entries, scale
+
+
+def _not_written(_: np.ndarray) -> tuple[np.ndarray, ...]:
+    raise ValueError("a model holding FP8 kernels is not written back as a checkpoint")
+
+
+def _checkpoint_sources(
+    plan: Fp8Plan, sources: Sources, found: QuantizedTensors, shapes: Mapping[str, tuple]
+) -> Sources:
+    """Each planned layer's e4m3 kernel (its weight transposed) and fp32 scale grid."""
+    out: Sources = {}
+    block = found.scheme.block
+    for layer, _ in plan.layers:
+        weight = sources[(*layer, "kernel")].weight
+        assert weight is not None  # planned layers are one weight each
+        grid = grid_shape(shapes[weight], block)
+        out[(*layer, "kernel")] = Source((weight,), lambda t: np.asarray(t).T, _not_written)
+        out[(*layer, "scale")] = Source(
+            (found.scales[weight],),
+            lambda s, grid=grid: np.asarray(s, np.float32).reshape(grid).T,
+            _not_written,
+        )
+    return out
+
+
+def _dynamic_sources(plan: Fp8Plan, sources: Sources) -> Sources:
+    """Each planned layer's kernel and scale, quantized from its built fp32 kernel (built once for
+    each: a load-time cost, not a memory one)."""
+    out: Sources = {}
+    for layer, _ in plan.layers:
+        source = sources[(*layer, "kernel")]
+        for part, name in enumerate(("kernel", "scale")):
+            build = lambda *ts, s=source, i=part: quantize_channels(s.build(*ts))[i]  # noqa: E731
+            out[(*layer, name)] = Source(source.names, build, _not_written)
+    return out
+
+
+def fp8_load(
+    cfg: ModelConfig, scheme: Fp8Scheme, tensors: Tensors, sources: Sources, dynamic: bool
+) -> tuple[Tensors, Fp8Plan, Sources]:
+    """(tensors, plan, sources) of a whole-model load: the planned layers' FP8 weights and scales
+    as they are on disk, every other FP8 weight dequantized (its scales and the activation
+    scales consumed, as `dequantized`), and the sources with the planned kernels and scales.
+    `dynamic` (`quantization="fp8"`) plans a checkpoint without FP8 weights."""
+    shapes = {n: tuple(t.shape) for n, t in tensors.items()}
+    found = find_quantized(scheme, shapes, float8_dtypes(tensors))
+    if found.scales:
+        plan = checkpoint_plan(cfg, sources, found)
+        weights = [sources[(*layer, "kernel")].weight for layer, _ in plan.layers]
+        kept = {name for w in weights if w is not None for name in (w, found.scales[w])}
+        inputs = {scheme.input_scale_name(w) for w in weights if w is not None}
+        rest = dequantized(scheme, {n: t for n, t in tensors.items() if n not in kept | inputs})
+        rest.update({name: tensors[name] for name in kept})
+        return rest, plan, {**sources, **_checkpoint_sources(plan, sources, found, shapes)}
+    tensors = dequantized(scheme, tensors)  # a scheme's KV-cache scales, if nothing else
+    if not dynamic:
+        return tensors, NO_FP8, sources
+    plan = dynamic_plan(cfg, sources)
+    return tensors, plan, {**sources, **_dynamic_sources(plan, sources)}

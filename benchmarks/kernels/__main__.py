@@ -14,6 +14,7 @@ BENCHES = (
     "prefill_attention",
     "moe",
     "matmul",
+    "fp8_linear",
 )
 
 if __name__ == "__main__":

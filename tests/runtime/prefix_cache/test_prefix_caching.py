@@ -190,9 +190,7 @@ def test_hits_after_preemption_and_under_eviction_pressure_are_lossless(family, 
     [*((m, False, 1) for m in MODES), ("all", True, 1), ("all", False, 4), ("all", True, 4)],
 )
 @pytest.mark.parametrize("family", quick_first(FAMILIES))
-def test_a_chat_hits_its_previous_answer_in_all_mode(
-    family, mode, async_scheduling, decode_steps
-):
+def test_a_chat_hits_its_previous_answer_in_all_mode(family, mode, async_scheduling, decode_steps):
     """Turn 1's prompt ends 3 tokens before a state block boundary and its 8-token answer is
     decoded across it; turn 2's prompt is turn 1's prompt + answer + a question. "all" caches the
     state the crossing decode step wrote, so turn 2 starts past turn 1's prompt, also when that

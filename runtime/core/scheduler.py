@@ -283,8 +283,11 @@ class Scheduler:
         """Admit waiting requests oldest first (module docstring, step 3)."""
         free_rows = self.config.max_num_seqs - len(self.running)
         for request in list(self.waiting):
-            if free_rows == 0 or not self.slots.can_start():
-                return
+            if free_rows == 0 or not self.slots.can_start() or request.num_pending:
+                return  # a preempted request waits for its pending tokens (a program of steps)
+            # Its recompute covers every token it has: tokens pending when it was preempted
+            # were appended since (several, from a program of decode steps).
+            request.num_prefill_tokens = request.num_tokens
             free_rows -= 1  # admitted now, or kept for it while younger requests go ahead
             hit = self.slots.take_hit(request)
             num_tokens = self._chunk_len(request, budget)

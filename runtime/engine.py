@@ -1,10 +1,8 @@
 """`Engine`: wires schedulers, router, drafter, builder and model runner into one step loop.
 
-`step()` = plan the next program (`runtime.program_planner`: every rank schedules, the ranks agree
-on one bucket, the drafter proposes each decode row's drafts, fresh padded inputs are built per
-rank, an idle rank's all padding; several decode steps at once while every request decodes) ->
-run the jitted SPMD program -> retire its steps per rank (verify drafts, append tokens, publish
-to the prefix cache).
+`step()` = plan the next program (`runtime.program_planner`: schedule, agree on a bucket, draft,
+build fresh padded inputs per rank; several decode steps while every request decodes) -> run it
+-> retire its steps per rank (verify drafts, append tokens, publish to the prefix cache).
 Requests come in through `add_request` (checked there, so a bad request never reaches a step and
 the other requests keep being served) and leave through `step()`'s return value or `abort`;
 `stream()` yields what each step added to each request instead. Prefix caching and speculative
@@ -199,10 +197,9 @@ class Engine:
     # --------------------------------------------------------------------------------- the step
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step on every rank: one program, of one step or of `decode_steps`
-        decode steps (`ProgramPlanner.num_steps`); returns the requests that finished in it (with
-        `async_scheduling`: in the program before, whose tokens this step's retirement brought
-        to the host; a step with drafts proposed on the host first retires that one). In a
+        """Run one program on every rank (one step, or `decode_steps` decode steps); returns the
+        requests that finished in it (with `async_scheduling`: in the program before; a step with
+        drafts proposed on the host first retires that one). In a
         multi-host run every process calls `step()` in lockstep (it agrees on drafting, the
         bucket and the sampler mode)."""
         self._timer.start()

@@ -13,7 +13,8 @@ from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
 from jmamba.text.chat_template import ChatTemplate, load_chat_template
-from runtime.core.engine_args import DEFAULT_DECODE_STEPS, EngineArgs
+from runtime.core.config import DEFAULT_DECODE_STEPS
+from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.device import compile_cache

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.size, None if args.weights is None else args.weights == "drawn"
     )
     num_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
+    bandwidth = measure_bandwidth()
     print(
         f"device={jax.devices()[0].device_kind} model={args.size} "
         f"params={num_params / 1e9:.3f}B bandwidth={bandwidth / 1e9:.0f} GB/s",

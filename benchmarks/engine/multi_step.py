@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=48, help="decode steps timed a row")
     args = parser.parse_args(argv)
     model, params = bench_model(args.size)
-    bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
+    bandwidth = measure_bandwidth()
     print(
         f"device={jax.devices()[0].device_kind} model={args.size} "
         f"bandwidth={bandwidth / 1e9:.0f} GB/s",

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, name: str) -> list[dict]:
 
     from benchmarks.harness.roofline import measure_bandwidth
 
-    bandwidth = measure_bandwidth(1 << (30 if jax.default_backend() == "gpu" else 24))
+    bandwidth = measure_bandwidth()
     e, h, i, k = args.experts, args.hidden, args.width, args.top_k
     w = jax.random.normal(jax.random.key(0), (e, h, i), jnp.bfloat16) / h**0.5
     ragged = jax.jit(

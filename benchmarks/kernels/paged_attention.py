@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
-    bandwidth = measure_bandwidth(1 << (30 if on_gpu else 24))
+    bandwidth = measure_bandwidth()
     print(f"device={jax.devices()[0].device_kind} bandwidth={bandwidth / 1e9:.0f} GB/s", flush=True)
     scale = HEAD_DIM**-0.5
     kernel = functools.partial(paged_decode_attention, scale=scale, interpret=not on_gpu)

@@ -10,8 +10,8 @@ import argparse
 from typing import Any
 
 import jmamba.presets
-from runtime.core.config import PREFIX_CACHING_MODES
-from runtime.core.engine_args import DEFAULT_DECODE_STEPS, DEFAULT_PREFIX_CACHING, MAX_DECODE_STEPS
+from runtime.core.config import DEFAULT_DECODE_STEPS, MAX_DECODE_STEPS, PREFIX_CACHING_MODES
+from runtime.core.engine_args import DEFAULT_PREFIX_CACHING
 from runtime.core.speculative_config import METHODS, SpeculativeConfig
 
 PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]

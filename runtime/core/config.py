@@ -33,6 +33,14 @@ POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 # the GIL; more than a few gain little, each compile already uses several cores).
 COMPILE_WORKERS = 4
 
+# The most decode steps one program may run (`EngineArgs.decode_steps`): past a few dozen the host
+# time it saves is a sliver of the program's, and a stop inside it wastes more device time.
+MAX_DECODE_STEPS = 64
+# `LLM`'s and the CLI's decode steps a program: on the H100 four ran the 0.87B bench model's
+# decode at B = 1 in 0.82 ms a step against 1.38 asynchronous (eight: no faster), 1.13 against
+# 1.59 at B = 16 (benchmarks/results/README.md, "Multi-step decode").
+DEFAULT_DECODE_STEPS = 4
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:

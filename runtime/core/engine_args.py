@@ -17,7 +17,7 @@ from typing import Any
 from jmamba.config import ModelConfig
 from runtime.core import checks
 from runtime.core.budgets import default_token_budget, min_token_budget, powers_of_two_up_to
-from runtime.core.config import PREFIX_CACHING_MODES, EngineConfig
+from runtime.core.config import MAX_DECODE_STEPS, PREFIX_CACHING_MODES, EngineConfig
 from runtime.core.model_len import blocks_per_seq, default_num_blocks, resolve_max_model_len
 from runtime.core.pool_memory import PoolMemory
 from runtime.core.speculative_config import (
@@ -33,13 +33,6 @@ DEFAULT_PREFIX_CACHING = "all"
 # The smallest derived state budget: "all" writes a state per state block of every prompt, and a
 # request's own deeper states would push a shared one out of a budget of one or two.
 DEFAULT_MIN_CACHED_STATES = 16
-# The most decode steps one program may run (`EngineArgs.decode_steps`): past a few dozen the host
-# time it saves is a sliver of the program's, and a stop inside it wastes more device time.
-MAX_DECODE_STEPS = 64
-# `LLM`'s and the CLI's decode steps a program: on the H100 four ran the 0.87B bench model's
-# decode at B = 1 in 0.82 ms a step against 1.38 asynchronous (eight: no faster), 1.13 against
-# 1.59 at B = 16 (benchmarks/results/README.md, "Multi-step decode").
-DEFAULT_DECODE_STEPS = 4
 
 
 @dataclasses.dataclass(frozen=True)

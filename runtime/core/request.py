@@ -152,8 +152,9 @@ class Request:
     def reset_for_recompute(self) -> None:
         """Forget all progress: the next prefill recomputes every token it has (prompt + output).
 
-        A pending token is kept pending: it is appended when its step retires, after this
-        prefill's tokens, and fed as the first decode after the prefill."""
+        Pending tokens stay pending: they are appended when their steps retire, and the request
+        is re-admitted only after that (`Scheduler._admit`), its recompute then covering them
+        too."""
         self.num_computed = 0
         self.num_prefill_tokens = self.num_tokens
         self.block_ids = []

@@ -194,9 +194,9 @@ class ModelRunner:
         speculation. `inputs`: the batches already on the device (`device_inputs`), for
         benchmarks that replay one step."""
         key = self._variant(bucket, batches, carry, drafts)
-        compiled = self._compiled_for(key, batches[0])
+        self._compiled_for(key, batches[0])
         rows = self._rows(key, batches) if inputs is None else inputs
-        return self._dispatch(key, compiled, [batches], rows)
+        return self._dispatch(key, [batches], rows)
 
     def dispatch_steps(
         self, bucket: Bucket, parts: list[list[StepBatch]], *, carry: bool, drafts: bool
@@ -209,26 +209,22 @@ class ModelRunner:
         if len(parts) == 1:
             return self.dispatch(bucket, parts[0], carry=carry, drafts=drafts)
         key = self._variant(bucket, parts[0], carry, drafts, steps=len(parts))
-        compiled = self._compiled_for(key, parts[0][0])
+        self._compiled_for(key, parts[0][0])  # before packing: compiling fixes the layout
         rows = np.hstack([self._rows(key, batches) for batches in parts])
-        return self._dispatch(key, compiled, parts, rows)
+        return self._dispatch(key, parts, rows)
 
     def _compiled_for(self, key: VariantKey, batch: StepBatch) -> Any:
         """Variant `key`'s executable, compiled first (from `batch`'s shapes) if needed."""
         return self._compiled.get(key) or self._compile(key, batch)
 
     def _dispatch(
-        self,
-        key: VariantKey,
-        compiled: Any,
-        parts: list[list[StepBatch]],
-        rows: np.ndarray | jax.Array,
+        self, key: VariantKey, parts: list[list[StepBatch]], rows: np.ndarray | jax.Array
     ) -> DispatchedStep:
-        """Run variant `key` on its packed `rows` ([local ranks, steps x words], or already a
-        device array)."""
+        """Run compiled variant `key` on its packed `rows` ([local ranks, steps x words], or
+        already a device array)."""
         fresh = self.mesh.step_rows(rows) if isinstance(rows, np.ndarray) else rows
         packed = self.buffers.upload(key, fresh)
-        self.caches, outputs, carried = compiled(
+        self.caches, outputs, carried = self._compiled[key](
             self._param_leaves,
             self.caches,
             packed,

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.cli import main
 from runtime.cli.engine_options import add_engine_options, engine_options
-from runtime.core.engine_args import DEFAULT_DECODE_STEPS
+from runtime.core.config import DEFAULT_DECODE_STEPS
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.speculative_config import SpeculativeConfig
 from runtime.llm import LLM

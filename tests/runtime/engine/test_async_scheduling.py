@@ -75,17 +75,23 @@ def test_async_outputs_equal_the_synchronous_engine(family):
     prompts = [rng.integers(0, 256, n).tolist() for n in (5, 30, 12, 40, 3, 17, 26)]
     sync = serve(text_engine(family, False), prompts)
     asynchronous = serve(text_engine(family, True), prompts)
-    assert asynchronous.keys() == sync.keys() == {str(i) for i in range(len(prompts))}
-    for rid, (output, tokens, text) in asynchronous.items():
-        expected = sync[rid][0]
-        assert output.token_ids == expected.token_ids == tokens, rid
-        assert (output.finish_reason, output.text, text) == (
-            expected.finish_reason,
-            expected.text,
-            expected.text,
-        ), rid
-        assert_logprobs_close(output.logprobs, expected.logprobs)
+    assert_served_alike(asynchronous, sync, len(prompts))
     assert sync["0"][0].token_ids == naive_greedy(family, prompts[0], 7)
+
+
+def assert_served_alike(served: dict, expected: dict, num_prompts: int) -> None:
+    """`serve`'s results equal `expected`'s for every prompt: tokens (streamed too), finish
+    reason, text (streamed too), logprobs within 1e-5 (`assert_logprobs_close`)."""
+    assert served.keys() == expected.keys() == {str(i) for i in range(num_prompts)}
+    for rid, (output, tokens, text) in served.items():
+        want = expected[rid][0]
+        assert output.token_ids == want.token_ids == tokens, rid
+        assert (output.finish_reason, output.text, text) == (
+            want.finish_reason,
+            want.text,
+            want.text,
+        ), rid
+        assert_logprobs_close(output.logprobs, want.logprobs)
 
 
 def assert_logprobs_close(got, expected) -> None:

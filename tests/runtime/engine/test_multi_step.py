@@ -27,7 +27,7 @@ from tests.runtime.conftest import (
     model_and_runner,
     naive_greedy,
 )
-from tests.runtime.engine.test_async_scheduling import assert_logprobs_close, serve
+from tests.runtime.engine.test_async_scheduling import assert_served_alike, serve
 from tests.tiers import quick_first
 
 N = 4
@@ -108,16 +108,7 @@ def test_sampled_outputs_logprobs_stop_strings_and_streams_equal_a_step_a_progra
         served_by[decode_steps, async_scheduling] = serve(engine, prompts)
     expected = served_by.pop((1, False))
     for outputs in served_by.values():
-        assert outputs.keys() == expected.keys() == {str(i) for i in range(len(prompts))}
-        for rid, (output, tokens, text) in outputs.items():
-            want = expected[rid][0]
-            assert output.token_ids == want.token_ids == tokens, rid
-            assert (output.finish_reason, output.text, text) == (
-                want.finish_reason,
-                want.text,
-                want.text,
-            ), rid
-            assert_logprobs_close(output.logprobs, want.logprobs)
+        assert_served_alike(outputs, expected, len(prompts))
 
 
 def test_a_program_runs_decode_steps_alone():

@@ -18,6 +18,7 @@ from the row's blocks, so any block_size works, 8 included).
 Long contexts are split over `num_splits` programs per row whose partial results are merged after
 the kernel; the split count is a static knob (never derived from the batch), so a row's arithmetic
 does not depend on what else is in the step. A block id outside [1, num_blocks) contributes no keys.
+An FP8 cache is read as `key_tiles` says (cast on load, k_scale / v_scale applied).
 """
 
 from __future__ import annotations
@@ -100,7 +101,16 @@ def _merge_splits(acc, m, sums):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("scale", "interpret", "block_k", "num_splits", "num_warps", "num_stages"),
+    static_argnames=(
+        "scale",
+        "k_scale",
+        "v_scale",
+        "interpret",
+        "block_k",
+        "num_splits",
+        "num_warps",
+        "num_stages",
+    ),
 )
 def paged_decode_attention(
     q,
@@ -111,6 +121,8 @@ def paged_decode_attention(
     query_lens,
     *,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     interpret: bool = False,
     block_k: int = 64,
     num_splits: int | None = None,
@@ -136,7 +148,9 @@ def paged_decode_attention(
     # [R, W, Hkv, G, D] -> [R, Hkv, W * G, D]: one program's queries are contiguous.
     qg = q.reshape(num_rows, width, num_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
     qg = qg.reshape(num_rows, num_kv_heads, width * group, head_dim)
-    keys = PagedKeys.of(q, k_cache, block_table, block_k=block_k, scale=scale)
+    keys = PagedKeys.of(
+        q, k_cache, block_table, block_k=block_k, scale=scale, k_scale=k_scale, v_scale=v_scale
+    )
     kernel = functools.partial(
         _kernel,
         keys=keys,
@@ -167,6 +181,6 @@ def paged_decode_attention(
         k_cache.reshape(-1, head_dim),
         v_cache.reshape(-1, head_dim),
     )
-    out = _merge_splits(acc, m, sums)[:, :, : width * group, :head_dim]
+    out = keys.v_scale * _merge_splits(acc, m, sums)[:, :, : width * group, :head_dim]
     out = out.reshape(num_rows, num_kv_heads, width, group, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(q.shape).astype(q.dtype)

@@ -6,6 +6,10 @@ to the running (acc [BM, BD], max [BM], sum [BM]): it gathers the tile's keys an
 row through the table (so any block_size works), masks keys past `limit`, in a NULL or
 out-of-range block, or after a query's own position, and rescales. A tile wholly masked for a
 query leaves that query's carry bit-identical (p = 0, rescale exp(0) = 1).
+
+A cache narrower than the queries (FP8) is cast to the queries' dtype as it is loaded (e4m3 is
+exact in bf16 and fp32); its `k_scale` is folded into the score scale and its `v_scale` is applied
+to each kernel's output (softmax weights sum to 1, so v_scale * sum p v = sum p (v_scale v)).
 """
 
 from __future__ import annotations
@@ -30,13 +34,25 @@ class PagedKeys:
     max_blocks: int
     num_kv_heads: int
     block_k: int
-    scale: float
+    scale: float  # the softmax scale times k_scale
+    v_scale: float
     precision: Any  # jax.lax.Precision.HIGHEST for fp32 operands, else None
 
     @classmethod
-    def of(cls, q: jax.Array, k_cache: jax.Array, block_table: jax.Array, *, block_k: int, scale):
+    def of(
+        cls,
+        q: jax.Array,
+        k_cache: jax.Array,
+        block_table: jax.Array,
+        *,
+        block_k: int,
+        scale: float,
+        k_scale: float,
+        v_scale: float,
+    ) -> PagedKeys:
         """The geometry of `k_cache` [num_blocks, block_size, Hkv, D] and `block_table`
-        [R, max_blocks], key tiles of `block_k`, for queries `q` (fp32: HIGHEST precision)."""
+        [R, max_blocks], key tiles of `block_k`, for queries `q` (fp32: HIGHEST precision), with
+        the cache's dequantization scales."""
         num_blocks, block_size, num_kv_heads, _ = k_cache.shape
         return cls(
             block_size=block_size,
@@ -44,7 +60,8 @@ class PagedKeys:
             max_blocks=block_table.shape[1],
             num_kv_heads=num_kv_heads,
             block_k=block_k,
-            scale=float(scale),
+            scale=float(scale) * float(k_scale),
+            v_scale=float(v_scale),
             precision=jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None,
         )
 

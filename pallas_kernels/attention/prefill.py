@@ -23,7 +23,8 @@ A query's arithmetic does not depend on the other tokens of its tile or step: it
 absolute positions, and a key tile wholly past its position changes neither its max nor its sums
 (every score masked: p = 0 exactly, the rescale factor exp(0) = 1), so chunking a prompt
 differently gives the same bits (docs/architecture.md 5.7, 5.8). A block id outside
-[1, num_blocks) and a row outside the table contribute no keys.
+[1, num_blocks) and a row outside the table contribute no keys. An FP8 cache is read as
+`key_tiles` says (cast on load, k_scale / v_scale applied).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def _kernel(
     init = empty_carry(block_m, block_d)
     acc, _, l_i = jax.lax.fori_loop(0, jnp.maximum(num_tiles, 0), tile, init)
     out = jnp.where((l_i > 0)[:, None], acc / jnp.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+    out = keys.v_scale * out
     # Lanes that are not the tile's write rows past the output (sliced off): an interpreted
     # masked store still scatters every lane, and two lanes on one row would race.
     flat_o = jnp.where(member, flat_q, num_tokens * keys.num_kv_heads * group + m)
@@ -121,7 +123,17 @@ def _kernel(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("scale", "interpret", "block_m", "block_k", "num_warps", "num_stages")
+    jax.jit,
+    static_argnames=(
+        "scale",
+        "k_scale",
+        "v_scale",
+        "interpret",
+        "block_m",
+        "block_k",
+        "num_warps",
+        "num_stages",
+    ),
 )
 def paged_prefill_attention(
     q,
@@ -133,6 +145,8 @@ def paged_prefill_attention(
     valid,
     *,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     interpret: bool = False,
     block_m: int = 64,
     block_k: int = 64,
@@ -154,7 +168,9 @@ def paged_prefill_attention(
     tokens_per_tile = block_m // group
     block_d, block_k = max(16, pow2(head_dim)), max(16, pow2(block_k))
     start, end = _tiles(token_rows, valid, tokens_per_tile, num_rows)
-    keys = PagedKeys.of(q, k_cache, block_table, block_k=block_k, scale=scale)
+    keys = PagedKeys.of(
+        q, k_cache, block_table, block_k=block_k, scale=scale, k_scale=k_scale, v_scale=v_scale
+    )
     kernel = functools.partial(
         _kernel,
         keys=keys,

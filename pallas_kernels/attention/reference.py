@@ -4,6 +4,12 @@ The references of the decode kernel (`attention/decode.py`, `paged_decode_attent
 and the prefill kernel (`attention/prefill.py`, `paged_attention_reference`), and `write_kv`,
 which has no kernel and runs as plain jnp on every platform.
 
+A cache may be stored in a narrower dtype than the queries (an FP8 KV cache: float8_e4m3fn, as
+vLLM's `--kv-cache-dtype fp8`). `write_kv` stores k / k_scale and v / v_scale clipped to the
+cache dtype's range (`quantize_kv`); every read casts a key back and multiplies it by k_scale (a
+value by v_scale), here and in the kernels. The scales are static floats, one per layer (vLLM's
+`k_scale` / `v_scale`), 1.0 by default: values clipped to +-448 and cast.
+
 Shapes:
   q:            [T, Hq, Dh]  queries (decode lanes or prefill tokens, flattened)
   k/v_cache:    [num_blocks, block_size, Hkv, Dh]  block 0 is the NULL block
@@ -31,6 +37,17 @@ NULL = 0
 _HIGHEST = jax.lax.Precision.HIGHEST  # fp32 scores and sums, not TF32
 
 
+def quantize_kv(x: jax.Array, dtype: jnp.dtype, scale: float = 1.0) -> jax.Array:
+    """`x` as a cache of `dtype` holds it: x / scale, clipped to the range of a one-byte (FP8)
+    dtype (past e4m3's +-448 a cast gives NaN: float8_e4m3fn has no infinity), cast."""
+    if scale != 1.0:
+        x = x.astype(jnp.float32) / scale
+    if jnp.dtype(dtype).itemsize == 1:
+        top = float(jnp.finfo(dtype).max)
+        x = jnp.clip(x, -top, top)
+    return x.astype(dtype)
+
+
 def write_kv(
     k_cache: jax.Array,
     v_cache: jax.Array,
@@ -38,21 +55,25 @@ def write_kv(
     v: jax.Array,
     kv_slots: jax.Array,
     valid: jax.Array,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
-    """Store k, v [T, Hkv, Dh] at flat slots `block * block_size + offset`.
+    """Store k, v [T, Hkv, Dh] at flat slots `block * block_size + offset`, in the caches' dtype
+    (`quantize_kv` with `k_scale` / `v_scale`).
 
     Padding tokens (valid False) and slots outside the pool write nothing (a scatter in drop mode),
     so the NULL block and every other block stay bit-identical.
     """
 
-    def write(cache: jax.Array, new: jax.Array) -> jax.Array:
+    def write(cache: jax.Array, new: jax.Array, scale: float) -> jax.Array:
         flat = jnp.asarray(cache).reshape(-1, *cache.shape[2:])
         size = flat.shape[0]
         target = jnp.where(valid & (kv_slots >= 0) & (kv_slots < size), kv_slots, size)
-        flat = flat.at[target].set(new.astype(cache.dtype), mode="drop")
+        flat = flat.at[target].set(quantize_kv(new, cache.dtype, scale), mode="drop")
         return flat.reshape(cache.shape)
 
-    return write(k_cache, k), write(v_cache, v)
+    return write(k_cache, k, k_scale), write(v_cache, v, v_scale)
 
 
 def paged_attention_reference(
@@ -65,8 +86,11 @@ def paged_attention_reference(
     valid: jax.Array,
     *,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> jax.Array:
-    """Attention of every query over its row's cached keys up to its own position: [T, Hq, Dh]."""
+    """Attention of every query over its row's cached keys up to its own position: [T, Hq, Dh];
+    cached keys and values read as fp32 times `k_scale` / `v_scale`."""
     check_prefill_args(q, k_cache, v_cache, block_table, token_rows, positions, valid)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -84,14 +108,15 @@ def paged_attention_reference(
     blocks = jnp.where(live_block, blocks, NULL)
     keys = k_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
     values = v_cache[blocks].reshape(num_tokens, -1, num_kv_heads, head_dim)
+    keys, values = keys.astype(jnp.float32) * k_scale, values.astype(jnp.float32) * v_scale
     # 2. Causal mask by absolute position, over live blocks only; masked values are zeroed so NaNs
     #    in unused blocks (the NULL block) cannot reach the output through 0 * NaN.
     live_key = jnp.repeat(live_block, block_size, axis=1)
     mask = (jnp.arange(keys.shape[1])[None, :] <= positions[:, None]) & valid[:, None] & live_key
-    values = jnp.where(mask[..., None, None], values.astype(jnp.float32), 0.0)
+    values = jnp.where(mask[..., None, None], values, 0.0)
     # 3. Scores per query head, softmax over keys, weighted sum of values.
     qg = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads, group, head_dim)
-    scores = jnp.einsum("tkgd,tckd->tkgc", qg, keys.astype(jnp.float32), precision=_HIGHEST)
+    scores = jnp.einsum("tkgd,tckd->tkgc", qg, keys, precision=_HIGHEST)
     scores = scores * scale
     scores = jnp.where(mask[:, None, None, :], scores, -1e30)
     probs = jax.nn.softmax(scores, axis=-1)
@@ -131,7 +156,16 @@ def check_decode_args(q, k_cache, v_cache, block_table, seq_lens, query_lens) ->
 
 
 def paged_decode_attention_reference(
-    q, k_cache, v_cache, block_table, seq_lens, query_lens, *, scale: float
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    query_lens,
+    *,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ):
     """Decode attention of q [R, W, Hq, D] (see `attention/decode.py`): the ragged reference on
     the decode lanes, lane t of row r at position seq_lens[r] - query_lens[r] + t."""
@@ -150,5 +184,7 @@ def paged_decode_attention_reference(
         jnp.where(valid, positions, 0).reshape(-1),
         valid.reshape(-1),
         scale=scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
     return out.reshape(q.shape)

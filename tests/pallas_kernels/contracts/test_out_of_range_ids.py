@@ -10,6 +10,7 @@ NULL in those fields, i.e. that no live slot or block was read or written throug
 from __future__ import annotations
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -173,8 +174,10 @@ def test_paged_attention_block_table():
     assert np.isfinite(out).all()  # a row index past the table reads an all-NULL row: no keys
 
 
-def test_write_kv_drops_out_of_range_slots():
-    k_cache, v_cache = _kv_pool()
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.float8_e4m3fn], ids=["fp32", "fp8"])
+def test_write_kv_drops_out_of_range_slots(dtype):
+    """Also for an FP8 pool (`kv_cache_dtype="fp8"`): its NaN NULL block stays bit-identical."""
+    k_cache, v_cache = (pool.astype(dtype) for pool in _kv_pool())
     k, v = np.ones((4, 1, 8), np.float32), 2 * np.ones((4, 1, 8), np.float32)
     slots, valid = np.array([5, 13, 9, 0], np.int32), np.array([True, True, True, False])
 

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jmamba.cache_dtypes import DEFAULT_CACHE_DTYPES, CacheDtypes
 from jmamba.config import Mixer, ModelConfig
 from jmamba.layer import Layer, LayerCache
 from jmamba.layers.fp8_linear import with_fp8_linears
@@ -97,21 +98,24 @@ class HybridLM(nnx.Module):
         num_blocks: int,
         block_size: int,
         num_slots: int,
-        state_dtype: jnp.dtype = jnp.float32,
+        dtypes: CacheDtypes = DEFAULT_CACHE_DTYPES,
     ) -> tuple[LayerCache, ...]:
         """Zeroed per-layer caches, then the MTP head's (a KV cache per attention layer, indexed
-        by the same block tables); block 0 and slot 0 are the reserved NULL entries."""
+        by the same block tables); block 0 and slot 0 are the reserved NULL entries. `dtypes`:
+        the KV pools' and recurrent states' dtypes (`jmamba.cache_dtypes`); conv states are in
+        the model's dtype."""
         if num_slots < 2 or num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"need num_slots >= 2 (got {num_slots}), num_blocks >= 1 "
                 f"(got {num_blocks}) and block_size >= 1 (got {block_size})"
             )
         cfg, dtype = self.config, self.dtype
+        kv_dtype, state_dtype = dtypes.kv_dtype(dtype), dtypes.state_dtype
 
         def cache_for(kind: Mixer) -> LayerCache:
             match kind:
                 case Mixer.ATTENTION:
-                    return KVCache.zeros(cfg.need_attention(), num_blocks, block_size, dtype)
+                    return KVCache.zeros(cfg.need_attention(), num_blocks, block_size, kv_dtype)
                 case Mixer.MAMBA2:
                     return Mamba2State.zeros(cfg.need_mamba2(), num_slots, dtype, state_dtype)
                 case Mixer.GDN:
@@ -124,6 +128,7 @@ class HybridLM(nnx.Module):
                         block_size=block_size,
                         num_slots=num_slots,
                         dtype=dtype,
+                        kv_dtype=kv_dtype,
                         state_dtype=state_dtype,
                     )
                 case Mixer.NONE:

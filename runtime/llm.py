@@ -58,9 +58,9 @@ class LLM:
         `EngineArgs` field) decode steps one device program runs while every request decodes
         (same outputs; 1: a program a step); `engine_options` are the other
         `EngineArgs` fields (max_num_seqs, max_model_len, prefix_caching, state_block_size,
-        max_cached_states, data_parallel_size, tensor_parallel_size, ...). The model's
-        parameters stay in host memory (`model`); the engine's runner copies each device's
-        shard of them to it.
+        max_cached_states, data_parallel_size, tensor_parallel_size, kv_cache_dtype,
+        state_dtype, ...). The model's parameters stay in host memory (`model`); the engine's
+        runner copies each device's shard of them to it.
         JAX's persistent compilation cache is turned on (`runtime.device.compile_cache`;
         JMAMBA_COMPILE_CACHE=off)."""
         if warmup not in (False, True, "all"):
@@ -210,7 +210,8 @@ class LLM:
             f"LLM({self.name!r}, {self.model.config.architecture}, "
             f"{num_params / 1e6:.2f}M params, {self.model.dtype}, tokenizer={tokenizer}, "
             f"max_num_seqs={self.engine.config.max_num_seqs}, "
-            f"max_model_len={self.engine.config.max_model_len})"
+            f"max_model_len={self.engine.config.max_model_len}, "
+            f"{self.engine.config.cache_dtypes.describe()})"
         )
 
 

@@ -70,6 +70,7 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, capsys):
         exec(compile(block, f"README.md python block {number}", "exec"), namespace)
     out = capsys.readouterr().out
     assert "LLM('tiny-stdlib'" in out and "Request('0', waiting, prompt=4" in out
+    assert "kv_cache_dtype=fp8, state_dtype=bfloat16)" in out  # the narrower caches' block
     assert namespace["outs"][0].finish_reason in ("length", "stop")
 
 

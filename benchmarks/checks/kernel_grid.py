@@ -56,6 +56,7 @@ def grid(quick: bool) -> list[Shape]:
             gdn_update(1, 2, 24, 12, 2, BF16),
             gdn_decode(1, 2, 24, 12, 4, 2, F32),
             paged_decode(2, 6, 3, 24, 8, F32, (1, 9, 30)),
+            paged_decode(2, 6, 3, 24, 8, BF16, (1, 9, 30), kv_cache="fp8"),
             paged_prefill(6, 3, 24, 8, F32, ((0, 1), (0, 19), (13, 6))),
             grouped_matmul(24, 12, 5, BF16),
             matmul(5, 80, 45, BF16, BF16),
@@ -128,11 +129,15 @@ def grid(quick: bool) -> list[Shape]:
         paged_decode(3, 6, 3, 24, 8, F32, (1, 9, 300, 4100)),
         paged_decode(2, 5, 1, 80, 32, BF16, (2, 63, 5000)),
         paged_decode(4, 10, 5, 12, 16, F32, (1, 33, 700)),
+        paged_decode(1, 16, 4, 128, 16, BF16, (1, 17, 1000, 8200), kv_cache="fp8"),
+        paged_decode(3, 6, 3, 24, 8, F32, (1, 9, 300, 4100), kv_cache="fp8"),
         paged_prefill(16, 2, 256, 16, BF16, ((0, 1), (0, 517), (300, 91), (1000, 1))),  # Qwen3-Next
         paged_prefill(64, 8, 128, 16, BF16, ((0, 333), (17, 64), (0, 2))),  # Nemotron-H (G = 8)
         paged_prefill(6, 3, 24, 8, F32, ((0, 1), (0, 19), (13, 6), (40, 33))),
         paged_prefill(5, 1, 80, 32, BF16, ((0, 130), (64, 65))),
         paged_prefill(10, 5, 12, 16, F32, ((100, 300), (0, 16), (5, 1))),
+        paged_prefill(16, 2, 256, 16, BF16, ((0, 1), (0, 517), (300, 91)), kv_cache="fp8"),
+        paged_prefill(5, 1, 80, 32, BF16, ((0, 130), (64, 65)), kv_cache="fp8"),
         grouped_matmul(24, 12, 5, F32),
         grouped_matmul(80, 96, 7, BF16),
         grouped_matmul(80, 96, 7, BF16, BF16),

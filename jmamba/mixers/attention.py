@@ -40,7 +40,10 @@ _Leaf = TypeVar("_Leaf", default=jax.Array)
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache(Generic[_Leaf]):
-    """Paged KV cache of one attention layer.
+    """Paged KV cache of one attention layer, in the model's dtype or FP8 (e4m3,
+    `jmamba.cache_dtypes`): `ops.write_kv` quantizes what it stores and the attention ops
+    dequantize what they read, with scale 1.0 (the loader does not read checkpoints'
+    `k_scale` / `v_scale`).
 
     Attributes:
       k: [num_blocks, block_size, num_kv_heads, head_dim]; block 0 is the NULL block.

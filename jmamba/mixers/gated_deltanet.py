@@ -47,7 +47,8 @@ class GDNState(Generic[_Leaf]):
 
     Attributes:
       conv: [num_slots, conv_dim, d_conv - 1] last inputs of the causal conv, newest last.
-      recurrent: [num_slots, num_v_heads, head_v_dim, head_k_dim] delta-rule state, V-first, fp32.
+      recurrent: [num_slots, num_v_heads, head_v_dim, head_k_dim] delta-rule state, V-first
+        (fp32 by default, bf16 allowed: `jmamba.cache_dtypes`).
     """
 
     conv: _Leaf

@@ -75,7 +75,8 @@ class Mamba2State(Generic[_Leaf]):
 
     Attributes:
       conv: [num_slots, conv_dim, d_conv - 1] last inputs of the causal conv, newest last.
-      ssm: [num_slots, num_heads, head_dim, d_state] SSM hidden state (fp32 by default).
+      ssm: [num_slots, num_heads, head_dim, d_state] SSM hidden state (fp32 by default,
+        bf16 allowed: `jmamba.cache_dtypes`).
     """
 
     conv: _Leaf

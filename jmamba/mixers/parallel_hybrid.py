@@ -57,10 +57,13 @@ class ParallelHybridCache(Generic[_Leaf]):
         block_size: int,
         num_slots: int,
         dtype: jnp.dtype,
+        kv_dtype: jnp.dtype,
         state_dtype: jnp.dtype = jnp.float32,
     ) -> ParallelHybridCache:
+        """Zeroed caches: the KV pool in `kv_dtype`, the conv state in `dtype`, the SSM state in
+        `state_dtype`."""
         return ParallelHybridCache(
-            KVCache.zeros(attention, num_blocks, block_size, dtype),
+            KVCache.zeros(attention, num_blocks, block_size, kv_dtype),
             Mamba2State.zeros(mamba2, num_slots, dtype, state_dtype),
         )
 

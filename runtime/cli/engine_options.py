@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 import jmamba.presets
+from jmamba.cache_dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, STATE_DTYPES
 from runtime.core.config import DEFAULT_DECODE_STEPS, MAX_DECODE_STEPS, PREFIX_CACHING_MODES
 from runtime.core.engine_args import DEFAULT_PREFIX_CACHING
 from runtime.core.speculative_config import METHODS, SpeculativeConfig
@@ -42,6 +43,20 @@ def add_engine_options(parser: argparse.ArgumentParser, *, max_num_seqs: int = 8
         default="auto",
         choices=["auto", "float32", "bfloat16"],
         help="parameter dtype; auto: the checkpoint's",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=[*KV_CACHE_DTYPES, *KV_CACHE_ALIASES],
+        help="KV pools' dtype; auto: the model's; fp8 (fp8_e4m3): e4m3 with scale 1.0, half a "
+        "bfloat16 block",
+    )
+    parser.add_argument(
+        "--state-dtype",
+        default="float32",
+        choices=STATE_DTYPES,
+        help="Mamba2 SSM and Gated DeltaNet recurrent states' dtype (bfloat16: half their "
+        "bytes; the kernels accumulate in float32)",
     )
     parser.add_argument(
         "--batch-invariant",
@@ -206,6 +221,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         async_scheduling=args.async_scheduling,
         decode_steps=args.decode_steps,
         batch_invariant=args.batch_invariant,
+        kv_cache_dtype=args.kv_cache_dtype,
+        state_dtype=args.state_dtype,
         speculative=speculative_config(args),
     )
 

@@ -155,7 +155,7 @@ def _print_summary(llm, outputs, import_seconds: float) -> None:
     size = f"{engine.runner.num_params / 1e6:.2f}M params"
     print(
         f"model: {llm.name} ({llm.model.config.architecture}, {size}, {llm.model.dtype}, "
-        f"{tokenizer})"
+        f"{tokenizer}; {engine.config.cache_dtypes.describe()})"
     )
     run = stats.host_seconds + stats.device_seconds
     print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jmamba.cache_dtypes import CacheDtypes
 from runtime.core.model_len import blocks_per_seq
 from runtime.core.speculative_config import SpeculativeConfig
 
@@ -26,6 +27,8 @@ STEP_SHAPE_FIELDS = (
     "data_parallel_size",
     "tensor_parallel_size",
     "batch_invariant",
+    "kv_cache_dtype",  # the caches' dtypes: the step's operand types and how it rounds
+    "state_dtype",
 )
 POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
@@ -50,6 +53,7 @@ class EngineConfig:
       chunk_size: the model's chunk size the config was resolved for (prefill chunks end on its
         multiples, or on state_block_size's in "align" mode).
       prefix_caching: the mode in force, "off", "align" or "all" (never None here).
+      kv_cache_dtype: "auto" or "fp8" (an alias resolved).
     """
 
     max_num_seqs: int
@@ -75,6 +79,8 @@ class EngineConfig:
     async_scheduling: bool
     decode_steps: int
     batch_invariant: bool
+    kv_cache_dtype: str
+    state_dtype: str
     chunk_size: int
 
     def check_same_shapes(self, other: EngineConfig, whose: str) -> None:
@@ -84,6 +90,11 @@ class EngineConfig:
             theirs, ours = getattr(other, name), getattr(self, name)
             if theirs != ours:
                 raise ValueError(f"{name}={ours} differs from {whose}'s {theirs}")
+
+    @property
+    def cache_dtypes(self) -> CacheDtypes:
+        """The dtypes of the KV pools and recurrent states (`jmamba.cache_dtypes`)."""
+        return CacheDtypes(self.kv_cache_dtype, self.state_dtype)
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
+from jmamba.cache_dtypes import CacheDtypes
 from jmamba.config import ModelConfig
 from runtime.core import checks
 from runtime.core.budgets import default_token_budget, min_token_budget, powers_of_two_up_to
@@ -124,6 +125,10 @@ class EngineArgs:
       batch_invariant: products and norms' sums in an order fixed by static shapes
         (`jmamba.layers.invariance`): a request's bf16 outputs on the GPU do not depend on its batch
         or on speculative lanes; slower prefill. Off: XLA's, which round a row by the step's shape.
+      kv_cache_dtype: the KV pools', "auto" (the model's dtype) or "fp8" (alias "fp8_e4m3"):
+        e4m3, half a bf16 block's bytes, scale 1.0 (`jmamba.cache_dtypes`).
+      state_dtype: the Mamba2 SSM and Gated DeltaNet recurrent states', "float32" or "bfloat16"
+        (half a slot's recurrent bytes; the kernels still accumulate in fp32).
     """
 
     max_num_seqs: int = 8
@@ -149,6 +154,8 @@ class EngineArgs:
     async_scheduling: bool = False
     decode_steps: int = 1
     batch_invariant: bool = False
+    kv_cache_dtype: str = "auto"
+    state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -176,6 +183,7 @@ class EngineArgs:
         checks.flag("async_scheduling", self.async_scheduling)
         checks.integer("decode_steps", self.decode_steps, low=1, high=MAX_DECODE_STEPS)
         checks.flag("batch_invariant", self.batch_invariant)
+        CacheDtypes.of(self.kv_cache_dtype, self.state_dtype)  # a bad name raises here
         speculative = self.speculative_config  # a bad dict of its fields raises here
         if self.num_slots is not None:
             low = min_num_slots(self.max_num_seqs, speculative)
@@ -195,6 +203,11 @@ class EngineArgs:
     def speculative_config(self) -> SpeculativeConfig | None:
         """`speculative` as a `SpeculativeConfig` (a dict of its fields made into one)."""
         return SpeculativeConfig.of(self.speculative)
+
+    @property
+    def cache_dtypes(self) -> CacheDtypes:
+        """The pools' dtypes these args name (`jmamba.cache_dtypes`; an alias resolved)."""
+        return CacheDtypes.of(self.kv_cache_dtype, self.state_dtype)
 
     @property
     def sizes_blocks_from_memory(self) -> bool:
@@ -262,6 +275,8 @@ class EngineArgs:
             async_scheduling=self.async_scheduling,
             decode_steps=self.decode_steps,
             batch_invariant=self.batch_invariant,
+            kv_cache_dtype=self.cache_dtypes.kv_cache,
+            state_dtype=self.state_dtype,
             chunk_size=chunk_size,
         )
         blocks = self._num_blocks(config, memory)

@@ -10,10 +10,11 @@ shard of its heads):
                           - slots * slot bytes) / block bytes)
 
 with the bytes of one device: its parameter shard, the peak activations of the largest step
-bucket (`peak_activation_bytes`), one block of every attention layer's K and V (its KV heads),
-one slot of every recurrent layer's conv and recurrent state (its heads). What else the step
-allocates (XLA's temporaries, fragmentation) must fit in the 1 - u left over. A model without
-attention layers needs no blocks beyond NULL and its minimum, but its slots must still fit.
+bucket (`peak_activation_bytes`), one block of every attention layer's K and V (its KV heads,
+in `kv_cache_dtype`: an fp8 block is half a bf16 one), one slot of every recurrent layer's conv
+and recurrent state (its heads; the recurrent state in `state_dtype`: bf16 halves it). What else
+the step allocates (XLA's temporaries, fragmentation) must fit in the 1 - u left over. A model
+without attention layers needs no blocks beyond NULL and its minimum, but its slots must still fit.
 Host-side and jax-free: `runtime.device.memory` measures the bytes.
 """
 

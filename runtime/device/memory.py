@@ -40,7 +40,7 @@ def pool_memory(model: HybridLM, args: EngineArgs) -> PoolMemory | None:
     if limit is None:
         return None
     shard = shard_model_shapes(model, args.tensor_parallel_size, model.dtype)
-    block, slot = footprint.entry_bytes(shard, args.block_size)
+    block, slot = footprint.entry_bytes(shard, args.block_size, args.cache_dtypes)
     return PoolMemory(
         device_bytes=limit,
         param_bytes=footprint.param_bytes(shard),

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jmamba.cache_dtypes import DEFAULT_CACHE_DTYPES, CacheDtypes
 from jmamba.checkpoints.reader import TensorReader
 from jmamba.checkpoints.shards import ShardValues, read_shards
 from jmamba.checkpoints.source import param_path
@@ -179,12 +180,23 @@ def cache_shardings(shard_model: HybridLM, mesh: DeviceMesh) -> tuple:
 
 
 def zero_caches(
-    shard_model: HybridLM, mesh: DeviceMesh, *, num_blocks: int, block_size: int, num_slots: int
+    shard_model: HybridLM,
+    mesh: DeviceMesh,
+    *,
+    num_blocks: int,
+    block_size: int,
+    num_slots: int,
+    dtypes: CacheDtypes = DEFAULT_CACHE_DTYPES,
 ) -> Any:
-    """Zeroed caches of `num_blocks` blocks and `num_slots` slots per rank, made directly on the
-    mesh (each device allocates its own shard); logs what one device holds (`log_pools`)."""
+    """Zeroed caches of `num_blocks` blocks and `num_slots` slots per rank in `dtypes`, made
+    directly on the mesh (each device allocates its own shard); logs what one device holds
+    (`log_pools`)."""
     local = _local_caches(
-        shard_model, num_blocks=num_blocks, block_size=block_size, num_slots=num_slots
+        shard_model,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        num_slots=num_slots,
+        dtypes=dtypes,
     )
     axes = shard_model.cache_tp_axes()
     ranks, shards = mesh.size, mesh.tp_size
@@ -201,16 +213,27 @@ def zero_caches(
         out_shardings=shardings,
     )
     caches = make()
-    log_pools(shard_model, block_size=block_size, num_blocks=num_blocks, num_slots=num_slots)
+    log_pools(
+        shard_model,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        num_slots=num_slots,
+        dtypes=dtypes,
+    )
     return caches
 
 
 def _local_caches(
-    shard_model: HybridLM, *, num_blocks: int, block_size: int, num_slots: int
+    shard_model: HybridLM,
+    *,
+    num_blocks: int,
+    block_size: int,
+    num_slots: int,
+    dtypes: CacheDtypes = DEFAULT_CACHE_DTYPES,
 ) -> Any:
     """One rank's one shard's caches, as shapes."""
     return jax.eval_shape(
         lambda: shard_model.init_caches(
-            num_blocks=num_blocks, block_size=block_size, num_slots=num_slots
+            num_blocks=num_blocks, block_size=block_size, num_slots=num_slots, dtypes=dtypes
         )
     )

@@ -40,8 +40,8 @@ def describe_scheduler(scheduler: Scheduler) -> str:
 
 
 def describe_engine(engine: Any) -> str:
-    """One line: the engine's model, ranks, requests, steps, compiled variants and limits (its
-    repr)."""
+    """One line: the engine's model, ranks, requests, steps, compiled variants, limits and cache
+    dtypes (its repr)."""
     waiting = sum(len(s.waiting) for s in engine.schedulers)
     running = sum(len(s.running) for s in engine.schedulers)
     config = engine.config
@@ -49,6 +49,6 @@ def describe_engine(engine: Any) -> str:
         f"Engine({engine.model_config.architecture}, ranks={len(engine.ranks)}, "
         f"running={running}, waiting={waiting}, steps={engine.stats.num_steps}, "
         f"variants={engine.num_variants}, max_num_seqs={config.max_num_seqs}, "
-        f"max_model_len={config.max_model_len}, "
+        f"max_model_len={config.max_model_len}, {config.cache_dtypes.describe()}, "
         f"tokenizer={'yes' if engine.tokenizer is not None else 'none'})"
     )

@@ -217,6 +217,19 @@ def test_cli_speculative_and_batch_invariant_options_reach_the_config():
     assert engine_options(parser.parse_args(["--batch-invariant"]))["batch_invariant"]
 
 
+def test_cli_cache_dtype_flags_parse_and_bad_ones_are_refused(capsys):
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser)
+    default = engine_options(parser.parse_args([]))
+    assert (default["kv_cache_dtype"], default["state_dtype"]) == ("auto", "float32")
+    argv = ["--kv-cache-dtype", "fp8_e4m3", "--state-dtype", "bfloat16"]
+    options = engine_options(parser.parse_args(argv))
+    assert (options["kv_cache_dtype"], options["state_dtype"]) == ("fp8_e4m3", "bfloat16")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+
+
 def test_decode_steps_reach_the_config_from_the_cli_and_llm():
     """Several decode steps a program by default (`DEFAULT_DECODE_STEPS`), 1 when asked, a bad
     count refused by name; LLM's default is the CLI's."""

@@ -10,9 +10,11 @@ import pytest
 from flax import nnx
 
 import jmamba
+from jmamba.cache_dtypes import CacheDtypes
+from jmamba.checkpoints.weights import cast
 from runtime.core.engine_args import EngineArgs
 from runtime.core.pool_memory import PoolMemory, peak_activation_bytes
-from runtime.device import memory
+from runtime.device import footprint, memory
 from runtime.engine import Engine
 
 MIB = 1 << 20
@@ -106,6 +108,49 @@ def test_an_engine_on_two_shards_gets_the_hand_computed_pools(monkeypatch):
     assert f"{engine.config.num_blocks} KV blocks" in line and "5 state slots" in line
 
 
+@pytest.mark.parametrize(
+    "kv_cache_dtype, kv_bytes, state_dtype, state_bytes",
+    [("auto", 4, "float32", 4), ("fp8", 1, "float32", 4), ("auto", 4, "bfloat16", 2)],
+)
+def test_cache_dtypes_size_the_pools(
+    monkeypatch, kv_cache_dtype, kv_bytes, state_dtype, state_bytes
+):
+    """The same byte budget holds 4x the KV blocks of an fp32 model with an FP8 cache (2x those
+    of a bf16 one), and bf16 recurrent states halve a slot's SSM state (its conv window stays)."""
+    monkeypatch.setattr(memory, "device_memory", lambda: 1 * MIB)
+    model = nnx.eval_shape(
+        lambda: jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
+    )
+    args = EngineArgs(
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        max_model_len=64,
+        block_size=8,
+        prefix_caching="off",
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.5,
+        kv_cache_dtype=kv_cache_dtype,
+        state_dtype=state_dtype,
+    )
+    block = 2 * 8 * 1 * 16 * kv_bytes
+    slot = CONV_DIM * 3 * 4 + 4 * 16 * 16 * state_bytes
+    pool = memory.pool_memory(model, args)
+    assert pool is not None and (pool.block_bytes, pool.slot_bytes) == (block, slot)
+    left = MIB // 2 - PARAMS * 4 - 32 * TOKEN_BYTES - 5 * slot
+    assert memory.resolve_config(model, args).num_blocks == left // block
+
+
+def test_an_fp8_block_is_half_a_bf16_one():
+    shapes = nnx.eval_shape(
+        lambda: cast(
+            jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0)), "bfloat16"
+        )
+    )
+    bf16 = footprint.entry_bytes(shapes, 8)
+    fp8 = footprint.entry_bytes(shapes, 8, CacheDtypes("fp8", "bfloat16"))
+    assert fp8[0] * 2 == bf16[0] == 2 * 8 * 2 * 16 * 2 and fp8[1] < bf16[1]
+
+
 def test_a_max_model_len_that_cannot_fit_is_refused(monkeypatch):
     monkeypatch.setattr(memory, "device_memory", lambda: 1 * MIB)
     model = nnx.eval_shape(
@@ -135,8 +180,8 @@ def test_start_up_logs_the_pools_once(caplog):
     assert line == (
         "pools of NemotronHForCausalLM (tensor-parallel shard 1 of 2), per device: 40 KV blocks "
         f"x {BLOCK_BYTES / MIB:.4f} MiB + 5 state slots x {SLOT_BYTES / MIB:.4f} MiB = "
-        f"{total:.1f} MiB, beside {PARAMS * 4 / MIB:.1f} MiB of parameters (device memory: not "
-        "reported)"
+        f"{total:.1f} MiB (kv_cache_dtype=auto, state_dtype=float32), beside "
+        f"{PARAMS * 4 / MIB:.1f} MiB of parameters (device memory: not reported)"
     )
 
 

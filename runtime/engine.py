@@ -208,7 +208,7 @@ class Engine:
         drafting = self._drafts_now()
         synchronous = drafting and not self.buckets.drafting_carries
         outputs = self._drain() if synchronous else []  # host drafts need every row's last token
-        launched = self._launch(drafting, synchronous)
+        launched = self._launch(drafting)
         last = None if launched is None else launched.steps[-1]  # the others moved on already
         if self.config.async_scheduling and not synchronous:  # retire N - 1 while N runs
             retiring, self._in_flight = self._in_flight, launched
@@ -227,20 +227,15 @@ class Engine:
         self._record(retired)
         return outputs + [output for _, finished in retired for output in finished]
 
-    def _launch(self, drafting: bool, synchronous: bool) -> LaunchedProgram | None:
+    def _launch(self, drafting: bool) -> LaunchedProgram | None:
         """Plan the next program (`ProgramPlanner.plan`: one step, or several decode steps) and
         dispatch it; None (nothing dispatched) when no rank of any process has work."""
         steps = self.planner.plan(self.drafter, drafting)
         if not steps:
             return None
         bucket = steps[0].bucket
-        carry = self.config.async_scheduling and not synchronous
         dispatched = self._timer.device(
-            self.runner.dispatch_steps,
-            bucket,
-            [step.batches for step in steps],
-            carry=carry,
-            drafts=drafting,
+            self.runner.dispatch_steps, bucket, [step.batches for step in steps], drafts=drafting
         )
         self.last_bucket, self.last_schedules = bucket, steps[-1].schedules
         self.last_batches = steps[-1].batches
@@ -377,7 +372,6 @@ class Engine:
             self.runner.warmup(
                 group.buckets,
                 modes=modes,
-                carry=group.carry,
                 drafts=group.drafts,
                 num_steps=group.steps,
                 progress=progress,

@@ -10,7 +10,7 @@ from runtime.core.buckets import Bucket
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.schedule import Schedule
 from runtime.core.step_batch import StepBatch
-from runtime.device.model_runner import DispatchedStep
+from runtime.device.variants import DispatchedStep
 from runtime.observe.step_record import ScheduleRecord
 
 

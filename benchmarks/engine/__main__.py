@@ -10,6 +10,7 @@ BENCHES = (
     "multi_step",
     "profile_step",
     "profile_host",
+    "sampler_modes",
 )
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def run_variant(size: str, batches: list[int], steps: int, out: str, name: str) 
         row["engine_device_ms"] = 1e3 * (engine.stats.device_seconds - d0) / steps
         runner, batch_in = engine.runner, engine.inspect.last_batch
         bucket = engine.buckets.bucket_for(engine.inspect.last_schedule)
-        compiled = runner._compiled[runner._variant(bucket, [batch_in], carry=False, drafts=True)]
+        compiled = runner._compiled[runner._variant(bucket, [batch_in], drafts=True)]
         row.update(time_runner(runner, bucket, batch_in, steps, np, jax))
         trace_dir = tempfile.mkdtemp()
         dev = device_inputs(runner, bucket, batch_in, jax)

@@ -46,7 +46,7 @@ def time_runner(runner, bucket, batch_in, steps, np, jax) -> dict:
         dev_np = device_inputs(runner, bucket, batch_in, jax)
     jax.block_until_ready(dev_np)
     res["device_put_packed_ms"] = 1e3 * (time.perf_counter() - t0) / steps
-    key = runner._variant(bucket, [batch_in], carry=False, drafts=True)
+    key = runner._variant(bucket, [batch_in], drafts=True)
     res.update(time_step_call(runner, key, dev, steps, jax))
     return res
 
@@ -60,7 +60,7 @@ def time_step_call(runner, key, packed, steps: int, jax) -> dict:
     import jax.numpy as jnp
 
     compiled, slot = runner._compiled[key], runner.buffers.upload(key, packed)
-    carried = runner.buffers.carried if key.carry else None
+    carried = runner.buffers.carried
 
     def call(outputs):
         t0 = time.perf_counter()

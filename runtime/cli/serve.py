@@ -196,8 +196,10 @@ def _load(args: argparse.Namespace, started: float) -> LLM:
 def _compile(llm: LLM, warmup: bool | Literal["alone"], workers: int) -> None:
     start = time.perf_counter()
     llm.engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)
+    runner = llm.engine.runner
     _say(
-        f"ready, {llm.engine.num_variants} step variants compiled in "
+        f"ready, {runner.num_variants} step variants ({len(runner.load_seconds)} loaded from "
+        f"the step store, {len(runner.compile_seconds)} compiled) in "
         f"{time.perf_counter() - start:.1f} s"
     )
 

@@ -81,10 +81,9 @@ def round_up(sizes: tuple[int, ...], n: int) -> int:
 
 
 class WarmupGroup(NamedTuple):
-    """Buckets `Engine.warmup` compiles alike: whether their steps carry tokens to the next (an
-    asynchronous engine's), whether they draft, and how many steps a program runs."""
+    """Buckets `Engine.warmup` compiles alike: whether their steps draft, and how many steps a
+    program runs (synchronous and asynchronous steps share their programs)."""
 
-    carry: bool
     drafts: bool
     buckets: list[Bucket]
     steps: int = 1
@@ -98,7 +97,6 @@ class BucketPolicy:
         self.prefill_tokens = config.prefill_token_buckets
         self.prefill_rows = config.prefill_row_buckets
         self.width = config.decode_width
-        self.asynchronous = config.async_scheduling
         self.decode_steps = config.decode_steps
         spec = config.speculative
         # Steps without drafts: every step without speculation; with it, those its gate skips
@@ -106,7 +104,9 @@ class BucketPolicy:
         self.undrafted_steps = spec is None or spec.drafts_selectively
         # Drafting steps carry tokens (and drafts) when the engine is asynchronous and its
         # drafts come out of its own steps; else they run synchronously (`Engine.step`).
-        self.drafting_carries = self.asynchronous and spec is not None and spec.drafts_on_device
+        self.drafting_carries = (
+            config.async_scheduling and spec is not None and spec.drafts_on_device
+        )
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).
         self.widths = tuple(sorted({1, self.width}))
@@ -159,21 +159,19 @@ class BucketPolicy:
 
     def warmup_variants(self, prefill: bool | Literal["alone"]) -> list[WarmupGroup]:
         """`warmup_buckets` split by how their steps run. Steps without drafts use the width-1
-        buckets, asynchronously in an asynchronous engine; steps that may carry drafts (a
-        speculative engine's drafting steps, whatever their width) run synchronously, unless
-        the engine is asynchronous and drafts on the device (`drafting_carries`). With
-        `decode_steps` N > 1 the width-1 decode buckets are also compiled as programs of N
-        steps."""
+        buckets; steps that may carry drafts (a speculative engine's drafting steps) use every
+        width. With `decode_steps` N > 1 the width-1 decode buckets are also compiled as
+        programs of N steps."""
         buckets = self.warmup_buckets(prefill)
         groups = []
         if self.undrafted_steps:
             narrow = [b for b in buckets if b.width == 1]
-            groups.append(WarmupGroup(self.asynchronous, False, narrow))
+            groups.append(WarmupGroup(False, narrow))
             if self.decode_steps > 1:
                 decodes = [b for b in narrow if b.is_decode_only]
-                groups.append(WarmupGroup(True, False, decodes, self.decode_steps))
+                groups.append(WarmupGroup(False, decodes, self.decode_steps))
         if self.width > 1:
-            groups.append(WarmupGroup(self.drafting_carries, True, buckets))
+            groups.append(WarmupGroup(True, buckets))
         return groups
 
     def lone_prefill_buckets(self) -> list[Bucket]:

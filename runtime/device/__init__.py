@@ -1,6 +1,6 @@
 """The device side of a step: the jitted SPMD step per bucket and what surrounds it.
 
-`model_runner.py` compiles and runs one step variant per (bucket, sampling mode, carry, drafts)
+`model_runner.py` compiles and runs one step variant per (bucket, sampling mode, drafts, steps)
 over the `(dp, tp)` mesh (`distributed.py`), with the caches donated, and returns each step's
 `StepResult` (`step_result.py`); `spmd_step.py` is the step itself, its static choices one
 `StepSpec`; `memory.py` sizes the pools from the device's memory and resolves an engine's

@@ -1,5 +1,6 @@
-"""How a carrying step takes over from the step before it, on the device (asynchronous
-scheduling: the host builds step N + 1 before step N's tokens reach it).
+"""How a step takes over from the step before it, on the device (asynchronous scheduling: the
+host builds step N + 1 before step N's tokens reach it; a synchronous engine's steps take
+nothing over, every token source NULL, and run the same program).
 
 What a step carries to the next, per rank (`StepBuffers.carried`):
 
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jmamba.step.pytree import StepInputs
+from runtime.core.config import EngineConfig
 from runtime.core.sampling_inputs import SamplingInputs
 from runtime.core.step_batch import ChainedRows
 from runtime.device.kv_addressing import kv_slots_at
@@ -156,3 +158,12 @@ def _over(per_lane: jax.Array, size: int) -> jax.Array:
     after them."""
     flat = per_lane.reshape(-1)
     return jnp.pad(flat, (0, size - flat.shape[0]))
+
+
+def carried_tokens(config: EngineConfig) -> int:
+    """C, the tokens a step hands to the next on the device: the most logits rows of a bucket
+    of `config` (a draft model's runner runs wider buckets, whose rows past C are never fed:
+    only an asynchronous step feeds tokens, and it has no drafts)."""
+    spec = config.speculative
+    width = 1 if spec is None else spec.width
+    return max(config.decode_row_buckets) * width + max(config.prefill_row_buckets)

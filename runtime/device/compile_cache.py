@@ -6,12 +6,19 @@ the user's cache directory (`$XDG_CACHE_HOME/jmamba/jax`, else `~/.cache/jmamba/
 `JMAMBA_COMPILE_CACHE=off` (or 0, false, no) turns it off; any other value is the directory to
 use; it holds at most 1 GiB. A cache directory the user gave JAX already
 (`jax_compilation_cache_dir`, `JAX_COMPILATION_CACHE_DIR`) is left as it is.
+
+Wherever JAX's cache is on, the step programs themselves are kept beside its entries, in its
+`steps/` folder (`step_store`, `executable_store.py`): a warm start loads them without tracing.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # this module is imported before jax is (`enable` configures it)
+    from runtime.device.executable_store import ExecutableStore
 
 ENV = "JMAMBA_COMPILE_CACHE"
 _OFF = {"0", "off", "false", "no"}
@@ -41,3 +48,15 @@ def enable() -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
     jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return str(directory)
+
+
+def step_store() -> ExecutableStore:
+    """The store of compiled step programs: the `steps/` folder of JAX's persistent cache
+    directory when that is on (JAX's eviction reads only the files at its top level), else a
+    store that keeps nothing."""
+    import jax
+
+    from runtime.device.executable_store import ExecutableStore
+
+    directory = jax.config.jax_compilation_cache_dir
+    return ExecutableStore(Path(directory) / "steps" if directory else None)

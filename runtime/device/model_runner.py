@@ -18,13 +18,15 @@ it accepted the next lane's draft; in a variant whose sampling mode asks for the
 top-k log-probabilities) come back to the host. The runner makes no
 policy decision: it runs whatever per-rank `StepBatch`es it is given, in the bucket and with the
 sampler `SamplingMode` they carry. One variant is compiled per `VariantKey` (bucket, sampling
-mode, whether it carries tokens).
+mode, whether it drafts, steps a program), or loaded instead from the `ExecutableStore` where an
+earlier process compiled it (`executable_store.py`: a warm start traces nothing).
 
 `dispatch` hands a step to the device and returns at once; `fetch` waits for it and returns what
-it gave back, a `StepResult` (`run` does both). A carrying step (`dispatch(carry=True)`,
-asynchronous scheduling) also hands its sampled tokens to the next carrying step on the device, so
-that step can be dispatched before the host has seen them (the builder's `token_sources` say
-which token lanes take one).
+it gave back, a `StepResult` (`run` does both). Every step hands its sampled tokens to the next on
+the device, so an asynchronous engine can dispatch a step before the host has seen the tokens of
+the one before (the builder's `token_sources` say which token lanes take one). A synchronous
+engine's steps take none (every source NULL) and run the same program: synchronous and
+asynchronous scheduling share their compiled steps.
 
 Dispatch cost matters at small batch, so each call passes the parameters as a flat list of arrays
 (flattening the nnx `State` runs Python code per variable, every call) and each rank's inputs as
@@ -39,7 +41,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -51,39 +53,17 @@ from runtime.core.builder import build_dummy
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.core.step_batch import StepBatch
-from runtime.device.chaining import carried_depth
+from runtime.device import compile_cache
+from runtime.device.chaining import carried_depth, carried_tokens
 from runtime.device.distributed import make_mesh
+from runtime.device.executable_store import ExecutableStore, describe
 from runtime.device.mtp_drafts import NoDeviceDrafts, device_drafter, served_model
 from runtime.device.packing import Layout, layout_of, pack
 from runtime.device.placement import ParamSource, cache_shardings, place_params, zero_caches
 from runtime.device.spmd_step import StepSpec, spmd_step, with_output_buffers
 from runtime.device.step_buffers import StepBuffers
 from runtime.device.step_result import StepResult
-
-
-class VariantKey(NamedTuple):
-    """What a compiled step is specialised on: its bucket (shapes), the sampler's mode, whether
-    it carries tokens to the next step (an asynchronous engine's steps), whether it drafts on
-    the device (an MTP engine's steps; False for every step of an engine that drafts nowhere or
-    on the host), and how many steps one call runs (`dispatch_steps`)."""
-
-    bucket: Bucket
-    mode: SamplingMode
-    carry: bool
-    drafts: bool
-    steps: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class DispatchedStep:
-    """A program handed to the device whose outputs may not be computed yet: one step
-    (`ModelRunner.dispatch`; `fetch` waits for it) or several (`dispatch_steps`, `fetch_steps`;
-    each output then has a step axis after the rank's). `parts[j]`: step j's batch per rank."""
-
-    parts: list[list[StepBatch]]
-    tokens: jax.Array
-    token_logprobs: TokenLogprobs[jax.Array] | None
-    logits: jax.Array | None
+from runtime.device.variants import DispatchedStep, Variant, VariantKey
 
 
 class ModelRunner:
@@ -98,7 +78,8 @@ class ModelRunner:
       drafter: what a drafting step drafts (`runtime.device.mtp_drafts`): the MTP head's drafts
         when the config speculates with method "mtp", else nothing; a step dispatched without
         drafts runs `NoDeviceDrafts`, the plain step.
-      compile_seconds: time spent compiling, per `VariantKey`.
+      compile_seconds: time spent compiling (tracing, lowering, XLA), per `VariantKey`.
+      load_seconds: time spent loading, per `VariantKey` loaded from `executables` instead.
     """
 
     def __init__(
@@ -108,10 +89,13 @@ class ModelRunner:
         *,
         keep_logits: bool = False,
         params: ParamSource = place_params,
+        executables: ExecutableStore | None = None,
     ):
         """`config`: resolved for `model` (`runtime.device.memory.resolve_config`). `params` puts
         each device's parameter shard on it: `place_params` slices `model`'s values;
-        `placement.RandomShards` makes random ones per shard (`model` shapes only)."""
+        `placement.RandomShards` makes random ones per shard (`model` shapes only).
+        `executables`: where compiled variants are kept and loaded from (default: beside JAX's
+        persistent compilation cache, none when it is off: `compile_cache.step_store`)."""
         model = served_model(model, config.speculative)
         self.config = config
         self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
@@ -126,12 +110,15 @@ class ModelRunner:
             num_blocks=config.num_blocks,
             block_size=config.block_size,
             num_slots=config.num_slots,
+            dtypes=config.cache_dtypes,
         )
         self.keep_logits = keep_logits
         self.drafter = device_drafter(config.speculative)
         depth = carried_depth(self.drafter.num_drafts)
         self.buffers = StepBuffers(self.mesh, (depth, carried_tokens(config)))
         self.compile_seconds: dict[VariantKey, float] = {}
+        self.load_seconds: dict[VariantKey, float] = {}  # variants loaded instead
+        self.executables = executables or compile_cache.step_store()
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(  # traced per variant, then compiled `with_output_buffers`
             functools.partial(spmd_step, self.mesh, cache_specs),
@@ -183,32 +170,29 @@ class ModelRunner:
         batches: list[StepBatch],
         inputs: jax.Array | None = None,
         *,
-        carry: bool = False,
         drafts: bool = True,
     ) -> DispatchedStep:
         """Hand one step to the device (compiling its variant first if needed) without waiting
-        for it. With `carry` (an asynchronous engine) the step takes the tokens of the previous
-        carrying step through its `token_sources` and hands its own to the next; without, it is
-        the synchronous step (a variant of its own). `drafts`: whether the step drafts for the
-        next (`drafter`); one without runs `NoDeviceDrafts`, the step of an engine without
-        speculation. `inputs`: the batches already on the device (`device_inputs`), for
-        benchmarks that replay one step."""
-        key = self._variant(bucket, batches, carry, drafts)
+        for it. The step takes the tokens of the step before through its `token_sources` (none
+        where every source is NULL: a synchronous engine's steps) and hands its own to the next.
+        `drafts`: whether the step drafts for the next (`drafter`); one without runs
+        `NoDeviceDrafts`, the step of an engine without speculation. `inputs`: the batches
+        already on the device (`device_inputs`), for benchmarks that replay one step."""
+        key = self._variant(bucket, batches, drafts)
         self._compiled_for(key, batches[0])
         rows = self._rows(key, batches) if inputs is None else inputs
         return self._dispatch(key, [batches], rows)
 
     def dispatch_steps(
-        self, bucket: Bucket, parts: list[list[StepBatch]], *, carry: bool, drafts: bool
+        self, bucket: Bucket, parts: list[list[StepBatch]], *, drafts: bool
     ) -> DispatchedStep:
         """Hand `len(parts)` steps to the device as one program (multi-step decode), step j with
         `parts[j]`, one batch per local rank, built for `bucket` with one sampling mode; each
         step after the first takes its tokens from the one before on the device. One part is
-        `dispatch`. Several carry (their last step hands its tokens to the next carrying step)
-        and draft nothing."""
+        `dispatch`. Several draft nothing."""
         if len(parts) == 1:
-            return self.dispatch(bucket, parts[0], carry=carry, drafts=drafts)
-        key = self._variant(bucket, parts[0], carry, drafts, steps=len(parts))
+            return self.dispatch(bucket, parts[0], drafts=drafts)
+        key = self._variant(bucket, parts[0], drafts, steps=len(parts))
         self._compiled_for(key, parts[0][0])  # before packing: compiling fixes the layout
         rows = np.hstack([self._rows(key, batches) for batches in parts])
         return self._dispatch(key, parts, rows)
@@ -229,7 +213,7 @@ class ModelRunner:
             self.caches,
             packed,
             self.buffers.outputs(key),
-            self.buffers.carried if key.carry else None,
+            self.buffers.carried,
         )
         self.buffers.keep(key, outputs, carried)
         outputs = self.buffers.download(outputs)
@@ -240,21 +224,21 @@ class ModelRunner:
     def device_inputs(self, bucket: Bucket, batches: list[StepBatch]) -> jax.Array:
         """The batches packed into the one device array `dispatch` sends (compiling the variant
         first if needed)."""
-        key = self._variant(bucket, batches, carry=False, drafts=True)
+        key = self._variant(bucket, batches, drafts=True)
         self._compiled_for(key, batches[0])
         return self.mesh.global_array(self._rows(key, batches))
 
     def _variant(
-        self, bucket: Bucket, batches: list[StepBatch], carry: bool, drafts: bool, steps: int = 1
+        self, bucket: Bucket, batches: list[StepBatch], drafts: bool, steps: int = 1
     ) -> VariantKey:
         if len(batches) != len(self.local_ranks):
             raise ValueError(f"{len(batches)} batches for {len(self.local_ranks)} local ranks")
         mode = batches[0].mode
         if any(b.mode != mode for b in batches):
             raise ValueError(f"ranks' sampling modes differ: {[b.mode for b in batches]}")
-        if steps > 1:  # several steps a program: each carries to the next, none drafts
-            carry, drafts = True, False
-        return VariantKey(bucket, mode, carry, drafts and self.drafter.num_drafts > 0, steps)
+        if steps > 1:  # several steps a program: none drafts
+            drafts = False
+        return VariantKey(bucket, mode, drafts and self.drafter.num_drafts > 0, steps)
 
     def fetch(self, step: DispatchedStep) -> StepResult:
         """Wait for a dispatched step (of one step); what it gave back, on the host."""
@@ -294,14 +278,13 @@ class ModelRunner:
         buckets: list[Bucket],
         *,
         modes: tuple[SamplingMode, ...] = (SamplingMode(),),
-        carry: bool = False,
         drafts: bool = True,
         num_steps: int = 1,
         progress: bool = False,
         workers: int = COMPILE_WORKERS,
     ) -> None:
-        """Compile `buckets` in each sampling mode of `modes` (`carry`, `drafts`: as `dispatch`
-        takes them; `num_steps`: programs of that many steps, as `dispatch_steps` runs them),
+        """Compile (or load) `buckets` in each sampling mode of `modes` (`drafts`: as `dispatch`
+        takes it; `num_steps`: programs of that many steps, as `dispatch_steps` runs them),
         then run each once on all-padding steps (which change no live slot and feed no token);
         `progress` shows a bar with the compile seconds so far.
 
@@ -315,23 +298,25 @@ class ModelRunner:
             for mode in modes
         ]
         ranks = len(self.local_ranks)
-        todo = {
-            self._variant(b, [batch] * ranks, carry, drafts, num_steps): batch for b, batch in steps
-        }
+        todo = {self._variant(b, [batch] * ranks, drafts, num_steps): batch for b, batch in steps}
         todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
         with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
             with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-                futures = [  # each compiles while the next is lowered
-                    pool.submit(self._finish_compile, key, *self._lower(key, batch))
-                    for key, batch in todo.items()
-                ]
+                futures = []
+                for key, batch in todo.items():  # each compiles while the next is lowered
+                    variant = self._prepare(key, batch)
+                    if self._load(key, variant) is None:
+                        lowered = self._lower(key, variant)
+                        futures.append(pool.submit(self._finish_compile, key, variant, *lowered))
+                    else:
+                        bar.update()
                 for future in concurrent.futures.as_completed(futures):
                     future.result()
                     bar.update()
                     bar.set_postfix_str(f"{self.total_compile_seconds:.1f} s compiling")
         for bucket, batch in steps:
             parts = [[batch] * ranks] * num_steps
-            self.fetch_steps(self.dispatch_steps(bucket, parts, carry=carry, drafts=drafts))
+            self.fetch_steps(self.dispatch_steps(bucket, parts, drafts=drafts))
 
     def _dummy(self, bucket: Bucket) -> StepBatch:
         return build_dummy(
@@ -347,12 +332,14 @@ class ModelRunner:
         return np.stack([pack(self._packed_tree(b, key), layout) for b in batches])
 
     def _compile(self, key: VariantKey, batch: StepBatch) -> Any:
-        return self._finish_compile(key, *self._lower(key, batch))
+        """Variant `key`'s executable: loaded from `executables`, else traced and compiled
+        (then stored)."""
+        variant = self._prepare(key, batch)
+        loaded = self._load(key, variant)
+        return loaded or self._finish_compile(key, variant, *self._lower(key, variant))
 
-    def _lower(self, key: VariantKey, batch: StepBatch) -> tuple[Any, float]:
-        """The variant `key` lowered (its layout and output buffers registered): (lowered, the
-        seconds it took)."""
-        start = time.perf_counter()
+    def _prepare(self, key: VariantKey, batch: StepBatch) -> Variant:
+        """What compiling or loading variant `key` starts from (its layout registered)."""
         self._layouts[key] = layout_of(self._packed_tree(batch, key))
         rows = self._rows(key, [batch] * len(self.local_ranks))
         packed = self.mesh.global_array(np.tile(rows, (1, key.steps)))
@@ -367,38 +354,53 @@ class ModelRunner:
             drafter=self.drafter if key.drafts else NoDeviceDrafts(),
             steps=key.steps,
         )
-        carried = self.buffers.carried if key.carry else None
-        traced = self._jitted.trace(spec, self._param_leaves, self.caches, packed, carried)
+        arguments = (self._param_leaves, self.caches, packed, self.buffers.carried)
+        return Variant(spec, packed, describe(spec, arguments))
+
+    def _load(self, key: VariantKey, variant: Variant) -> Any | None:
+        """Variant `key`'s stored executable, its output buffers made; None if not stored."""
+        start = time.perf_counter()
+        loaded = self.executables.load(variant.description, list(self.mesh.mesh.devices.flat))
+        if loaded is not None:
+            _, output_shapes, _ = loaded.out_info  # (caches, StepOutputs, carried)
+            self.buffers.add_variant(key, variant.packed, output_shapes)
+            self.load_seconds[key] = time.perf_counter() - start
+            self._compiled[key] = loaded
+        return loaded
+
+    def _lower(self, key: VariantKey, variant: Variant) -> tuple[Any, float]:
+        """The variant traced and lowered (its output buffers registered): (lowered, the
+        seconds it took)."""
+        start = time.perf_counter()
+        carried = self.buffers.carried
+        traced = self._jitted.trace(
+            variant.spec, self._param_leaves, self.caches, variant.packed, carried
+        )
         _, output_shapes, _ = traced.out_info  # (caches, StepOutputs, carried)
-        outputs = self.buffers.add_variant(key, packed, output_shapes)
+        outputs = self.buffers.add_variant(key, variant.packed, output_shapes)
         lowered = with_output_buffers(traced).lower(
-            self._param_leaves, self.caches, packed, outputs, carried
+            self._param_leaves, self.caches, variant.packed, outputs, carried
         )
         return lowered, time.perf_counter() - start
 
-    def _finish_compile(self, key: VariantKey, lowered: Any, lowering_seconds: float) -> Any:
-        """Compile a lowered variant (thread-safe: `warmup` runs several at once)."""
+    def _finish_compile(
+        self, key: VariantKey, variant: Variant, lowered: Any, lowering_seconds: float
+    ) -> Any:
+        """Compile a lowered variant and store it (thread-safe: `warmup` runs several at
+        once)."""
         start = time.perf_counter()
         compiled = lowered.compile()
         self.compile_seconds[key] = lowering_seconds + time.perf_counter() - start
         self._compiled[key] = compiled
+        self.executables.save(variant.description, compiled)
         return compiled
 
     def _packed_tree(self, batch: StepBatch, key: VariantKey) -> tuple:
         """What the step of `key` reads of `batch`: (inputs, sampling, (token sources, chained
-        rows), what follows each prefill chunk), the last two None where the variant does not
-        read them (a step without drafts feeds no head), chained rows None where no row can move
-        (no head drafts)."""
+        rows), what follows each prefill chunk), the last None where the variant does not read
+        it (a step without drafts feeds no head), chained rows None where no row can move (no
+        head drafts)."""
         chains = self.drafter.num_drafts > 0
-        sources = (batch.token_sources, batch.chained if chains else None) if key.carry else None
+        sources = (batch.token_sources, batch.chained if chains else None)
         following = batch.following if key.drafts else None
         return batch.inputs, batch.sampling, sources, following
-
-
-def carried_tokens(config: EngineConfig) -> int:
-    """C, the tokens a step hands to the next on the device: the most logits rows of a bucket
-    of `config` (a draft model's runner runs wider buckets, whose rows past C are never fed:
-    only an asynchronous step feeds tokens, and it has no drafts)."""
-    spec = config.speculative
-    width = 1 if spec is None else spec.width
-    return max(config.decode_row_buckets) * width + max(config.prefill_row_buckets)

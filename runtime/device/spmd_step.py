@@ -60,7 +60,7 @@ class StepSpec:
 def _rank_chain(spec: StepSpec, param_leaves, caches, packed, previous):
     """`spec.steps` steps of one device in one program (multi-step decode): packed [1, S x
     words] holds each step's packed row in turn, and each step takes over from the one before
-    through what it carries, as a carrying step takes over from the previous program
+    through what it carries, as the first takes over from the previous program
     (`runtime.device.chaining`). Returns `_rank_step`'s outputs, each with a step axis after
     the rank's ([1, S, ...]), the caches, and what the last step carries."""
     parts = packed.reshape(spec.steps, 1, -1)
@@ -84,16 +84,14 @@ def _rank_step(spec: StepSpec, param_leaves, caches, packed, previous):
     log-probabilities (when `spec.mode.logprobs`), logits (when `spec.keep_logits`), caches,
     what this step carries to the next [1, depth, C] (`runtime.device.chaining`). The packed tree
     is (inputs, sampling, (token sources, chained rows), what follows each prefill chunk), the
-    last two None where the step does not read them (`ModelRunner._packed_tree`; chained rows
-    None too without a head)."""
+    last None where the step does not read it and chained rows None without a head
+    (`ModelRunner._packed_tree`). A step whose token sources are all NULL (a synchronous
+    engine's) takes nothing from `previous`."""
     mode, drafter = spec.mode, spec.drafter
-    inputs, sampling, sources, following = unpack(packed[0], spec.layout)
-    chained = None
-    if previous is not None:
-        token_sources, chained = sources
-        inputs, sampling = follow(
-            inputs, sampling, token_sources, chained, previous[0], spec.block_size
-        )
+    inputs, sampling, (token_sources, chained), following = unpack(packed[0], spec.layout)
+    inputs, sampling = follow(
+        inputs, sampling, token_sources, chained, previous[0], spec.block_size
+    )
     shard_params = [leaf[0] for leaf in param_leaves]
     model = nnx.merge(spec.graphdef, jax.tree.unflatten(spec.param_treedef, shard_params))
     with invariance.batch_invariant(spec.batch_invariant):
@@ -112,10 +110,8 @@ def _rank_step(spec: StepSpec, param_leaves, caches, packed, previous):
     tokens_and_flags = jnp.stack([tokens, accepted])
     if drafts is not None:  # one array for the host to fetch (`StepOutputs.tokens`)
         tokens_and_flags = jnp.concatenate([tokens_and_flags, drafts])
-    carried_out = None
-    if previous is not None:
-        rejected = None if chained is None else rejected_drafts(accepted, inputs)
-        carried_out = carried(tokens, drafts, rejected, previous.shape[1:])[None]
+    rejected = None if chained is None else rejected_drafts(accepted, inputs)
+    carried_out = carried(tokens, drafts, rejected, previous.shape[1:])[None]
     logits_out = logits[None] if spec.keep_logits else None
     return tokens_and_flags[None], token_logprobs, logits_out, caches, carried_out
 
@@ -139,13 +135,13 @@ def spmd_step(
     tokens, token_logprobs, logits, caches, carried = jax.shard_map(
         step,
         mesh=mesh.mesh,
-        in_specs=(param_specs, cache_specs, by_rank, None if carried is None else by_rank),
+        in_specs=(param_specs, cache_specs, by_rank, by_rank),
         out_specs=(
             by_rank,
             logprob_specs,
             by_rank if spec.keep_logits else None,
             cache_specs,
-            None if carried is None else by_rank,
+            by_rank,
         ),
         check_vma=False,  # Pallas calls declare plain output shapes
     )(param_leaves, caches, packed, carried)

@@ -16,7 +16,7 @@ per step:
     outputs           one set per variant             donated, written in place; `download`
                                                       copies them out for the host
     carried tokens,   one [ranks, depth, C] for all   donated, read then written in place
-    drafts, shifts    carrying variants
+    drafts, shifts    variants
 
 `upload` and `download` are programs of one copy each, outside the step's graph, so the step's
 graph sees the same addresses every call. In a single-process run `upload` takes the step's
@@ -69,7 +69,7 @@ class StepBuffers:
     tokens, each on the mesh split by rank. Keys are the runner's variant keys."""
 
     def __init__(self, mesh: DeviceMesh, carried_shape: tuple[int, int]):
-        """`carried_shape`: (depth, C), what a carrying step hands the next for each of C logits
+        """`carried_shape`: (depth, C), what a step hands the next for each of C logits
         rows (`runtime.device.chaining`)."""
         self._mesh = mesh
         by_rank = mesh.by_rank  # numpy rows (`DeviceMesh.step_rows`) are placed by the dispatch
@@ -107,12 +107,11 @@ class StepBuffers:
         `keep`)."""
         return self._outputs[key]
 
-    def keep(self, key: Any, outputs: StepOutputs, carried: jax.Array | None) -> None:
-        """The step's outputs (written where `outputs`' buffers were) and, for a carrying
-        step, its carried tokens."""
+    def keep(self, key: Any, outputs: StepOutputs, carried: jax.Array) -> None:
+        """The step's outputs (written where `outputs`' buffers were) and its carried
+        tokens."""
         self._outputs[key] = outputs
-        if carried is not None:
-            self.carried = carried
+        self.carried = carried
 
     def addresses(self, key: Any) -> list[int]:
         """Device addresses of `key`'s input slot, output buffers and the carried tokens (the

@@ -87,8 +87,14 @@ class _ThreadCollector(Collector):
             "Wall seconds spent compiling step variants (the warm-up, then first uses).",
             engine.compile_seconds,
         )
+        runner = engine.engine.runner
         yield GaugeMetricFamily(
-            "jmamba_step_variants", "Step variants compiled.", engine.engine.num_variants
+            "jmamba_step_variants", "Step variants ready to run.", runner.num_variants
+        )
+        yield GaugeMetricFamily(
+            "jmamba_step_variants_loaded",
+            "Step variants loaded from the step store instead of compiled.",
+            len(runner.load_seconds),
         )
         yield CounterMetricFamily(
             "jmamba_compiles_after_ready",

@@ -24,7 +24,8 @@ from runtime.core.config import EngineConfig
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
-from runtime.device.model_runner import ModelRunner, carried_tokens
+from runtime.device.chaining import carried_tokens
+from runtime.device.model_runner import ModelRunner
 from runtime.speculative.draft_model import DraftModelDrafter, check_draft_model
 from runtime.speculative.mtp import MTPDrafter
 from runtime.speculative.ngram import NgramDrafter

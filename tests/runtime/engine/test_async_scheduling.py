@@ -182,7 +182,9 @@ def test_drafting_steps_and_larger_steps_run_as_their_drafter_allows(monkeypatch
     dispatch = engine.runner.dispatch
 
     def logged(bucket, batches, **options):
-        dispatched.append((options["carry"], options["drafts"], bucket.width))
+        # A step takes tokens from the one before on the device where some source is not NULL.
+        takes = any(batch.token_sources.any() for batch in batches)
+        dispatched.append((takes, options["drafts"], bucket.width))
         return dispatch(bucket, batches, **options)
 
     monkeypatch.setattr(engine.runner, "dispatch", logged)
@@ -200,9 +202,9 @@ def test_drafting_steps_and_larger_steps_run_as_their_drafter_allows(monkeypatch
     prompts = [[3, 4, 3, 4, 3, 4, 3], [7, 8, 9, 7, 8, 9], [5, 5, 5, 5]]
     lengths = [4, 7, 16]
     assert_serves_naive_greedy(engine, family, prompts, lengths)
-    drafting = {carry for carry, drafts, _ in dispatched if drafts}
-    assert drafting == ({True} if method == "mtp" else {False})
-    assert all(carry for carry, drafts, _ in dispatched if not drafts)  # plain steps: async
+    drafting = {takes for takes, drafts, _ in dispatched if drafts}
+    assert (True in drafting) == (method == "mtp")  # prompt lookup's steps take nothing
+    assert any(takes for takes, drafts, _ in dispatched if not drafts)  # plain steps: async
     assert any(width > 1 for _, drafts, width in dispatched if drafts)
     assert engine.stats.num_drafting_steps == sum(drafts for _, drafts, _ in dispatched)
     assert method != "mtp" or (forgot and all(forgot))  # drafts that no longer follow tokens
@@ -280,21 +282,26 @@ def test_warmup_is_refused_while_a_step_is_in_flight():
     engine.warmup()
 
 
-def test_warmup_compiles_the_variants_an_asynchronous_engine_dispatches():
-    """An asynchronous engine dispatches carrying steps: warm-up compiles those, so its first
-    steps compile nothing."""
+def test_synchronous_and_asynchronous_engines_run_the_same_programs():
+    """A synchronous engine warmed with every variant: an asynchronous engine on the same runner
+    then compiles nothing (one program serves both schedulings), and both give the naive
+    loop's tokens."""
     model, _ = model_and_runner("mamba2")
-    config = dataclasses.replace(base_config("mamba2"), async_scheduling=True)
-    engine = Engine(model, config, runner=ModelRunner(model, resolve_config(model, config)))
-    engine.warmup()
-    warmed = set(engine.runner.variants)
-    assert warmed and all(v.carry for v in warmed)
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3))
-    engine.warmup(prefill=True)
-    warmed = set(engine.runner.variants)
-    while engine.has_unfinished:
-        engine.step()
-    assert set(engine.runner.variants) == warmed
+    config = base_config("mamba2")
+    runner = ModelRunner(model, resolve_config(model, config))
+    prompt = [1, 2, 3]
+    for async_scheduling in (False, True):
+        asynchronous = dataclasses.replace(config, async_scheduling=async_scheduling)
+        engine = Engine(model, asynchronous, runner=runner)
+        if not async_scheduling:
+            engine.warmup(prefill=True)
+        warmed = set(runner.variants)
+        engine.add_request(prompt, SamplingParams(max_tokens=3), request_id="r")
+        outputs = {}
+        while engine.has_unfinished:
+            outputs |= {o.request_id: o for o in engine.step()}
+        assert set(runner.variants) == warmed, async_scheduling
+        assert outputs["r"].token_ids == naive_greedy("mamba2", prompt, 3), async_scheduling
 
 
 def test_warmup_with_sampling_covers_a_sampled_request_arriving_at_an_idle_engine():
@@ -365,7 +372,7 @@ def test_penalized_tokens_equal_a_full_recompute_loop_with_and_without_async():
         while engine.has_unfinished:
             outputs[async_scheduling] |= {o.request_id: o for o in engine.step()}
         variants = engine.runner.variants  # the module's runner: other tests' variants too
-        assert {v.mode.penalty_width for v in variants if v.carry == async_scheduling} >= {32}
+        assert {v.mode.penalty_width for v in variants} >= {32}
     for i in range(4):
         want = naive_penalized_greedy(prompts[i], PENALIZED[i])
         assert outputs[False][str(i)].token_ids == outputs[True][str(i)].token_ids == want, i

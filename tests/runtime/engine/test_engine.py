@@ -32,7 +32,7 @@ def test_engine_greedy_equals_naive_recompute(family):
     if engine.model_config.has_attention:  # 12 usable KV blocks cannot hold all four requests
         assert engine.inspect.scheduler.num_preemptions >= 1
     variants = engine.runner.variants
-    greedy = [v.bucket for v in variants if v.mode == SamplingMode() and not v.carry]
+    greedy = [v.bucket for v in variants if v.mode == SamplingMode()]
     assert len(greedy) <= 3  # decode-only, prefill-only, mixed (other tests add other modes)
     assert (
         engine.inspect.scheduler.block_pool.num_used == 0

@@ -91,17 +91,16 @@ def test_the_head_drafts_losslessly_and_hits_on_the_first_repeat(monkeypatch, as
     prompts = heldout_prompts(2)
     plain = serve(engine(None), prompts)
     drafting = engine(SpeculativeConfig("mtp", K), async_scheduling)
-    carried = []
+    taken = []  # per dispatched step: whether some token lane takes its token on the device
     dispatch = drafting.runner.dispatch
-    monkeypatch.setattr(
-        drafting.runner,
-        "dispatch",
-        lambda bucket, batches, **options: (
-            carried.append(options["carry"]) or dispatch(bucket, batches, **options)
-        ),
-    )
+
+    def logged(bucket, batches, **options):
+        taken.append(any(batch.token_sources.any() for batch in batches))
+        return dispatch(bucket, batches, **options)
+
+    monkeypatch.setattr(drafting.runner, "dispatch", logged)
     assert serve(drafting, prompts) == plain
-    assert set(carried) == {async_scheduling}
+    assert any(taken) == async_scheduling
     spec = drafting.stats.speculation
     assert spec.num_drafted > 0 and spec.acceptance_rate > ACCEPTANCE_FLOOR, spec
     cache = drafting.stats.prefix_cache

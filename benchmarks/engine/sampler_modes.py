@@ -47,17 +47,21 @@ def greedy_inputs(batch: int) -> SamplingInputs:
     )
 
 
-def sampler_call(mode: SamplingMode, params: SamplingInputs):
+def sampler_call(mode: SamplingMode):
     """`time_loop`'s step: the sampler on logits shifted by the call's index and with the call's
     sample counters (so XLA cannot merge calls, nor hoist the random draw out of the loop),
-    log-probabilities too where the mode asks."""
+    log-probabilities too where the mode asks. The sampling inputs are arguments of the loop, as
+    they are of the step: closed over, they are constants, and XLA drops the draw of rows it
+    sees are greedy (a first version of this bench timed every mode alike that way)."""
 
     def step(i, state, inputs):
-        (logits,) = inputs
+        logits, params = inputs
         call = params._replace(counters=params.counters + i)
         tokens = sample(logits + (state + i), call, mode)
         if mode.logprobs:
-            tokens = tokens + logprobs(logits, tokens, mode.top_logprobs).top_ids[:, 0] * 0
+            # Summed over every row into the output, so no row's log-probabilities are dropped.
+            computed = logprobs(logits, tokens, mode.top_logprobs)
+            tokens = tokens + (computed.top_ids.sum() + computed.sampled.sum() > 1e30)
         return tokens, state
 
     return step
@@ -70,8 +74,8 @@ def bench(vocab: int, batch: int, inner: int) -> None:
     base = None
     for name, mode in MODES.items():
         tokens = np.asarray(jax.jit(lambda x, m=mode: sample(x, params, m))(logits))
-        step = sampler_call(mode, params)
-        us = time_loop(step, jnp.zeros((), jnp.float32), inner, inputs=(logits,))
+        step = sampler_call(mode)
+        us = time_loop(step, jnp.zeros((), jnp.float32), inner, inputs=(logits, params))
         base = us if base is None else base
         record(
             bench="sampler_modes",

@@ -47,7 +47,8 @@ def test_help_lists_every_bench_and_every_bench_has_a_main(suite):
 def test_an_unknown_bench_is_refused(capsys):
     assert run_suite("benchmarks.engine", benches("engine"), ["nope"]) == 2
     assert (
-        "no bench 'nope'; its benches: decode, multi_step, profile_step, profile_host"
+        "no bench 'nope'; its benches: decode, multi_step, profile_step, profile_host, "
+        "sampler_modes"
         in capsys.readouterr().err
     )
 

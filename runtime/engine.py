@@ -360,14 +360,16 @@ class Engine:
         """Compile step variants now instead of on first use, `workers` at once: the decode-only
         ones; with `prefill="alone"` also one prefill row alone's (a request arriving at an idle
         server); with `prefill=True` every variant. Each greedy, and with `sampled` also with plain
-        temperature sampling (an OpenAI client's default). `progress` shows a bar. The seconds
+        temperature sampling (an OpenAI client's default; with `one_sampler_program` the two
+        are one program). `progress` shows a bar. The seconds
         spent are in `runner.compile_seconds`, apart from the steps' run time."""
         if self._in_flight is not None:  # its tokens would be overwritten on the device
             raise RuntimeError(
                 "warmup() while a dispatched step is not retired: call it before the first "
                 "step, or step until has_unfinished is False"
             )
-        modes = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
+        asked = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
+        modes = tuple(dict.fromkeys(map(self.buckets.widened, asked)))  # the modes steps run
         for group in self.buckets.warmup_variants(prefill):
             self.runner.warmup(
                 group.buckets,

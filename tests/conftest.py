@@ -29,6 +29,11 @@ jax.config.update(
 # LLM turns on a persistent compilation cache in the user's cache directory; tests stay hermetic
 # and use one of their own per run (below).
 os.environ.setdefault("JMAMBA_COMPILE_CACHE", "off")
+# Nor do runners keep their compiled steps in the run's cache (runtime/device/compile_cache.py):
+# a step loaded from another module's runner would skip what this module patches into the
+# trace (tests/runtime/engine/test_batch_invariant.py counts the products it traces). The store's
+# own tests give their runners a store of their own.
+os.environ.setdefault("JMAMBA_STEP_STORE", "off")
 
 # One compilation cache per test run, shared by the xdist workers. Each module recompiles the
 # runners it builds (tests/compiled.py frees them after the module), and most of those programs

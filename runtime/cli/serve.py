@@ -74,7 +74,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         help="uvicorn's log level",
     )
     _add_http_options(serve)
-    add_engine_options(serve, max_num_seqs=32)
+    add_engine_options(serve, max_num_seqs=32, one_sampler_program=True)
     serve.set_defaults(run=run)
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import operator
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import numpy as np
 
 from runtime.core.config import EngineConfig
-from runtime.core.sampling_inputs import SamplingMode
+from runtime.core.sampling_inputs import SamplingMode, SamplingRequest
 from runtime.core.schedule import Schedule
 
 
@@ -110,6 +111,8 @@ class BucketPolicy:
         # Lane widths: 1 + K, and 1 for steps in which no decode row has a draft (a drafter that
         # finds nothing would otherwise pay for K padding lanes per row).
         self.widths = tuple(sorted({1, self.width}))
+        # The least a step's sampler computes (`EngineArgs.one_sampler_program`).
+        self.least_mode = SamplingMode(sampled=config.one_sampler_program)
 
     def bucket_for(self, schedule: Schedule) -> Bucket:
         num_prefill_rows = len(schedule.prefills)
@@ -132,9 +135,18 @@ class BucketPolicy:
         for schedule in schedules:
             if not schedule.is_empty:
                 bucket = self.bucket_for(schedule).as_array()
-                mode = SamplingMode.of_requests([item.request for item in schedule.items])
+                mode = self.mode_for([item.request for item in schedule.items])
                 needs = np.maximum(needs, np.concatenate([bucket, mode.as_array()]))
         return needs
+
+    def mode_for(self, requests: Sequence[SamplingRequest]) -> SamplingMode:
+        """The sampler mode a step serving `requests` runs: what they need, and at least
+        `least_mode` (a mode that computes more gives every row the same token)."""
+        return self.widened(SamplingMode.of_requests(requests))
+
+    def widened(self, mode: SamplingMode) -> SamplingMode:
+        """`mode`, computing at least what `least_mode` does."""
+        return SamplingMode.from_array(np.maximum(mode.as_array(), self.least_mode.as_array()))
 
     @staticmethod
     def agreed(needs: np.ndarray) -> tuple[Bucket, SamplingMode] | None:

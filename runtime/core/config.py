@@ -78,6 +78,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None
     async_scheduling: bool
     decode_steps: int
+    one_sampler_program: bool
     batch_invariant: bool
     kv_cache_dtype: str
     state_dtype: str

@@ -9,6 +9,8 @@ use; it holds at most 1 GiB. A cache directory the user gave JAX already
 
 Wherever JAX's cache is on, the step programs themselves are kept beside its entries, in its
 `steps/` folder (`step_store`, `executable_store.py`): a warm start loads them without tracing.
+`JMAMBA_STEP_STORE=off` keeps JAX's cache but not the step programs (the test suite does so: a
+test that swaps a function the step calls must trace the step it runs).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ if TYPE_CHECKING:  # this module is imported before jax is (`enable` configures 
     from runtime.device.executable_store import ExecutableStore
 
 ENV = "JMAMBA_COMPILE_CACHE"
+STEP_STORE_ENV = "JMAMBA_STEP_STORE"
 _OFF = {"0", "off", "false", "no"}
 MAX_BYTES = 2**30  # JAX evicts the least recently used entries beyond this
 
@@ -52,11 +55,13 @@ def enable() -> str | None:
 
 def step_store() -> ExecutableStore:
     """The store of compiled step programs: the `steps/` folder of JAX's persistent cache
-    directory when that is on (JAX's eviction reads only the files at its top level), else a
-    store that keeps nothing."""
+    directory when that is on (JAX's eviction reads only the files at its top level) and
+    `JMAMBA_STEP_STORE` is not off, else a store that keeps nothing."""
     import jax
 
     from runtime.device.executable_store import ExecutableStore
 
     directory = jax.config.jax_compilation_cache_dir
+    if os.environ.get(STEP_STORE_ENV, "").strip().lower() in _OFF:
+        directory = None
     return ExecutableStore(Path(directory) / "steps" if directory else None)

@@ -288,9 +288,10 @@ class ModelRunner:
         then run each once on all-padding steps (which change no live slot and feed no token);
         `progress` shows a bar with the compile seconds so far.
 
-        Variants are lowered one by one (Python, under the GIL), each handed to `workers` compiling
-        threads as soon as it is lowered (XLA compiles without the GIL), so each variant's
-        `compile_seconds` is its own and their sum can exceed the wall time of the warm-up."""
+        Variants stored in `executables` load in `workers` threads at once; the others are
+        lowered one by one (Python, under the GIL), each handed to a compiling thread as soon as
+        it is lowered (XLA compiles without the GIL), so each variant's `compile_seconds` is its
+        own and their sum can exceed the wall time of the warm-up."""
         dummies = {bucket: self._dummy(bucket) for bucket in buckets}
         steps = [
             (bucket, dataclasses.replace(dummies[bucket], mode=mode))
@@ -302,12 +303,14 @@ class ModelRunner:
         todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
         with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
             with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+                prepared = {key: self._prepare(key, batch) for key, batch in todo.items()}
+                loads = {key: pool.submit(self._load, key, v) for key, v in prepared.items()}
                 futures = []
-                for key, batch in todo.items():  # each compiles while the next is lowered
-                    variant = self._prepare(key, batch)
-                    if self._load(key, variant) is None:
-                        lowered = self._lower(key, variant)
-                        futures.append(pool.submit(self._finish_compile, key, variant, *lowered))
+                for key, load in loads.items():  # each compiles while the next is lowered
+                    if load.result() is None:
+                        lowered = self._lower(key, prepared[key])
+                        compiling = pool.submit(self._finish_compile, key, prepared[key], *lowered)
+                        futures.append(compiling)
                     else:
                         bar.update()
                 for future in concurrent.futures.as_completed(futures):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main
+from runtime.cli import main, parser
 from runtime.cli.engine_options import add_engine_options, engine_options
 from runtime.core.config import DEFAULT_DECODE_STEPS
 from runtime.core.sampling_params import SamplingParams
@@ -240,6 +240,19 @@ def test_decode_steps_reach_the_config_from_the_cli_and_llm():
     assert LLM("tiny-mamba2").engine.config.decode_steps == DEFAULT_DECODE_STEPS
     with pytest.raises(ValueError, match=r"decode_steps=0 must be an int in \[1, 64\]"):
         LLM("tiny-mamba2", decode_steps=0)
+
+
+def test_one_sampler_program_is_the_servers_default_and_not_generates():
+    """`jmamba serve` runs greedy steps in the sampled program by default (it warms both modes);
+    `jmamba generate` and `LLM` do not; either way the flag turns it."""
+    jmamba = parser()
+
+    def merged(*argv: str) -> bool:
+        return engine_options(jmamba.parse_args(list(argv)))["one_sampler_program"]
+
+    assert merged("generate") is False and merged("generate", "--one-sampler-program") is True
+    assert merged("serve") is True and merged("serve", "--no-one-sampler-program") is False
+    assert LLM("tiny-mamba2").engine.config.one_sampler_program is False
 
 
 def test_llm_refuses_a_state_block_shorter_than_a_chunk():

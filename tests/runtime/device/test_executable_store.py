@@ -11,11 +11,13 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import jax
 import pytest
 from jax import monitoring
 
 from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
+from runtime.device import compile_cache
 from runtime.device.executable_store import MAGIC, ExecutableStore, describe
 from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
@@ -139,3 +141,20 @@ def test_a_store_without_a_directory_keeps_nothing():
     store = ExecutableStore(None)
     store.save("anything", object())
     assert store.load("anything", []) is None and store.num_saved == 0
+
+
+def test_the_default_store_sits_in_jaxs_cache_and_obeys_its_switch(monkeypatch, tmp_path):
+    """`compile_cache.step_store`: the `steps/` folder of JAX's cache directory; none when
+    JAX's cache is off or JMAMBA_STEP_STORE is off."""
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        monkeypatch.setenv(compile_cache.STEP_STORE_ENV, "1")
+        assert compile_cache.step_store().directory == tmp_path / "steps"
+        monkeypatch.setenv(compile_cache.STEP_STORE_ENV, "off")
+        assert compile_cache.step_store().directory is None
+        jax.config.update("jax_compilation_cache_dir", None)
+        monkeypatch.delenv(compile_cache.STEP_STORE_ENV)
+        assert compile_cache.step_store().directory is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

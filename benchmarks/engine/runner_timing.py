@@ -60,12 +60,11 @@ def time_step_call(runner, key, packed, steps: int, jax) -> dict:
     import jax.numpy as jnp
 
     compiled, slot = runner._compiled[key], runner.buffers.upload(key, packed)
-    carried = runner.buffers.carried
 
     def call(outputs):
         t0 = time.perf_counter()
-        runner.caches, outputs, _ = compiled(
-            runner._param_leaves, runner.caches, slot, outputs, carried
+        runner.caches, outputs, runner.buffers.carried = compiled(  # the carried array donated
+            runner._param_leaves, runner.caches, slot, outputs, runner.buffers.carried
         )
         elapsed = time.perf_counter() - t0
         jax.block_until_ready(outputs)
@@ -81,5 +80,5 @@ def time_step_call(runner, key, packed, steps: int, jax) -> dict:
             alive = [outputs, *alive[:1]]
             total += elapsed if i else 0.0
         res[f"call_{name}_ms"] = 1e3 * total / steps
-    runner.buffers.keep(key, outputs, None)
+    runner.buffers.keep(key, outputs, runner.buffers.carried)
     return res

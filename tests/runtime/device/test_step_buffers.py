@@ -9,6 +9,7 @@ from jax import monitoring
 
 from runtime.core.buckets import BucketPolicy
 from runtime.core.builder import build_dummy
+from runtime.device.model_runner import ModelRunner
 from runtime.device.step_buffers import buffer_addresses
 from tests.runtime.conftest import model_and_runner
 
@@ -33,8 +34,10 @@ def test_a_variant_s_buffers_keep_their_addresses_and_outputs_outlive_the_next_s
 
 def test_a_variant_is_traced_once_though_its_output_buffers_come_from_the_trace():
     """`spmd_step.with_output_buffers` replays the traced step: compiling a variant traces
-    `spmd_step` once (it was twice: once for the output shapes, again with the buffers)."""
-    _, runner = model_and_runner("mamba2")
+    `spmd_step` once (it was twice: once for the output shapes, again with the buffers). A
+    runner of its own, without a step store: the shared one may load the variant instead."""
+    model, shared = model_and_runner("mamba2")
+    runner = ModelRunner(model, shared.config)
     config = runner.config
     bucket = BucketPolicy(config).lone_prefill_buckets()[0]  # not compiled by the test above
     dummy = build_dummy(

@@ -357,8 +357,16 @@ class ModelRunner:
             drafter=self.drafter if key.drafts else NoDeviceDrafts(),
             steps=key.steps,
         )
-        arguments = (self._param_leaves, self.caches, packed, self.buffers.carried)
-        return Variant(spec, packed, describe(spec, arguments))
+        own = dataclasses.replace(spec, graphdef=None, param_treedef=None)  # the rest: shared
+        return Variant(spec, packed, describe(own, packed) + self._shared_description)
+
+    @functools.cached_property
+    def _shared_description(self) -> str:
+        """What every variant's store key shares (`executable_store.describe`): the model's
+        graph definition and the parameters', caches' and carried array's shapes and shardings,
+        described once, not per variant (its graphdef alone is tens of kB of text)."""
+        arguments = (self._param_leaves, self.caches, self.buffers.carried)
+        return describe((self.graphdef, self._param_treedef), arguments)
 
     def _load(self, key: VariantKey, variant: Variant) -> Any | None:
         """Variant `key`'s stored executable, its output buffers made; None if not stored."""

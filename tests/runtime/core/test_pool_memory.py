@@ -81,10 +81,10 @@ TOKEN_BYTES = 4 * (2 * 64 + 2 * (2 * 64 + 2 * 32) + 2 * 16)
 LOGITS_ROW_BYTES = 2 * 4 * 128  # fp32 logits and softmax over 128 of 256 vocabulary entries
 
 
-def test_an_engine_on_two_shards_gets_the_hand_computed_pools(monkeypatch):
-    monkeypatch.setattr(memory, "device_memory", lambda: 1 * MIB)
-    model = jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
-    config = EngineArgs(
+def sized_from_memory(**options) -> EngineArgs:
+    """Four requests of 64 tokens on two shards, blocks sized from half the device's memory
+    (the hand-computed constants above); `options` the other fields."""
+    return EngineArgs(
         max_num_seqs=4,
         max_num_batched_tokens=32,
         max_model_len=64,
@@ -92,7 +92,14 @@ def test_an_engine_on_two_shards_gets_the_hand_computed_pools(monkeypatch):
         prefix_caching="off",
         tensor_parallel_size=2,
         gpu_memory_utilization=0.5,
+        **options,
     )
+
+
+def test_an_engine_on_two_shards_gets_the_hand_computed_pools(monkeypatch):
+    monkeypatch.setattr(memory, "device_memory", lambda: 1 * MIB)
+    model = jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
+    config = sized_from_memory()
     expected = PoolMemory(MIB, PARAMS * 4, BLOCK_BYTES, SLOT_BYTES, TOKEN_BYTES, LOGITS_ROW_BYTES)
     assert memory.pool_memory(model, config) == expected
     engine = Engine(model, config)
@@ -121,17 +128,7 @@ def test_cache_dtypes_size_the_pools(
     model = nnx.eval_shape(
         lambda: jmamba.HybridLM(jmamba.presets.tiny("nemotron_h"), rngs=nnx.Rngs(0))
     )
-    args = EngineArgs(
-        max_num_seqs=4,
-        max_num_batched_tokens=32,
-        max_model_len=64,
-        block_size=8,
-        prefix_caching="off",
-        tensor_parallel_size=2,
-        gpu_memory_utilization=0.5,
-        kv_cache_dtype=kv_cache_dtype,
-        state_dtype=state_dtype,
-    )
+    args = sized_from_memory(kv_cache_dtype=kv_cache_dtype, state_dtype=state_dtype)
     block = 2 * 8 * 1 * 16 * kv_bytes
     slot = CONV_DIM * 3 * 4 + 4 * 16 * 16 * state_bytes
     pool = memory.pool_memory(model, args)

@@ -24,7 +24,6 @@ from runtime.core.config import COMPILE_WORKERS
 from runtime.core.engine_args import EngineArgs
 from runtime.core.request import FinishReason, Request
 from runtime.core.request_table import RequestTable
-from runtime.core.sampling_inputs import SamplingMode
 from runtime.core.sampling_params import SamplingParams
 from runtime.core.schedule import Schedule
 from runtime.core.scheduler import Scheduler
@@ -361,15 +360,17 @@ class Engine:
         ones; with `prefill="alone"` also one prefill row alone's (a request arriving at an idle
         server); with `prefill=True` every variant. Each greedy, and with `sampled` also with plain
         temperature sampling (an OpenAI client's default; with `one_sampler_program` the two
-        are one program). `progress` shows a bar. The seconds
-        spent are in `runner.compile_seconds`, apart from the steps' run time."""
+        are one program). `progress` shows a bar; `runner.warmup_progress` counts the
+        `buckets.num_programs(prefill, sampled)` programs as they are ready (another thread may
+        read it). The seconds spent are in `runner.compile_seconds`, apart from the steps' run
+        time."""
         if self._in_flight is not None:  # its tokens would be overwritten on the device
             raise RuntimeError(
                 "warmup() while a dispatched step is not retired: call it before the first "
                 "step, or step until has_unfinished is False"
             )
-        asked = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
-        modes = tuple(dict.fromkeys(map(self.buckets.widened, asked)))  # the modes steps run
+        modes = self.buckets.warmup_modes(sampled)
+        self.runner.warmup_progress.begin(self.buckets.num_programs(prefill, sampled))
         for group in self.buckets.warmup_variants(prefill):
             self.runner.warmup(
                 group.buckets,
@@ -379,6 +380,7 @@ class Engine:
                 progress=progress,
                 workers=workers,
             )
+        self.runner.warmup_progress.finish()
         self.drafter.warmup()
         self._freeze_gc()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import jmamba.presets
 from jmamba.cache_dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, STATE_DTYPES
+from runtime.core.bucket_tables import BUCKET_TABLES
 from runtime.core.config import DEFAULT_DECODE_STEPS, MAX_DECODE_STEPS, PREFIX_CACHING_MODES
 from runtime.core.engine_args import DEFAULT_PREFIX_CACHING
 from runtime.core.speculative_config import METHODS, SpeculativeConfig
@@ -31,11 +32,15 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def add_engine_options(
-    parser: argparse.ArgumentParser, *, max_num_seqs: int = 8, one_sampler_program: bool = False
+    parser: argparse.ArgumentParser,
+    *,
+    max_num_seqs: int = 8,
+    one_sampler_program: bool = False,
+    bucket_table: str = "fine",
 ) -> None:
     """The model and the engine's budgets, prefix caching, speculative decoding and multi-host
-    options (`engine_options` turns them into `LLM`'s keyword arguments); `max_num_seqs` and
-    `one_sampler_program` are the command's defaults."""
+    options (`engine_options` turns them into `LLM`'s keyword arguments); `max_num_seqs`,
+    `one_sampler_program` and `bucket_table` are the command's defaults."""
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
@@ -124,6 +129,13 @@ def add_engine_options(
         default=one_sampler_program,
         help="greedy steps run the temperature sampler's program (same tokens; half the step "
         "programs to compile, 1-4%% of a decode step more on the H100)",
+    )
+    budgets.add_argument(
+        "--bucket-table",
+        choices=BUCKET_TABLES,
+        default=bucket_table,
+        help="padded step sizes: fine (powers of two: least padding, hundreds of programs) or "
+        "serving (powers of four: a few dozen programs, every one warmed by --warmup all)",
     )
     _add_prefix_caching(parser)
     _add_speculative(parser)
@@ -231,6 +243,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         async_scheduling=args.async_scheduling,
         decode_steps=args.decode_steps,
         one_sampler_program=args.one_sampler_program,
+        bucket_table=args.bucket_table,
         batch_invariant=args.batch_invariant,
         kv_cache_dtype=args.kv_cache_dtype,
         state_dtype=args.state_dtype,

@@ -74,7 +74,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         help="uvicorn's log level",
     )
     _add_http_options(serve)
-    add_engine_options(serve, max_num_seqs=32, one_sampler_program=True)
+    add_engine_options(serve, max_num_seqs=32, one_sampler_program=True, bucket_table="serving")
     serve.set_defaults(run=run)
 
 
@@ -195,11 +195,14 @@ def _load(args: argparse.Namespace, started: float) -> LLM:
 
 def _compile(llm: LLM, warmup: bool | Literal["alone"], workers: int) -> None:
     start = time.perf_counter()
-    llm.engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)
-    runner = llm.engine.runner
+    engine = llm.engine
+    possible = engine.buckets.num_programs(True, sampled=True)
+    _say(f"{possible} step programs possible ({engine.config.bucket_table} bucket table)")
+    engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)
+    runner = engine.runner
     _say(
         f"ready, {runner.num_variants} step variants ({len(runner.load_seconds)} loaded from "
-        f"the step store, {len(runner.compile_seconds)} compiled) in "
+        f"the step store, {len(runner.compile_seconds)} compiled) of {possible} possible, in "
         f"{time.perf_counter() - start:.1f} s"
     )
 

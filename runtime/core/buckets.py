@@ -99,6 +99,11 @@ class BucketPolicy:
         self.prefill_rows = config.prefill_row_buckets
         self.width = config.decode_width
         self.decode_steps = config.decode_steps
+        self.max_num_seqs, self.budget = config.max_num_seqs, config.max_num_batched_tokens
+        # One rank's schedule is a step's bucket: its fields bound one another (rows share
+        # max_num_seqs, tokens the budget). Ranks agree on the elementwise max of theirs, which
+        # may combine one rank's decode rows with another's prefill.
+        self.one_schedule = config.data_parallel_size == 1
         spec = config.speculative
         # Steps without drafts: every step without speculation; with it, those its gate skips
         # (`SpeculativeConfig.drafts_selectively`).
@@ -186,14 +191,29 @@ class BucketPolicy:
             groups.append(WarmupGroup(True, buckets))
         return groups
 
+    def warmup_modes(self, sampled: bool) -> tuple[SamplingMode, ...]:
+        """The sampler modes warm-up compiles: greedy, and with `sampled` plain temperature
+        sampling (an OpenAI client's default), each widened (`widened`): one mode with
+        `one_sampler_program`."""
+        asked = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
+        return tuple(dict.fromkeys(map(self.widened, asked)))
+
+    def num_programs(self, prefill: bool | Literal["alone"], sampled: bool) -> int:
+        """The step programs `Engine.warmup(prefill=, sampled=)` makes ready. With
+        `prefill=True, sampled=True`: every program a step can run unless a request asks for
+        top-k / top-p, penalties, `min_tokens` stop masks or log-probabilities (each its own
+        program, compiled on first use)."""
+        groups = self.warmup_variants(prefill)
+        return len(self.warmup_modes(sampled)) * sum(len(g.buckets) for g in groups)
+
     def lone_prefill_buckets(self) -> list[Bucket]:
         """The steps of one prefill row and nothing else: a request arriving at an idle engine
         (its first chunk, whatever its length)."""
         return [Bucket(0, 1, tokens, self.prefill_rows[0]) for tokens in self.prefill_tokens]
 
     def all_buckets(self) -> list[Bucket]:
-        """Every bucket `bucket_for` can return: the decode-only ones, then each prefill shape
-        with no decode row or with each decode shape."""
+        """Every bucket a step can run in: the decode-only ones, then each prefill shape with no
+        decode row or with each decode shape, less those no schedule reaches (`reachable`)."""
         decode_shapes = [(0, 1)] + [(rows, w) for rows in self.decode_rows for w in self.widths]
         mixed = [
             Bucket(rows, w, tokens, prefill_rows)
@@ -201,11 +221,33 @@ class BucketPolicy:
             for tokens in self.prefill_tokens
             for prefill_rows in self.prefill_rows
         ]
-        return self.decode_buckets() + mixed
+        return self.decode_buckets() + [b for b in mixed if self.reachable(b)]
+
+    def reachable(self, bucket: Bucket) -> bool:
+        """Whether a step can run in `bucket`. With one rank, only if the least schedule that
+        rounds up to it fits: its decode and prefill rows within max_num_seqs, its prefill rows
+        within the bucket's prefill tokens (one a row at least), its decode lanes and prefill
+        tokens within the token budget. With several,
+        any bucket of the tables (the agreed one is the max of the ranks')."""
+        if not self.one_schedule:
+            return True
+        decodes = _least(self.decode_rows, bucket.num_decode_rows)
+        prefills = _least(self.prefill_rows, bucket.num_prefill_rows)
+        if prefills > bucket.num_prefill_tokens:  # a prefill row has a token at least
+            return False
+        tokens = max(_least(self.prefill_tokens, bucket.num_prefill_tokens), prefills)
+        lanes = decodes + (bucket.width > 1)  # a wide bucket: some row has a draft
+        return decodes + prefills <= self.max_num_seqs and lanes + tokens <= self.budget
 
     @property
     def max_num_variants(self) -> int:
-        """How many buckets `bucket_for` can return: (decode rows or none) x (prefill or none)."""
-        num_decode = len(self.decode_rows) * len(self.widths) + 1
-        num_prefill = len(self.prefill_tokens) * len(self.prefill_rows) + 1
-        return num_decode * num_prefill - 1  # the empty step never runs
+        """How many buckets a step can run in (`all_buckets`)."""
+        return len(self.all_buckets())
+
+
+def _least(sizes: tuple[int, ...], size: int) -> int:
+    """The least count that rounds up to `size` in `sizes` (0 for 0)."""
+    if size == 0:
+        return 0
+    below = [s for s in sizes if s < size]
+    return (below[-1] if below else 0) + 1

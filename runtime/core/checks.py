@@ -55,6 +55,13 @@ def flag(name: str, value: object) -> bool:
     return bool(value)
 
 
+def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    """`value` if it is one of the strings `allowed`; else ValueError naming them."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name}={value!r} must be one of {allowed}")
+    return value
+
+
 def sizes(name: str, value: object, *, reaching: int) -> tuple[int, ...]:
     """A tuple or list of ints >= 1 as a sorted tuple without repeats whose largest is at least
     `reaching` (bucket sizes); else ValueError."""

@@ -65,6 +65,7 @@ class EngineConfig:
     decode_row_buckets: tuple[int, ...]
     prefill_token_buckets: tuple[int, ...]
     prefill_row_buckets: tuple[int, ...]
+    bucket_table: str
     data_parallel_size: int
     tensor_parallel_size: int
     gpu_memory_utilization: float | None

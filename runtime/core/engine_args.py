@@ -17,7 +17,8 @@ from typing import Any
 from jmamba.cache_dtypes import CacheDtypes
 from jmamba.config import ModelConfig
 from runtime.core import checks
-from runtime.core.budgets import default_token_budget, min_token_budget, powers_of_two_up_to
+from runtime.core.bucket_tables import BUCKET_TABLES, BucketTables, default_tables
+from runtime.core.budgets import default_token_budget, min_token_budget
 from runtime.core.config import MAX_DECODE_STEPS, PREFIX_CACHING_MODES, EngineConfig
 from runtime.core.model_len import blocks_per_seq, default_num_blocks, resolve_max_model_len
 from runtime.core.pool_memory import PoolMemory
@@ -72,9 +73,12 @@ class EngineArgs:
         1 + 2 * max_num_seqs (+ max_cached_states); fewer than the default trims drafts to the
         slots left.
       decode_row_buckets / prefill_token_buckets / prefill_row_buckets: padded sizes of the step
-        sections; None picks powers of two up to the budgets, decode rows from 2: XLA rewrites a
+        sections; None takes `bucket_table`'s. Decode rows start at 2 or more: XLA rewrites a
         one-row matmul into a multiply + reduce at 35-45% of bandwidth (H100: the 0.87B bench
         model's decode step took 2.89 ms device time at 1 row, 2.03 ms at 2).
+      bucket_table: the tables not given (`runtime.core.bucket_tables`): "fine" (powers of two
+        up to the budgets) or "serving" (powers of four: a few programs, all warmed by
+        `warmup(prefill=True)`; `jmamba serve`'s).
       data_parallel_size: ranks of the data-parallel mesh (one device each). Every pool size,
         max_num_seqs and max_num_batched_tokens above is per rank: each rank has its own scheduler,
         its own KV blocks and state slots (each with its own NULL block and slot 0).
@@ -145,6 +149,7 @@ class EngineArgs:
     decode_row_buckets: tuple[int, ...] | None = None
     prefill_token_buckets: tuple[int, ...] | None = None
     prefill_row_buckets: tuple[int, ...] | None = None
+    bucket_table: str = "fine"
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | None = None
@@ -196,10 +201,8 @@ class EngineArgs:
             low = min_num_slots(self.max_num_seqs, speculative)
             checks.integer("num_slots", self.num_slots, low=low)
         self._check_prefix_caching()
-        self._buckets("decode_row_buckets", powers_of_two_up_to(self.max_num_seqs, start=2))
-        self._buckets("prefill_row_buckets", powers_of_two_up_to(self.max_num_seqs))
-        if self.max_num_batched_tokens is not None:
-            self._token_buckets(self.max_num_batched_tokens)
+        checks.choice("bucket_table", self.bucket_table, BUCKET_TABLES)
+        self._tables(self.max_num_batched_tokens or 1)  # a given table that reaches too little
 
     @classmethod
     def of_config(cls, config: EngineConfig) -> EngineArgs:
@@ -254,6 +257,7 @@ class EngineArgs:
             slots += chained_lane_slots(self.max_num_seqs, speculative, self.async_scheduling)
         alignment = sbs if mode == "align" else chunk_size  # where prefill chunks may end
         budget = self._token_budget(alignment, chunk_size)
+        tables = self._tables(budget)
         config = EngineConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=budget,
@@ -261,13 +265,10 @@ class EngineArgs:
             block_size=self.block_size,
             num_blocks=0,  # set below: from memory it depends on the other sizes
             num_slots=slots,
-            decode_row_buckets=self._buckets(
-                "decode_row_buckets", powers_of_two_up_to(self.max_num_seqs, start=2)
-            ),
-            prefill_token_buckets=self._token_buckets(budget),
-            prefill_row_buckets=self._buckets(
-                "prefill_row_buckets", powers_of_two_up_to(self.max_num_seqs)
-            ),
+            decode_row_buckets=tables.decode_rows,
+            prefill_token_buckets=tables.prefill_tokens,
+            prefill_row_buckets=tables.prefill_rows,
+            bucket_table=self.bucket_table,
             data_parallel_size=self.data_parallel_size,
             tensor_parallel_size=self.tensor_parallel_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
@@ -414,15 +415,21 @@ class EngineArgs:
             )
         return None
 
-    def _buckets(self, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
-        """The row bucket table `name`, given or `default`, reaching max_num_seqs."""
-        given = getattr(self, name)
-        return checks.sizes(name, default if given is None else given, reaching=self.max_num_seqs)
-
-    def _token_buckets(self, budget: int) -> tuple[int, ...]:
-        """The prefill token buckets, given or powers of two, reaching the token `budget`."""
-        given = self.prefill_token_buckets
-        default = powers_of_two_up_to(budget, 8)
-        return checks.sizes(
-            "prefill_token_buckets", default if given is None else given, reaching=budget
+    def _tables(self, budget: int) -> BucketTables:
+        """The bucket tables: those given, the others `bucket_table`'s for max_num_seqs and the
+        token `budget`; ValueError unless each reaches its limit (the rows' max_num_seqs, the
+        tokens' budget)."""
+        default = default_tables(self.bucket_table, self.max_num_seqs, budget)
+        tables = zip(
+            ("decode_row_buckets", "prefill_token_buckets", "prefill_row_buckets"),
+            default,
+            (self.max_num_seqs, budget, self.max_num_seqs),
+            strict=True,
+        )
+        return BucketTables(
+            *(
+                checks.sizes(name, table if given is None else given, reaching=limit)
+                for name, table, limit in tables
+                for given in [getattr(self, name)]
+            )
         )

@@ -53,6 +53,7 @@ from runtime.core.builder import build_dummy
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.sampling_inputs import SamplingMode, TokenLogprobs
 from runtime.core.step_batch import StepBatch
+from runtime.core.warmup_progress import WarmupProgress
 from runtime.device import compile_cache
 from runtime.device.chaining import carried_depth, carried_tokens
 from runtime.device.distributed import make_mesh
@@ -118,6 +119,7 @@ class ModelRunner:
         self.buffers = StepBuffers(self.mesh, (depth, carried_tokens(config)))
         self.compile_seconds: dict[VariantKey, float] = {}
         self.load_seconds: dict[VariantKey, float] = {}  # variants loaded instead
+        self.warmup_progress = WarmupProgress()  # `warmup`'s, read by other threads
         self.executables = executables or compile_cache.step_store()
         cache_specs = jax.tree.map(lambda s: s.spec, self.cache_shardings)
         self._jitted = jax.jit(  # traced per variant, then compiled `with_output_buffers`
@@ -286,7 +288,8 @@ class ModelRunner:
         """Compile (or load) `buckets` in each sampling mode of `modes` (`drafts`: as `dispatch`
         takes it; `num_steps`: programs of that many steps, as `dispatch_steps` runs them),
         then run each once on all-padding steps (which change no live slot and feed no token);
-        `progress` shows a bar with the compile seconds so far.
+        `progress` shows a bar with the compile seconds so far; `warmup_progress` counts each
+        variant as it is ready.
 
         Variants stored in `executables` load in `workers` threads at once; the others are
         lowered one by one (Python, under the GIL), each handed to a compiling thread as soon as
@@ -300,6 +303,9 @@ class ModelRunner:
         ]
         ranks = len(self.local_ranks)
         todo = {self._variant(b, [batch] * ranks, drafts, num_steps): batch for b, batch in steps}
+        ready = [key for key in todo if key in self._compiled]
+        for _ in ready:
+            self.warmup_progress.ready()
         todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
         with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
             with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
@@ -312,9 +318,11 @@ class ModelRunner:
                         compiling = pool.submit(self._finish_compile, key, prepared[key], *lowered)
                         futures.append(compiling)
                     else:
+                        self.warmup_progress.ready(loaded=True)
                         bar.update()
                 for future in concurrent.futures.as_completed(futures):
                     future.result()
+                    self.warmup_progress.ready(compiled=True)
                     bar.update()
                     bar.set_postfix_str(f"{self.total_compile_seconds:.1f} s compiling")
         for bucket, batch in steps:

@@ -92,6 +92,12 @@ class _ThreadCollector(Collector):
             "jmamba_step_variants", "Step variants ready to run.", runner.num_variants
         )
         yield GaugeMetricFamily(
+            "jmamba_step_programs_possible",
+            "Step programs a step can run without top-k / top-p, penalties, stop masks or "
+            "log-probabilities (what --warmup all makes ready).",
+            engine.engine.buckets.num_programs(True, sampled=True),
+        )
+        yield GaugeMetricFamily(
             "jmamba_step_variants_loaded",
             "Step variants loaded from the step store instead of compiled.",
             len(runner.load_seconds),

@@ -2,7 +2,8 @@
 
 The socket is bound and the routes answer from the first moment; the model loads in a thread of
 its own, then the engine thread compiles the warm-up variants. Until both are done `/health`
-answers 503 (its stage, "loading" or "compiling") and every `/v1` request a 503 with
+answers 503 (its stage, "loading" or "compiling", and while compiling its progress: programs
+ready of the total, loaded and compiled, seconds) and every `/v1` request a 503 with
 `Retry-After`; a load that fails is reported (`on_failure`: the command stops the server and
 exits with the error); a failed compile or step retires the engine (`/health` says why).
 """
@@ -102,7 +103,10 @@ class Startup:
         if stage == "ready":
             return 200, {"status": "ok"}, {}
         retry = {"Retry-After": str(STARTING_RETRY_SECONDS)}
-        return 503, {"status": "starting", "stage": stage}, retry
+        body: dict[str, Any] = {"status": "starting", "stage": stage}
+        if self.llm is not None:
+            body["progress"] = self.llm.engine.runner.warmup_progress.snapshot()
+        return 503, body, retry
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         try:

@@ -109,11 +109,14 @@ def test_validate_catches_stale_padding_row():
 
 
 def test_bucket_policy_counts_and_decode_only():
-    """Decode-only steps get R_p = 0; the variant count covers every combination."""
+    """Decode-only steps get R_p = 0; the variant count covers every combination a step
+    reaches: 2 decode-only buckets, then (no decode, 2 or 4 decode rows) x 2 token buckets x 3
+    prefill row buckets, less 4 decode rows (3 at least) beside 2 or 4 prefill rows (2 or 3 at
+    least): more rows than max_num_seqs = 4."""
     scheduler = make_scheduler(max_num_seqs=4, max_num_batched_tokens=16)
     policy = BucketPolicy(scheduler.config)
     assert [b.num_decode_rows for b in policy.decode_buckets()] == [2, 4]  # no 1-row matmuls
-    assert policy.max_num_variants == 3 * (2 * 3 + 1) - 1
+    assert policy.max_num_variants == 2 + 3 * 2 * 3 - 2 * 2
     buckets = policy.all_buckets()  # what warmup(prefill=True) compiles
     assert len(set(buckets)) == len(buckets) == policy.max_num_variants
     assert all(b.is_decode_only == (b.num_prefill_tokens == 0) for b in buckets)

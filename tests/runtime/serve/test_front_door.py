@@ -169,3 +169,4 @@ def test_compile_seconds_are_wall_time(live: LiveServer, server: str):
     assert metrics["jmamba_step_variants"] >= 2
     # The run's step store may hold some of them already (another test's server compiled them).
     assert 0 <= metrics["jmamba_step_variants_loaded"] <= metrics["jmamba_step_variants"]
+    assert metrics["jmamba_step_programs_possible"] >= 2

@@ -7,6 +7,7 @@ the requests in flight finish first.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import time
@@ -80,6 +81,18 @@ def assert_starting(server: LiveServer, health: httpx.Response) -> None:
     assert early.json()["error"]["code"] == "starting"
 
 
+def counted_progress(server: LiveServer) -> dict:
+    """/health's progress once the warm-up has said how many programs it warms (the engine
+    thread may still be about to begin it when /health first says "compiling")."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        progress = httpx.get(f"{server.base}/health", timeout=5).json()["progress"]
+        if progress["programs_total"]:
+            return progress
+        time.sleep(0.02)
+    raise AssertionError(f"no programs counted: {server.output()[-2000:]}")
+
+
 def test_sigterm_while_loading_exits_at_once():
     with started(["--model", MODEL]) as server:
         assert_starting(server, wait_for(server, "loading"))
@@ -89,7 +102,15 @@ def test_sigterm_while_loading_exits_at_once():
 @slow  # a model load and part of a warm-up of every variant
 def test_requests_while_compiling_get_503_and_sigterm_exits_in_time():
     with started(["--model", MODEL, "--warmup", "all"]) as server:
-        assert_starting(server, wait_for(server, "compiling"))
+        health = wait_for(server, "compiling")
+        assert_starting(server, health)
+        progress = counted_progress(server)
+        assert 0 <= progress["programs_ready"] <= progress["programs_total"]
+        assert progress["loaded"] + progress["compiled"] <= progress["programs_ready"]
+        assert progress["seconds"] >= 0
+        said = re.search(r"(\d+) step programs possible \(serving bucket table\)", server.output())
+        assert said is not None, server.output()[-2000:]
+        assert progress["programs_total"] == int(said.group(1))  # --warmup all: all of them
         assert_terminates(server)
 
 

@@ -21,6 +21,8 @@ from pallas_kernels.gdn import decode as _gdn_decode
 from pallas_kernels.gdn import reference as _gdn_reference
 from pallas_kernels.gdn import state_update as _gdn_state_update
 from pallas_kernels.matmul import fixed_tiles as _matmul
+from pallas_kernels.matmul import fp8_reference as _fp8_reference
+from pallas_kernels.matmul import fp8_weights as _fp8_weights
 from pallas_kernels.matmul import reference as _matmul_reference
 from pallas_kernels.moe import grouped_matmul as _grouped_matmul
 from pallas_kernels.moe import reference as _moe_reference
@@ -84,4 +86,9 @@ grouped_matmul = dispatched(_grouped_matmul.grouped_matmul, _moe_reference.group
 matmul = dispatched(_matmul.matmul, _matmul_reference.matmul_reference)
 row_sum_squares = dispatched(
     _sum_squares.row_sum_squares, _norm_reference.row_sum_squares_reference
+)
+# FP8 weights (e4m3, fp32 block scales) read as they are stored, times activations in their own
+# dtype; batch invariant like `matmul`.
+fp8_weight_matmul = dispatched(
+    _fp8_weights.fp8_weight_matmul, _fp8_reference.fp8_weight_matmul_reference
 )

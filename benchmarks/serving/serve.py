@@ -10,10 +10,12 @@ bf16 weights) is written as a checkpoint directory with the presets' byte-level 
 workloads send text; generated ids above the tokenizer's 257 have no text, so time to first token
 is taken at the first streamed chunk, see runtime/bench/targets.py). Start-up is measured from
 launching `jmamba serve` to `/health` answering 200 ("ready"), then the first token of one
-request; cold is an empty compile cache, warm the same cache a second time. The servers warm up
-decode steps and one prefill row alone (`--warmup alone`, the default), so a bench run may still
-compile a variant on its first mixed step: the bench's warm-up requests take that, and the table
-says how many compile seconds fell in the measured run.
+request; cold is an empty compile cache and step store, warm the same ones a second time, both
+with `--warmup alone` (the default: decode steps and one prefill row alone). The bench's server
+starts on the same caches with `--warmup all` (`--bench-warmup`): on the "serving" bucket table
+(`--bucket-table`, jmamba serve's default) that is every program a step without top-k / top-p,
+penalties or log-probabilities can run, so the measured run should compile nothing; the table
+says how many compile seconds fell in it.
 """
 
 from __future__ import annotations
@@ -178,7 +180,12 @@ async def bench_engine(model: Path, cache: Path, args) -> None:
     from runtime.bench.targets import EngineTarget
     from runtime.llm import LLM
 
-    llm = LLM(str(model), max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+    llm = LLM(
+        str(model),
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        bucket_table=args.bucket_table,
+    )
     target = EngineTarget(llm)
     target.start()
     try:
@@ -205,7 +212,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--parts",
         default="startup,bench,engine",
-        help="startup (cold starts), bench (over HTTP), engine (the same in this process)",
+        help="startup (a cold start, then a warm one), bench (over HTTP), engine (the same in "
+        "this process), one-compiler (a cold start compiling one variant at a time)",
+    )
+    parser.add_argument(
+        "--bench-warmup",
+        default="all",
+        choices=["decode", "alone", "all"],
+        help="the bench server's --warmup (all: every program it can run, 0 s compiled in the "
+        "measured run)",
+    )
+    parser.add_argument(
+        "--bucket-table",
+        default="serving",
+        choices=["fine", "serving"],
+        help="the servers' --bucket-table",
     )
     args = parser.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_serve_"))
@@ -221,13 +242,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"checkpoint {args.size} written in {time.perf_counter() - started:.1f} s")
     engine_args = ["--max-model-len", str(args.max_model_len)]
     engine_args += ["--max-num-seqs", str(args.max_num_seqs)]
+    engine_args += ["--bucket-table", args.bucket_table]
     parts = args.parts.split(",")
-    if "startup" in parts:
+    if "one-compiler" in parts:
         one = engine_args + ["--compile-workers", "1"]
         start_up(model, work / "cache_one_worker", one, "cold, 1 compiler").stop()
+    if "startup" in parts:
         start_up(model, cache, engine_args, "cold").stop()
+        start_up(model, cache, engine_args, "warm").stop()
     if "bench" in parts:
-        server = start_up(model, cache, engine_args, "warm")
+        warmup = ["--warmup", args.bench_warmup]
+        server = start_up(model, cache, engine_args + warmup, f"--warmup {args.bench_warmup}")
         try:
             asyncio.run(bench_http(server.url, args))
         finally:

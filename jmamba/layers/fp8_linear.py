@@ -6,17 +6,31 @@ axis, so per-tensor scales are block (0, 0) (scale [1, 1]), per-output-channel o
 (scale [1, out]) and a checkpoint's 128 x 128 tiles (128, 128) (scale [ceil(in / 128),
 ceil(out / 128)], the last row and column of blocks cut short).
 
-On the GPU the product runs on the FP8 tensor cores (`fp8_product`): the activations are
-quantized at run time, per token (one scale a row) or, for block weights, per 1 x block-rows
-group, so each group's partial product is one FP8 GEMM rescaled in fp32. Elsewhere (CPU,
-interpret) it runs the reference: the dequantized kernel through `jmamba.layers.matmul.matmul`,
-bit for bit the product of a `Linear` holding the dequantized weights.
+On the GPU the product is one of three, a static choice (`GPU_PRODUCT`, or the layer's
+`product`), never one that depends on the number of rows (DESIGN section 5.8):
+- "weight_only" (the default): the activations stay in their dtype and the e4m3 kernel is read
+  as stored, 1 byte an entry, by `pallas_kernels.ops.fp8_weight_matmul` (converted to bf16 in
+  registers, fp32 accumulation, scales applied to the accumulator). At decode sizes a projection
+  is memory bound, and this reads half a bf16 weight's bytes. Its tiles come from the weight's
+  shape alone, so it is batch invariant.
+- "weight_only_xla": the same math left to XLA, `dot(x, kernel as bf16) * column scales` (its
+  GEMM fusion may convert the e4m3 operand as it loads it); scales blocked along `in` dequantize
+  the kernel first.
+- "w8a8" (`fp8_product`): the activations are quantized at run time, per token (one scale a row)
+  or, for block weights, per 1 x block-rows group, so each group's partial product is one FP8
+  GEMM rescaled in fp32.
+Inside `jmamba.layers.invariance.batch_invariant()` every FP8 layer runs "weight_only". A block
+the kernel does not take (blocked along `in` by other than a multiple of 16 rows) dequantizes the
+kernel and runs `matmul`. Elsewhere (CPU, interpret) the product is the reference: the dequantized
+kernel through `jmamba.layers.matmul.matmul`, bit for bit the product of a `Linear` holding the
+dequantized weights.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +38,19 @@ from flax import nnx
 
 from jmamba.fp8_plan import Fp8Plan
 from jmamba.layers.fp32_param import Fp32Param
-from jmamba.layers.matmul import matmul
+from jmamba.layers.invariance import is_batch_invariant
+from jmamba.layers.matmul import PRECISION, matmul
+from pallas_kernels import ops
+from pallas_kernels.matmul.fp8_weights import supports_block
 
 E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = 448.0
 Block = tuple[int, int]
+Fp8Product = Literal["weight_only", "weight_only_xla", "w8a8"]
+# The GPU's product (module docstring). Weight-only by design (issue 51: the W8A8 path measured
+# 0.15-0.6x the bf16 product at M = 16-256 on the H100); `python -m benchmarks.kernels
+# fp8_linear` times all three beside bf16.
+GPU_PRODUCT: Fp8Product = "weight_only"
 
 
 class Fp8Kernel(nnx.Param):
@@ -81,7 +103,7 @@ def _fp8_dot(x: jax.Array, w: jax.Array) -> jax.Array:
 def fp8_product(
     x: jax.Array, kernel: jax.Array, scale: jax.Array, block: Block, out_dtype
 ) -> jax.Array:
-    """The GPU path: x [..., K] @ the FP8 kernel [K, N] in `out_dtype`, the activations
+    """The "w8a8" GPU product: x [..., K] @ the FP8 kernel [K, N] in `out_dtype`, the activations
     quantized per token (block rows 0) or per 1 x block-rows group, each FP8 GEMM's fp32
     accumulator times its activation and weight scales. Runs anywhere XLA has an e4m3 dot (on
     the CPU too, for tests)."""
@@ -109,22 +131,75 @@ def reference_product(
     return matmul(x, dequantized_kernel(kernel, scale, block).astype(out_dtype), out_dtype)
 
 
+def weight_only_product(
+    x: jax.Array, kernel: jax.Array, scale: jax.Array, block: Block, out_dtype
+) -> jax.Array:
+    """The "weight_only" GPU product: x [..., K] in its dtype @ the e4m3 kernel [K, N] as stored,
+    through `ops.fp8_weight_matmul` (the block must be one `supports_block` takes)."""
+    k, n = kernel.shape
+    rows = x.reshape(-1, k)
+    out = ops.fp8_weight_matmul(rows, kernel, scale, block=block, out_dtype=out_dtype)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def xla_weight_only_product(
+    x: jax.Array, kernel: jax.Array, scale: jax.Array, block: Block, out_dtype
+) -> jax.Array:
+    """The "weight_only_xla" GPU product: XLA's dot of x and the kernel converted to x's dtype
+    (exact; fp32 at full precision, as `matmul`), its fp32 result times the column scales; the
+    reference product where the scale varies along K."""
+    k, n = kernel.shape
+    if scale.shape[0] > 1:
+        return reference_product(x, kernel, scale, block, out_dtype)
+    w = kernel.astype(x.dtype)
+    product = jnp.dot(x, w, preferred_element_type=jnp.float32, precision=PRECISION)
+    return (product * _expanded(scale, 1, n, block[1])[0]).astype(out_dtype)
+
+
+PRODUCTS: dict[str, Callable[..., jax.Array]] = {
+    "weight_only": weight_only_product,
+    "weight_only_xla": xla_weight_only_product,
+    "w8a8": fp8_product,
+}
+
+
+def gpu_product(choice: Fp8Product, in_features: int, block: Block) -> Callable[..., jax.Array]:
+    """The GPU's product for a kernel of `in_features` rows in `block`s (module docstring): the
+    weight-only kernel under `batch_invariant()`, the dequantizing reference where the kernel
+    does not take the block. Static: nothing here sees the rows."""
+    if choice not in PRODUCTS:
+        raise ValueError(f"product={choice!r} must be one of {tuple(PRODUCTS)}")
+    if is_batch_invariant():
+        choice = "weight_only"
+    if choice == "weight_only" and not supports_block(in_features, block):
+        return reference_product
+    return PRODUCTS[choice]
+
+
 class Fp8Linear(nnx.Module):
     """`x @ kernel` with an e4m3 kernel [in_features, out_features] and fp32 `scale` (see the
     module docstring for `block`), emitted in x's dtype (the model's stream dtype: a `Linear`
     of the dequantized kernel in that dtype gives the same product on the CPU).
 
-    Built empty (zero entries, unit scales): its values come from a checkpoint
+    `product` picks the GPU's product (None: `GPU_PRODUCT`, read when the layer is called). Built
+    empty (zero entries, unit scales): its values come from a checkpoint
     (`jmamba.checkpoints.quantization.fp8_params`)."""
 
-    def __init__(self, in_features: int, out_features: int, block: Block):
+    def __init__(
+        self, in_features: int, out_features: int, block: Block, product: Fp8Product | None = None
+    ):
         self.block = block
+        self.product = product
         self.kernel = Fp8Kernel(jnp.zeros((in_features, out_features), E4M3))
         self.scale = Fp32Param(jnp.ones(scale_shape(in_features, out_features, block)))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        product = fp8_product if jax.default_backend() == "gpu" else reference_product
-        return product(x, self.kernel[...], self.scale[...], self.block, x.dtype)
+        kernel = self.kernel[...]
+        if jax.default_backend() == "gpu":
+            product = gpu_product(self.product or GPU_PRODUCT, kernel.shape[0], self.block)
+        else:
+            product = reference_product
+        return product(x, kernel, self.scale[...], self.block, x.dtype)
 
 
 def with_fp8_linears(model: nnx.Module, plan: Fp8Plan) -> None:

@@ -28,6 +28,7 @@ from benchmarks.checks import Check, on_gpu
 from benchmarks.checks.kernels.attention import paged_decode, paged_prefill
 from benchmarks.checks.kernels.case import BF16, F32, Case, Shape
 from benchmarks.checks.kernels.conv import conv_prefill, conv_update
+from benchmarks.checks.kernels.fp8_matmul import fp8_weight_matmul
 from benchmarks.checks.kernels.gdn import gdn_chunk, gdn_decode, gdn_update
 from benchmarks.checks.kernels.matmul import matmul
 from benchmarks.checks.kernels.moe import grouped_matmul
@@ -60,6 +61,7 @@ def grid(quick: bool) -> list[Shape]:
             paged_prefill(6, 3, 24, 8, F32, ((0, 1), (0, 19), (13, 6))),
             grouped_matmul(24, 12, 5, BF16),
             matmul(5, 80, 45, BF16, BF16),
+            fp8_weight_matmul(3, 200, 300, (128, 128), BF16, BF16),
             row_sum_squares(7, 80, BF16),
         ]
     ssd_dims = [
@@ -149,6 +151,13 @@ def grid(quick: bool) -> list[Shape]:
         matmul(9, 4096, 2048, BF16, BF16),  # the 0.87B model's out_proj: K split in 8
         matmul(300, 8192, 2048, BF16, BF16),  # and its MLP's down: K in 8 (3 row tiles)
         matmul(17, 2048, 32000, BF16),  # its head, fp32 logits
+        fp8_weight_matmul(1, 200, 300, (0, 1), BF16),
+        fp8_weight_matmul(3, 200, 300, (128, 128), BF16, BF16),
+        fp8_weight_matmul(17, 200, 300, (0, 0), F32),
+        fp8_weight_matmul(17, 130, 260, (128, 128), BF16),
+        fp8_weight_matmul(9, 2048, 8192, (128, 128), BF16, BF16),  # the 0.87B model's MLP up
+        fp8_weight_matmul(5, 8192, 2048, (0, 1), BF16, BF16),  # and down: K split in 4
+        fp8_weight_matmul(300, 4096, 2048, (128, 128), BF16, BF16),  # out_proj, 19 row tiles
         row_sum_squares(1, 24, F32),
         row_sum_squares(37, 2048, BF16),  # the 0.87B model's hidden size
         row_sum_squares(1500, 512, F32),  # its gated norm's groups, rows of a prefill step

@@ -18,7 +18,8 @@ weights; FP8: the dequantized ones, so the error is the product's own, "qerr" ad
 weight's quantization); and how many outputs of row 0 of "wo" differ bitwise from the same row
 computed alone (0: batch invariant). The kernel is [in, out] as `Fp8Linear` holds it. Shapes:
 2048 x 2048 and the 0.87B bench model's dense projections (MLP up / down, Mamba in / out).
-`--tunings sweep` also times "wo" under other launch knobs (`SWEEP`) at `--sweep-ms`.
+`--tunings sweep` also times "wo" under other launch knobs (`SWEEP`) at `--sweep-ms`, and counts
+the outputs whose bits differ from the default tuning's.
 
     python -m benchmarks.kernels fp8_linear                            # the H100
     python -m benchmarks.kernels fp8_linear --tunings sweep --shapes 2048x8192,8192x2048
@@ -75,11 +76,11 @@ def max_rel_err(ours: jax.Array, exact: jax.Array) -> float:
     return float(np.abs(np.asarray(ours, np.float32) - want).max() / np.abs(want).max())
 
 
-def kernel_product(block, tuning=FP8_TUNING):
+def kernel_product(block, tuning=FP8_TUNING, out_dtype=jnp.bfloat16):
     """Ours, interpreted off the GPU (the CPU smoke run)."""
     interpret = jax.default_backend() != "gpu"
     return lambda x, w: fp8_weight_matmul(
-        x, *w, block=block, out_dtype=jnp.bfloat16, tuning=tuning, interpret=interpret
+        x, *w, block=block, out_dtype=out_dtype, tuning=tuning, interpret=interpret
     )
 
 
@@ -153,7 +154,9 @@ def measure(k: int, n: int, m: int, bandwidth: float) -> dict:
 
 
 def sweep(k: int, n: int, ms: list[int]) -> list[dict]:
-    """ "wo" under each of `SWEEP`'s tunings beside bf16, both blocks."""
+    """ "wo" under each of `SWEEP`'s tunings beside bf16, both blocks; "differ": how many fp32
+    outputs of the M rows differ bitwise from FP8_TUNING's (0: a row's bits do not depend on
+    the tuning, e.g. on block_m, and so could not on a choice of it)."""
     rows = []
     for m in ms:
         xs, ws = operands(k, n, m)
@@ -161,11 +164,13 @@ def sweep(k: int, n: int, ms: list[int]) -> list[dict]:
         bf16_us, _ = time_product(dot, xs, [w.astype(jnp.bfloat16) for w in ws])
         for block_name, block in BLOCKS.items():
             held = [quantized(w, block) for w in ws]
+            base = np.asarray(kernel_product(block, out_dtype=jnp.float32)(xs[0], held[0]))
             for label, knobs in SWEEP.items():
                 tuning = dataclasses.replace(FP8_TUNING, **knobs)
                 us, _ = time_product(kernel_product(block, tuning), xs, held)
+                out = np.asarray(kernel_product(block, tuning, jnp.float32)(xs[0], held[0]))
                 rows.append(dict(k=k, n=n, m=m, block=block_name, tuning=label, us=us))
-                rows[-1]["ratio"] = bf16_us / us
+                rows[-1] |= dict(ratio=bf16_us / us, differ=int((out != base).sum()))
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -195,7 +200,7 @@ def report(result: dict) -> None:
     for r in result.get("sweep", []):
         print(
             f"sweep {r['k']}x{r['n']} M={r['m']:<5d} {r['block']:3s} {r['tuning']:14s} "
-            f"{r['us']:8.1f} us {r['ratio']:5.2f}x bf16"
+            f"{r['us']:8.1f} us {r['ratio']:5.2f}x bf16, {r['differ']} outputs differ"
         )
 
 

@@ -27,6 +27,7 @@ def test_tiny_run_reports_times_errors_and_rounding(monkeypatch, tmp_path):
             assert row[f"{form}_err"] < 0.01, form
         assert row["w8a8_ch_err"] < 0.1 and row["w8a8_blk_err"] < 0.1
     assert result["rows"][1]["wo_differ"] == 0
+    assert all(r["differ"] == 0 for r in result["sweep"])  # interpreted: the same dots
     assert [(r["m"], r["block"], r["tuning"]) for r in result["sweep"]] == [
         (3, "ch", "m32"),
         (3, "blk", "m32"),

@@ -52,8 +52,11 @@ MIN_DOT_K = 16  # the smallest K slice a tensor-core dot takes
 
 # Decode first: a 16-row tile does 1/8 of the dead tensor-core work of fixed_tiles' 128-row tile
 # at M = 1 (the FP8 weight is read in half the time, so that work would show), 64 columns give
-# 128 programs of a 2048 x 8192 weight without a split. Not yet measured on the GPU:
-# `python -m benchmarks.kernels fp8_linear --tunings sweep` times the alternatives.
+# 128 programs of a 2048 x 8192 weight without a split (8192 x 2048 splits K in 4: a sum of
+# partials after the kernel). At M = 256 the 16 row tiles read each weight tile 16 times (from
+# L2, the m tiles running together), and at prefill sizes small tiles cost more still. Not yet
+# measured on the GPU: `python -m benchmarks.kernels fp8_linear --tunings sweep` times larger
+# tiles and the other knobs beside this one.
 FP8_TUNING = MatmulTuning(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
 
 

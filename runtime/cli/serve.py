@@ -2,9 +2,10 @@
 
 The port is bound first, before jax loads: a port in use, a `--host` that is not this machine's
 or a bad option fails at once. The server then answers from the start: 503 with `Retry-After`
-(and `/health` 503) while the model loads and the engine thread compiles the step variants a
-server needs from the start (decode steps and one prefill row alone; with a bar on stderr; JAX's
-persistent compilation cache keeps them for the next start), 200 once they are compiled.
+(and `/health` 503, with the warm-up's progress) while the model loads and the engine thread
+makes ready the step programs `--warmup` names (by default decode steps and one prefill row
+alone; `all`: every program of the serving bucket table; with a bar on stderr; the step store
+keeps them for the next start), 200 once they are ready.
 SIGTERM (or Ctrl-C) stops taking connections, lets the requests in flight finish for up to
 `--shutdown-timeout` seconds, and exits, at any stage.
 """

@@ -18,11 +18,13 @@ weights; FP8: the dequantized ones, so the error is the product's own, "qerr" ad
 weight's quantization); and how many outputs of row 0 of "wo" differ bitwise from the same row
 computed alone (0: batch invariant). The kernel is [in, out] as `Fp8Linear` holds it. Shapes:
 2048 x 2048 and the 0.87B bench model's dense projections (MLP up / down, Mamba in / out).
+On the GPU a (shape, M) should take about a minute (the last run: ~7 s a product, mostly its
+compile); `--forms` names fewer forms.
 `--tunings sweep` also times "wo" under other launch knobs (`SWEEP`) at `--sweep-ms`, and counts
 the outputs whose bits differ from the default tuning's.
 
-    python -m benchmarks.kernels fp8_linear                            # the H100
-    python -m benchmarks.kernels fp8_linear --tunings sweep --shapes 2048x8192,8192x2048
+    python -m benchmarks.kernels fp8_linear --shapes 2048x8192        # the H100, a shape a call
+    python -m benchmarks.kernels fp8_linear --shapes 8192x2048 --ms 1 --tunings sweep
     python -m benchmarks.kernels fp8_linear --ms 1,3 --shapes 256x128  # CPU smoke (interpreted)
 """
 
@@ -131,7 +133,7 @@ def kernel_differs(x: jax.Array, weight: tuple[jax.Array, jax.Array], m: int) ->
     return row_zero_differs(jax.jit(lambda m: product(x[:m], weight), static_argnums=0), m)
 
 
-def measure(k: int, n: int, m: int, bandwidth: float) -> dict:
+def measure(k: int, n: int, m: int, bandwidth: float, forms: list[str]) -> dict:
     xs, ws = operands(k, n, m)
     bf16 = [w.astype(jnp.bfloat16) for w in ws]
     dot = lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.bfloat16)  # noqa: E731
@@ -145,9 +147,9 @@ def measure(k: int, n: int, m: int, bandwidth: float) -> dict:
         bf16_err=max_rel_err(dot(xs[0], bf16[0]), exact(xs[0], ws[0])),
     )
     weights = {name: [quantized(w, block) for w in ws] for name, block in BLOCKS.items()}
-    for form in FORMS:
+    for form in forms:
         row |= form_columns(form, xs, ws, weights[form.split("_")[1]], bf16_us, bandwidth)
-    if m > 1:
+    if m > 1 and "wo_ch" in forms:
         row["wo_differ"] = kernel_differs(xs[0], weights["ch"][0], m)
     print(json.dumps(row), flush=True)
     return row
@@ -175,28 +177,27 @@ def sweep(k: int, n: int, ms: list[int]) -> list[dict]:
     return rows
 
 
-def _cells(r: dict, key: str, fmt: str) -> str:
-    return " ".join(fmt.format(r[f"{form}_{key}"]) for form in FORMS)
+def _cells(r: dict, forms: list[str], key: str, fmt: str) -> str:
+    return " ".join(fmt.format(r[f"{form}_{key}"]) for form in forms)
 
 
 def report(result: dict) -> None:
-    heads = " ".join(f"{form:>14s}" for form in FORMS)
+    forms = result["forms"]
+    heads = " ".join(f"{form:>14s}" for form in forms)
     print(f"us (bf16 / form)          K     N     M  {'bf16':>8s} {heads}")
     for r in result["rows"]:
-        cells = " ".join(f"{r[f'{f}_us']:7.1f} {r[f'{f}_ratio']:5.2f}x" for f in FORMS)
+        cells = " ".join(f"{r[f'{f}_us']:7.1f} {r[f'{f}_ratio']:5.2f}x" for f in forms)
         print(f"{'':24s}{r['k']:5d} {r['n']:5d} {r['m']:5d} {r['bf16_us']:8.1f} {cells}")
-    heads = " ".join(f"{form:>8s}" for form in FORMS)
+    heads = " ".join(f"{form:>8s}" for form in forms)
     print(f"% roofline / err / qerr   K     N     M  {'bf16':>5s} {heads}   wo differ")
     for r in result["rows"]:
         shape = f"{r['k']:5d} {r['n']:5d} {r['m']:5d}"
-        print(
-            f"{'roofline':24s}{shape} {r['bf16_roofline']:5.0%} {_cells(r, 'roofline', '{:8.0%}')}"
-        )
-        print(
-            f"{'err':24s}{shape} {r['bf16_err']:.0e} {_cells(r, 'err', '{:8.1e}')}"
-            f"   {r.get('wo_differ', 0)}"
-        )
-        print(f"{'qerr':24s}{shape} {'':5s} {_cells(r, 'qerr', '{:8.1e}')}")
+        roofline_cells = _cells(r, forms, "roofline", "{:8.0%}")
+        print(f"{'roofline':24s}{shape} {r['bf16_roofline']:5.0%} {roofline_cells}")
+        differ = r.get("wo_differ", "-")
+        err_cells = _cells(r, forms, "err", "{:8.1e}")
+        print(f"{'err':24s}{shape} {r['bf16_err']:.0e} {err_cells}   {differ}")
+        print(f"{'qerr':24s}{shape} {'':5s} {_cells(r, forms, 'qerr', '{:8.1e}')}")
     for r in result.get("sweep", []):
         print(
             f"sweep {r['k']}x{r['n']} M={r['m']:<5d} {r['block']:3s} {r['tuning']:14s} "
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=SHAPES, help="KxN weights, comma separated")
     parser.add_argument("--ms", default="1,16,64,256,8192")
+    parser.add_argument("--forms", default=",".join(FORMS), help="FP8 forms beside bf16")
     parser.add_argument("--bandwidth", type=float, default=3.35e12, help="bytes/s for the %%")
     parser.add_argument("--tunings", choices=["default", "sweep"], default="default")
     parser.add_argument("--sweep-ms", default="1,16,64,256", help="M of the --tunings sweep")
@@ -215,8 +217,11 @@ def main(argv: list[str] | None = None) -> dict:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     ms = [int(m) for m in args.ms.split(",")]
     print(f"device={jax.devices()[0].device_kind}", flush=True)
-    result: dict = dict(device=jax.devices()[0].device_kind)
-    result["rows"] = [measure(k, n, m, args.bandwidth) for k, n in shapes for m in ms]
+    forms = [form for form in args.forms.split(",") if form]
+    if unknown := set(forms) - set(FORMS):
+        parser.error(f"--forms: unknown {sorted(unknown)}; the forms: {FORMS}")
+    result: dict = dict(device=jax.devices()[0].device_kind, forms=forms)
+    result["rows"] = [measure(k, n, m, args.bandwidth, forms) for k, n in shapes for m in ms]
     if args.tunings == "sweep":
         sweep_ms = [int(m) for m in args.sweep_ms.split(",")]
         result["sweep"] = [row for k, n in shapes for row in sweep(k, n, sweep_ms)]

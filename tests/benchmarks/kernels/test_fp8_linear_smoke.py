@@ -18,9 +18,10 @@ def test_tiny_run_reports_times_errors_and_rounding(monkeypatch, tmp_path):
     argv = ["--ms", "1,19", "--shapes", "200x136", "--tunings", "sweep", "--sweep-ms", "3"]
     result = fp8_linear.main(argv)
     assert [(r["k"], r["n"], r["m"]) for r in result["rows"]] == [(200, 136, 1), (200, 136, 19)]
+    assert result["forms"] == fp8_linear.FORMS  # every form by default
     for row in result["rows"]:
         assert row["bf16_us"] > 0 and row["bf16_err"] < 0.02 and row["bf16_roofline"] > 0
-        for form in fp8_linear.FORMS:
+        for form in result["forms"]:
             assert row[f"{form}_us"] > 0 and row[f"{form}_roofline"] > 0, form
             assert 0 < row[f"{form}_qerr"] < 0.1, form
         for form in ("wo_ch", "wo_blk", "xla_ch", "xla_blk"):  # bf16 rows: one output rounding
@@ -34,3 +35,12 @@ def test_tiny_run_reports_times_errors_and_rounding(monkeypatch, tmp_path):
     ]
     saved = json.loads((tmp_path / "bench_fp8_linear.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(result["rows"]))
+
+
+def test_forms_pick_the_columns(monkeypatch):
+    """`--forms` times the named FP8 forms only (a GPU call's time is mostly their compiles)."""
+    for name, value in (("PER_PROGRAM", 1), ("QUEUED", 1), ("RUNS", 1)):
+        monkeypatch.setattr(matmul, name, value)
+    result = fp8_linear.main(["--ms", "2", "--shapes", "64x48", "--forms", "xla_ch"])
+    (row,) = result["rows"]
+    assert "xla_ch_us" in row and "wo_ch_us" not in row and "wo_differ" not in row

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--forms", default=",".join(FORMS), help="FP8 forms beside bf16")
     parser.add_argument("--bandwidth", type=float, default=3.35e12, help="bytes/s for the %%")
     parser.add_argument("--tunings", choices=["default", "sweep"], default="default")
-    parser.add_argument("--sweep-ms", default="1,16,64,256", help="M of the --tunings sweep")
+    parser.add_argument("--sweep-ms", default="16,256", help="M of the --tunings sweep")
     args = parser.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     ms = [int(m) for m in args.ms.split(",")]

@@ -11,6 +11,7 @@ BENCHES = (
     "profile_step",
     "profile_host",
     "sampler_modes",
+    "compile_time",
 )
 
 if __name__ == "__main__":

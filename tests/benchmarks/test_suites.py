@@ -48,7 +48,7 @@ def test_an_unknown_bench_is_refused(capsys):
     assert run_suite("benchmarks.engine", benches("engine"), ["nope"]) == 2
     assert (
         "no bench 'nope'; its benches: decode, multi_step, profile_step, profile_host, "
-        "sampler_modes" in capsys.readouterr().err
+        "sampler_modes, compile_time" in capsys.readouterr().err
     )
 
 

@@ -89,6 +89,7 @@ class LLM:
             self.model, self.tokenizer = load_model(model, seed=args.seed, dtype=dtype, host=True)
             params = place_params
         self.chat_template = load_chat_template(directory)
+        self.checkpoint_seconds = time.perf_counter() - start  # read, on the host
         # The runner logs its pools (`runtime.device.footprint.log_pools`, INFO).
         self.engine = Engine(self.model, args, tokenizer=self.tokenizer, params=params)
         self.load_seconds = time.perf_counter() - start

@@ -189,8 +189,14 @@ def _load(args: argparse.Namespace, started: float) -> LLM:
     from runtime.llm import LLM  # loads jax: after the port is bound
 
     initialize_multi_host(args)
+    begun = time.perf_counter()
     llm = LLM(args.model, **engine_options(args))
-    _say(f"{llm.name} loaded in {time.perf_counter() - started:.1f} s; compiling")
+    setup = llm.engine.runner.setup_seconds
+    _say(
+        f"{llm.name} loaded in {time.perf_counter() - started:.1f} s (start-up and imports "
+        f"{begun - started:.1f} s, checkpoint {llm.checkpoint_seconds:.1f} s, parameters "
+        f"placed {setup['parameters']:.1f} s, pools {setup['pools']:.1f} s); compiling"
+    )
     return llm
 
 

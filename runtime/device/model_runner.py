@@ -100,7 +100,9 @@ class ModelRunner:
         model = served_model(model, config.speculative)
         self.config = config
         self.mesh = make_mesh(config.data_parallel_size, config.tensor_parallel_size)
+        start = time.perf_counter()
         placed = params(model, self.mesh)
+        placed_at = time.perf_counter()
         self.graphdef, self._param_treedef = placed.graphdef, placed.treedef
         self._param_leaves, self._num_params = placed.leaves, placed.num_params
         self._shard_model = placed.shard_model
@@ -113,6 +115,12 @@ class ModelRunner:
             num_slots=config.num_slots,
             dtypes=config.cache_dtypes,
         )
+        jax.block_until_ready((placed.leaves, self.caches))
+        # Seconds placing the parameters and making the zeroed pools (a server's start-up line).
+        self.setup_seconds = {
+            "parameters": placed_at - start,
+            "pools": time.perf_counter() - placed_at,
+        }
         self.keep_logits = keep_logits
         self.drafter = device_drafter(config.speculative)
         depth = carried_depth(self.drafter.num_drafts)

@@ -8,7 +8,7 @@ table, one sampler program, asynchronous, 4 decode steps a program, `--max-num-s
 seconds, and each program's own lowering + compile seconds), then B = 16 decode steps timed on
 the compiled programs (wall ms a step, a program of 4 each), so a setting that compiles faster
 but runs slower shows it. A setting is `w<W>` (compiler threads) with `+<name>` XLA options
-from `XLA_OPTIONS`.
+from `XLA_OPTIONS`, or `+cache` (filling an empty compilation cache and step store).
 
     python -m benchmarks.engine compile_time --size 1b                      # GPU
     python -m benchmarks.engine compile_time --size tiny --settings w2 --max-num-seqs 4  # CPU
@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from benchmarks.harness.suite import bench_command, repo_on_path
@@ -53,8 +54,10 @@ def measure(size: str, setting: str, steps: int, max_num_seqs: int) -> dict:
     from benchmarks.harness.models import bench_model
     from benchmarks.harness.serving import PROMPT_LEN, time_steps
     from runtime.core.sampling_params import SamplingParams
+    from runtime.device import compile_cache
     from runtime.engine import Engine
 
+    compile_cache.enable()  # as `LLM` does (off unless the setting has `+cache`)
     workers = int(setting.split("+")[0].removeprefix("w"))
     model, params = bench_model(size)
     engine = Engine(model, engine_args(max_num_seqs), params=params)
@@ -79,9 +82,15 @@ def measure(size: str, setting: str, steps: int, max_num_seqs: int) -> dict:
 
 
 def child_env(setting: str) -> dict[str, str]:
-    """The setting's environment: no caches, its XLA options added to XLA_FLAGS."""
+    """The setting's environment: no caches (`+cache`: an empty compilation cache and step store
+    that the warm-up fills, as a server's cold start does), its XLA options added to
+    XLA_FLAGS."""
+    names = setting.split("+")[1:]
     env = dict(os.environ, JMAMBA_COMPILE_CACHE="off", JMAMBA_STEP_STORE="off")
-    options = [XLA_OPTIONS[name] for name in setting.split("+")[1:]]
+    if "cache" in names:
+        env |= dict(JMAMBA_COMPILE_CACHE=tempfile.mkdtemp(prefix="compile_time_"))
+        env.pop("JMAMBA_STEP_STORE")
+    options = [XLA_OPTIONS[name] for name in names if name != "cache"]
     env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS", ""), *options]))
     return repo_on_path(env)
 

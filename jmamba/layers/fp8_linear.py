@@ -8,14 +8,14 @@ ceil(out / 128)], the last row and column of blocks cut short).
 
 On the GPU the product is one of three, a static choice (`GPU_PRODUCT`, or the layer's
 `product`), never one that depends on the number of rows (DESIGN section 5.8):
-- "weight_only" (the default): the activations stay in their dtype and the e4m3 kernel is read
+- "weight_only": the activations stay in their dtype and the e4m3 kernel is read
   as stored, 1 byte an entry, by `pallas_kernels.ops.fp8_weight_matmul` (converted to bf16 in
   registers, fp32 accumulation, scales applied to the accumulator). At decode sizes a projection
   is memory bound, and this reads half a bf16 weight's bytes. Its tiles come from the weight's
   shape alone, so it is batch invariant.
-- "weight_only_xla": the same math left to XLA, `dot(x, kernel as bf16) * column scales` (its
-  GEMM fusion may convert the e4m3 operand as it loads it); scales blocked along `in` dequantize
-  the kernel first.
+- "weight_only_xla" (the default, the fastest measured, see `GPU_PRODUCT`): the same math left
+  to XLA, `dot(x, kernel as bf16) * column scales` (its GEMM fusion converts the e4m3 operand as
+  it loads it); scales blocked along `in` run "weight_only".
 - "w8a8" (`fp8_product`): the activations are quantized at run time, per token (one scale a row)
   or, for block weights, per 1 x block-rows group, so each group's partial product is one FP8
   GEMM rescaled in fp32.
@@ -47,10 +47,12 @@ E4M3 = jnp.float8_e4m3fn
 E4M3_MAX = 448.0
 Block = tuple[int, int]
 Fp8Product = Literal["weight_only", "weight_only_xla", "w8a8"]
-# The GPU's product (module docstring). Weight-only by design (issue 51: the W8A8 path measured
-# 0.15-0.6x the bf16 product at M = 16-256 on the H100); `python -m benchmarks.kernels
-# fp8_linear` times all three beside bf16.
-GPU_PRODUCT: Fp8Product = "weight_only"
+# The GPU's product (module docstring). Weight-only: on the H100 (2026-12-07, `python -m
+# benchmarks.kernels fp8_linear`, the 0.87B model's projections) XLA's dot of the converted
+# per-channel kernel ran 1.08-1.44x the bf16 product at M = 16-64 (0.60-0.94x at M = 1, 0.69-0.79x
+# at 256), ahead of the Pallas kernel (0.17-0.99x) and W8A8 (0.10-1.1x); scales blocked along
+# `in` run the kernel, ahead of XLA's dequantize-then-dot at M >= 16.
+GPU_PRODUCT: Fp8Product = "weight_only_xla"
 
 
 class Fp8Kernel(nnx.Param):
@@ -169,11 +171,18 @@ def gpu_product(choice: Fp8Product, in_features: int, block: Block) -> Callable[
     does not take the block. Static: nothing here sees the rows."""
     if choice not in PRODUCTS:
         raise ValueError(f"product={choice!r} must be one of {tuple(PRODUCTS)}")
-    if is_batch_invariant():
+    if is_batch_invariant() or (
+        choice == "weight_only_xla" and _blocked_along_k(in_features, block)
+    ):
         choice = "weight_only"
     if choice == "weight_only" and not supports_block(in_features, block):
         return reference_product
     return PRODUCTS[choice]
+
+
+def _blocked_along_k(in_features: int, block: Block) -> bool:
+    """Whether the scale changes along the kernel's rows (XLA's dot cannot apply it after)."""
+    return bool(block[0]) and in_features > block[0]
 
 
 class Fp8Linear(nnx.Module):

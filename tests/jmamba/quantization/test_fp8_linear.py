@@ -117,10 +117,13 @@ def test_weight_only_products_round_the_exact_product_once(product, block, dtype
 
 
 def test_the_gpu_product_is_a_static_choice(monkeypatch):
-    """The default is the weight-only kernel; a layer may name another; inside
-    batch_invariant() every choice runs the kernel; a block the kernel cannot slice along K
-    (24 rows of 200) runs the dequantizing reference."""
-    assert fp8_linear.GPU_PRODUCT == "weight_only"
+    """The default is XLA's weight-only dot, which hands scales blocked along K to the kernel;
+    a layer may name another; inside batch_invariant() every choice runs the kernel; a block the
+    kernel cannot slice along K (24 rows of 200) runs the dequantizing reference."""
+    assert fp8_linear.GPU_PRODUCT == "weight_only_xla"
+    assert gpu_product("weight_only_xla", 200, (128, 128)) is weight_only_product
+    assert gpu_product("weight_only_xla", 100, (128, 128)) is xla_weight_only_product  # one row
+    assert gpu_product("weight_only_xla", 200, (24, 24)) is reference_product
     assert gpu_product("weight_only", 200, (128, 128)) is weight_only_product
     assert gpu_product("weight_only_xla", 200, (0, 1)) is xla_weight_only_product
     assert gpu_product("w8a8", 200, (0, 1)) is fp8_product

@@ -55,13 +55,22 @@ def enable() -> str | None:
 
 def step_store() -> ExecutableStore:
     """The store of compiled step programs: the `steps/` folder of JAX's persistent cache
-    directory when that is on (JAX's eviction reads only the files at its top level) and
-    `JMAMBA_STEP_STORE` is not off, else a store that keeps nothing."""
+    directory when that is on (JAX's eviction reads only the files at its top level),
+    `JMAMBA_STEP_STORE` is not off and the backend is not the CPU, else a store that keeps
+    nothing.
+
+    Not on the CPU: XLA:CPU step programs serialised by one process and loaded by another
+    failed at dispatch now and then in the test suite (2026-12-07, jax 0.11.2: "Error
+    dispatching computation: Function negate_power_fusion not found", in 8 and 11 of ~1200
+    tests of two runs whose xdist workers shared a store). Loaded in the process that compiled
+    them they ran; on the GPU, loaded by a fresh `jmamba serve`, they ran (benchmarks/results)."""
     import jax
 
     from runtime.device.executable_store import ExecutableStore
 
     directory = jax.config.jax_compilation_cache_dir
     if os.environ.get(STEP_STORE_ENV, "").strip().lower() in _OFF:
+        directory = None
+    if jax.default_backend() == "cpu":
         directory = None
     return ExecutableStore(Path(directory) / "steps" if directory else None)

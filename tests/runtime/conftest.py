@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -20,7 +19,6 @@ import jmamba
 from jmamba.step.pytree import DecodeRows, PrefillRows, StepInputs
 from runtime.core.budgets import min_token_budget
 from runtime.core.engine_args import EngineArgs
-from runtime.device.executable_store import ExecutableStore
 from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
 from runtime.engine import Engine
@@ -56,20 +54,13 @@ def base_config(family: str) -> EngineArgs:
 
 @per_module
 def model_and_runner(family: str) -> tuple[nnx.Module, ModelRunner]:
-    """The family's model and shared runner. Every module builds them anew (tests/compiled.py),
-    so the runner keeps its compiled steps in the run's step store and loads the earlier
-    modules' (tests/conftest.py keeps the store off elsewhere: a test that patches what a step
-    traces builds a runner of its own)."""
+    """The family's model and shared runner. Every module builds them anew (tests/compiled.py);
+    JAX's persistent cache, shared by the run's workers, keeps XLA's output. No step store:
+    XLA:CPU programs loaded by another process failed at dispatch now and then
+    (`compile_cache.step_store`)."""
     model = jmamba.HybridLM(jmamba.presets.tiny(family), rngs=nnx.Rngs(0))
     config = resolve_config(model, base_config(family))
-    return model, ModelRunner(model, config, keep_logits=True, executables=run_step_store())
-
-
-def run_step_store() -> ExecutableStore:
-    """The step store in the run's compilation cache (`steps/`, as `compile_cache.step_store`
-    places it), none when the run has no cache."""
-    directory = jax.config.jax_compilation_cache_dir
-    return ExecutableStore(Path(directory) / "steps" if directory else None)
+    return model, ModelRunner(model, config, keep_logits=True)
 
 
 @per_module

@@ -145,11 +145,13 @@ def test_a_store_without_a_directory_keeps_nothing():
 
 def test_the_default_store_sits_in_jaxs_cache_and_obeys_its_switch(monkeypatch, tmp_path):
     """`compile_cache.step_store`: the `steps/` folder of JAX's cache directory; none when
-    JAX's cache is off or JMAMBA_STEP_STORE is off."""
+    JAX's cache is off, JMAMBA_STEP_STORE is off or the backend is the CPU."""
     before = jax.config.jax_compilation_cache_dir
     try:
         jax.config.update("jax_compilation_cache_dir", str(tmp_path))
         monkeypatch.setenv(compile_cache.STEP_STORE_ENV, "1")
+        assert compile_cache.step_store().directory is None  # this CPU
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
         assert compile_cache.step_store().directory == tmp_path / "steps"
         monkeypatch.setenv(compile_cache.STEP_STORE_ENV, "off")
         assert compile_cache.step_store().directory is None

@@ -130,7 +130,6 @@ def matmul(
     if m_dim == 0:
         return jnp.zeros((0, n_dim), out_dtype)
     shape = plan(k_dim, n_dim, tuning)
-    split = shape.num_splits > 1
     kernel = functools.partial(
         _matmul_kernel,
         m_dim=m_dim,
@@ -141,6 +140,25 @@ def matmul(
         compute_dtype=x.dtype,
         precision=HIGHEST if x.dtype == jnp.float32 else None,
     )
+    return launch(kernel, (x, w), shape, tuning, n_dim, out_dtype, interpret, "matmul")
+
+
+def launch(
+    kernel,
+    operands: tuple[jax.Array, ...],
+    shape: Plan,
+    tuning: MatmulTuning,
+    n_dim: int,
+    out_dtype,
+    interpret: bool,
+    name: str,
+) -> jax.Array:
+    """Run a fixed-tile `kernel` over `operands` (rows first, [M, K]) on the grid of `shape`
+    (m tiles, n tiles, K splits), then add the splits' fp32 partial products in order and round
+    once (one split writes `out_dtype` straight away)."""
+    x = operands[0]
+    m_dim = x.shape[0]
+    split = shape.num_splits > 1
     partials = pl.pallas_call(
         kernel,
         out_shape=sds_like(
@@ -153,8 +171,8 @@ def matmul(
             num_warps=tuning.num_warps, num_stages=tuning.num_stages
         ),
         interpret=interpret,
-        name="matmul",
-    )(x, w)
+        name=name,
+    )(*operands)
     if not split:
         return partials
     return functools.reduce(jnp.add, list(partials)).astype(out_dtype)  # in order, rounded once

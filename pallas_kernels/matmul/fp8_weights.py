@@ -43,8 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import sds_like
-from pallas_kernels.matmul.fixed_tiles import MatmulTuning, Plan, plan
+from pallas_kernels.matmul.fixed_tiles import MatmulTuning, Plan, launch, plan
 from pallas_kernels.matmul.fp8_reference import Block, check_fp8_args, scale_shape
 from pallas_kernels.matmul.reference import HIGHEST
 
@@ -147,7 +146,6 @@ def fp8_weight_matmul(
     if m_dim == 0:
         return jnp.zeros((0, n_dim), out_dtype)
     shape = fp8_plan(k_dim, n_dim, block, tuning)
-    split = shape.num_splits > 1
     kernel = functools.partial(
         _fp8_weights_kernel,
         dims=(m_dim, k_dim, n_dim),
@@ -157,20 +155,5 @@ def fp8_weight_matmul(
         compute_dtype=x.dtype,
         precision=HIGHEST if x.dtype == jnp.float32 else None,
     )
-    partials = pl.pallas_call(
-        kernel,
-        out_shape=sds_like(
-            x,
-            (shape.num_splits, m_dim, n_dim) if split else (m_dim, n_dim),
-            jnp.float32 if split else out_dtype,
-        ),
-        grid=(pl.cdiv(m_dim, tuning.block_m), pl.cdiv(n_dim, shape.block_n), shape.num_splits),
-        compiler_params=plgpu.CompilerParams(
-            num_warps=tuning.num_warps, num_stages=tuning.num_stages
-        ),
-        interpret=interpret,
-        name="fp8_weight_matmul",
-    )(x, w, scale)
-    if not split:
-        return partials
-    return functools.reduce(jnp.add, list(partials)).astype(out_dtype)  # in order, rounded once
+    operands = (x, w, scale)
+    return launch(kernel, operands, shape, tuning, n_dim, out_dtype, interpret, "fp8_weight_matmul")

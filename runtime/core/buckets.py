@@ -227,8 +227,8 @@ class BucketPolicy:
         """Whether a step can run in `bucket`. With one rank, only if the least schedule that
         rounds up to it fits: its decode and prefill rows within max_num_seqs, its prefill rows
         within the bucket's prefill tokens (one a row at least), its decode lanes and prefill
-        tokens within the token budget. With several,
-        any bucket of the tables (the agreed one is the max of the ranks')."""
+        tokens within the token budget. With several, any bucket of the tables (the agreed one
+        is the max of the ranks')."""
         if not self.one_schedule:
             return True
         decodes = _least(self.decode_rows, bucket.num_decode_rows)

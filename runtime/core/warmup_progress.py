@@ -29,13 +29,13 @@ class WarmupProgress:
                 self._started = time.perf_counter()
             self._finished = None
 
-    def ready(self, *, loaded: bool = False, compiled: bool = False) -> None:
-        """One program is ready: `loaded` from the step store, `compiled` now, or neither (it
-        was ready before this warm-up)."""
+    def ready(self, count: int = 1, *, loaded: bool = False, compiled: bool = False) -> None:
+        """`count` programs are ready: `loaded` from the step store, `compiled` now, or neither
+        (ready before this warm-up)."""
         with self._lock:
-            self._loaded += loaded
-            self._compiled += compiled
-            self._ran += 1
+            self._loaded += count * loaded
+            self._compiled += count * compiled
+            self._ran += count
 
     def finish(self) -> None:
         with self._lock:

@@ -311,9 +311,7 @@ class ModelRunner:
         ]
         ranks = len(self.local_ranks)
         todo = {self._variant(b, [batch] * ranks, drafts, num_steps): batch for b, batch in steps}
-        ready = [key for key in todo if key in self._compiled]
-        for _ in ready:
-            self.warmup_progress.ready()
+        self.warmup_progress.ready(sum(key in self._compiled for key in todo))
         todo = {key: batch for key, batch in todo.items() if key not in self._compiled}
         with tqdm(total=len(todo), desc="compile", unit="variant", disable=not progress) as bar:
             with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:

@@ -12,6 +12,7 @@ from flax import nnx
 from jmamba import presets
 from jmamba.checkpoints import hub
 from jmamba.checkpoints.families.registry import load_hf_config
+from jmamba.checkpoints.quantization.kv_scales import with_checkpoint_kv_scales
 from jmamba.checkpoints.weights import (
     QUANTIZATIONS,
     cast,
@@ -77,8 +78,9 @@ def load_model(
 def load_model_shapes(model_dir: Path, dtype: str = "auto") -> tuple[HybridLM, Any]:
     """(the checkpoint's `HybridLM` as shapes only, in `dtype` as `load_model` resolves it; its
     tokenizer or None): for a runner that reads the parameters shard by shard
-    (`runtime.device.placement.CheckpointShards`), so they never sit whole in host memory."""
-    cfg = load_hf_config(model_dir)
+    (`runtime.device.placement.CheckpointShards`), so they never sit whole in host memory. Its
+    config holds the checkpoint's KV-cache scales (`Fp8Plan.kv_scales`)."""
+    cfg = with_checkpoint_kv_scales(load_hf_config(model_dir), model_dir)
     resolved = resolve_dtype(dtype, model_dir)
     shapes = nnx.eval_shape(lambda: cast(HybridLM(cfg, rngs=nnx.Rngs(0)), resolved))
     return shapes, load_tokenizer(model_dir)
@@ -93,6 +95,28 @@ def _load_directory(
         raise ValueError(f"checkpoint directory {model!r} has no *.safetensors files")
     loaded = load_pretrained(path, dtype, host=host, quantization=quantization)
     return loaded, load_tokenizer(path)
+
+
+def model_tokenizer(model: str) -> Any:
+    """The tokenizer `load_model(model)` would return (or None), without loading the model: for a
+    process that serves the text while other processes hold the parameters. ValueError for a
+    name `load_model` would refuse."""
+    path = Path(model)
+    if path.is_dir():
+        return load_tokenizer(path)
+    if model.startswith(PRESET_PREFIX) and not path.exists():
+        name = model.removeprefix(PRESET_PREFIX)
+        if name not in presets.names():
+            raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
+        if name in presets.trained_names():
+            return load_tokenizer(presets.path(name))
+        return _byte_tokenizer()
+    if hub.is_hub_id(model) and not path.exists():
+        return load_tokenizer(hub.snapshot(model))
+    raise ValueError(
+        f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()} nor "
+        "a Hugging Face hub id (org/name)"
+    )
 
 
 def preset_names() -> list[str]:

@@ -5,13 +5,17 @@ Plain `tqdm` (not `tqdm.auto`): in Jupyter, `tqdm.auto` wants ipywidgets and war
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
+import jax
 from tqdm import tqdm
 from typing_extensions import TypeIs  # typing's own from Python 3.13
 
-from jmamba.loading import checkpoint_dir, load_model, load_model_shapes
+from jmamba.loading import checkpoint_dir, load_model, load_model_shapes, model_tokenizer
+from jmamba.model import HybridLM
 from jmamba.text.chat_template import ChatTemplate, load_chat_template
 from runtime.core.config import DEFAULT_DECODE_STEPS
 from runtime.core.engine_args import EngineArgs
@@ -23,9 +27,23 @@ from runtime.engine import Engine
 from runtime.observe.step_stats import StepStats
 from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.prefix_cache import PrefixCacheStats
+from runtime.ranks.group import RankGroup
 
 DEFAULT_MODEL = "tiny-stdlib"  # the trained preset: it writes Python-looking text
 Conversation = Sequence[Mapping[str, str]]  # [{"role": ..., "content": ...}, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSummary:
+    """What a repr or a report says of the served model."""
+
+    architecture: str
+    num_params: int
+    dtype: Any
+
+    @classmethod
+    def of(cls, model: HybridLM, num_params: int) -> ModelSummary:
+        return cls(model.config.architecture, num_params, model.dtype)
 
 
 class LLM:
@@ -34,8 +52,11 @@ class LLM:
     Attributes:
       model / tokenizer: the loaded `HybridLM` (parameters in host memory; shapes only for a
         checkpoint directory on tensor_parallel_size > 1, whose shards the runner reads from
-        the files as slices) and its `tokenizers.Tokenizer` (or None).
-      engine: the `Engine` serving it (step it directly, or look inside it).
+        the files as slices; None when rank processes hold it) and its
+        `tokenizers.Tokenizer` (or None).
+      summary: the model's architecture, parameter count and dtype (`ModelSummary`).
+      engine: the `Engine` serving it (step it directly, or look inside it), or with rank
+        processes the `RankGroup` that fronts them.
       load_seconds: time spent loading the model and placing its parameters on the devices.
     """
 
@@ -47,6 +68,7 @@ class LLM:
         warmup: bool | str = False,
         async_scheduling: bool | None = None,
         decode_steps: int = DEFAULT_DECODE_STEPS,
+        rank_processes: bool = True,
         **engine_options,
     ):
         """`model` is a preset name ("tiny-stdlib", see `preset_names()`) or a HF checkpoint
@@ -56,7 +78,10 @@ class LLM:
         `EngineArgs` field) None: on unless speculative decoding drafts on the host in every
         step (step N + 1 is scheduled while N runs, same outputs); `decode_steps` (the
         `EngineArgs` field) decode steps one device program runs while every request decodes
-        (same outputs; 1: a program a step); `engine_options` are the other
+        (same outputs; 1: a program a step); `rank_processes`: with data_parallel_size > 1,
+        a process per rank (`runtime.ranks`: each loads the model and steps on its own
+        devices; this process routes and reads outputs) or, False, one program over every
+        rank's devices in this process; `engine_options` are the other
         `EngineArgs` fields (max_num_seqs, max_model_len, prefix_caching, state_block_size,
         max_cached_states, data_parallel_size, tensor_parallel_size, kv_cache_dtype,
         state_dtype, ...). The model's parameters stay in host memory (`model`); the engine's
@@ -80,6 +105,21 @@ class LLM:
         compile_cache.enable()
         start = time.perf_counter()
         self.name = model
+        self.model: HybridLM | None
+        self.engine: Engine | RankGroup
+        self.chat_template = load_chat_template(checkpoint_dir(model))
+        # A multi-host run (jax.distributed) is one mesh over its processes already.
+        if args.data_parallel_size > 1 and rank_processes and not jax.distributed.is_initialized():
+            self._start_ranks(model, dtype, warmup, args, engine_options)
+        else:
+            self._load_here(model, dtype, args)
+        self.load_seconds = time.perf_counter() - start
+        if warmup and isinstance(self.engine, Engine):  # rank processes warmed up themselves
+            self.engine.warmup(prefill=warmup == "all", progress=True)
+
+    def _load_here(self, model: str, dtype: str, args: EngineArgs) -> None:
+        """Load the model into this process and build its `Engine` over every rank's devices."""
+        start = time.perf_counter()
         directory = checkpoint_dir(model)
         if args.tensor_parallel_size > 1 and directory is not None and directory.is_dir():
             # Shapes only: the runner reads each device's shard from the files as slices.
@@ -88,13 +128,42 @@ class LLM:
         else:  # on the host: the runner places each device's tensor-parallel shard of it
             self.model, self.tokenizer = load_model(model, seed=args.seed, dtype=dtype, host=True)
             params = place_params
-        self.chat_template = load_chat_template(directory)
         self.checkpoint_seconds = time.perf_counter() - start  # read, on the host
         # The runner logs its pools (`runtime.device.footprint.log_pools`, INFO).
         self.engine = Engine(self.model, args, tokenizer=self.tokenizer, params=params)
-        self.load_seconds = time.perf_counter() - start
-        if warmup:
-            self.engine.warmup(prefill=warmup == "all", progress=True)
+        self.summary = ModelSummary.of(self.model, self.engine.runner.num_params)
+
+    def _start_ranks(
+        self, model: str, dtype: str, warmup: bool | str, args: EngineArgs, options: dict
+    ) -> None:
+        """Start a process per data-parallel rank (`runtime.ranks`); this process keeps the
+        tokenizer and the front of the engine only (`model` is None here)."""
+        self.tokenizer = model_tokenizer(model)  # a bad model name fails here, before any rank
+        rank_options = dict(
+            options, async_scheduling=args.async_scheduling, decode_steps=args.decode_steps
+        )
+        self.engine = group = RankGroup.start(
+            model,
+            num_ranks=args.data_parallel_size,
+            dtype=dtype,
+            warmup=warmup,
+            options=rank_options,
+        )
+        self.model = None
+        self.checkpoint_seconds = 0.0  # read by the rank processes, beside each other
+        info = group.info
+        self.summary = ModelSummary(info.model_config.architecture, info.num_params, info.dtype)
+
+    @property
+    def local_engine(self) -> Engine:
+        """The `Engine` in this process; ValueError when rank processes hold the engines (build
+        the `LLM` with rank_processes=False for one engine over every rank's devices)."""
+        if not isinstance(self.engine, Engine):
+            raise ValueError(
+                "this LLM runs a process per data-parallel rank: pass rank_processes=False for "
+                "an engine in this process"
+            )
+        return self.engine
 
     @property
     def stats(self) -> StepStats:
@@ -205,11 +274,11 @@ class LLM:
         return self.tokenizer.encode(prompt).ids
 
     def __repr__(self) -> str:
-        num_params = self.engine.runner.num_params
+        summary = self.summary
         tokenizer = "none" if self.tokenizer is None else f"{self.tokenizer.get_vocab_size()} ids"
         return (
-            f"LLM({self.name!r}, {self.model.config.architecture}, "
-            f"{num_params / 1e6:.2f}M params, {self.model.dtype}, tokenizer={tokenizer}, "
+            f"LLM({self.name!r}, {summary.architecture}, "
+            f"{summary.num_params / 1e6:.2f}M params, {summary.dtype}, tokenizer={tokenizer}, "
             f"max_num_seqs={self.engine.config.max_num_seqs}, "
             f"max_model_len={self.engine.config.max_model_len}, "
             f"{self.engine.config.cache_dtypes.describe()})"

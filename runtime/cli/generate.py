@@ -152,9 +152,10 @@ def _token_text(token: int, tokenizer) -> str:
 def _print_summary(llm, outputs, import_seconds: float) -> None:
     engine, stats = llm.engine, llm.engine.stats
     tokenizer = "no tokenizer" if llm.tokenizer is None else "tokenizer.json"
-    size = f"{engine.runner.num_params / 1e6:.2f}M params"
+    summary = llm.summary
+    size = f"{summary.num_params / 1e6:.2f}M params"
     print(
-        f"model: {llm.name} ({llm.model.config.architecture}, {size}, {llm.model.dtype}, "
+        f"model: {llm.name} ({summary.architecture}, {size}, {summary.dtype}, "
         f"{tokenizer}; {engine.config.cache_dtypes.describe()})"
     )
     run = stats.host_seconds + stats.device_seconds

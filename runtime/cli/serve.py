@@ -190,8 +190,8 @@ def _load(args: argparse.Namespace, started: float) -> LLM:
 
     initialize_multi_host(args)
     begun = time.perf_counter()
-    llm = LLM(args.model, **engine_options(args))
-    setup = llm.engine.runner.setup_seconds
+    llm = LLM(args.model, rank_processes=False, **engine_options(args))
+    setup = llm.local_engine.runner.setup_seconds
     _say(
         f"{llm.name} loaded in {time.perf_counter() - started:.1f} s (start-up and imports "
         f"{begun - started:.1f} s, checkpoint {llm.checkpoint_seconds:.1f} s, parameters "
@@ -202,7 +202,7 @@ def _load(args: argparse.Namespace, started: float) -> LLM:
 
 def _compile(llm: LLM, warmup: bool | Literal["alone"], workers: int) -> None:
     start = time.perf_counter()
-    engine = llm.engine
+    engine = llm.local_engine
     possible = engine.buckets.num_programs(True, sampled=True)
     _say(f"{possible} step programs possible ({engine.config.bucket_table} bucket table)")
     engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)

@@ -87,6 +87,10 @@ class RequestTable:
         """The local rank (index into the engine's schedulers) of a live request, else None."""
         return self._ranks.get(request_id)
 
+    def live(self) -> list[Request]:
+        """Every live request, in arrival order."""
+        return list(self._requests.values())
+
     def remove(self, request_id: str) -> None:
         del self._requests[request_id]
         del self._ranks[request_id]

@@ -46,6 +46,19 @@ class StepStats:
         """Zeroed stats of ranks whose prefix caches count into `prefix_caches` (None: off)."""
         return cls(ranks=[RankStats(prefix_cache=cache) for cache in prefix_caches])
 
+    @classmethod
+    def of_processes(cls, parts: list[StepStats]) -> StepStats:
+        """The counters of engines in several processes (a process per rank) as one: seconds and
+        steps summed over the processes (each process dispatches its own), ranks in order."""
+        return cls(
+            num_steps=sum(p.num_steps for p in parts),
+            num_drafting_steps=sum(p.num_drafting_steps for p in parts),
+            host_seconds=sum(p.host_seconds for p in parts),
+            device_seconds=sum(p.device_seconds for p in parts),
+            compile_seconds=sum(p.compile_seconds for p in parts),
+            ranks=[rank for p in parts for rank in p.ranks],
+        )
+
     @property
     def speculation(self) -> SpeculationStats:
         """Acceptance counters summed over ranks (`acceptance_rate`, `mean_acceptance_length`;

@@ -105,7 +105,7 @@ class Startup:
         retry = {"Retry-After": str(STARTING_RETRY_SECONDS)}
         body: dict[str, Any] = {"status": "starting", "stage": stage}
         if self.llm is not None:
-            body["progress"] = self.llm.engine.runner.warmup_progress.snapshot()
+            body["progress"] = self.llm.local_engine.runner.warmup_progress.snapshot()
         return 503, body, retry
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -117,7 +117,7 @@ class Startup:
             if self._on_failure is not None:
                 self._on_failure(error)
             return
-        engine = AsyncEngine(llm.engine)
+        engine = AsyncEngine(llm.local_engine)
         self.metrics.watch(engine)
         self.intake = Intake(llm, engine, self.limits, self.metrics, self.model_name)
         self.llm = llm

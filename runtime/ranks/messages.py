@@ -1,0 +1,98 @@
+"""What the front process and a rank process say to each other (pickled over a local
+`multiprocessing.connection`). Front to rank: `Add`, `Abort`, `Streaming`, `StatsRequest`,
+`Stop`; rank to front: `Ready`, `Stepped`, `Refused`, `StatsReply`, `Failed`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jmamba.config import ModelConfig
+from runtime.core.config import EngineConfig
+from runtime.core.sampling_params import SamplingParams
+from runtime.observe.step_stats import StepStats
+from runtime.outputs.request_output import RequestOutput, StreamDelta
+
+
+@dataclasses.dataclass(frozen=True)
+class Add:
+    """Queue requests the front has checked (each `request_id` new)."""
+
+    request_ids: list[str]
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+
+
+@dataclasses.dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Streaming:
+    """From now on send each step's `StreamDelta`s (True) or its finished outputs (False)."""
+
+    on: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsRequest:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    pass
+
+
+FrontMessage = Add | Abort | Streaming | StatsRequest | Stop
+
+
+@dataclasses.dataclass(frozen=True)
+class RankInfo:
+    """What the front needs to know of a rank's engine: its resolved config (the same on every
+    rank), its model's, and for reprs the parameter count, dtype and compiled programs."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    num_params: int
+    dtype: Any
+    num_programs: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    info: RankInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class Stepped:
+    """One step's finished outputs (not streaming) or stream deltas (streaming)."""
+
+    items: list[RequestOutput] | list[StreamDelta]
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """The rank's engine refused a request the front had accepted (its drafter's own check)."""
+
+    request_id: str
+    error: ValueError
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsReply:
+    """A rank's counters and how many step programs it has compiled or loaded."""
+
+    stats: StepStats
+    num_variants: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """The rank's engine failed (loading, or a step); the process exits after sending it."""
+
+    message: str
+
+
+RankMessage = Ready | Stepped | Refused | StatsReply | Failed

@@ -3,9 +3,9 @@
 - `kv_cache`: "auto", the model's activation dtype, or "fp8": float8_e4m3fn (vLLM's
   `--kv-cache-dtype fp8`, alias "fp8_e4m3"), half the bytes of a bf16 block. K and V are stored
   divided by a per-layer scale and clipped to e4m3's +-448, and read back times it inside the
-  attention kernels (`pallas_kernels.attention.reference`). The scale is 1.0: the loader skips a
-  checkpoint's `k_scale` / `v_scale` tensors (`jmamba.checkpoints.quantization`), so values are
-  clipped and cast, which is what vLLM does without calibrated scales.
+  attention kernels (`pallas_kernels.attention.reference`). The scales are a checkpoint's
+  `k_scale` / `v_scale` where it has them (`jmamba.checkpoints.quantization.kv_scales`), else
+  1.0: values clipped and cast, which is what vLLM does without calibrated scales.
 - `state`: the Mamba2 SSM state and the Gated DeltaNet recurrent state, "float32" (the default:
   bitwise properties such as prefix-cache hits and speculative rollback are measured in it) or
   "bfloat16" (vLLM's `--mamba-ssm-cache-dtype`), half the bytes of a slot's recurrent state. The

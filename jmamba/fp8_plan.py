@@ -1,18 +1,23 @@
-"""`Fp8Plan`: which of a model's linear layers hold FP8 kernels, in which scale layout, and why
-the others that a checkpoint quantizes stay dequantized (`ModelConfig.quantization`).
+"""`Fp8Plan`: which of a model's linear layers hold FP8 kernels, in which scale layout, why the
+others that a checkpoint quantizes stay dequantized, and the KV-cache scales of its attention
+layers (`ModelConfig.quantization`).
 
 `HybridLM` builds every projection as a `Linear`, then swaps the plan's paths for `Fp8Linear`s
 (`jmamba.layers.fp8_linear.with_fp8_linears`), so the layers' code never sees the plan. The loader
 makes the plan (`jmamba.checkpoints.quantization.fp8_params`): from an FP8 checkpoint's weights,
-or for every dense projection under `quantization="fp8"`. `NO_FP8`, the default, plans nothing.
+or for every dense projection under `quantization="fp8"`. The attention layers take their KV-cache
+scales the same way (`jmamba.mixers.attention.with_kv_scales`). `NO_FP8`, the default, plans
+nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 Path_ = tuple[str | int, ...]
 Block = tuple[int, int]  # entries per scale along (in, out) of an [in, out] kernel; 0: the axis
+KvScales = tuple[tuple[Path_, float, float], ...]  # (attention module path, k_scale, v_scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +29,15 @@ class Fp8Plan:
       dequantized (expert stacks, folded multipliers or LoRA adapters, concatenated tensors).
     scheme: one line saying what the FP8 weights are (`Fp8Scheme.describe`, or the dynamic
       quantization's), "unquantized" for no plan.
+    kv_scales: (module path, k_scale, v_scale) of each attention layer whose checkpoint holds
+      KV-cache scales (`jmamba.checkpoints.quantization.kv_scales`), read by an FP8 KV cache
+      only; a layer not listed keeps 1.0.
     """
 
     layers: tuple[tuple[Path_, Block], ...] = ()
     dequantized: tuple[tuple[Path_, str], ...] = ()
     scheme: str = "unquantized"
+    kv_scales: KvScales = ()
 
     @property
     def active(self) -> bool:
@@ -37,3 +46,15 @@ class Fp8Plan:
 
 
 NO_FP8 = Fp8Plan()
+
+
+def module_at(root: Any, path: Path_) -> Any:
+    """The module at `path` under `root` (attribute names, and indices into lists of layers), or
+    None where a part is missing (a part the model was built without, such as a dropped MTP
+    head)."""
+    node = root
+    for part in path:
+        node = node[part] if isinstance(part, int) else getattr(node, part, None)
+        if node is None:
+            return None
+    return node

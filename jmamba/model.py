@@ -30,7 +30,7 @@ from jmamba.layers.fp8_linear import with_fp8_linears
 from jmamba.layers.linear import Linear
 from jmamba.layers.matmul import matmul
 from jmamba.layers.norms import RMSNorm
-from jmamba.mixers.attention import KVCache
+from jmamba.mixers.attention import KVCache, with_kv_scales
 from jmamba.mixers.gated_deltanet import GDNState
 from jmamba.mixers.mamba2 import Mamba2State
 from jmamba.mixers.parallel_hybrid import ParallelHybridCache
@@ -76,6 +76,7 @@ class HybridLM(nnx.Module):
         )
         self.mtp = MTPHead(config, rngs=rngs) if config.has_mtp else None
         with_fp8_linears(self, config.quantization)
+        with_kv_scales(self, config.quantization)
 
     def without_head(self) -> HybridLM:
         """This model without its MTP head (sharing every other parameter): what an engine that

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jmamba.fp8_plan import Fp8Plan
+from jmamba.fp8_plan import Fp8Plan, module_at
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.invariance import is_batch_invariant
 from jmamba.layers.matmul import PRECISION, matmul
@@ -217,11 +217,7 @@ def with_fp8_linears(model: nnx.Module, plan: Fp8Plan) -> None:
     `Linear`s and call them the same way). A path under a part the model was built without is
     passed over: `HybridLM.without_head`'s config drops the MTP head but keeps its plan."""
     for path, block in plan.layers:
-        parent: Any = model  # modules, and the lists of layers between them
-        for part in path[:-1]:
-            parent = parent[part] if isinstance(part, int) else getattr(parent, part, None)
-            if parent is None:
-                break
-        else:
+        parent = module_at(model, path[:-1])
+        if parent is not None:
             in_features, out_features = getattr(parent, str(path[-1])).kernel.shape
             setattr(parent, str(path[-1]), Fp8Linear(in_features, out_features, block))

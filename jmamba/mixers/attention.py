@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from typing_extensions import TypeVar
 
+from jmamba.fp8_plan import Fp8Plan, module_at
 from jmamba.layer_configs import AttentionConfig
 from jmamba.layers.linear import Linear
 from jmamba.layers.norms import RMSNorm
@@ -41,9 +42,8 @@ _Leaf = TypeVar("_Leaf", default=jax.Array)
 @dataclasses.dataclass(frozen=True)
 class KVCache(Generic[_Leaf]):
     """Paged KV cache of one attention layer, in the model's dtype or FP8 (e4m3,
-    `jmamba.cache_dtypes`): `ops.write_kv` quantizes what it stores and the attention ops
-    dequantize what they read, with scale 1.0 (the loader does not read checkpoints'
-    `k_scale` / `v_scale`).
+    `jmamba.cache_dtypes`): `ops.write_kv` quantizes what it stores (divided by the layer's
+    `Attention.kv_scales`) and the attention ops dequantize what they read (times them).
 
     Attributes:
       k: [num_blocks, block_size, num_kv_heads, head_dim]; block 0 is the NULL block.
@@ -100,7 +100,11 @@ def attention_tp_rules(cfg: AttentionConfig) -> dict[tuple[str, ...], ShardRule]
 
 class Attention(nnx.Module):
     """Multi-head (grouped-query) attention reading and writing a paged KV cache: [T, hidden] in,
-    [T, out_features] out (`hidden` where None; Zamba2's block maps 2 x hidden to hidden)."""
+    [T, out_features] out (`hidden` where None; Zamba2's block maps 2 x hidden to hidden).
+
+    `kv_scales` (k_scale, v_scale), static: what an FP8 cache stores keys and values divided by
+    and reads them back times (vLLM's calibrated scales, `with_kv_scales`); 1.0 by default, and
+    unused by a cache of a wider dtype."""
 
     def __init__(
         self,
@@ -113,6 +117,7 @@ class Attention(nnx.Module):
         out_features: int | None = None,
     ):
         self.cfg = cfg
+        self.kv_scales = (1.0, 1.0)
         q_width = cfg.num_heads * cfg.head_dim * (2 if cfg.output_gate else 1)
         self.q_proj = Linear(hidden, q_width, rngs=rngs)
         self.k_proj = Linear(hidden, cfg.num_kv_heads * cfg.head_dim, rngs=rngs)
@@ -143,7 +148,8 @@ class Attention(nnx.Module):
         cfg = self.cfg
         positions, kv_slots = jnp.asarray(inputs.positions), jnp.asarray(inputs.kv_slots)
         q, k, v, gate = self._project(x, positions)
-        k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, kv_slots, _live(inputs))
+        scales = self._cache_scales(cache)
+        k_cache, v_cache = ops.write_kv(cache.k, cache.v, k, v, kv_slots, _live(inputs), **scales)
         q_decode, q_prefill = split_sections(q, inputs)
         scale = cfg.scale
         o_decode = jnp.zeros_like(q_decode)
@@ -157,6 +163,7 @@ class Attention(nnx.Module):
                 rows.seq_lens,
                 rows.query_lens,
                 scale=scale,
+                **scales,
             )
         o_prefill = jnp.zeros_like(q_prefill)
         if inputs.num_prefill_tokens:
@@ -170,11 +177,26 @@ class Attention(nnx.Module):
                 positions[inputs.num_decode_tokens :],
                 live,
                 scale=scale,
+                **scales,
             )
         o = join_sections(o_decode, o_prefill).reshape(x.shape[0], -1)
         if gate is not None:
             o = (o.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(x.dtype)
         return self.o_proj(o), KVCache(k_cache, v_cache)
+
+    def _cache_scales(self, cache: KVCache) -> dict[str, float]:
+        """The ops' k_scale / v_scale: the layer's for a one-byte (FP8) cache, else 1.0."""
+        k_scale, v_scale = self.kv_scales if jnp.dtype(cache.k.dtype).itemsize == 1 else (1, 1)
+        return {"k_scale": float(k_scale), "v_scale": float(v_scale)}
+
+
+def with_kv_scales(model: nnx.Module, plan: Fp8Plan) -> None:
+    """Give each attention layer at one of the plan's `kv_scales` paths its (k_scale, v_scale)
+    (a path under a part the model was built without is passed over, as `with_fp8_linears`)."""
+    for path, k_scale, v_scale in plan.kv_scales:
+        attention = module_at(model, path)
+        if attention is not None:
+            attention.kv_scales = (k_scale, v_scale)
 
 
 def _live(inputs: StepInputs) -> jax.Array:

@@ -8,11 +8,13 @@ matrix, nor an fp32 router) whose parameter is one checkpoint weight transposed 
 layout; under `quantization="fp8"` (`dynamic_fp8`), every such layer, per output channel (amax /
 448, vLLM's `--quantization fp8`). The other FP8 weights are dequantized as before, each with its
 reason in the plan: expert stacks, kernels with a multiplier or a LoRA adapter folded in,
-parameters concatenated from several tensors.
+parameters concatenated from several tensors. The plan also carries the attention layers'
+KV-cache scales where the checkpoint declares them (`kv_scales`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import ml_dtypes
@@ -20,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from jmamba.checkpoints.quantization.dequantization import grid_shape
+from jmamba.checkpoints.quantization.kv_scales import kv_scales
 from jmamba.checkpoints.quantization.quantized_tensors import (
     QuantizedTensors,
     dequantized,
@@ -149,13 +152,15 @@ def fp8_load(
     cfg: ModelConfig, scheme: Fp8Scheme, tensors: Tensors, sources: Sources, dynamic: bool
 ) -> tuple[Tensors, Fp8Plan, Sources]:
     """(tensors, plan, sources) of a whole-model load: the planned layers' FP8 weights and scales
-    as they are on disk, every other FP8 weight dequantized (its scales and the activation
-    scales consumed, as `dequantized`), and the sources with the planned kernels and scales.
+    as they are on disk, every other FP8 weight dequantized (its scales, the activation and
+    KV-cache scales consumed, as `dequantized`), and the sources with the planned kernels and
+    scales; the plan holds the KV-cache scales (`kv_scales`).
     `dynamic` (`quantization="fp8"`) plans a checkpoint without FP8 weights."""
     shapes = {n: tuple(t.shape) for n, t in tensors.items()}
     found = find_quantized(scheme, shapes, float8_dtypes(tensors))
+    kv = kv_scales(scheme, sources, tensors.keys(), tensors.__getitem__)
     if found.scales:
-        plan = checkpoint_plan(cfg, sources, found)
+        plan = dataclasses.replace(checkpoint_plan(cfg, sources, found), kv_scales=kv)
         weights = [sources[(*layer, "kernel")].weight for layer, _ in plan.layers]
         kept = {name for w in weights if w is not None for name in (w, found.scales[w])}
         inputs = {scheme.input_scale_name(w) for w in weights if w is not None}
@@ -164,6 +169,6 @@ def fp8_load(
         return rest, plan, {**sources, **_checkpoint_sources(plan, sources, found, shapes)}
     tensors = dequantized(scheme, tensors)  # a scheme's KV-cache scales, if nothing else
     if not dynamic:
-        return tensors, NO_FP8, sources
+        return tensors, dataclasses.replace(NO_FP8, kv_scales=kv), sources
     plan = dynamic_plan(cfg, sources)
     return tensors, plan, {**sources, **_dynamic_sources(plan, sources)}

@@ -28,11 +28,11 @@ from jmamba.checkpoints.quantization.dequantization import (
     scale_grid,
     whole,
 )
+from jmamba.checkpoints.quantization.kv_scales import KV_SCALE_ENDINGS
 from jmamba.checkpoints.quantization.scheme import Fp8Scheme
 from jmamba.checkpoints.skipped_tensors import PACKED_EXPERTS
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-_KV_SCALES = (".k_scale", ".v_scale")
 # Stacks of expert weights [E, out, in]: packed experts, Granite's stacked ones.
 EXPERT_STACKS = re.compile(
     rf"{PACKED_EXPERTS.pattern}|.+\.block_sparse_moe\.(input|output)_linear\.weight"
@@ -75,7 +75,7 @@ def find_quantized(
         if scheme.static_inputs:
             consumed.add(_input_scale(scheme, name, shapes))
     if scheme.kv_cache_scales:
-        consumed.update(n for n in shapes if n.endswith(_KV_SCALES))
+        consumed.update(n for n in shapes if n.endswith(KV_SCALE_ENDINGS))
     return QuantizedTensors(scheme, scales, frozenset(consumed))
 
 

@@ -39,7 +39,9 @@ PACKED = re.compile(r"(.+\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weigh
 class Format:
     """One published FP8 layout: its `quantization_config`, the (rows, cols) of a scale's block
     (0: the whole axis), the scale tensors' suffix and dtype, whether each linear holds an
-    `input_scale`, and whether the experts are packed ([E, 2I, H] gate_up, [E, H, I] down)."""
+    `input_scale`, whether the experts are packed ([E, 2I, H] gate_up, [E, H, I] down), and
+    whether the attention layers hold KV-cache scales (`kv_scale` each, named by `kv_scale_name`
+    from the k / v projection `proj`, its attention `module` and `kind` "k" or "v")."""
 
     config: dict[str, Any]
     block: tuple[int, int]
@@ -49,6 +51,8 @@ class Format:
     packed_experts: bool = False
     scale_dtype: Any = np.float32
     scale_shape: str = "grid"  # "grid", or "scalar" (ModelOpt's 0-d scales)
+    kv_scale: float = 0.02
+    kv_scale_name: str = "{proj}.{kind}_scale"  # ModelOpt's (llm-compressor: "{module}...")
 
 
 def block_fp8(rows: int = 16, cols: int = 16, **kw: Any) -> Format:
@@ -63,8 +67,10 @@ def block_fp8(rows: int = 16, cols: int = 16, **kw: Any) -> Format:
     return Format(config, (rows, cols), "weight_scale_inv", **kw)
 
 
-def compressed_tensors(strategy: str) -> Format:
-    """llm-compressor's FP8_DYNAMIC ("channel") or FP8 with dynamic tokens ("tensor")."""
+def compressed_tensors(strategy: str, kv_scale: float | None = None) -> Format:
+    """llm-compressor's FP8_DYNAMIC ("channel") or FP8 with dynamic tokens ("tensor"); with
+    `kv_scale`, its `kv_cache_scheme` (per-tensor FP8 KV cache: `<attention>.k_scale` and
+    `v_scale`, each `kv_scale`)."""
     group = {
         "targets": ["Linear"],
         "weights": {
@@ -90,9 +96,28 @@ def compressed_tensors(strategy: str) -> Format:
         "quantization_status": "compressed",
         "config_groups": {"group_0": group},
         "ignore": ["lm_head", "re:.*mlp.gate$"],
-        "kv_cache_scheme": None,
+        "kv_cache_scheme": None if kv_scale is None else _KV_CACHE_SCHEME,
     }
-    return Format(config, (1, 0) if strategy == "channel" else (0, 0), "weight_scale")
+    block = (1, 0) if strategy == "channel" else (0, 0)
+    if kv_scale is None:
+        return Format(config, block, "weight_scale")
+    return Format(
+        config,
+        block,
+        "weight_scale",
+        kv_scales=True,
+        kv_scale=kv_scale,
+        kv_scale_name="{module}.{kind}_scale",
+    )
+
+
+_KV_CACHE_SCHEME = {
+    "num_bits": 8,
+    "type": "float",
+    "strategy": "tensor",
+    "dynamic": False,
+    "symmetric": True,
+}
 
 
 def modelopt(kv_cache: bool = True) -> Format:
@@ -215,8 +240,10 @@ def write_pair(
             fp8[f"{name.removesuffix('.weight')}.input_scale"] = np.asarray(0.05, np.float32)
     if fmt.kv_scales:
         for name in [n for n in tensors if n.endswith((".k_proj.weight", ".v_proj.weight"))]:
-            kind = name.split(".")[-2][0]
-            fp8[f"{name.removesuffix('.weight')}.{kind}_scale"] = np.asarray(0.02, np.float32)
+            proj = name.removesuffix(".weight")
+            module, kind = proj.rsplit(".", 1)[0], proj[-6]
+            scale = fmt.kv_scale_name.format(proj=proj, module=module, kind=kind)
+            fp8[scale] = np.asarray(fmt.kv_scale, np.float32)
     fp8_dir = _write(root / "fp8", config, fmt.config, edit(fp8))
     return fp8_dir, _write(root / "reference", config, None, reference)
 

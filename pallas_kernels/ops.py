@@ -24,6 +24,8 @@ from pallas_kernels.matmul import fixed_tiles as _matmul
 from pallas_kernels.matmul import fp8_reference as _fp8_reference
 from pallas_kernels.matmul import fp8_weights as _fp8_weights
 from pallas_kernels.matmul import reference as _matmul_reference
+from pallas_kernels.moe import fp8_grouped_matmul as _fp8_grouped_matmul
+from pallas_kernels.moe import fp8_reference as _moe_fp8_reference
 from pallas_kernels.moe import grouped_matmul as _grouped_matmul
 from pallas_kernels.moe import reference as _moe_reference
 from pallas_kernels.norm import reference as _norm_reference
@@ -80,6 +82,10 @@ write_kv = _attention_reference.write_kv
 
 # MoE routed experts: rows grouped by expert; the kernel reads only the experts that have rows.
 grouped_matmul = dispatched(_grouped_matmul.grouped_matmul, _moe_reference.grouped_matmul_reference)
+# FP8 experts (e4m3 stacks, fp32 block scales) read as they are stored, rows in their own dtype.
+fp8_grouped_matmul = dispatched(
+    _fp8_grouped_matmul.fp8_grouped_matmul, _moe_fp8_reference.fp8_grouped_matmul_reference
+)
 
 # Batch invariant: dense projections and the norms' row statistics, each row rounded the same
 # whatever other rows share the call.

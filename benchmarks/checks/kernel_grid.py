@@ -31,7 +31,7 @@ from benchmarks.checks.kernels.conv import conv_prefill, conv_update
 from benchmarks.checks.kernels.fp8_matmul import fp8_weight_matmul
 from benchmarks.checks.kernels.gdn import gdn_chunk, gdn_decode, gdn_update
 from benchmarks.checks.kernels.matmul import matmul
-from benchmarks.checks.kernels.moe import grouped_matmul
+from benchmarks.checks.kernels.moe import fp8_grouped_matmul, grouped_matmul
 from benchmarks.checks.kernels.norm import row_sum_squares
 from benchmarks.checks.kernels.runner import check_shape, compile_all
 from benchmarks.checks.kernels.ssd import mamba2_decode, ssd_scan, ssd_update
@@ -60,6 +60,7 @@ def grid(quick: bool) -> list[Shape]:
             paged_decode(2, 6, 3, 24, 8, BF16, (1, 9, 30), kv_cache="fp8"),
             paged_prefill(6, 3, 24, 8, F32, ((0, 1), (0, 19), (13, 6))),
             grouped_matmul(24, 12, 5, BF16),
+            fp8_grouped_matmul(200, 72, 5, (128, 128), BF16),
             matmul(5, 80, 45, BF16, BF16),
             fp8_weight_matmul(3, 200, 300, (128, 128), BF16, BF16),
             row_sum_squares(7, 80, BF16),
@@ -145,6 +146,11 @@ def grid(quick: bool) -> list[Shape]:
         grouped_matmul(80, 96, 7, BF16, BF16),
         grouped_matmul(2048, 512, 24, BF16),  # Qwen3-Next's up / gate shape, fewer experts
         grouped_matmul(512, 2048, 24, F32),  # and its down shape
+        fp8_grouped_matmul(200, 72, 5, (128, 128), BF16),  # two K groups, the last of 72 rows
+        fp8_grouped_matmul(130, 300, 7, (0, 1), BF16, BF16),  # per channel, bf16 out
+        fp8_grouped_matmul(80, 96, 3, (0, 0), F32),  # per tensor, fp32 rows
+        fp8_grouped_matmul(2048, 512, 24, (128, 128), BF16),  # Qwen3-Next's FP8 up / gate
+        fp8_grouped_matmul(512, 2048, 24, (128, 128), BF16, BF16),  # and its down
         matmul(1, 24, 12, F32),
         matmul(37, 200, 45, BF16, BF16),
         matmul(70, 1100, 96, F32),

@@ -48,13 +48,22 @@ class GroupedMatmulTuning:
         check_tile_knobs(self)
 
 
+def _column_scales(scale_ref, row, cols, col_block: int):
+    """[1, block_n] fp32: row `row` of a flat [G * G_k, G_n] scale grid at the columns `cols`
+    (each column's block of `col_block` columns, 0: one block; clamped so that masked columns
+    read a real scale)."""
+    groups_n = scale_ref.shape[1]
+    col_group = jnp.minimum(cols // col_block, groups_n - 1) if col_block else cols * 0
+    rows = jnp.full((1, cols.shape[0]), row, jnp.int32)
+    return plgpu.load(scale_ref.at[rows, col_group[None, :]])
+
+
 def _grouped_matmul_kernel(
     starts_ref,
     ends_ref,
     lhs_ref,
     rhs_ref,
-    out_ref,
-    *,
+    *refs,
     num_rows,
     num_groups,
     k_dim,
@@ -64,13 +73,22 @@ def _grouped_matmul_kernel(
     block_k,
     compute_dtype,
     precision,
+    block=None,
+    groups_k=1,
 ):
     """Program (g, N tile): out[rows of g, tile] = lhs[rows of g] @ rhs[g, :, tile]. The extra
-    program g == G zeroes the rows past the last group."""
+    program g == G zeroes the rows past the last group. With a `block` (FP8 weights, refs =
+    (scale_ref, out_ref)) each product is scaled as `fp8_grouped_matmul` says: a K slice's
+    partial product times its K group's scales (groups_k > 1), else the tile's sum times them."""
+    scale_ref, out_ref = refs if block is not None else (None, *refs)
     g, nb = pl.program_id(0), pl.program_id(1)
     cols = nb * block_n + jnp.arange(block_n)
     col_mask = (cols < n_dim)[None, :]
     n_slice = pl.ds(nb * block_n, block_n)
+
+    def scales(group_k):  # [1, block_n]: group g's scales in K group `group_k`
+        row = g * groups_k + jnp.minimum(group_k, groups_k - 1)
+        return _column_scales(scale_ref, row, cols, block[1])
 
     def rows_from(row0, end):
         """The row tile starting at row0 and its mask: rows in [row0, end)."""
@@ -84,16 +102,20 @@ def _grouped_matmul_kernel(
             k0 = j * block_k
             k_mask = k0 + jnp.arange(block_k) < k_dim
             a = plgpu.load(
-                lhs_ref.at[rows, pl.ds(k0, block_k)], mask=row_mask & k_mask[None, :], other=0
+                lhs_ref.at[rows, pl.ds(k0, block_k)], mask=row_mask & k_mask[None, :], other=0.0
             )
             b = plgpu.load(
-                rhs_ref.at[g, pl.ds(k0, block_k), n_slice], mask=k_mask[:, None] & col_mask, other=0
+                rhs_ref.at[g, pl.ds(k0, block_k), n_slice],
+                mask=k_mask[:, None] & col_mask,
+                other=0.0,
             )
             a, b = a.astype(compute_dtype), b.astype(compute_dtype)
-            return acc + jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
+            part = jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
+            return acc + (part * scales(k0 // block[0]) if groups_k > 1 else part)
 
         zeros = jnp.zeros((block_m, block_n), jnp.float32)
-        return jax.lax.fori_loop(0, pl.cdiv(k_dim, block_k), k_step, zeros)
+        acc = jax.lax.fori_loop(0, pl.cdiv(k_dim, block_k), k_step, zeros)
+        return acc * scales(0) if block is not None and groups_k == 1 else acc
 
     def store(row0, end, value):
         rows, row_mask = rows_from(row0, end)
@@ -138,13 +160,30 @@ def grouped_matmul(
     block_n and block_k shrink to the next power of two >= N and K (>= 16) for small matrices.
     """
     check_args(lhs, rhs, group_sizes, out_dtype)
-    num_rows, k_dim = lhs.shape
-    num_groups, _, n_dim = rhs.shape
+    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
+    block_k = min(tuning.block_k, max(16, pow2(lhs.shape[1])))
+    return launch(lhs, rhs, (), group_sizes, out_dtype, tuning, interpret, block_k, compute_dtype)
+
+
+def launch(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    scales: tuple[jax.Array, ...],
+    group_sizes: jax.Array,
+    out_dtype,
+    tuning: GroupedMatmulTuning,
+    interpret: bool,
+    block_k: int,
+    compute_dtype,
+    **scaling,
+) -> jax.Array:
+    """The kernel over grid (G + 1, N / block_n) for checked operands (`scales`: none, or the
+    flat scale grid of FP8 weights with `scaling` = block, groups_k)."""
+    num_rows = lhs.shape[0]
+    num_groups, k_dim, n_dim = rhs.shape
     if num_rows == 0:
         return jnp.zeros((0, n_dim), out_dtype)
-    compute_dtype = jnp.promote_types(lhs.dtype, rhs.dtype)
     block_n = min(tuning.block_n, max(16, pow2(n_dim)))
-    block_k = min(tuning.block_k, max(16, pow2(k_dim)))
     sizes = group_sizes.astype(jnp.int32)
     ends = jnp.cumsum(sizes, dtype=jnp.int32)
     kernel = functools.partial(
@@ -158,6 +197,7 @@ def grouped_matmul(
         block_k=block_k,
         compute_dtype=compute_dtype,
         precision=HIGHEST if compute_dtype == jnp.float32 else None,
+        **scaling,
     )
     return pl.pallas_call(
         kernel,
@@ -167,5 +207,5 @@ def grouped_matmul(
             num_warps=tuning.num_warps, num_stages=tuning.num_stages
         ),
         interpret=interpret,
-        name="grouped_matmul",
-    )(ends - sizes, ends, lhs, rhs)
+        name="fp8_grouped_matmul" if scales else "grouped_matmul",
+    )(ends - sizes, ends, lhs, rhs, *scales)

@@ -38,6 +38,7 @@ NOT_STATEFUL = {
     "attention",
     "write_kv",
     "grouped_matmul",  # no state pool: MoE experts (tests in test_grouped_matmul.py)
+    "fp8_grouped_matmul",  # no state pool: FP8 experts (tests in test_fp8_grouped_matmul.py)
     "matmul",  # no state pool: the batch-invariant projections (tests in test_matmul.py)
     "fp8_weight_matmul",  # no state pool: FP8 weights (tests in test_fp8_weights.py)
     "row_sum_squares",  # no state pool: the norms' statistics (test_row_sum_squares.py)

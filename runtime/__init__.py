@@ -6,11 +6,13 @@ The public face (`from runtime import LLM, SamplingParams`, or the same names fr
 - `Engine`: one step at a time, everything inspectable;
 - `EngineArgs`: what an engine is asked for (None: derived), and `EngineConfig`, what it runs
   with once `EngineArgs` are resolved for the model and the device;
-- `SamplingParams`, `SpeculativeConfig`: what a request samples, how drafts are proposed;
+- `SamplingParams`, `StructuredOutput`, `SpeculativeConfig`: what a request samples, what its
+  output must match (a JSON schema, a regex, a choice, a grammar), how drafts are proposed;
 - `RequestOutput`, `StreamDelta`: what comes back.
 
 The wings, each a folder: `core/` (jax-free vocabulary and policy), `device/` (the jitted step),
-`prefix_cache/` and `speculative/` (the two features, behind seams that are always present),
+`prefix_cache/`, `speculative/` and `structured/` (the features, behind seams that are always
+present),
 `outputs/` (text, logprobs, stream deltas), `observe/` (records, stats, views), and on top
 `engine.py`, `launched_step.py`, `router.py`, `llm.py`, `cli/` (`jmamba generate`, `serve`,
 `bench`), `serve/` (the HTTP server) and `bench/` (`jmamba bench`). docs/architecture.md,
@@ -30,6 +32,7 @@ _EXPORTS = {
     "EngineArgs": "runtime.core.engine_args",
     "EngineConfig": "runtime.core.config",
     "SamplingParams": "runtime.core.sampling_params",
+    "StructuredOutput": "runtime.core.structured_output",
     "SpeculativeConfig": "runtime.core.speculative_config",
     "RequestOutput": "runtime.outputs.request_output",
     "StreamDelta": "runtime.outputs.request_output",

@@ -71,13 +71,16 @@ class ProgramPlanner:
     def num_steps(self, bucket: Bucket, mode: SamplingMode, drafting: bool) -> int:
         """N, the steps the program runs: `decode_steps` when its first step holds decode rows
         alone and nothing else is left to schedule on any rank (nothing waits, nothing
-        prefills), it drafts nothing and no row samples with penalties (their counts would miss
-        the tokens still on the device); else 1. Later steps schedule the ranks' decodes; a
+        prefills), it drafts nothing, no row samples with penalties (their counts would miss
+        the tokens still on the device) and no running request follows a grammar (its masks
+        need every token on the host); else 1. Later steps schedule the ranks' decodes; a
         rank that preempts one (so something waits) runs all-padding steps for the rest."""
         n = self.config.decode_steps
         if n == 1 or drafting or not bucket.is_decode_only or mode.penalty_width:
             return 1
-        elsewhere = agree_max_int(not all(s.decodes_only for s in self.schedulers))
+        schedulers = self.schedulers
+        busy = not all(s.decodes_only for s in schedulers)
+        elsewhere = agree_max_int(busy or any(s.follows_grammar for s in schedulers))
         return 1 if elsewhere else n
 
     def advance(self, drafter: Drafter, step: LaunchedStep) -> None:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jmamba.step.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
+from runtime.core.allowed_tokens import allowed_bitmask, fill_grammar_rows, grammar_rows
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs
@@ -39,11 +40,17 @@ class _Arrays:
     """Zeroed numpy arrays of one bucket (every padding value is NULL / 0 / False).
 
     `state_block_size` > 0 adds the prefill rows' boundary slots (prefix caching);
-    `chain_width` is the widest decode row a row may chain on (`ChainedRows`; 1: none).
+    `chain_width` is the widest decode row a row may chain on (`ChainedRows`; 1: none);
+    `vocab_size` > 0 adds the allowed-token bitmask, all ones (`runtime.core.allowed_tokens`).
     """
 
     def __init__(
-        self, bucket: Bucket, max_blocks: int, state_block_size: int, chain_width: int = 1
+        self,
+        bucket: Bucket,
+        max_blocks: int,
+        state_block_size: int,
+        chain_width: int = 1,
+        vocab_size: int = 0,
     ) -> None:
         rd, w, rp, n = (
             bucket.num_decode_rows,
@@ -75,6 +82,7 @@ class _Arrays:
         self.temperature, self.top_p = np.zeros(n, np.float32), np.ones(n, np.float32)
         self.top_k, self.counters = np.zeros(n, i32), np.zeros(n, i32)
         self.seeds = np.zeros(n, np.uint32)
+        self.allowed = allowed_bitmask(n, vocab_size)
 
     def step_inputs(self) -> StepInputs:
         decode = DecodeRows(
@@ -111,6 +119,7 @@ class _Arrays:
             masked_ids,
             num_masked,
             penalty_inputs(penalized, self.temperature.size),
+            self.allowed,
         )
 
     def set_sampling[S: RowSequence](self, row: int, item: ScheduledRow[S]) -> None:
@@ -163,13 +172,15 @@ def build_step[S: RowSequence](
     max_blocks: int,
     state_block_size: int = 0,
     chain_width: int = 1,
+    vocab_size: int = 0,
 ) -> StepBatch:
     """Build the padded inputs of one step (shapes fixed by `bucket`, values from `schedule`).
 
     `state_block_size` > 0 (prefix caching on) gives prefill rows their boundary slots;
-    `chain_width`: the widest decode row (1 + K) a row may chain on (`ChainedRows`).
+    `chain_width`: the widest decode row (1 + K) a row may chain on (`ChainedRows`);
+    `vocab_size` > 0: the allowed-token bitmask, its grammar rows filled by their matchers.
     """
-    a = _Arrays(bucket, max_blocks, state_block_size, chain_width)
+    a = _Arrays(bucket, max_blocks, state_block_size, chain_width, vocab_size)
     sample_rows, masks, penalized = _fill_decode(a, schedule.decodes, bucket.width, block_size)
     num_decode_lanes = bucket.num_decode_rows * bucket.width
     offset = 0
@@ -201,6 +212,7 @@ def build_step[S: RowSequence](
         if request.sampling_row.penalized:  # a prefill row's tokens are all on the host
             penalized.append((num_decode_lanes + j, _history(request), False))
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
+    fill_grammar_rows(a.allowed, grammar_rows(schedule, bucket.width, num_decode_lanes))
     sampling = a.sampling(masks, penalized)
     return a.batch(sampling, SamplingMode.of(sampling), np.asarray(sample_rows, np.int64))
 
@@ -370,10 +382,15 @@ def _decode_scalars[S: RowSequence](item: ScheduledRow[S], request: S) -> tuple[
 
 
 def build_dummy(
-    bucket: Bucket, *, max_blocks: int, state_block_size: int = 0, chain_width: int = 1
+    bucket: Bucket,
+    *,
+    max_blocks: int,
+    state_block_size: int = 0,
+    chain_width: int = 1,
+    vocab_size: int = 0,
 ) -> StepBatch:
     """An all-padding step of `bucket`'s shape (warm-up, idle data-parallel rank)."""
-    a = _Arrays(bucket, max_blocks, state_block_size, chain_width)
+    a = _Arrays(bucket, max_blocks, state_block_size, chain_width, vocab_size)
     return a.batch(a.sampling([], []), SamplingMode(), np.zeros(0, np.int64))
 
 
@@ -386,6 +403,7 @@ def build_rank[S: RowSequence](
         max_blocks=config.max_blocks_per_seq,
         state_block_size=state_block_size,
         chain_width=config.decode_width,
+        vocab_size=config.vocab_size,
     )
     if schedule.is_empty:
         return build_dummy(bucket, **shapes)

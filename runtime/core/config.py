@@ -29,6 +29,7 @@ STEP_SHAPE_FIELDS = (
     "batch_invariant",
     "kv_cache_dtype",  # the caches' dtypes: the step's operand types and how it rounds
     "state_dtype",
+    "vocab_size",  # the allowed-token bitmask's width
 )
 POOL_SIZE_FIELDS = ("num_blocks", "num_slots")
 
@@ -54,6 +55,8 @@ class EngineConfig:
         multiples, or on state_block_size's in "align" mode).
       prefix_caching: the mode in force, "off", "align" or "all" (never None here).
       kv_cache_dtype: "auto" or "fp8" (an alias resolved).
+      vocab_size: the model's vocabulary (logits columns), the width of every step's
+        allowed-token bitmask; 0 for a config resolved without a model (no bitmask).
     """
 
     max_num_seqs: int
@@ -84,6 +87,7 @@ class EngineConfig:
     kv_cache_dtype: str
     state_dtype: str
     chunk_size: int
+    vocab_size: int = 0
 
     def check_same_shapes(self, other: EngineConfig, whose: str) -> None:
         """ValueError unless `other` (`whose` config) has this config's pool sizes and bucket

@@ -228,7 +228,8 @@ class EngineArgs:
     def for_model(self, model: ModelConfig, memory: PoolMemory | None = None) -> EngineConfig:
         """`resolved` for `model` (its chunk size and max_position_embeddings)."""
         limit = model.max_position_embeddings
-        return self.resolved(model.chunk_size, memory, max_position_embeddings=limit)
+        config = self.resolved(model.chunk_size, memory, max_position_embeddings=limit)
+        return dataclasses.replace(config, vocab_size=model.vocab_size)
 
     def resolved(
         self,

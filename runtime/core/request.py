@@ -6,12 +6,15 @@ import dataclasses
 import enum
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from runtime.core import checks
 from runtime.core.penalties import PenaltyHistory
 from runtime.core.sampling_inputs import SamplingNeeds
 from runtime.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.core.allowed_tokens import TokenGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -46,7 +49,9 @@ class Request:
     `sampling_needs` what the request asks of the sampler, both computed once instead of read
     from the sampling params at every step. `penalty_history` (only with presence, frequency or
     repetition penalties; else None) lists its prompt's distinct tokens and counts its outputs
-    (`runtime.core.penalties`).
+    (`runtime.core.penalties`). `grammar` (only with `SamplingParams.structured`; else None) is
+    its matcher, which fills its rows of each step's allowed-token bitmask; the engine's output
+    processor sets it when the request arrives (`runtime.structured`).
 
     Asynchronous scheduling (`EngineArgs.async_scheduling`): `num_pending` counts outputs a
     dispatched step gives that the host has not seen yet (1, or 1 + k for a row with k drafts,
@@ -80,6 +85,7 @@ class Request:
     sampling_row: SamplingRow[float] = dataclasses.field(init=False, repr=False)
     sampling_needs: SamplingNeeds = dataclasses.field(init=False, repr=False)
     penalty_history: PenaltyHistory | None = dataclasses.field(init=False, repr=False, default=None)
+    grammar: TokenGrammar | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.num_prefill_tokens = len(self.prompt_token_ids)

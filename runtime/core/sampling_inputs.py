@@ -61,6 +61,9 @@ class SamplingInputs(NamedTuple):
       num_masked: [N] int32 live entries of `masked_ids`.
       penalties: the rows' `PenaltyInputs` in a step whose mode has a `penalty_width`, else None
         (no leaf: a step without penalties packs and computes nothing for them).
+      allowed: [N, ceil(vocab / 32)] int32 packed allowed-token bitmask
+        (`runtime.core.allowed_tokens`; all ones: unconstrained). Every engine step has it;
+        None only in inputs built without a model's vocabulary (tests), which mask nothing.
     """
 
     temperature: np.ndarray
@@ -71,6 +74,7 @@ class SamplingInputs(NamedTuple):
     masked_ids: np.ndarray
     num_masked: np.ndarray
     penalties: PenaltyInputs | None = None
+    allowed: np.ndarray | None = None
 
 
 class TokenLogprobs[T](NamedTuple):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from runtime.core import checks
+from runtime.core.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20  # most alternatives `logprobs=k` may ask for per token
 MAX_ADDITIVE_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI allows
@@ -50,6 +51,11 @@ class SamplingParams:
         The three penalties apply on the device before the min_tokens mask, temperature,
         top-k/top-p and the greedy argmax (repetition first, then frequency and presence, as
         vLLM); `logprobs` stay those of the raw distribution.
+      structured: what the output must match (`StructuredOutput`: a JSON
+        schema, any JSON object, a regex, a choice or a Lark grammar); None: anything. Each
+        token is sampled under the grammar's allowed-token mask, applied on the device after
+        the penalties; the output ends with an EOS id once the grammar is complete (so neither
+        `ignore_eos` nor `min_tokens` combine with it), or at max_tokens ("length": cut short).
     """
 
     temperature: float = 0.0
@@ -65,6 +71,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         max_tokens = checks.integer("max_tokens", self.max_tokens, low=1)
@@ -87,6 +94,21 @@ class SamplingParams:
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # normalised: numpy scalars become Python's
+        self._check_structured()
+
+    def _check_structured(self) -> None:
+        """ValueError unless `structured` is None or a `StructuredOutput` the other options
+        leave room for (the grammar ends the output with an EOS id)."""
+        if self.structured is None:
+            return
+        if not isinstance(self.structured, StructuredOutput):
+            raise ValueError(f"structured={self.structured!r} must be a StructuredOutput or None")
+        if self.ignore_eos:
+            raise ValueError("ignore_eos=True with structured: the grammar ends at an EOS id")
+        if self.min_tokens:
+            raise ValueError(
+                f"min_tokens={self.min_tokens} with structured: the grammar decides the length"
+            )
 
     def _checked_penalties(self) -> dict[str, float]:
         """The three penalties, checked: additive ones in [-2, 2], the repetition one > 0."""

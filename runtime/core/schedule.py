@@ -17,6 +17,9 @@ from runtime.core.pools import NULL
 from runtime.core.request import Request, SamplingRow
 from runtime.core.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from runtime.core.allowed_tokens import TokenGrammar
+
 
 class RowSequence(Protocol):
     """What the builder reads of the sequence a row feeds: a `Request`, or a drafter's own view
@@ -31,6 +34,7 @@ class RowSequence(Protocol):
         and the outputs it has on the host.
       pending_row: the logits row of the previous step holding its pending token (asynchronous
         scheduling).
+      grammar: the matcher filling its rows of the allowed-token bitmask (None: unconstrained).
     """
 
     block_ids: list[int]
@@ -42,6 +46,9 @@ class RowSequence(Protocol):
 
     @property
     def penalty_history(self) -> PenaltyHistory | None: ...
+
+    @property
+    def grammar(self) -> TokenGrammar | None: ...
 
     @property
     def output_token_ids(self) -> list[int]: ...

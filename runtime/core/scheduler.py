@@ -133,6 +133,8 @@ class Scheduler:
             if request.num_computed >= request.num_prefill_tokens:  # a decode: one token
                 if request.num_pending and stopping.ends_with_pending(request, self.config):
                     continue  # its pending token is its last: it finishes when that retires
+                if request.num_pending and request.grammar is not None:
+                    continue  # its grammar's next mask needs the pending token on the host
                 # Only a token that starts a new KV block needs one (every block_size steps).
                 needs_block = self.uses_blocks and request.num_computed >= (
                     len(request.block_ids) * block_size
@@ -253,7 +255,7 @@ class Scheduler:
         """Each decode row, oldest first, with the drafts it can afford (module docstring, 5)."""
         rows = []
         for request in decoding:
-            wanted = num_drafts(request)
+            wanted = 0 if self._drafts_unseen(request) else num_drafts(request)
             k = self._affordable_drafts(request, wanted, budget) if wanted > 0 else 0
             if k == 0:
                 rows.append(self.in_flight.chained(self.slots.decode_row(request)))
@@ -265,6 +267,19 @@ class Scheduler:
             rows.append(self.in_flight.chained(row))
             budget -= k
         return rows
+
+    def _drafts_unseen(self, request: Request) -> bool:
+        """Whether `request` follows a grammar and its drafts would reach the builder only on
+        the device (the MTP head): its lanes' masks need them on the host, so it takes none."""
+        speculative = self.config.speculative
+        on_device = speculative is not None and speculative.drafts_on_device
+        return on_device and request.grammar is not None
+
+    @property
+    def follows_grammar(self) -> bool:
+        """Whether some running request follows a grammar (its masks need each token on the
+        host: a program of several decode steps would not have it)."""
+        return any(request.grammar is not None for request in self.running)
 
     def _affordable_drafts(self, request: Request, wanted: int, budget: int) -> int:
         """The most of `wanted` drafts the row may take: within K, the tokens it may still

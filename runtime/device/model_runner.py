@@ -341,6 +341,7 @@ class ModelRunner:
             max_blocks=self.config.max_blocks_per_seq,
             state_block_size=self.config.boundary_block_size,
             chain_width=self.config.decode_width,
+            vocab_size=self.config.vocab_size,
         )
 
     def _rows(self, key: VariantKey, batches: list[StepBatch]) -> np.ndarray:

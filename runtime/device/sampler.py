@@ -1,6 +1,8 @@
 """Token sampling on device, inside the jitted step: presence / frequency / repetition penalties,
-greedy, temperature, top-k, top-p, seeds, and masking of the stop tokens of rows short of their
-`min_tokens`; and, when a step asks for them, log-probabilities (`logprobs`, of the raw logits).
+greedy, temperature, top-k, top-p, seeds, masking of the stop tokens of rows short of their
+`min_tokens` and of the tokens a row's grammar does not allow (the packed `allowed` bitmask, an
+input of every engine step); and, when a step asks for them, log-probabilities (`logprobs`, of
+the raw logits).
 
 Each row draws with its own key `fold_in(key(seed), counter)` where `counter` is the index of the
 token being generated, so a request's random stream depends on nothing else in the batch. Sampling
@@ -62,6 +64,8 @@ def sample(
         logits = penalize(logits, params.penalties, fed)
     if mode.mask_width:
         logits = _mask(logits, params.masked_ids, params.num_masked)
+    if params.allowed is not None:
+        logits = apply_bitmask(logits, params.allowed)
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if not mode.sampled:
         return greedy
@@ -143,6 +147,17 @@ def num_accepted(accepted: jax.Array, inputs: StepInputs) -> jax.Array:
     rows, width = inputs.decode.num_rows, inputs.decode.width
     flags = accepted[: rows * width].reshape(rows, width).astype(jnp.int32)
     return jnp.cumprod(flags, axis=1).sum(axis=1)
+
+
+def apply_bitmask(logits: jax.Array, allowed: InputArray) -> jax.Array:
+    """`logits` [N, V] with every token its row's bitmask `allowed` [N, ceil(V / 32)] int32 does
+    not allow (bit i of word w: token 32 w + i) set to -inf; all-ones rows come back bit for
+    bit."""
+    vocab = logits.shape[-1]
+    bits = jnp.arange(32, dtype=jnp.int32)
+    unpacked = (allowed[:, :, None] >> bits[None, None, :]) & 1  # arithmetic shift: bit 31 too
+    is_allowed = unpacked.reshape(allowed.shape[0], -1)[:, :vocab] != 0
+    return jnp.where(is_allowed, logits, -jnp.inf)
 
 
 def _mask(logits: jax.Array, masked_ids: InputArray, num_masked: InputArray) -> jax.Array:

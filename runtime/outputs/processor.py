@@ -1,5 +1,6 @@
 """`OutputProcessor`: what a step's tokens become beyond the tokens: logprobs, text, stop strings
-and stream deltas (no jax).
+and stream deltas (no jax); and, as it holds the tokenizer, each structured request's grammar
+matcher (`runtime.structured`), given to the request when it arrives.
 
 The engine calls it only when a step needs it (a request asked for logprobs, the engine has a
 tokenizer, or `Engine.stream` is running), so the plain token path costs what it did before.
@@ -17,6 +18,7 @@ from runtime.core.sampling_inputs import TokenLogprobs
 from runtime.core.schedule import Schedule, ScheduledRequest
 from runtime.outputs.detokenizer import RequestText
 from runtime.outputs.request_output import RequestOutput, StreamDelta
+from runtime.structured import GrammarCompiler
 
 Sampled = list[tuple[int, ScheduledRequest]]  # (logits row, item) of the items given a token
 # (request id, new token ids, new text or None, new logprobs or None) of one request in one step
@@ -39,6 +41,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer
+        self._grammars: GrammarCompiler | None = None  # made for the first structured request
         self._texts: dict[str, RequestText] = {}
         self._streamed: dict[str, int] = {}
 
@@ -48,10 +51,23 @@ class OutputProcessor:
         return bool(self._texts)
 
     def add(self, request: Request) -> None:
+        """Follow a new request (its text, what was streamed); give it its grammar matcher
+        when it asks for structured output (ValueError without a tokenizer)."""
+        spec = request.sampling_params.structured
+        if spec is not None:
+            request.grammar = self._compiler(request).matcher(spec)
         self._streamed[request.request_id] = 0
         if self.tokenizer is not None:
             stop = request.sampling_params.stop
             self._texts[request.request_id] = RequestText(self.tokenizer, stop)
+
+    def _compiler(self, request: Request) -> GrammarCompiler:
+        """The engine's grammar compiler, made on first use (it reads the whole vocabulary)."""
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("structured outputs need a tokenizer: this engine has none")
+            self._grammars = GrammarCompiler(self.tokenizer, request.eos_token_ids)
+        return self._grammars
 
     def process(
         self, sampled: list[Sampled], logprobs: list[TokenLogprobs[np.ndarray]] | None

@@ -37,6 +37,7 @@ class DraftSequence:
     pending_row = 0  # the draft model's steps carry no tokens from step to step
     masked_token_ids = ()  # a prefill row's token is never a draft
     penalty_history = None  # the draft model samples greedily, without penalties
+    grammar = None  # it proposes freely: the target's grammar masks reject what breaks it
 
     def __init__(self, request: Request, slot: int) -> None:
         self.request = request

@@ -1,0 +1,92 @@
+"""The allowed-token bitmask of a step (no jax): one packed int32 row per logits row.
+
+Bit i of word w of a row allows token 32 w + i. Every row is all ones (-1: unconstrained)
+unless its request follows a grammar (`SamplingParams.structured`), whose matcher
+(`TokenGrammar`, a `runtime.structured.GrammarMatcher`) fills it. The bitmask is an input of
+every step program, so a grammar row costs no program of its own; the sampler applies it on the
+device (`runtime.device.sampler`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from runtime.core.schedule import RowSequence, StepSchedule
+
+
+class TokenGrammar(Protocol):
+    """What the builder asks of a request's grammar matcher."""
+
+    def fill(
+        self,
+        bitmask: np.ndarray,
+        row: int,
+        output_token_ids: Sequence[int],
+        drafts: Sequence[int] = (),
+    ) -> None:
+        """Write rows `row` .. `row + len(drafts)`: the tokens allowed after the outputs, then
+        after each draft in turn."""
+        ...
+
+
+class GrammarSequence(Protocol):
+    """What `fill_grammar_rows` reads of a row's sequence (a `Request`)."""
+
+    @property
+    def grammar(self) -> TokenGrammar | None: ...
+
+    @property
+    def output_token_ids(self) -> list[int]: ...
+
+
+# (first logits row, its sequence, the drafts its next lanes feed) of a row that follows a grammar
+GrammarRow = tuple[int, GrammarSequence, Sequence[int]]
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """W, the int32 words of a bitmask row over `vocab_size` tokens."""
+    return -(-vocab_size // 32)
+
+
+def allowed_bitmask(num_rows: int, vocab_size: int) -> np.ndarray | None:
+    """[num_rows, W] int32 all ones (every token allowed); None when `vocab_size` is 0 (inputs
+    built without a model: no bitmask, the sampler masks nothing)."""
+    if vocab_size == 0:
+        return None
+    return np.full((num_rows, bitmask_words(vocab_size)), -1, np.int32)
+
+
+def fill_grammar_rows(bitmask: np.ndarray | None, rows: list[GrammarRow]) -> None:
+    """Each grammar row's lanes from its matcher (`TokenGrammar.fill`)."""
+    if not rows:
+        return
+    if bitmask is None:
+        raise ValueError("a row follows a grammar: build the step with the model's vocab_size")
+    for row, sequence, drafts in rows:
+        grammar = sequence.grammar
+        if grammar is not None:
+            grammar.fill(bitmask, row, sequence.output_token_ids, drafts)
+
+
+def grammar_rows[S: RowSequence](
+    schedule: StepSchedule[S], width: int, num_decode_lanes: int
+) -> list[GrammarRow]:
+    """The rows of `schedule` that follow a grammar, as the builder lays them out (decode row i
+    at logits row i * `width`, its drafts on the lanes after; prefill row j at
+    `num_decode_lanes` + j), each prefill row only where its chunk samples a token.
+    ValueError for a grammar row whose drafts are still on the device (the scheduler gives such
+    rows none)."""
+    rows: list[GrammarRow] = []
+    for i, item in enumerate(schedule.decodes):
+        if item.request.grammar is not None:
+            if item.draft_sources:
+                raise ValueError(f"{item.request!r} follows a grammar: its drafts must be known")
+            rows.append((i * width, item.request, item.draft_token_ids[: item.num_tokens - 1]))
+    for j, item in enumerate(schedule.prefills):
+        request = item.request
+        if request.grammar is not None and item.start + item.num_tokens >= request.num_tokens:
+            rows.append((num_decode_lanes + j, request, ()))
+    return rows

@@ -3,7 +3,8 @@ others that a checkpoint quantizes stay dequantized, and the KV-cache scales of 
 layers (`ModelConfig.quantization`).
 
 `HybridLM` builds every projection as a `Linear`, then swaps the plan's paths for `Fp8Linear`s
-(`jmamba.layers.fp8_linear.with_fp8_linears`), so the layers' code never sees the plan. The loader
+(`jmamba.layers.fp8_linear.with_fp8_linears`) and the plan's MoEs' expert stacks for e4m3 ones
+(`jmamba.layers.fp8_experts.with_fp8_experts`), so the layers' code never sees the plan. The loader
 makes the plan (`jmamba.checkpoints.quantization.fp8_params`): from an FP8 checkpoint's weights,
 or for every dense projection under `quantization="fp8"`. The attention layers take their KV-cache
 scales the same way (`jmamba.mixers.attention.with_kv_scales`). `NO_FP8`, the default, plans
@@ -29,6 +30,9 @@ class Fp8Plan:
       dequantized (expert stacks, folded multipliers or LoRA adapters, concatenated tensors).
     scheme: one line saying what the FP8 weights are (`Fp8Scheme.describe`, or the dynamic
       quantization's), "unquantized" for no plan.
+    experts: (module path, block) of each MoE whose expert stacks stay e4m3
+      (`jmamba.layers.fp8_experts`), e.g. (("layers", 1, "ffn"), (128, 128)), block as
+      `layers` reads it.
     kv_scales: (module path, k_scale, v_scale) of each attention layer whose checkpoint holds
       KV-cache scales (`jmamba.checkpoints.quantization.kv_scales`), read by an FP8 KV cache
       only; a layer not listed keeps 1.0.
@@ -37,12 +41,13 @@ class Fp8Plan:
     layers: tuple[tuple[Path_, Block], ...] = ()
     dequantized: tuple[tuple[Path_, str], ...] = ()
     scheme: str = "unquantized"
+    experts: tuple[tuple[Path_, Block], ...] = ()
     kv_scales: KvScales = ()
 
     @property
     def active(self) -> bool:
-        """Whether any layer holds an FP8 kernel."""
-        return bool(self.layers)
+        """Whether any layer holds an FP8 kernel (a dense one or an expert stack)."""
+        return bool(self.layers or self.experts)
 
 
 NO_FP8 = Fp8Plan()

@@ -26,6 +26,7 @@ from flax import nnx
 from jmamba.cache_dtypes import DEFAULT_CACHE_DTYPES, CacheDtypes
 from jmamba.config import Mixer, ModelConfig
 from jmamba.layer import Layer, LayerCache
+from jmamba.layers.fp8_experts import with_fp8_experts
 from jmamba.layers.fp8_linear import with_fp8_linears
 from jmamba.layers.linear import Linear
 from jmamba.layers.matmul import matmul
@@ -76,6 +77,7 @@ class HybridLM(nnx.Module):
         )
         self.mtp = MTPHead(config, rngs=rngs) if config.has_mtp else None
         with_fp8_linears(self, config.quantization)
+        with_fp8_experts(self, config.quantization)
         with_kv_scales(self, config.quantization)
 
     def without_head(self) -> HybridLM:

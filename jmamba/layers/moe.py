@@ -25,7 +25,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jmamba.fp8_plan import Block
 from jmamba.layer_configs import MoeConfig
+from jmamba.layers.fp8_experts import fp8_expert_product
 from jmamba.layers.fp32_param import Fp32Param
 from jmamba.layers.invariance import is_batch_invariant
 from jmamba.layers.linear import Linear
@@ -105,6 +107,7 @@ class MoE(nnx.Module):
             self.gate_proj = expert_weights((e, hidden, i))
         self.up_proj = expert_weights((e, hidden, i))
         self.down_proj = expert_weights((e, i, hidden))
+        self.fp8_block: Block | None = None  # FP8 stacks' scale block (`with_fp8_experts`)
         self.shared = MLP(hidden, cfg.shared_intermediate_size, cfg.activation, rngs=rngs)
         if cfg.shared_gate:
             self.shared_gate = Linear(hidden, 1, rngs=rngs)
@@ -129,18 +132,27 @@ class MoE(nnx.Module):
         group_sizes = jnp.bincount(flat, length=local).astype(jnp.int32)
         xs = x[order // k]
 
-        def grouped(a: jax.Array, w: nnx.Param) -> jax.Array:
-            return ops.grouped_matmul(a, w[...], group_sizes, out_dtype=jnp.float32)
+        def grouped(a: jax.Array, proj: str) -> jax.Array:
+            return self._grouped(a, proj, group_sizes)
 
-        up = grouped(xs, self.up_proj)
+        up = grouped(xs, "up_proj")
         if self.cfg.activation == "silu_gated":
-            act = jax.nn.silu(grouped(xs, self.gate_proj)) * up
+            act = jax.nn.silu(grouped(xs, "gate_proj")) * up
         else:
             act = relu2(up)
-        out = grouped(act.astype(x.dtype), self.down_proj)  # [T * k, hidden], expert order
+        out = grouped(act.astype(x.dtype), "down_proj")  # [T * k, hidden], expert order
         out = out[jnp.argsort(order)]  # back to (token, choice) order
         out = out.reshape(num_tokens, k, -1) * weights[..., None]
         return _sum(out, axis=1)[:, 0]  # over the k choices
+
+    def _grouped(self, rows: jax.Array, proj: str, group_sizes: jax.Array) -> jax.Array:
+        """fp32 rows grouped by expert times this shard's stack `proj` (an FP8 one's product:
+        `fp8_expert_product`)."""
+        kernel = getattr(self, proj)[...]
+        if self.fp8_block is None:
+            return ops.grouped_matmul(rows, kernel, group_sizes, out_dtype=jnp.float32)
+        scale = getattr(self, f"{proj}_scale")[...]
+        return fp8_expert_product(rows, kernel, scale, group_sizes, self.fp8_block)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         routed = self.experts(x, *self.route(x))

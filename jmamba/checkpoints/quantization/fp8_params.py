@@ -7,21 +7,29 @@ matrix, nor an fp32 router) whose parameter is one checkpoint weight transposed 
 (`Source.weight`): from an FP8 checkpoint, where that weight is FP8, in the checkpoint's scale
 layout; under `quantization="fp8"` (`dynamic_fp8`), every such layer, per output channel (amax /
 448, vLLM's `--quantization fp8`). The other FP8 weights are dequantized as before, each with its
-reason in the plan: expert stacks, kernels with a multiplier or a LoRA adapter folded in,
-parameters concatenated from several tensors. The plan also carries the attention layers'
-KV-cache scales where the checkpoint declares them (`kv_scales`).
+reason in the plan: kernels with a multiplier or a LoRA adapter folded in, parameters
+concatenated from several tensors, expert stacks fused in one tensor or cut by their scale blocks.
+A MoE's FP8 expert stacks stay e4m3 (`jmamba.checkpoints.quantization.fp8_experts`). The plan
+also carries the attention layers' KV-cache scales where the checkpoint declares them
+(`kv_scales`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np
 from flax import nnx
 
 from jmamba.checkpoints.quantization.dequantization import grid_shape
+from jmamba.checkpoints.quantization.fp8_experts import (
+    expert_plan,
+    expert_scale_sources,
+    expert_tensors,
+    fp8_weight_names,
+)
 from jmamba.checkpoints.quantization.kv_scales import kv_scales
 from jmamba.checkpoints.quantization.quantized_tensors import (
     QuantizedTensors,
@@ -30,10 +38,10 @@ from jmamba.checkpoints.quantization.quantized_tensors import (
     float8_dtypes,
 )
 from jmamba.checkpoints.quantization.scheme import Fp8Scheme
-from jmamba.checkpoints.skipped_tensors import PACKED_EXPERTS
 from jmamba.checkpoints.source import Source, param_path
 from jmamba.config import ModelConfig
 from jmamba.fp8_plan import NO_FP8, Block, Fp8Plan, Path_
+from jmamba.layers.fp8_experts import EXPERT_STACKS
 from jmamba.layers.linear import Linear
 from jmamba.model import HybridLM
 
@@ -56,9 +64,7 @@ def linear_layers(cfg: ModelConfig) -> list[Path_]:
 
 
 def _dequantized_reason(path: Path_, source: Source, layers: set[Path_]) -> str:
-    """Why the parameter at `path`, built from FP8 weights, stays dequantized."""
-    if path[-1] != "kernel":
-        return "a stack of experts (no grouped FP8 matmul yet)"
+    """Why the dense parameter at `path`, built from FP8 weights, stays dequantized."""
     if source.joint:
         return "a shared kernel with its use site's LoRA adapter folded in"
     if path[:-1] not in layers:
@@ -68,15 +74,11 @@ def _dequantized_reason(path: Path_, source: Source, layers: set[Path_]) -> str:
     return "a constant multiplier folded in"
 
 
-def _fp8_weight_names(found: QuantizedTensors) -> Callable[[str], bool]:
-    """Whether a name of the name map is an FP8 weight's: one of `found`, or an expert's slice
-    of a packed FP8 stack (`<p>.experts.<e>.<proj>.weight`, `unpack_experts`' names)."""
-    packed = {m[1] for name in found.scales if (m := PACKED_EXPERTS.fullmatch(name))}
-    return lambda name: name in found.scales or name.rsplit(".", 3)[0] in packed
-
-
-def checkpoint_plan(cfg: ModelConfig, sources: Sources, found: QuantizedTensors) -> Fp8Plan:
-    """The plan of an FP8 checkpoint whose quantized weights are `found`."""
+def checkpoint_plan(
+    cfg: ModelConfig, sources: Sources, found: QuantizedTensors, shapes: Mapping[str, tuple]
+) -> Fp8Plan:
+    """The plan of an FP8 checkpoint whose quantized weights are `found` (`shapes`: every
+    tensor's)."""
     layers = set(linear_layers(cfg))
     rows, cols = found.scheme.block  # of the [out, in] weight: ours is (cols, rows)
     planned = tuple(
@@ -84,14 +86,16 @@ def checkpoint_plan(cfg: ModelConfig, sources: Sources, found: QuantizedTensors)
         for layer in sorted(layers, key=str)
         if sources[(*layer, "kernel")].weight in found.scales
     )
-    kernels = {(*layer, "kernel") for layer, _ in planned}
-    fp8 = _fp8_weight_names(found)
+    experts, stack_reasons = expert_plan(sources, found, shapes)
+    kept = {(*layer, "kernel") for layer, _ in planned}
+    kept |= {(*moe, proj) for moe, _ in experts for proj in EXPERT_STACKS}
+    fp8 = fp8_weight_names(found)
     dequantized = tuple(
-        (path, _dequantized_reason(path, source, layers))
+        (path, stack_reasons.get(path) or _dequantized_reason(path, source, layers))
         for path, source in sources.items()
-        if path not in kernels and any(fp8(name) for name in source.names)
+        if path not in kept and any(fp8(name) for name in source.names)
     )
-    return Fp8Plan(planned, dequantized, found.scheme.describe())
+    return Fp8Plan(planned, dequantized, found.scheme.describe(), experts=experts)
 
 
 def dynamic_plan(cfg: ModelConfig, sources: Sources) -> Fp8Plan:
@@ -160,13 +164,19 @@ def fp8_load(
     found = find_quantized(scheme, shapes, float8_dtypes(tensors))
     kv = kv_scales(scheme, sources, tensors.keys(), tensors.__getitem__)
     if found.scales:
-        plan = dataclasses.replace(checkpoint_plan(cfg, sources, found), kv_scales=kv)
+        plan = dataclasses.replace(checkpoint_plan(cfg, sources, found, shapes), kv_scales=kv)
         weights = [sources[(*layer, "kernel")].weight for layer, _ in plan.layers]
         kept = {name for w in weights if w is not None for name in (w, found.scales[w])}
         inputs = {scheme.input_scale_name(w) for w in weights if w is not None}
-        rest = dequantized(scheme, {n: t for n, t in tensors.items() if n not in kept | inputs})
-        rest.update({name: tensors[name] for name in kept})
-        return rest, plan, {**sources, **_checkpoint_sources(plan, sources, found, shapes)}
+        stacks, used = expert_tensors(scheme, tensors, found, plan.experts, sources)
+        skipped = kept | inputs | used
+        rest = dequantized(scheme, {n: t for n, t in tensors.items() if n not in skipped})
+        rest.update({name: tensors[name] for name in kept} | stacks)
+        planned = {
+            **_checkpoint_sources(plan, sources, found, shapes),
+            **expert_scale_sources(scheme, plan.experts, sources, stacks),
+        }
+        return rest, plan, {**sources, **planned}
     tensors = dequantized(scheme, tensors)  # a scheme's KV-cache scales, if nothing else
     if not dynamic:
         return tensors, dataclasses.replace(NO_FP8, kv_scales=kv), sources

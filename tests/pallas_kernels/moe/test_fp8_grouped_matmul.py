@@ -1,8 +1,8 @@
 """Weight-only FP8 grouped matmul: the kernel (interpret mode) against its dequantizing reference
 and a float64 loop over the groups of the dequantized weights, per tensor, per channel and in
 blocks (one that varies along K, cut short at the edges), odd expert counts (5, 7) with empty
-groups and rows in no group (0), non-power-of-two K and N, bf16 and fp32 rows; a bf16 output
-rounded once; the dispatched op; the refusals; the Triton lowering for CUDA (no GPU needed).
+groups and rows in no group (0), non-power-of-two K and N, bf16 and fp32 rows; the dispatched
+op; the refusals; the Triton lowering for CUDA (no GPU needed).
 """
 
 from __future__ import annotations
@@ -65,15 +65,6 @@ def test_matches_reference_and_oracle(num_rows, k, n, group_sizes, block, dtype)
     assert out.shape == (num_rows, n) and out.dtype == np.float32
     assert rel_err(out, want) <= 1e-6 and rel_err(ref, want) <= 1e-6  # exact products
     assert not np.any(out[sum(group_sizes) :]), "rows in no group must be 0"
-
-
-def test_bf16_output_is_the_fp32_result_rounded_once():
-    block = (32, 24)
-    args = make_case(np.random.default_rng(2), 19, 200, 72, [6, 0, 13], block, jnp.bfloat16)
-    run = functools.partial(fp8_grouped_matmul, *args, block=block, interpret=True)
-    exact = np.asarray(run(out_dtype=jnp.float32))
-    bf16 = np.asarray(run(out_dtype=jnp.bfloat16))
-    assert bf16.tobytes() == np.asarray(jnp.asarray(exact, jnp.bfloat16)).tobytes()
 
 
 def test_dispatched_op_runs_the_kernel_and_the_reference():

@@ -36,6 +36,7 @@ from runtime.device.placement import ParamSource, place_params
 from runtime.device.step_result import StepResult
 from runtime.launched_step import LaunchedProgram, LaunchedStep
 from runtime.observe.describe import describe_engine
+from runtime.observe.snapshot import EngineSnapshot
 from runtime.observe.step_record import StepRecord
 from runtime.observe.step_stats import StepStats, StepTimer
 from runtime.observe.view import EngineView
@@ -402,6 +403,15 @@ class Engine:
     @property
     def num_variants(self) -> int:
         return self.runner.num_variants
+
+    @property
+    def total_compile_seconds(self) -> float:
+        """Seconds compiling so far: the target's runner's and the drafter's."""
+        return self.runner.total_compile_seconds + self.drafter.total_compile_seconds
+
+    def snapshot(self) -> EngineSnapshot:
+        """What a server's metrics read, as one value (`EngineSnapshot`)."""
+        return EngineSnapshot.of(self)
 
     def __repr__(self) -> str:
         return describe_engine(self)

@@ -150,9 +150,17 @@ class LLM:
             options=rank_options,
         )
         self.model = None
-        self.checkpoint_seconds = 0.0  # read by the rank processes, beside each other
         info = group.info
+        self.checkpoint_seconds = info.checkpoint_seconds  # rank 0's; the others read beside it
         self.summary = ModelSummary(info.model_config.architecture, info.num_params, info.dtype)
+
+    @property
+    def setup_seconds(self) -> dict[str, float]:
+        """Where the engine's set-up went ("parameters" placed, "pools" made): this process's
+        runner's, or rank 0's with rank processes."""
+        if isinstance(self.engine, RankGroup):
+            return self.engine.info.setup_seconds
+        return self.engine.runner.setup_seconds
 
     @property
     def local_engine(self) -> Engine:

@@ -118,7 +118,7 @@ class EngineTarget:
         from runtime.serve.async_engine import AsyncEngine
 
         self.llm = llm
-        self.engine = AsyncEngine(llm.local_engine)
+        self.engine = AsyncEngine(llm.engine)
 
     def start(self) -> None:
         self.engine.start(asyncio.get_running_loop())
@@ -126,7 +126,7 @@ class EngineTarget:
     async def complete(self, prompt: str, max_tokens: int) -> Record:
         tokens = self.llm.tokenizer.encode(prompt).ids
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        self.llm.local_engine.check_request(tokens, params)
+        self.llm.engine.check_request(tokens, params)
         start = time.perf_counter()
         first, text, generated = None, "", 0
         _, deltas = self.engine.submit(tokens, params)
@@ -139,8 +139,7 @@ class EngineTarget:
         return Record(start, (first or end) - start, end - start, len(tokens), generated, text)
 
     async def compile_seconds(self) -> float:
-        engine = self.llm.local_engine
-        return engine.runner.total_compile_seconds + engine.drafter.total_compile_seconds
+        return self.llm.engine.total_compile_seconds
 
     async def close(self) -> None:
         self.engine.stop()

@@ -100,7 +100,7 @@ async def _target(args: argparse.Namespace):
         return http, int(models["data"][0]["max_model_len"])
     from runtime.llm import LLM  # loads jax: after the arguments are known to be good
 
-    llm = LLM(args.model, rank_processes=False, **engine_options(args))
+    llm = LLM(args.model, **engine_options(args))
     if llm.tokenizer is None:
         raise ValueError(f"{args.model!r} has no tokenizer: the bench sends text")
     engine = EngineTarget(llm)

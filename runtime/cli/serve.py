@@ -27,6 +27,9 @@ from runtime.cli.engine_options import (
 )
 from runtime.core.config import COMPILE_WORKERS
 
+# `runtime.serve.tool_parsers.TOOL_PARSERS`' names, known before the server's modules load
+TOOL_CALL_PARSERS = ("hermes", "none")
+
 if TYPE_CHECKING:  # loads jax: the command imports it only once the port is bound
     from runtime.llm import LLM
 
@@ -107,6 +110,13 @@ def _add_http_options(serve: argparse.ArgumentParser) -> None:
         "rank); a request past it gets a 503 with Retry-After",
     )
     http.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default="none",
+        help="how chat answers are read for tool calls: hermes (Qwen's <tool_call> JSON "
+        "blocks); none: tools are refused unless tool_choice is 'none'",
+    )
+    http.add_argument(
         "--shutdown-timeout",
         type=float,
         default=10.0,
@@ -138,6 +148,7 @@ def run(args: argparse.Namespace, started: float) -> int:
     listener = _listen(args.host, args.port)
     from runtime.serve.app import build_app  # loads jax: after the port is bound
     from runtime.serve.limits import Limits
+    from runtime.serve.tool_parsers import tool_parser
 
     name = args.served_model_name or args.model
     failures: list[BaseException] = []
@@ -149,6 +160,7 @@ def run(args: argparse.Namespace, started: float) -> int:
         limits=limits,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         on_failure=lambda error: _stop(server, failures, error),  # `server` is made next
+        tool_parser=tool_parser(args.tool_call_parser),
     )
     config = uvicorn.Config(
         app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout
@@ -190,8 +202,8 @@ def _load(args: argparse.Namespace, started: float) -> LLM:
 
     initialize_multi_host(args)
     begun = time.perf_counter()
-    llm = LLM(args.model, rank_processes=False, **engine_options(args))
-    setup = llm.local_engine.runner.setup_seconds
+    llm = LLM(args.model, **engine_options(args))
+    setup = llm.setup_seconds
     _say(
         f"{llm.name} loaded in {time.perf_counter() - started:.1f} s (start-up and imports "
         f"{begun - started:.1f} s, checkpoint {llm.checkpoint_seconds:.1f} s, parameters "
@@ -202,14 +214,14 @@ def _load(args: argparse.Namespace, started: float) -> LLM:
 
 def _compile(llm: LLM, warmup: bool | Literal["alone"], workers: int) -> None:
     start = time.perf_counter()
-    engine = llm.local_engine
-    possible = engine.buckets.num_programs(True, sampled=True)
+    engine = llm.engine
+    possible = engine.snapshot().programs_possible
     _say(f"{possible} step programs possible ({engine.config.bucket_table} bucket table)")
     engine.warmup(prefill=warmup, sampled=True, progress=True, workers=workers)
-    runner = engine.runner
+    now = engine.snapshot()
     _say(
-        f"ready, {runner.num_variants} step variants ({len(runner.load_seconds)} loaded from "
-        f"the step store, {len(runner.compile_seconds)} compiled) of {possible} possible, in "
+        f"ready, {now.num_variants} step variants ({now.num_loaded} loaded from the step "
+        f"store, {now.num_compiled} compiled) of {possible} possible, in "
         f"{time.perf_counter() - start:.1f} s"
     )
 

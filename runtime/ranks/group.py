@@ -18,11 +18,12 @@ import subprocess
 import weakref
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Literal
 
-from runtime.core.config import EngineConfig
+from runtime.core.config import COMPILE_WORKERS, EngineConfig
 from runtime.core.request_table import RequestTable
 from runtime.core.sampling_params import SamplingParams
+from runtime.observe.snapshot import EngineSnapshot
 from runtime.observe.step_stats import StepStats
 from runtime.outputs.request_output import RequestOutput, StreamDelta
 from runtime.ranks.launch import RankProcess, RankSpec, start_rank
@@ -34,11 +35,14 @@ from runtime.ranks.messages import (
     RankMessage,
     Ready,
     Refused,
+    Snapshot,
     StatsReply,
     StatsRequest,
     Stepped,
     Stop,
     Streaming,
+    WarmedUp,
+    Warmup,
 )
 
 WAIT_SECONDS = 0.005  # longest a step waits for a rank's message (then the caller's loop runs)
@@ -71,6 +75,8 @@ class RankGroup:
         self._refused: list[ValueError] = []
         self._stats: dict[int, StatsReply] = {}
         self._pending: list[RequestOutput | StreamDelta] = []  # read while waiting for stats
+        self._snapshots = {p.rank: info.snapshot for p in processes}  # the latest of each rank
+        self._warmed: set[int] = set()
         self._finalizer = weakref.finalize(self, _stop_all, processes)
 
     @classmethod
@@ -121,12 +127,15 @@ class RankGroup:
         self._send(rank, Add([request.request_id], [prompt], [seeded]))
         return request.request_id
 
-    def abort(self, request_id: str | int) -> None:
-        """Stop a request on its rank (which frees its blocks and slot); nothing if unknown."""
+    def abort(self, request_id: str | int) -> bool:
+        """Stop a request on its rank (which frees its blocks and slot); False if it is unknown
+        or finished."""
         rank = self.requests.local_rank(str(request_id))
-        if rank is not None:
-            self.requests.remove(str(request_id))
-            self._send(rank, Abort(str(request_id)))
+        if rank is None:
+            return False
+        self.requests.remove(str(request_id))
+        self._send(rank, Abort(str(request_id)))
+        return True
 
     def rank_of(self, request_id: str | int) -> int:
         return self.requests.rank_of(request_id)
@@ -182,6 +191,31 @@ class RankGroup:
             return self.info.num_programs
         return max(reply.num_variants for reply in self._stats.values())
 
+    def snapshot(self) -> EngineSnapshot:
+        """The ranks' latest snapshots as one (`EngineSnapshot.total`; safe from any thread)."""
+        return EngineSnapshot.total(list(self._snapshots.values()))
+
+    @property
+    def total_compile_seconds(self) -> float:
+        """Seconds compiling, as far as the ranks' latest snapshots say (the slowest rank's)."""
+        return self.snapshot().compile_seconds
+
+    def warmup(
+        self,
+        *,
+        prefill: bool | Literal["alone"] = False,
+        sampled: bool = False,
+        progress: bool = False,
+        workers: int = COMPILE_WORKERS,
+    ) -> None:
+        """`Engine.warmup` on every rank at once; returns when all are done. Their progress is
+        in `snapshot().warmup` meanwhile (`progress` bars are each rank's own)."""
+        self._warmed.clear()
+        for rank in self.ranks:
+            self._send(rank, Warmup(prefill, sampled, workers))
+        while len(self._warmed) < len(self.ranks):
+            self._pending += self._read()
+
     def _take_pending(self) -> list[RequestOutput | StreamDelta]:
         items, self._pending = self._pending, []
         return items
@@ -221,6 +255,11 @@ class RankGroup:
             self._refused.append(message.error)
         elif isinstance(message, StatsReply):
             self._stats[process.rank] = message
+        elif isinstance(message, Snapshot):
+            self._snapshots[process.rank] = message.snapshot
+        elif isinstance(message, WarmedUp):
+            self._snapshots[process.rank] = message.snapshot
+            self._warmed.add(process.rank)
         elif isinstance(message, Failed):
             self._fail(process, message.message)
         return []

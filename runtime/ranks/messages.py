@@ -1,15 +1,17 @@
 """What the front process and a rank process say to each other (pickled over a local
 `multiprocessing.connection`). Front to rank: `Add`, `Abort`, `Streaming`, `StatsRequest`,
-`Stop`; rank to front: `Ready`, `Stepped`, `Refused`, `StatsReply`, `Failed`."""
+`Warmup`, `Stop`; rank to front: `Ready`, `Stepped`, `Refused`, `StatsReply`, `Snapshot`,
+`WarmedUp`, `Failed`."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from jmamba.config import ModelConfig
 from runtime.core.config import EngineConfig
 from runtime.core.sampling_params import SamplingParams
+from runtime.observe.snapshot import EngineSnapshot
 from runtime.observe.step_stats import StepStats
 from runtime.outputs.request_output import RequestOutput, StreamDelta
 
@@ -41,23 +43,36 @@ class StatsRequest:
 
 
 @dataclasses.dataclass(frozen=True)
+class Warmup:
+    """Warm up as `Engine.warmup(prefill=, sampled=, workers=)`; the rank answers `WarmedUp`."""
+
+    prefill: bool | Literal["alone"]
+    sampled: bool
+    workers: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Stop:
     pass
 
 
-FrontMessage = Add | Abort | Streaming | StatsRequest | Stop
+FrontMessage = Add | Abort | Streaming | StatsRequest | Warmup | Stop
 
 
 @dataclasses.dataclass(frozen=True)
 class RankInfo:
     """What the front needs to know of a rank's engine: its resolved config (the same on every
-    rank), its model's, and for reprs the parameter count, dtype and compiled programs."""
+    rank), its model's; for reprs and start-up lines the parameter count, dtype, compiled
+    programs, its snapshot and where its loading time went."""
 
     config: EngineConfig
     model_config: ModelConfig
     num_params: int
     dtype: Any
     num_programs: int
+    snapshot: EngineSnapshot
+    checkpoint_seconds: float
+    setup_seconds: dict[str, float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +104,23 @@ class StatsReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The rank's engine now (`EngineSnapshot`): after steps, at most every SNAPSHOT_SECONDS,
+    and while it warms up."""
+
+    snapshot: EngineSnapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmedUp:
+    snapshot: EngineSnapshot
+
+
+@dataclasses.dataclass(frozen=True)
 class Failed:
     """The rank's engine failed (loading, or a step); the process exits after sending it."""
 
     message: str
 
 
-RankMessage = Ready | Stepped | Refused | StatsReply | Failed
+RankMessage = Ready | Stepped | Refused | StatsReply | Snapshot | WarmedUp | Failed

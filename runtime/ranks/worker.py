@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -25,14 +27,19 @@ from runtime.ranks.messages import (
     RankInfo,
     Ready,
     Refused,
+    Snapshot,
     StatsReply,
     StatsRequest,
     Stepped,
     Stop,
     Streaming,
+    WarmedUp,
+    Warmup,
 )
 
 log = logging.getLogger(__name__)
+
+SNAPSHOT_SECONDS = 0.25  # a busy rank sends its engine's snapshot at most this often
 
 
 class RankLoop:
@@ -40,18 +47,28 @@ class RankLoop:
 
     Messages are read between steps (all that wait, without blocking while there is work); with
     nothing to do the loop sleeps on the connection. A step's finished outputs (or, streaming,
-    its deltas) go back in one `Stepped`. A failing step sends `Failed` and ends the loop.
+    its deltas) go back in one `Stepped`, and the engine's `Snapshot` at most every
+    SNAPSHOT_SECONDS and whenever it goes idle. A failing step sends `Failed` and ends the loop.
     """
 
     def __init__(self, engine: Engine, conn: Connection) -> None:
         self.engine = engine
         self.conn = conn
         self.streaming = False
+        self._sent_snapshot = 0.0
+        self._sending = threading.Lock()  # the warm-up's progress thread sends too
 
     def run(self) -> None:
         while self._receive(block=not self.engine.has_unfinished):
             if self.engine.has_unfinished:
                 self._step()
+                self._send_snapshot(due=not self.engine.has_unfinished)
+
+    def _send_snapshot(self, due: bool = False) -> None:
+        now = time.perf_counter()
+        if due or now - self._sent_snapshot >= SNAPSHOT_SECONDS:
+            self.conn.send(Snapshot(self.engine.snapshot()))
+            self._sent_snapshot = now
 
     def _receive(self, block: bool) -> bool:
         """Handle every waiting message (wait for one if `block`); False on `Stop` or when the
@@ -70,12 +87,35 @@ class RankLoop:
     def _handle(self, message: FrontMessage) -> None:
         if isinstance(message, Add):
             self._add(message)
-        elif isinstance(message, Abort):
+        elif isinstance(message, Abort):  # its blocks and slot go back now: say so
             self.engine.abort(message.request_id)
+            self._send_snapshot(due=True)
         elif isinstance(message, Streaming):
             self.streaming = message.on
         elif isinstance(message, StatsRequest):
             self.conn.send(StatsReply(self.engine.stats, self.engine.num_variants))
+        elif isinstance(message, Warmup):
+            self._warm_up(message)
+
+    def _warm_up(self, message: Warmup) -> None:
+        """Warm up, sending snapshots (its progress) from a thread meanwhile; then `WarmedUp`."""
+        done = threading.Event()
+
+        def report() -> None:
+            while not done.wait(SNAPSHOT_SECONDS):
+                with self._sending:
+                    self.conn.send(Snapshot(self.engine.snapshot()))
+
+        reporter = threading.Thread(target=report, name="jmamba-warmup-progress", daemon=True)
+        reporter.start()
+        try:
+            self.engine.warmup(
+                prefill=message.prefill, sampled=message.sampled, workers=message.workers
+            )
+        finally:
+            done.set()
+            reporter.join()
+        self.conn.send(WarmedUp(self.engine.snapshot()))
 
     def _add(self, message: Add) -> None:
         for request_id, prompt, params in zip(
@@ -100,6 +140,9 @@ def rank_info(llm: LLM) -> RankInfo:
         num_params=llm.summary.num_params,
         dtype=llm.summary.dtype,
         num_programs=engine.num_variants,
+        snapshot=engine.snapshot(),
+        checkpoint_seconds=llm.checkpoint_seconds,
+        setup_seconds=engine.runner.setup_seconds,
     )
 
 

@@ -33,9 +33,10 @@ import queue
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Protocol
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.engine import Engine
+from runtime.observe.snapshot import EngineSnapshot
 from runtime.outputs.request_output import StreamDelta
 from runtime.serve.errors import ApiError, BadRequest, named_param
 
@@ -45,6 +46,35 @@ IDLE_WAIT_SECONDS = 0.5  # the thread's sleep between inbox checks when nothing 
 STOP_SECONDS = 3.0  # how long `stop` waits for the thread (a compile cannot be interrupted)
 
 Job = tuple[Sequence[int], SamplingParams]  # one choice: prompt token ids, sampling params
+
+
+class ServedEngine(Protocol):
+    """What the engine thread drives: an `Engine` in this process, or the `RankGroup` in front
+    of a process per data-parallel rank (`runtime.ranks`)."""
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | int | None = None,
+    ) -> str: ...
+
+    def abort(self, request_id: str | int) -> object:
+        """Something true when it stopped a live request."""
+        ...
+
+    @property
+    def has_unfinished(self) -> bool: ...
+
+    def step_deltas(self) -> list[StreamDelta]: ...
+
+    @property
+    def total_compile_seconds(self) -> float: ...
+
+    @property
+    def num_variants(self) -> int: ...
+
+    def snapshot(self) -> EngineSnapshot: ...
 
 
 class EngineError(ApiError, RuntimeError):
@@ -78,7 +108,8 @@ class AsyncEngine:
     """The engine thread and the per-request queues (see the module docstring).
 
     Attributes:
-      engine: the `Engine` (touch it only from the engine thread, or read plain counters).
+      engine: the `ServedEngine` (touch it only from the engine thread, or read its
+        `snapshot`).
       ready: set once the start-up work (compiling the step variants) is done: until then the
         server answers 503.
       step_seconds: wall time of the latest engine step (for metrics).
@@ -89,7 +120,7 @@ class AsyncEngine:
       failure: the exception of the start-up or step that retired the engine, or None.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ServedEngine) -> None:
         self.engine = engine
         self.step_seconds = 0.0
         self.compile_seconds = 0.0
@@ -246,7 +277,7 @@ class AsyncEngine:
 
     def _compiled_seconds(self) -> float:
         """Compile seconds summed over variants (the target's and the draft model's)."""
-        return self.engine.runner.total_compile_seconds + self.engine.drafter.total_compile_seconds
+        return self.engine.total_compile_seconds
 
     def _count_late_compile(self, seconds: float) -> None:
         """A step after start-up compiled (serially, in the step: its seconds are wall time)."""
@@ -268,7 +299,7 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if isinstance(message, _Abort):
-                if self.engine.abort(message.request_id) is not None:
+                if self.engine.abort(message.request_id):
                     self.num_aborted += 1
                 continue
             if isinstance(message, _AddAll):

@@ -35,23 +35,25 @@ class _EngineCollector(Collector):
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        engine = self.engine.engine
-        running = sum(len(s.running) for s in engine.schedulers)
-        waiting = sum(len(s.waiting) for s in engine.schedulers)
-        yield GaugeMetricFamily("jmamba_requests_running", "Requests being served.", running)
-        yield GaugeMetricFamily("jmamba_requests_waiting", "Requests queued.", waiting)
+        now = self.engine.engine.snapshot()
+        yield GaugeMetricFamily(
+            "jmamba_requests_running", "Requests being served.", now.num_running
+        )
+        yield GaugeMetricFamily("jmamba_requests_waiting", "Requests queued.", now.num_waiting)
         yield GaugeMetricFamily(
             "jmamba_step_seconds", "Wall time of the latest engine step.", self.engine.step_seconds
         )
-        blocks = sum(s.block_pool.num_used for s in engine.schedulers)
-        slots = sum(s.slot_pool.num_used for s in engine.schedulers)
         yield GaugeMetricFamily(
-            "jmamba_kv_blocks_used", "KV blocks held (by requests or the prefix cache).", blocks
+            "jmamba_kv_blocks_used",
+            "KV blocks held (by requests or the prefix cache).",
+            now.kv_blocks_used,
         )
         yield GaugeMetricFamily(
-            "jmamba_state_slots_used", "State slots held (by requests or the prefix cache).", slots
+            "jmamba_state_slots_used",
+            "State slots held (by requests or the prefix cache).",
+            now.state_slots_used,
         )
-        cache = engine.stats.prefix_cache
+        cache = now.prefix_cache
         if cache is not None:
             yield CounterMetricFamily(
                 "jmamba_prefix_cache_lookups", "Admissions looked up.", cache.lookups
@@ -64,13 +66,13 @@ class _EngineCollector(Collector):
                 "Share of looked-up prompt tokens a hit skipped.",
                 cache.token_hit_rate,
             )
-        spec = engine.stats.speculation
+        spec = now.speculation
         yield CounterMetricFamily("jmamba_spec_drafted", "Drafts verified.", spec.num_drafted)
         yield CounterMetricFamily("jmamba_spec_accepted", "Drafts accepted.", spec.num_accepted)
         yield CounterMetricFamily(
             "jmamba_spec_drafting_steps",
             "Engine steps that drafted (the draft gate's choice; the others ran without drafts).",
-            engine.stats.num_drafting_steps,
+            now.num_drafting_steps,
         )
 
 
@@ -87,20 +89,20 @@ class _ThreadCollector(Collector):
             "Wall seconds spent compiling step variants (the warm-up, then first uses).",
             engine.compile_seconds,
         )
-        runner = engine.engine.runner
+        now = engine.engine.snapshot()
         yield GaugeMetricFamily(
-            "jmamba_step_variants", "Step variants ready to run.", runner.num_variants
+            "jmamba_step_variants", "Step variants ready to run.", now.num_variants
         )
         yield GaugeMetricFamily(
             "jmamba_step_programs_possible",
             "Step programs a step can run without top-k / top-p, penalties, stop masks or "
             "log-probabilities (what --warmup all makes ready).",
-            engine.engine.buckets.num_programs(True, sampled=True),
+            now.programs_possible,
         )
         yield GaugeMetricFamily(
             "jmamba_step_variants_loaded",
             "Step variants loaded from the step store instead of compiled.",
-            len(runner.load_seconds),
+            now.num_loaded,
         )
         yield CounterMetricFamily(
             "jmamba_compiles_after_ready",

@@ -22,6 +22,7 @@ from runtime.serve.errors import Unavailable
 from runtime.serve.intake import Intake
 from runtime.serve.limits import Limits
 from runtime.serve.metrics import Metrics
+from runtime.serve.tool_parsers import NoToolParser, ToolParser
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,10 @@ class Startup:
         metrics: Metrics,
         model_name: str,
         on_failure: Callable[[BaseException], None] | None = None,
+        tool_parser: ToolParser | None = None,
     ) -> None:
         self._load, self._warmup, self._on_failure = load, warmup, on_failure
+        self.tool_parser = tool_parser or NoToolParser()
         self.limits, self.metrics, self.model_name = limits, metrics, model_name
         self.llm: LLM | None = None
         self.engine: AsyncEngine | None = None
@@ -105,7 +108,7 @@ class Startup:
         retry = {"Retry-After": str(STARTING_RETRY_SECONDS)}
         body: dict[str, Any] = {"status": "starting", "stage": stage}
         if self.llm is not None:
-            body["progress"] = self.llm.local_engine.runner.warmup_progress.snapshot()
+            body["progress"] = self.llm.engine.snapshot().warmup
         return 503, body, retry
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -117,9 +120,11 @@ class Startup:
             if self._on_failure is not None:
                 self._on_failure(error)
             return
-        engine = AsyncEngine(llm.local_engine)
+        engine = AsyncEngine(llm.engine)
         self.metrics.watch(engine)
-        self.intake = Intake(llm, engine, self.limits, self.metrics, self.model_name)
+        self.intake = Intake(
+            llm, engine, self.limits, self.metrics, self.model_name, self.tool_parser
+        )
         self.llm = llm
         warmup = self._warmup
         engine.start(loop, None if warmup is None else lambda: warmup(llm))

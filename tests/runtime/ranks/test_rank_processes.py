@@ -12,7 +12,6 @@ import signal
 import time
 from collections.abc import Iterator
 
-import jax
 import numpy as np
 import pytest
 
@@ -20,6 +19,7 @@ from runtime.core.sampling_params import SamplingParams
 from runtime.llm import LLM
 from runtime.ranks.group import RankFailure, RankGroup
 from runtime.ranks.launch import CPU_DEVICES_FLAG, rank_environment
+from tests.runtime.ranks.cache import shared_cache_env
 from tests.tiers import slow
 
 MODEL = "tiny-nemotron_h"  # attention and Mamba2 layers: KV blocks and state slots per rank
@@ -37,13 +37,9 @@ DEATH_SECONDS = 30  # how long a dead rank may take to fail the group
 
 @pytest.fixture(scope="module", autouse=True)
 def shared_compile_cache(tmp_path_factory):
-    """This process's persistent compilation cache for the rank processes too (they inherit
-    this environment)."""
+    """This process's compilation cache for the rank processes too (they inherit os.environ)."""
     saved = dict(os.environ)
-    cache = jax.config.jax_compilation_cache_dir or str(tmp_path_factory.mktemp("rank_cache"))
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    os.environ.update(shared_cache_env(tmp_path_factory.mktemp("rank_cache")))
     yield
     os.environ.clear()
     os.environ.update(saved)

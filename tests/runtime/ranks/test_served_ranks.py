@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import jax
 import openai
 import pytest
 
 from runtime import LLM, SamplingParams
+from tests.runtime.ranks.cache import shared_cache_env
 from tests.runtime.serve.live import LiveServer, ready_server
 from tests.runtime.serve.test_serve import metrics
 
@@ -37,12 +37,7 @@ def llm() -> LLM:
 @pytest.fixture(scope="module")
 def server(llm, tmp_path_factory) -> Iterator[LiveServer]:
     """A live server over two rank processes, sharing this process's compilation cache."""
-    cache = jax.config.jax_compilation_cache_dir or str(tmp_path_factory.mktemp("cache"))
-    env = {
-        "JAX_COMPILATION_CACHE_DIR": cache,
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
+    env = shared_cache_env(tmp_path_factory.mktemp("cache"))
     argv = [*OPTIONS, "--model", MODEL, "--data-parallel-size", "2", "--warmup", "decode"]
     with ready_server(argv, env) as live:
         yield live

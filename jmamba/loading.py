@@ -12,7 +12,7 @@ from flax import nnx
 from jmamba import presets
 from jmamba.checkpoints import hub
 from jmamba.checkpoints.families.registry import load_hf_config
-from jmamba.checkpoints.quantization.kv_scales import with_checkpoint_kv_scales
+from jmamba.checkpoints.quantization.fp8_params import with_checkpoint_quantization
 from jmamba.checkpoints.weights import (
     QUANTIZATIONS,
     cast,
@@ -79,8 +79,10 @@ def load_model_shapes(model_dir: Path, dtype: str = "auto") -> tuple[HybridLM, A
     """(the checkpoint's `HybridLM` as shapes only, in `dtype` as `load_model` resolves it; its
     tokenizer or None): for a runner that reads the parameters shard by shard
     (`runtime.device.placement.CheckpointShards`), so they never sit whole in host memory. Its
-    config holds the checkpoint's KV-cache scales (`Fp8Plan.kv_scales`)."""
-    cfg = with_checkpoint_kv_scales(load_hf_config(model_dir), model_dir)
+    config holds the FP8 plan of that reader (`with_checkpoint_quantization`: the dense FP8
+    projections kept in e4m3 where the shards' split keeps their scale blocks whole) and the
+    checkpoint's KV-cache scales."""
+    cfg = with_checkpoint_quantization(load_hf_config(model_dir), model_dir)
     resolved = resolve_dtype(dtype, model_dir)
     shapes = nnx.eval_shape(lambda: cast(HybridLM(cfg, rngs=nnx.Rngs(0)), resolved))
     return shapes, load_tokenizer(model_dir)

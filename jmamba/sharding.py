@@ -7,7 +7,10 @@ channels and experts (the per-kind functions next to each layer: `attention_shar
 `param_rules(cfg)` gives, for every parameter path of `HybridLM(cfg)`, how its whole value splits
 into the shards' values (`jmamba.parallel.rules`), gathered from the per-kind rule tables
 (`attention_tp_rules`, ...); `shard_values` applies them on the host, so a loader can place each
-shard on its own device without the whole model ever sitting on one.
+shard on its own device without the whole model ever sitting on one. An FP8 plan's kernels split
+with their scales (`jmamba.parallel.fp8_shards`): a shard config's plan keeps the layers whose
+scale blocks the split keeps whole, and `shard_values` dequantizes the others (and FP8 expert
+stacks) in the model's dtype.
 
 docs/architecture.md ("Tensor parallelism") has the table of every layer kind's rules.
 """
@@ -17,15 +20,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+import jax.numpy as jnp
 import numpy as np
 
 from jmamba.config import Ffn, Mixer, ModelConfig
+from jmamba.layers.fp8_experts import EXPERT_STACKS, dequantized_experts
+from jmamba.layers.fp8_linear import dequantized_kernel
 from jmamba.layers.mlp import mlp_tp_rules
 from jmamba.layers.moe import moe_tp_rules
 from jmamba.mixers.attention import attention_shard, attention_tp_rules
 from jmamba.mixers.gated_deltanet import gdn_shard, gdn_tp_rules
 from jmamba.mixers.mamba2 import mamba2_shard, mamba2_tp_rules
 from jmamba.mixers.parallel_hybrid import parallel_hybrid_tp_rules
+from jmamba.parallel.fp8_shards import scale_rules, shard_plan
 from jmamba.parallel.rules import REPLICATED, Segment, ShardError, ShardRule, split
 
 Path_ = tuple[str | int, ...]
@@ -86,8 +93,18 @@ def _local_config(cfg: ModelConfig, shards: int) -> ModelConfig:
         Segment("moe.num_experts", moe.num_experts).local_units(shards)  # the module splits them
         shared = Segment("moe.shared_intermediate_size", moe.shared_intermediate_size)
         moe = dataclasses.replace(moe, shared_intermediate_size=shared.local_units(shards))
+    quantization = cfg.quantization
+    if quantization.layers or quantization.experts:
+        quantization = shard_plan(quantization, _split_rules(cfg), shards)
     return dataclasses.replace(
-        cfg, num_shards=shards, attention=attention, mamba2=mamba2, gdn=gdn, mlp=mlp, moe=moe
+        cfg,
+        num_shards=shards,
+        attention=attention,
+        mamba2=mamba2,
+        gdn=gdn,
+        mlp=mlp,
+        moe=moe,
+        quantization=quantization,
     )
 
 
@@ -121,8 +138,16 @@ def _ffn_rules(kind: Ffn, cfg: ModelConfig) -> dict[tuple[str, ...], ShardRule]:
     return {}
 
 
-def param_rules(cfg: ModelConfig) -> dict[Path_, ShardRule]:
-    """Every parameter path of `HybridLM(cfg)` (a whole model) -> how it splits over tp."""
+def param_rules(cfg: ModelConfig, shards: int = 1) -> dict[Path_, ShardRule]:
+    """Every parameter path of `HybridLM(cfg)` (a whole model) -> how it splits over tp; with
+    the scales of the FP8 kernels that stay FP8 over `shards` shards
+    (`jmamba.parallel.fp8_shards`)."""
+    rules = _split_rules(cfg)
+    return rules | scale_rules(cfg.quantization, rules, shards)
+
+
+def _split_rules(cfg: ModelConfig) -> dict[Path_, ShardRule]:
+    """`param_rules` but the FP8 scales'."""
     rules: dict[Path_, ShardRule] = {
         ("embed",): split(0, _vocab(cfg)),
         ("final_norm", "weight"): REPLICATED,
@@ -158,11 +183,40 @@ def shard_values(
 ) -> Iterator[tuple[Path_, list[np.ndarray]]]:
     """For each (path, whole value) of `params` (host arrays of a whole model of `cfg`), the
     path and its `shards` shard values, in shard order (one parameter at a time)."""
-    shard_config(cfg, shards)  # a clear error before any slicing
+    local = shard_config(cfg, shards)  # a clear error before any slicing
     if shards == 1:  # the whole model is its one shard (also of kinds without rules)
         yield from ((path, [np.asarray(value)]) for path, value in params.items())
         return
-    rules = param_rules(cfg)
-    for path, value in params.items():
+    rules = param_rules(cfg, shards)
+    values = dequantized_for_shards(cfg, local, params)
+    for path, value in values.items():
         rule = rules[path]
         yield path, [rule.take(np.asarray(value), t, shards) for t in range(shards)]
+
+
+def dequantized_for_shards(
+    cfg: ModelConfig, local: ModelConfig, params: dict[Path_, np.ndarray]
+) -> dict[Path_, np.ndarray]:
+    """`params` (of a whole model of `cfg`) with the FP8 kernels and stacks the shard config
+    `local` dequantizes (`jmamba.parallel.fp8_shards.shard_plan`) in the model's dtype, their
+    scales left out."""
+    kept = set(local.quantization.layers)
+    blocks = {(*p, "kernel"): ((*p, "scale"), b) for p, b in cfg.quantization.layers}
+    blocks = {k: v for k, v in blocks.items() if (k[:-1], v[1]) not in kept}
+    for moe, block in cfg.quantization.experts:
+        stacks = [(*moe, s) for s in EXPERT_STACKS if (*moe, s) in params]
+        blocks |= {stack: ((*stack[:-1], f"{stack[-1]}_scale"), block) for stack in stacks}
+    if not blocks:
+        return params
+    dtype = np.asarray(params[("embed",)]).dtype  # the model's (`HybridLM.dtype`)
+    scales = {scale for scale, _ in blocks.values()}
+    out = {}
+    for path, value in params.items():
+        if path in blocks:
+            scale, block = blocks[path]
+            dequantize = dequantized_kernel if np.ndim(value) == 2 else dequantized_experts
+            exact = dequantize(jnp.asarray(value), jnp.asarray(params[scale]), block)
+            value = np.asarray(exact).astype(dtype)
+        if path not in scales:
+            out[path] = value
+    return out

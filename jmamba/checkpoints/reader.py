@@ -6,7 +6,8 @@ Packed expert tensors (`<p>.experts.gate_up_proj` [E, 2I, H], `<p>.experts.down_
 `jmamba.checkpoints.skipped_tensors.unpack_experts`) are read under the per-expert names the name
 map expects: expert e's gate is rows [0, I) of packed[e], so a slice of it is a slice of the file.
 FP8 weights (`jmamba.checkpoints.quantization`) are read dequantized to fp32, a slice with the
-scales of its blocks, and their scale tensors are no names of the reader.
+scales of its blocks, and their scale tensors are no names of the reader, but for the weights
+`keep_stored` names: those are read as stored (e4m3 entries), beside their scale tensors.
 `elements_read` counts what was read, for tests that check a loader read slices only.
 """
 
@@ -22,7 +23,7 @@ from safetensors import safe_open
 
 from jmamba.checkpoints.files import Float8Entry, float8_tensors, read_float8, safetensors_files
 from jmamba.checkpoints.quantization.dequantization import dequantize, scale_grid
-from jmamba.checkpoints.quantization.quantized_tensors import find_quantized
+from jmamba.checkpoints.quantization.quantized_tensors import QuantizedTensors, find_quantized
 from jmamba.checkpoints.quantization.registry import load_scheme
 from jmamba.checkpoints.skipped_tensors import PACKED_EXPERTS
 
@@ -61,6 +62,7 @@ class TensorReader:
                 self._add(name, _Entry(path, name, self._shapes[name]))
         float8 = {name: entry[0] for name, entry in self._float8.items()}
         self._quantized = find_quantized(load_scheme(model_dir), self._shapes, float8)
+        self._stored: set[str] = set()  # FP8 weights read as stored, and their scales
 
     def __enter__(self) -> TensorReader:
         return self
@@ -68,9 +70,25 @@ class TensorReader:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
+    @property
+    def quantized(self) -> QuantizedTensors:
+        """The checkpoint's FP8 weights and the tensors their scheme consumes."""
+        return self._quantized
+
+    @property
+    def stored_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every tensor as stored (packed experts packed, scales among them)."""
+        return dict(self._shapes)
+
+    def keep_stored(self, weights: set[str]) -> None:
+        """Read the FP8 `weights` (stored names, one tensor each) as stored, e4m3 entries, and
+        make their scale tensors names of the reader."""
+        self._stored |= {n for w in weights for n in (w, self._quantized.scales[w])}
+
     def names(self) -> set[str]:
-        """Every tensor name, packed experts under their per-expert names, scales left out."""
-        return set(self._entries) - self._quantized.consumed
+        """Every tensor name, packed experts under their per-expert names, scales left out (but
+        those of `keep_stored`)."""
+        return set(self._entries) - (self._quantized.consumed - self._stored)
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name].shape
@@ -93,6 +111,8 @@ class TensorReader:
         if entry.stored not in self._float8:
             return self._files[entry.path].get_slice(entry.stored)[index]
         entries = read_float8(entry.path, *self._float8[entry.stored], index)
+        if entry.stored in self._stored:
+            return entries
         block = self._quantized.scheme.block
         return dequantize(entries, self._grid(entry.stored), block, index)
 

@@ -10,6 +10,11 @@ the parameter's dtype. Transposes, dropped unit axes, elementwise maps and scala
 slicing, so the shards are bit for bit those of the whole model sliced on the host
 (`jmamba.sharding.shard_values`).
 
+An FP8 checkpoint's dense projections come as e4m3 kernels and fp32 scales, each shard's slice
+of both read as stored, where the shard model keeps them in FP8 (`with_checkpoint_quantization`,
+`jmamba.parallel.fp8_shards`: the split keeps every scale block whole); its other FP8 weights
+are read dequantized, as slices with the scales of their blocks (`jmamba.checkpoints.reader`).
+
 Read whole and sliced after (what `Source.read_axis = None` marks): Qwen3-Next's interleaved
 q|k|v|z and b|a projections and the other Gated DeltaNet in_proj concatenations (their slices cut
 across tensors), Mamba2 in_proj with per-segment multipliers folded in (Falcon-H1: a per-column
@@ -28,10 +33,15 @@ from flax import nnx
 
 from jmamba.checkpoints.families.registry import load_hf_config
 from jmamba.checkpoints.name_map import tensor_sources
+from jmamba.checkpoints.quantization.fp8_params import (
+    checkpoint_sources,
+    with_checkpoint_quantization,
+)
 from jmamba.checkpoints.reader import TensorReader
 from jmamba.checkpoints.skipped_tensors import skipped_tensors
 from jmamba.checkpoints.source import Path_, Source, param_path
 from jmamba.checkpoints.weights import check_tensor_names, param_dtype, resolve_dtype
+from jmamba.config import ModelConfig
 from jmamba.model import HybridLM
 from jmamba.parallel.rules import REPLICATED, ShardRule
 from jmamba.sharding import param_rules, shard_config
@@ -53,15 +63,16 @@ def read_shards(
     `with_head` (`HybridLM.without_head`: the head's tensors are skipped). ValueError on missing
     or unexpected tensors, before any is read."""
     model_dir = Path(model_dir)
-    cfg = load_hf_config(model_dir)
+    cfg = with_checkpoint_quantization(load_hf_config(model_dir), model_dir)
     if not with_head:
         cfg = dataclasses.replace(cfg, mtp_mixers=(), mtp_ffns=())
-    shard_config(cfg, shards)  # a clear error before anything is read
+    local = shard_config(cfg, shards)  # a clear error before anything is read
     dtype = resolve_dtype(dtype, model_dir)
-    sources = tensor_sources(cfg)
-    whole = nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0)))
-    rules = param_rules(cfg) if shards > 1 else {}
+    whole_cfg = dataclasses.replace(cfg, quantization=local.quantization)  # the shards' FP8
+    whole = nnx.eval_shape(lambda: HybridLM(whole_cfg, rngs=nnx.Rngs(0)))
+    rules = param_rules(cfg, shards) if shards > 1 else {}
     with reader(model_dir) as tensors:
+        sources = _sources(whole_cfg, tensors)
         skipped = {
             n
             for names in skipped_tensors(
@@ -76,6 +87,17 @@ def read_shards(
             shape = variable.get_value().shape
             rule = rules.get(path, REPLICATED)
             yield path, _shard_values(tensors, sources[path], rule, shape, shards, target)
+
+
+def _sources(cfg: ModelConfig, tensors: TensorReader) -> dict[Path_, Source]:
+    """The name map's sources, the FP8 layers of `cfg`'s plan read as stored (`tensors`
+    told so: `TensorReader.keep_stored`) into their e4m3 kernels and scales."""
+    sources = tensor_sources(cfg)
+    plan = cfg.quantization
+    weights = {sources[(*layer, "kernel")].weight for layer, _ in plan.layers}
+    tensors.keep_stored({w for w in weights if w is not None})
+    planned = checkpoint_sources(plan, sources, tensors.quantized, tensors.stored_shapes)
+    return sources | planned
 
 
 def _shard_values(

@@ -1,6 +1,8 @@
 """FP8 weights kept in e4m3 at load: the model's `Fp8Plan` and the name map's `Source`s that build
-each planned layer's kernel and scale (`load_pretrained`, one whole model: a tensor-parallel load
-reads every FP8 weight dequantized, `jmamba.checkpoints.reader`).
+each planned layer's kernel and scale, for `load_pretrained` (one whole model) and for the loader
+that reads one tensor-parallel shard at a time (`with_checkpoint_quantization`,
+`jmamba.checkpoints.shards`: its dense layers stay e4m3 where the split keeps their scale blocks
+whole, `jmamba.parallel.fp8_shards`; its expert stacks are read dequantized).
 
 A layer is planned when it is a dense `Linear` (not the LM head, which the model reads as a
 matrix, nor an fp32 router) whose parameter is one checkpoint weight transposed and nothing else
@@ -17,33 +19,40 @@ also carries the attention layers' KV-cache scales where the checkpoint declares
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from jmamba.checkpoints.name_map import tensor_sources
 from jmamba.checkpoints.quantization.dequantization import grid_shape
 from jmamba.checkpoints.quantization.fp8_experts import (
     expert_plan,
     expert_scale_sources,
+    expert_stacks,
     expert_tensors,
     fp8_weight_names,
 )
-from jmamba.checkpoints.quantization.kv_scales import kv_scales
+from jmamba.checkpoints.quantization.kv_scales import kv_scales, read_kv_scales
 from jmamba.checkpoints.quantization.quantized_tensors import (
     QuantizedTensors,
     dequantized,
     find_quantized,
     float8_dtypes,
 )
+from jmamba.checkpoints.quantization.registry import load_scheme
 from jmamba.checkpoints.quantization.scheme import Fp8Scheme
-from jmamba.checkpoints.source import Source, param_path
+from jmamba.checkpoints.reader import TensorReader
+from jmamba.checkpoints.source import Source, param_path, swapped_axis
 from jmamba.config import ModelConfig
 from jmamba.fp8_plan import NO_FP8, Block, Fp8Plan, Path_
 from jmamba.layers.fp8_experts import EXPERT_STACKS
 from jmamba.layers.linear import Linear
 from jmamba.model import HybridLM
+from jmamba.parallel.fp8_shards import EXPERTS_REASON
 
 Tensors = dict[str, np.ndarray]
 Sources = dict[Path_, Source]
@@ -121,23 +130,59 @@ def _not_written(_: np.ndarray) -> tuple[np.ndarray, ...]:
     raise ValueError("a model holding FP8 kernels is not written back as a checkpoint")
 
 
-def _checkpoint_sources(
+def _scale_grid(scale: np.ndarray, grid: tuple[int, ...] | None) -> np.ndarray:
+    """A stored scale as ours, [G_in, G_out] fp32: transposed (reshaped to the weight's `grid`
+    first unless None: stored as the grid, or a slice of it)."""
+    scale = np.asarray(scale, np.float32)
+    return (scale if grid is None else scale.reshape(grid)).T
+
+
+def checkpoint_sources(
     plan: Fp8Plan, sources: Sources, found: QuantizedTensors, shapes: Mapping[str, tuple]
 ) -> Sources:
-    """Each planned layer's e4m3 kernel (its weight transposed) and fp32 scale grid."""
+    """Each planned layer's e4m3 kernel (its weight transposed) and fp32 scale grid, each read
+    as slices where a shard reader splits it (a scale stored as its [G_out, G_in] grid)."""
     out: Sources = {}
     block = found.scheme.block
     for layer, _ in plan.layers:
         weight = sources[(*layer, "kernel")].weight
         assert weight is not None  # planned layers are one weight each
-        grid = grid_shape(shapes[weight], block)
-        out[(*layer, "kernel")] = Source((weight,), lambda t: np.asarray(t).T, _not_written)
+        grid, scale = grid_shape(shapes[weight], block), found.scales[weight]
+        out[(*layer, "kernel")] = Source(
+            (weight,), lambda t: np.asarray(t).T, _not_written, read_axis=swapped_axis
+        )
+        as_grid = tuple(shapes[scale]) == grid  # else [out], [out, 1], [1] or a scalar
         out[(*layer, "scale")] = Source(
-            (found.scales[weight],),
-            lambda s, grid=grid: np.asarray(s, np.float32).reshape(grid).T,
+            (scale,),
+            functools.partial(_scale_grid, grid=None if as_grid else grid),
             _not_written,
+            read_axis=swapped_axis if as_grid else None,  # slice for slice as stored
         )
     return out
+
+
+def shard_reader_plan(cfg: ModelConfig, tensors: TensorReader) -> Fp8Plan:
+    """The plan of a loader that reads the checkpoint shard by shard (`jmamba.checkpoints.
+    shards`), from the files' headers alone: `checkpoint_plan`'s dense layers, its expert stacks
+    dequantized (`EXPERTS_REASON`)."""
+    found = tensors.quantized
+    if not found.scales:
+        return NO_FP8
+    sources = tensor_sources(cfg)
+    plan = checkpoint_plan(cfg, sources, found, tensors.stored_shapes)
+    stacks = expert_stacks(sources)
+    dropped = tuple(((*moe, s), EXPERTS_REASON) for moe, _ in plan.experts for s in stacks[moe])
+    return dataclasses.replace(plan, experts=(), dequantized=(*plan.dequantized, *dropped))
+
+
+def with_checkpoint_quantization(cfg: ModelConfig, model_dir: str | Path) -> ModelConfig:
+    """`cfg` (the checkpoint's in `model_dir`) with the plan of a loader that reads it shard by
+    shard (`shard_reader_plan`) and its KV-cache scales, read from the headers and the scale
+    tensors alone."""
+    with TensorReader(model_dir) as tensors:
+        plan = shard_reader_plan(cfg, tensors)
+    kv = read_kv_scales(model_dir, load_scheme(model_dir), tensor_sources(cfg))
+    return dataclasses.replace(cfg, quantization=dataclasses.replace(plan, kv_scales=kv))
 
 
 def _dynamic_sources(plan: Fp8Plan, sources: Sources) -> Sources:
@@ -173,7 +218,7 @@ def fp8_load(
         rest = dequantized(scheme, {n: t for n, t in tensors.items() if n not in skipped})
         rest.update({name: tensors[name] for name in kept} | stacks)
         planned = {
-            **_checkpoint_sources(plan, sources, found, shapes),
+            **checkpoint_sources(plan, sources, found, shapes),
             **expert_scale_sources(scheme, plan.experts, sources, stacks),
         }
         return rest, plan, {**sources, **planned}

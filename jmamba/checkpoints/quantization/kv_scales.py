@@ -20,7 +20,6 @@ As vLLM does, a layer with only one of the two uses it for both, and a layer wit
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -30,11 +29,8 @@ import numpy as np
 from safetensors import safe_open
 
 from jmamba.checkpoints.files import safetensors_files
-from jmamba.checkpoints.name_map import tensor_sources
-from jmamba.checkpoints.quantization.registry import load_scheme
 from jmamba.checkpoints.quantization.scheme import Fp8Scheme
 from jmamba.checkpoints.source import Source
-from jmamba.config import ModelConfig
 from jmamba.fp8_plan import KvScales, Path_
 
 # Per cache ("k", "v"): the names of its scale under an attention module, in the order read.
@@ -103,14 +99,6 @@ def kv_scales(
         if scales is not None:
             out.append((path, *scales))
     return tuple(out)
-
-
-def with_checkpoint_kv_scales(cfg: ModelConfig, model_dir: str | Path) -> ModelConfig:
-    """`cfg` (the checkpoint's in `model_dir`) with its plan holding the checkpoint's KV-cache
-    scales, read alone: for a loader that reads the other tensors shard by shard."""
-    kv = read_kv_scales(model_dir, load_scheme(model_dir), tensor_sources(cfg))
-    plan = dataclasses.replace(cfg.quantization, kv_scales=kv)
-    return dataclasses.replace(cfg, quantization=plan)
 
 
 def read_kv_scales(

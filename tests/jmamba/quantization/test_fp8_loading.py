@@ -22,7 +22,7 @@ from jmamba.checkpoints.shards import read_shards
 from jmamba.checkpoints.weights import load_pretrained
 from jmamba.model import HybridLM
 from jmamba.step.prefill import prefill_inputs
-from tests.jmamba.quantization.fp8_model import dequantized_params
+from tests.jmamba.quantization.fp8_model import dequantized_params, dequantized_shards
 from tests.jmamba.quantization.fp8_writer import (
     FIXTURES,
     Format,
@@ -107,10 +107,11 @@ def test_bfloat16_load_casts_the_dequantized_weights(pairs, case):
     ],
 )
 def test_shards_are_read_dequantized(pairs, case):
-    """Two shards read slice by slice (FP8 slices with the scales of their blocks) equal the
-    reference checkpoint's shards."""
+    """Two shards read slice by slice (FP8 slices with the scales of their blocks, or e4m3
+    kernels with their scales' slices, dequantized here) equal the reference checkpoint's
+    shards."""
     fp8, reference = pairs[case]
-    ours, theirs = dict(read_shards(fp8, 2)), dict(read_shards(reference, 2))
+    ours, theirs = dequantized_shards(fp8, 2), dict(read_shards(reference, 2))
     assert ours.keys() == theirs.keys()
     bad = [p for p in ours if not all(map(np.array_equal, ours[p], theirs[p]))]
     assert bad == []

@@ -35,7 +35,9 @@ def blocks(language: str) -> list[str]:
 
 
 def talks_to_server(block: str) -> bool:
-    return "openai.OpenAI(" in block or "curl " in block or "jmamba serve" in block
+    """A block for the README's server: it makes the client, or uses the one made before."""
+    uses_client = "openai.OpenAI(" in block or "client." in block
+    return uses_client or "curl " in block or "jmamba serve" in block
 
 
 def shell_commands() -> list[str]:
@@ -127,12 +129,15 @@ def test_readme_server_blocks_answer():
             (curl,) = [c for c in shell_commands() if c.startswith("curl ")]
             answer = json.loads(run_shell(curl, port))
             assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 16
-            (client,) = [b for b in blocks("python") if talks_to_server(b)]
-            client = client.replace(f":{README_PORT}/", f":{port}/")
             namespace: dict = {}
-            exec(compile(client, "README.md client block", "exec"), namespace)
+            for number, block in enumerate(b for b in blocks("python") if talks_to_server(b)):
+                block = block.replace(f":{README_PORT}/", f":{port}/")
+                exec(compile(block, f"README.md client block {number}", "exec"), namespace)
             namespace["client"].close()  # its pooled socket, else a ResourceWarning at some gc
             assert namespace["answer"].choices[0].message.content is not None
+            assert re.fullmatch(r"[a-z]{3,8}@example\.com", namespace["mail"].choices[0].text)
+            assert namespace["called"].choices[0].finish_reason == "tool_calls"
+            assert namespace["call"].function.name == "get_weather"
         finally:
             server.terminate()
             server.wait(timeout=30)

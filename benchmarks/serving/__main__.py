@@ -8,6 +8,7 @@ from benchmarks.harness.suite import run_suite
 BENCHES = (
     "serve",
     "prefix_cache",
+    "structured_masks",
 )
 
 if __name__ == "__main__":

@@ -38,12 +38,20 @@ class ChatTemplate:
             raise ValueError(f"the chat template does not parse: {error}") from None
         self.bos_token, self.eos_token = bos_token, eos_token
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         """The prompt text of `messages`, ending with the assistant's turn opened (unless
-        `add_generation_prompt` is False). ValueError when the template refuses them."""
+        `add_generation_prompt` is False); `tools` (OpenAI's function specs) go to the template
+        as `tools`, as Qwen's and Nemotron's templates read them. ValueError when the template
+        refuses them."""
         try:
             return self._template.render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,

@@ -29,6 +29,7 @@ from runtime.serve.metrics import CONTENT_TYPE, CountRejections, Metrics
 from runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.serve.startup import Startup
 from runtime.serve.streams import Completion
+from runtime.serve.tool_parsers import ToolParser
 
 DISCONNECT_POLL_SECONDS = 0.25  # how often a whole (unstreamed) response checks its client
 
@@ -41,13 +42,17 @@ def build_app(
     limits: Limits | None = None,
     api_key: str | None = None,
     on_failure: Callable[[BaseException], None] | None = None,
+    tool_parser: ToolParser | None = None,
 ) -> FastAPI:
     """The app serving `model` (an `LLM`, or a function that loads one: it runs in a thread once
     the server starts) as `model_name`; `warmup` runs on the engine thread before the server
-    reports ready; `api_key` guards the `/v1` routes; `on_failure` hears of a failed load."""
+    reports ready; `api_key` guards the `/v1` routes; `on_failure` hears of a failed load;
+    `tool_parser` reads chat answers for tool calls (None: none, `NoToolParser`)."""
     load = model if callable(model) else lambda: model
     metrics = Metrics()
-    startup = Startup(load, warmup, limits or Limits(), metrics, model_name, on_failure)
+    startup = Startup(
+        load, warmup, limits or Limits(), metrics, model_name, on_failure, tool_parser
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -2,8 +2,9 @@
 
 A request's choices are counted against the limits first (`limits.py`: prompts x n, then room in
 the queue), on the event loop, where that costs nothing. What can take long runs in a worker
-thread: rendering the chat template, and tokenizing (through `encode_batch`, which releases the
-GIL while it works: `encode` holds it, and a 5 MB prompt would stall every client for seconds).
+thread: rendering the chat template (with the tools a chat request offers), and tokenizing
+(through `encode_batch`, which releases the GIL while it works: `encode` holds it, and a 5 MB
+prompt would stall every client for seconds).
 Then the choices go to the engine thread, whose `Engine.add_request` is the one check a request
 meets (`AsyncEngine.add`: all or none). No handler reaches into the engine.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from runtime.core.sampling_params import SamplingParams
-from runtime.llm import LLM, Conversation
+from runtime.llm import LLM
 from runtime.serve.async_engine import AsyncEngine, Job
 from runtime.serve.errors import BadRequest
 from runtime.serve.limits import Limits, check_prompt_tokens
@@ -27,6 +28,7 @@ from runtime.serve.metrics import Metrics
 from runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.serve.responses import Decoder
 from runtime.serve.streams import Completion
+from runtime.serve.tool_parsers import NoToolParser, ToolParser
 
 WORKERS = 4  # threads that render and tokenize; tokenizing runs without the GIL
 
@@ -35,9 +37,17 @@ class Intake:
     """Turns checked bodies into requests in flight for one model (see the module docstring)."""
 
     def __init__(
-        self, llm: LLM, engine: AsyncEngine, limits: Limits, metrics: Metrics, model_name: str
+        self,
+        llm: LLM,
+        engine: AsyncEngine,
+        limits: Limits,
+        metrics: Metrics,
+        model_name: str,
+        tool_parser: ToolParser | None = None,
     ) -> None:
+        """`tool_parser` reads chat answers for tool calls (None: `NoToolParser`)."""
         self.llm, self.engine, self.limits = llm, engine, limits
+        self.tool_parser = tool_parser or NoToolParser()
         self.metrics, self.model_name = metrics, model_name
         self.max_model_len = llm.engine.config.max_model_len
         # the most requests the engine steps at once, over its data-parallel ranks
@@ -54,20 +64,21 @@ class Intake:
         prompts = body.prompts()
         with self._admitted(len(prompts), body.n):
             ids = await self._off_loop(self._encode_all, prompts)
-            params = body.sampling_params(body.answer_tokens, body.logprobs)
+            params = body.sampling_params(body.answer_tokens, body.logprobs, body.structured())
             return await self._start("cmpl", ids, params, body.n, body.include_usage)
 
     async def chat(self, body: ChatCompletionRequest) -> Completion:
         """`/v1/chat/completions`: the rendered conversation's n choices, started."""
-        conversation = body.conversation()
-        logprobs = body.logprobs_k
+        logprobs, structured = body.logprobs_k, body.constraint(self.tool_parser)
+        parser = self.tool_parser if body.calls_tools() else NoToolParser()
         with self._admitted(1, body.n):
-            prompt = await self._off_loop(self._render, conversation)
+            prompt = await self._off_loop(self._render, body)
             answer = body.answer_tokens
             if answer is None:  # the room the context leaves (the engine refuses no room)
                 answer = max(self.max_model_len - len(prompt), 1)
-            params = body.sampling_params(answer, logprobs)
-            return await self._start("chatcmpl", [prompt], params, body.n, body.include_usage)
+            params = body.sampling_params(answer, logprobs, structured)
+            usage = body.include_usage
+            return await self._start("chatcmpl", [prompt], params, body.n, usage, parser)
 
     def close(self) -> None:
         """Let the worker threads go (a render or tokenization under way finishes alone)."""
@@ -93,9 +104,12 @@ class Intake:
         """(worker thread) Each prompt as token ids."""
         return [self._encode(prompt, "prompt") for prompt in prompts]
 
-    def _render(self, conversation: Conversation) -> list[int]:
-        """(worker thread) The conversation through the chat template, as token ids."""
-        return self._encode(self.llm.render_chat(conversation), "messages")
+    def _render(self, body: ChatCompletionRequest) -> list[int]:
+        """(worker thread) The conversation and its tools through the chat template, as token
+        ids."""
+        template = self.llm.require_chat_template()
+        text = template.render(body.conversation(), add_generation_prompt=True, tools=body.tools)
+        return self._encode(text, "messages")
 
     def _encode(self, prompt: str | list[int], param: str) -> list[int]:
         if isinstance(prompt, list):
@@ -116,6 +130,7 @@ class Intake:
         params: SamplingParams,
         n: int,
         include_usage: bool,
+        tool_parser: ToolParser | None = None,
     ) -> Completion:
         """Hand every (prompt, choice) to the engine (all or none) and follow their streams."""
         jobs: list[Job] = [(p, _with_seed(params, i)) for p in prompts for i in range(n)]
@@ -131,6 +146,7 @@ class Intake:
             params.logprobs,
             self.metrics,
             self.decoder,
+            tool_parser or NoToolParser(),
         )
 
 

@@ -2,10 +2,12 @@
 `SamplingParams` (pydantic models; FastAPI validates the JSON against them).
 
 Fields follow the OpenAI API (`/v1/completions`, `/v1/chat/completions`) with vLLM's usual
-extensions (`top_k`, `min_tokens`, `ignore_eos`, `repetition_penalty`, `stop_token_ids`). A field
-the server does not implement is refused when it is set to anything but its neutral value
-(`echo`, `best_of`, `logit_bias`, `suffix`, tools): a 400 naming it, never a silent ignore.
-Unknown fields are ignored, as OpenAI's own server does.
+extensions (`top_k`, `min_tokens`, `ignore_eos`, `repetition_penalty`, `stop_token_ids`, and
+`structured_outputs`: `response_format.py`). Chat requests may offer `tools` (rendered by the
+chat template) and a `tool_choice` (`tool_parsers.py`). A field the server does not implement is
+refused when it is set to anything but its neutral value (`echo`, `best_of`, `logit_bias`,
+`suffix`, vLLM's older `guided_*`): a 400 naming it, never a silent ignore. Unknown fields are
+ignored, as OpenAI's own server does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 from runtime.core.sampling_params import MAX_LOGPROBS, SamplingParams
+from runtime.core.structured_output import StructuredOutput
 from runtime.serve.errors import BadRequest
+from runtime.serve.response_format import structured_output
+from runtime.serve.tool_parsers import ToolParser
 
 MAX_N = 16  # most completions one request may ask for
 DEFAULT_MAX_TOKENS = 16  # /v1/completions' default, as in OpenAI's API
@@ -50,8 +55,27 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
     stop_token_ids: list[int] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    # OpenAI's
+    response_format: dict[str, Any] | None = None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def structured(self) -> StructuredOutput | None:
+        """What the answer must match (`response_format` or `structured_outputs`)."""
+        legacy = {
+            "guided_json": self.guided_json,
+            "guided_regex": self.guided_regex,
+            "guided_choice": self.guided_choice,
+            "guided_grammar": self.guided_grammar,
+        }
+        return structured_output(self.response_format, self.structured_outputs, legacy)
+
+    def sampling_params(
+        self, max_tokens: int, logprobs: int | None, structured: StructuredOutput | None = None
+    ) -> SamplingParams:
         """The `SamplingParams` of one completion (ValueError naming a bad field)."""
         if self.logit_bias:
             raise BadRequest("logit_bias is not supported", "logit_bias")
@@ -73,6 +97,7 @@ class _Sampling(BaseModel):
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
+            structured=structured,
         )
 
     @property
@@ -123,10 +148,25 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """A message; an assistant's may carry its `tool_calls`, a "tool" one answers the call
+    `tool_call_id` (both handed to the chat template as they came)."""
+
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template reads it: role and text content, and the tool
+        fields that are set."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        extra = {"tool_calls": self.tool_calls, "tool_call_id": self.tool_call_id}
+        return message | {
+            key: value for key, value in (extra | {"name": self.name}).items() if value
+        }
 
     def text(self) -> str:
         if self.content is None:
@@ -145,17 +185,31 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
-    def conversation(self) -> list[dict[str, str]]:
-        """The messages as the chat template reads them ({"role", "content"} dicts)."""
-        if self.tools:
-            raise BadRequest("tools are not supported", "tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise BadRequest("response_format other than text is not supported", "response_format")
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as the chat template reads them (`ChatMessage.for_template`)."""
+        return [m.for_template() for m in self.messages]
+
+    def calls_tools(self) -> bool:
+        """Whether the answer is read for tool calls: tools offered, tool_choice not "none"."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def constraint(self, parser: ToolParser) -> StructuredOutput | None:
+        """What the answer must match: a call in the parser's format when tool_choice forces
+        one (`ToolParser.forced`), else `structured()`; a 400 for both at once."""
+        structured = self.structured()
+        if not self.calls_tools() or self.tools is None:
+            return structured
+        if self.tool_choice not in (None, "auto", "required") and not isinstance(
+            self.tool_choice, dict
+        ):
+            raise BadRequest(f"tool_choice={self.tool_choice!r} is not supported", "tool_choice")
+        forced = parser.forced(self.tools, self.tool_choice)
+        if forced is not None and structured is not None:
+            raise BadRequest("a forced tool call and a response format at once", "tool_choice")
+        return forced or structured
 
     @property
     def logprobs_k(self) -> int | None:

@@ -1,6 +1,8 @@
 """A request's choices in flight: their delta streams merged into one, and what they become, a
 whole response object or the server-sent chunks of a streamed one (`/v1/completions` and
-`/v1/chat/completions` shapes)."""
+`/v1/chat/completions` shapes). A chat answer is read by the request's tool parser: its calls
+come out as `tool_calls` (streamed: each as a delta once its block has closed) and the choice
+finishes with "tool_calls"."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from runtime.serve.responses import (
     envelope,
     usage,
 )
+from runtime.serve.tool_parsers import ToolParser
 
 
 async def merged(
@@ -80,12 +83,17 @@ class Completion:
         logprobs_k: int | None,
         metrics: Metrics,
         decoder: Decoder,
+        tool_parser: ToolParser,
     ) -> None:
+        """`tool_parser`: how a chat answer is read (`NoToolParser`: all content)."""
         self.response_id, self.model_name = response_id, model_name
         self.streams, self.prompt_tokens = streams, prompt_tokens
         self.include_usage, self.logprobs_k = include_usage, logprobs_k
         self.metrics, self.decoder = metrics, decoder
         self.choices = [Choice(i) for i in range(len(streams))]
+        self.tool_parser = tool_parser
+        self._tool_streams = [tool_parser.stream() for _ in streams]
+        self._num_calls = [0] * len(streams)  # per choice: tool calls streamed so far
         self._text_offsets = [0] * len(streams)  # per choice: where its next streamed chunk starts
         self._arrival = time.perf_counter()
         self._first: dict[int, float] = {}
@@ -142,22 +150,45 @@ class Completion:
     def _choice(self, choice: Choice, chat: bool) -> dict[str, Any]:
         logprobs = self._logprobs(choice.token_ids, choice.logprobs, chat)
         entry: dict[str, Any] = {"index": choice.index, "logprobs": logprobs}
+        finish_reason = choice.finish_reason
         if chat:
-            entry["message"] = {"role": "assistant", "content": choice.text}
+            content, calls = self.tool_parser.parse(choice.text)
+            entry["message"] = {"role": "assistant", "content": content}
+            if calls:
+                entry["message"]["tool_calls"] = [call.as_openai() for call in calls]
+                finish_reason = "tool_calls"
         else:
             entry["text"] = choice.text
-        entry["finish_reason"] = choice.finish_reason
+        entry["finish_reason"] = finish_reason
         return entry
 
     def _delta_choice(self, index: int, delta: StreamDelta, chat: bool) -> dict[str, Any]:
         logprobs = self._logprobs(delta.token_ids, delta.logprobs or [], chat, index)
         entry: dict[str, Any] = {"index": index, "logprobs": logprobs}
+        finish_reason = delta.finish_reason
         if chat:
-            entry["delta"] = {"content": delta.text or ""}
+            entry["delta"] = self._chat_delta(index, delta)
+            if delta.finished and self._num_calls[index]:
+                finish_reason = "tool_calls"
         else:
             entry["text"] = delta.text or ""
-        entry["finish_reason"] = delta.finish_reason
+        entry["finish_reason"] = finish_reason
         return entry
+
+    def _chat_delta(self, index: int, delta: StreamDelta) -> dict[str, Any]:
+        """A chat chunk's delta: the content the tool stream lets out, and its new calls."""
+        stream = self._tool_streams[index]
+        fed = stream.feed(delta.text or "")
+        content, calls = fed.content or "", fed.calls
+        if delta.finished:
+            rest = stream.finish()
+            content, calls = content + (rest.content or ""), calls + rest.calls
+        out: dict[str, Any] = {"content": content}
+        if calls:
+            first = self._num_calls[index]
+            out["tool_calls"] = [c.as_openai(first + i) for i, c in enumerate(calls)]
+            self._num_calls[index] += len(calls)
+        return out
 
     def _role(self, index: int) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""Start the rank processes: one `python -m runtime.ranks.worker` per data-parallel rank, each
+"""Start the rank processes: one `python -m runtime.cli.rank_process` per data-parallel rank, each
 seeing only its own devices, each joined to the front by a socket pair.
 
 A rank r of T devices (its tensor-parallel shards) gets devices r*T .. r*T + T - 1 of the front's
@@ -81,7 +81,7 @@ def start_rank(spec: RankSpec, num_devices: int) -> RankProcess:
     env = rank_environment(spec.rank, num_devices, dict(os.environ))
     with child:
         process = subprocess.Popen(
-            [sys.executable, "-m", "runtime.ranks.worker", str(child.fileno())],
+            [sys.executable, "-m", "runtime.cli.rank_process", str(child.fileno())],
             env=env,
             pass_fds=[child.fileno()],
         )

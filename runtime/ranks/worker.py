@@ -1,31 +1,17 @@
-"""The rank process: one data-parallel rank's engine, driven by the front over a connection.
-
-    python -m runtime.ranks.worker <socket fd>      (started by `runtime.ranks.launch`)
-
-Its connection to the front is the socket whose file descriptor it is given; it receives its
-`RankSpec`, loads the model as a one-rank `LLM` on the devices its environment shows it, says
-`Ready`, then runs `RankLoop` until the front says `Stop` or goes away.
-"""
+"""`RankLoop`: a rank process's loop around its one-rank engine (the process itself is
+`runtime.cli.rank_process`, which loads the engine and hands it the connection)."""
 
 from __future__ import annotations
 
-import logging
-import sys
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection
 
 from runtime.engine import Engine
-from runtime.llm import LLM
-from runtime.ranks.launch import RankSpec
 from runtime.ranks.messages import (
     Abort,
     Add,
-    Failed,
     FrontMessage,
-    RankInfo,
-    Ready,
     Refused,
     Snapshot,
     StatsReply,
@@ -36,8 +22,6 @@ from runtime.ranks.messages import (
     WarmedUp,
     Warmup,
 )
-
-log = logging.getLogger(__name__)
 
 SNAPSHOT_SECONDS = 0.25  # a busy rank sends its engine's snapshot at most this often
 
@@ -130,44 +114,3 @@ class RankLoop:
         items = self.engine.step_deltas() if self.streaming else self.engine.step()
         if items:
             self.conn.send(Stepped(items))
-
-
-def rank_info(llm: LLM) -> RankInfo:
-    engine = llm.local_engine
-    return RankInfo(
-        config=engine.config,
-        model_config=engine.model_config,
-        num_params=llm.summary.num_params,
-        dtype=llm.summary.dtype,
-        num_programs=engine.num_variants,
-        snapshot=engine.snapshot(),
-        checkpoint_seconds=llm.checkpoint_seconds,
-        setup_seconds=engine.runner.setup_seconds,
-    )
-
-
-def serve(conn: Connection) -> int:
-    """Load, say `Ready`, serve; the process's exit status (1 when loading or a step failed)."""
-    spec: RankSpec = conn.recv()
-    try:
-        llm = LLM(spec.model, dtype=spec.dtype, warmup=spec.warmup, **spec.options)
-        conn.send(Ready(rank_info(llm)))
-        RankLoop(llm.local_engine, conn).run()
-    except Exception as error:  # loading or a step: tell the front why, then exit
-        log.exception("rank %d failed", spec.rank)
-        detail = "".join(traceback.format_exception_only(error)).strip()
-        try:
-            conn.send(Failed(f"rank {spec.rank}: {detail}"))
-        except OSError:
-            pass
-        return 1
-    return 0
-
-
-def main() -> int:
-    with Connection(int(sys.argv[1])) as conn:
-        return serve(conn)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

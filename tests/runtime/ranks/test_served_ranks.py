@@ -103,7 +103,7 @@ def test_a_killed_rank_fails_health_and_the_stream(server: LiveServer):  # last:
 
 
 def rank_processes(server_pid: int) -> list[int]:
-    """The pids of a server's rank processes (its children running `runtime.ranks.worker`)."""
+    """The pids of a server's rank processes (its children running `runtime.cli.rank_process`)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -114,6 +114,6 @@ def rank_processes(server_pid: int) -> list[int]:
         except OSError:
             continue
         parent = next(line for line in status.splitlines() if line.startswith("PPid:"))
-        if int(parent.split()[1]) == server_pid and "runtime.ranks.worker" in cmdline:
+        if int(parent.split()[1]) == server_pid and "runtime.cli.rank_process" in cmdline:
             found.append(int(entry.name))
     return found

@@ -60,7 +60,6 @@ def options(args: argparse.Namespace, max_model_len: int) -> dict:
         prefill_row_buckets=(args.seqs,),
         async_scheduling=True,
         decode_steps=args.decode_steps,
-        prefix_caching="off",
     )
 
 

@@ -3,7 +3,7 @@ against independent references (`python -m benchmarks.checks gpu`, also run as
 `benchmarks/gpu_checks.py`).
 
 Its sections, one module each: `kernel_grid` (with its grid points in `kernels/`), `fixtures`,
-`batch_invariance`, `bf16_batch` and `tensor_parallel`; each module's `run(quick, families)`
+`batch_invariance`, `bf16_batch`, `tensor_parallel` and `fp8`; each module's `run(quick, families)`
 returns a list of `Check`s. On the GPU every section runs the compiled Pallas kernels; on a CPU
 (the CI smoke tests) the same code runs the kernels in interpret mode with `quick=True`, so the
 checks cannot rot between device runs.

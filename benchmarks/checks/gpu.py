@@ -7,6 +7,8 @@ One run on the GPU; exits 1 if any check fails. Sections (each a module of `benc
   bf16      the same, bitwise, for the bf16 bench model under EngineConfig.batch_invariant
   tp        tensor parallelism: each fixture on one GPU and split over --tp (x --dp) GPUs;
             not run by default (it needs several GPUs)
+  fp8       FP8 checkpoints (written from the fixtures) through the GPU's FP8 products and FP8
+            KV cache against their dequantized twins, and at tp=2 with two GPUs; not default
 
     PYTHONPATH=. python benchmarks/gpu_checks.py [--quick] [--only kernels,fixtures,batch]
         [--families mamba2,qwen3_5_odd] [--ops matmul,row_sum_squares] [--jobs 8]
@@ -44,6 +46,7 @@ _MODULES = {
     "batch": "benchmarks.checks.batch_invariance",
     "bf16": "benchmarks.checks.bf16_batch",
     "tp": "benchmarks.checks.tensor_parallel",
+    "fp8": "benchmarks.checks.fp8",
 }
 _PER_FIXTURE = ("fixtures", "batch")  # sections run once per fixture family
 

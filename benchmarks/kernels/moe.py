@@ -8,7 +8,11 @@ variant (flags are read when the backend starts):
 * `gather`: each pair's expert matrix gathered, then a batched matvec (reads B * 10 matrices);
 * `pallas`: `ops.grouped_matmul` (the Pallas kernel `jmamba.layers.moe` calls on the GPU; interpret
   mode on a CPU), and with `--tunings` the kernel under other launch knobs (`TUNINGS`);
-* roofline: the bytes of the experts the pairs touch (plus activations) / bandwidth.
+* `fp8`: `ops.fp8_grouped_matmul` on the experts quantized to e4m3 in 128 x 128 blocks (an FP8
+  checkpoint's layout, what `jmamba.layers.fp8_experts` calls on the GPU), its difference taken
+  from the gather of the dequantized experts;
+* roofline: the bytes of the experts the pairs touch (plus activations) / bandwidth; `fp8_roofline`
+  the same with 1-byte experts and their scales.
 
 Variants: XLA's default lowering and its two experimental ragged-dot paths. Prints us per call
 (50 calls queued back to back, synced once) and the max |difference| from the gather result.
@@ -76,12 +80,34 @@ def pallas_calls(tunings: str, interpret: bool) -> dict:
     return calls
 
 
+FP8_BLOCK = (128, 128)  # rows along K (hidden), columns along N (the expert width)
+
+
+def fp8_experts(w):
+    """(e4m3 entries [E, K, N], fp32 scales [E, G_k, G_n], the fp32 values they stand for) of
+    the stack `w` in blocks of `FP8_BLOCK` (amax / 448 a block, blocks cut short at the edges)."""
+    import jax.numpy as jnp
+
+    from pallas_kernels.moe.fp8_reference import dequantize_experts
+
+    e, k, n = w.shape
+    bk, bn = min(FP8_BLOCK[0], k), min(FP8_BLOCK[1], n)
+    gk, gn = -(-k // bk), -(-n // bn)
+    padded = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, gk * bk - k), (0, gn * bn - n)))
+    amax = jnp.abs(padded.reshape(e, gk, bk, gn, bn)).max(axis=(2, 4))
+    scale = jnp.maximum(amax / 448.0, jnp.finfo(jnp.float32).tiny)
+    full = jnp.repeat(jnp.repeat(scale, bk, 1), bn, 2)[:, :k, :n]
+    entries = jnp.clip(w.astype(jnp.float32) / full, -448.0, 448.0).astype(jnp.float8_e4m3fn)
+    return entries, scale, dequantize_experts(entries, scale, (bk, bn))
+
+
 def run(args: argparse.Namespace, name: str) -> list[dict]:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from benchmarks.harness.roofline import measure_bandwidth
+    from pallas_kernels import ops
 
     bandwidth = measure_bandwidth()
     e, h, i, k = args.experts, args.hidden, args.width, args.top_k
@@ -90,7 +116,17 @@ def run(args: argparse.Namespace, name: str) -> list[dict]:
         lambda x, w, sizes: jax.lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
     )
     gather = jax.jit(lambda x, w, ids: jnp.einsum("th,thi->ti", x, w[ids]))
-    pallas = pallas_calls(args.tunings, interpret=jax.default_backend() != "gpu")
+    interpret = jax.default_backend() != "gpu"
+    pallas = pallas_calls(args.tunings, interpret=interpret)
+    w8, scale, w8_values = fp8_experts(w)
+    block = (min(FP8_BLOCK[0], h), min(FP8_BLOCK[1], i))
+    fp8 = jax.jit(
+        functools.partial(
+            ops.fp8_grouped_matmul,
+            block=block,
+            implementation="interpret" if interpret else "pallas",
+        )
+    )
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         rng = np.random.default_rng(batch)
@@ -110,9 +146,15 @@ def run(args: argparse.Namespace, name: str) -> list[dict]:
         for column, fn in pallas.items():
             row[f"{column}_us"] = 1e6 * time_calls(fn, x, w, sizes)
             row[f"{column}_max_abs_diff"] = float(jnp.max(jnp.abs(fn(x, w, sizes) - reference)))
+        row["fp8_us"] = 1e6 * time_calls(fp8, x, w8, scale, sizes)
+        exact = gather(x.astype(jnp.float32), w8_values, ids)
+        row["fp8_max_abs_diff"] = float(jnp.max(jnp.abs(fp8(x, w8, scale, sizes) - exact)))
         touched = len(np.unique(np.asarray(ids)))
-        moved = touched * h * i * 2 + len(ids) * (h + i) * 2
+        activations = len(ids) * (h + i) * 2
+        moved = touched * h * i * 2 + activations
         row["roofline_us"] = 1e6 * moved / bandwidth
+        fp8_moved = touched * (h * i + scale[0].size * 4) + activations
+        row["fp8_roofline_us"] = 1e6 * fp8_moved / bandwidth
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows

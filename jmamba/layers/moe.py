@@ -4,9 +4,11 @@ The routed experts run as grouped matmuls over the (token, choice) pairs sorted 
 (`ops.grouped_matmul`, the semantics of `jax.lax.ragged_dot`; on the GPU a Pallas kernel that reads
 only the experts that have pairs, where XLA's ragged_dot reads all of them): each token reaches
 only its top-k experts' weights (Qwen3-Next routes 10 of 512); fp32 operands get full-precision
-fp32 dots. The per-choice outputs are put back in token order and summed over the k choices (a
-gather, not a scatter-add, so the sum is deterministic; under `batch_invariant()` the router's
-softmax and every sum over experts or choices also run in an order fixed by their sizes).
+fp32 dots; an FP8 checkpoint's stacks may stay e4m3 with their block scales
+(`jmamba.layers.fp8_experts`: `ops.fp8_grouped_matmul` on the GPU). The per-choice outputs are put
+back in token order and summed over the k choices (a gather, not a scatter-add, so the sum is
+deterministic; under `batch_invariant()` the router's softmax and every sum over experts or
+choices also run in an order fixed by their sizes).
 
 Expert parallelism: each tensor-parallel shard holds `num_experts / T` experts and the whole
 router. Every shard routes every token (the same choices on each), then runs the grouped matmuls

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jmamba.step.inputs import DecodeRows, NextTokens, PrefillRows, StepInputs
-from runtime.core.allowed_tokens import allowed_bitmask, fill_grammar_rows, grammar_rows
+from runtime.core.allowed_tokens import allowed_bitmask, grammar_rows, with_grammar_rows
 from runtime.core.buckets import Bucket
 from runtime.core.config import EngineConfig
 from runtime.core.penalties import PenaltyHistory, PenaltyRow, penalty_inputs
@@ -212,7 +212,8 @@ def build_step[S: RowSequence](
         if request.sampling_row.penalized:  # a prefill row's tokens are all on the host
             penalized.append((num_decode_lanes + j, _history(request), False))
     a.qsl[len(schedule.prefills) + 1 :] = offset  # padding rows have length 0
-    fill_grammar_rows(a.allowed, grammar_rows(schedule, bucket.width, num_decode_lanes))
+    grammars = grammar_rows(schedule, bucket.width, num_decode_lanes)
+    a.allowed = with_grammar_rows(a.allowed, grammars)
     sampling = a.sampling(masks, penalized)
     return a.batch(sampling, SamplingMode.of(sampling), np.asarray(sample_rows, np.int64))
 

@@ -76,6 +76,13 @@ def serve(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     return [outputs[i] for i in ids]
 
 
+@per_module
+def plain_greedy() -> list[list[int]]:
+    """The greedy tokens of `heldout_prompts(2)` without drafts: the reference of every drafting
+    test here, served once per module (an engine of its own, compiled once)."""
+    return serve(engine(None), heldout_prompts(2))
+
+
 def test_the_preset_has_a_trained_head():
     config = preset().config
     assert config.mtp_mixers == (jmamba.Mixer.ATTENTION, jmamba.Mixer.NONE)
@@ -89,7 +96,7 @@ def test_the_head_drafts_losslessly_and_hits_on_the_first_repeat(monkeypatch, as
     """Asynchronous: every drafting step is dispatched before the one in flight retires, its
     drafts taken from that step on the device; rows scheduled on rejected drafts are dropped."""
     prompts = heldout_prompts(2)
-    plain = serve(engine(None), prompts)
+    plain = plain_greedy()
     drafting = engine(SpeculativeConfig("mtp", K), async_scheduling)
     taken = []  # per dispatched step: whether some token lane takes its token on the device
     dispatch = drafting.runner.dispatch
@@ -146,7 +153,7 @@ def test_an_idle_rank_keeps_every_pool_untouched_while_the_other_drafts():
     steps are asynchronous, so drafting steps carry their drafts to the next on both ranks (the
     idle rank's dummy step is the same all-padding step in a synchronous engine)."""
     prompts = heldout_prompts(2)
-    plain = serve(engine(None), prompts)
+    plain = plain_greedy()
     config = EngineArgs(
         max_num_seqs=2,
         max_model_len=PROMPT_BYTES + MAX_TOKENS + 16,

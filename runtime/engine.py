@@ -34,6 +34,7 @@ from runtime.device.model_runner import ModelRunner
 from runtime.device.mtp_drafts import served_model
 from runtime.device.placement import ParamSource, place_params
 from runtime.device.step_result import StepResult
+from runtime.device.warmup import warm_up
 from runtime.launched_step import LaunchedProgram, LaunchedStep
 from runtime.observe.describe import describe_engine
 from runtime.observe.snapshot import EngineSnapshot
@@ -370,18 +371,14 @@ class Engine:
                 "warmup() while a dispatched step is not retired: call it before the first "
                 "step, or step until has_unfinished is False"
             )
-        modes = self.buckets.warmup_modes(sampled)
-        self.runner.warmup_progress.begin(self.buckets.num_programs(prefill, sampled))
-        for group in self.buckets.warmup_variants(prefill):
-            self.runner.warmup(
-                group.buckets,
-                modes=modes,
-                drafts=group.drafts,
-                num_steps=group.steps,
-                progress=progress,
-                workers=workers,
-            )
-        self.runner.warmup_progress.finish()
+        warm_up(
+            self.runner,
+            self.buckets,
+            prefill=prefill,
+            sampled=sampled,
+            progress=progress,
+            workers=workers,
+        )
         self.drafter.warmup()
         self._freeze_gc()
 

@@ -49,26 +49,33 @@ def load_model(
     resolve_dtype(dtype)  # a bad name fails before anything loads
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r} must be one of {list(QUANTIZATIONS)}")
+    directory = _resolved_directory(model)
+    if directory is not None:
+        return _load_directory(directory, model, dtype, host, quantization)
+    if quantization is not None:
+        raise ValueError(
+            f"quantization={quantization!r} needs a checkpoint; {model!r} is a random-weight "
+            f"preset (trained presets: {[PRESET_PREFIX + n for n in presets.trained_names()]})"
+        )
+    name = model.removeprefix(PRESET_PREFIX)
+    random = cast(HybridLM(presets.tiny(name), rngs=nnx.Rngs(seed)), dtype)
+    return (on_host(random) if host else random), _byte_tokenizer()
+
+
+def _resolved_directory(model: str) -> Path | None:
+    """The checkpoint directory `model` names, in `load_model`'s order (a local directory, a
+    trained preset's, a hub id's snapshot); None for a random-weight preset; ValueError for a
+    name that is none of these."""
     path = Path(model)
     if path.is_dir():
-        return _load_directory(path, model, dtype, host, quantization)
+        return path
     if model.startswith(PRESET_PREFIX) and not path.exists():
         name = model.removeprefix(PRESET_PREFIX)
         if name not in presets.names():
             raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
-        if name in presets.trained_names():
-            path = presets.path(name)
-            trained = load_pretrained(path, dtype, host=host, quantization=quantization)
-            return trained, load_tokenizer(path)
-        if quantization is not None:
-            raise ValueError(
-                f"quantization={quantization!r} needs a checkpoint; {model!r} is a random-weight "
-                f"preset (trained presets: {[PRESET_PREFIX + n for n in presets.trained_names()]})"
-            )
-        random = cast(HybridLM(presets.tiny(name), rngs=nnx.Rngs(seed)), dtype)
-        return (on_host(random) if host else random), _byte_tokenizer()
+        return presets.path(name) if name in presets.trained_names() else None
     if hub.is_hub_id(model) and not path.exists():
-        return _load_directory(hub.snapshot(model), model, dtype, host, quantization)
+        return hub.snapshot(model)
     raise ValueError(
         f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()} nor "
         "a Hugging Face hub id (org/name)"
@@ -103,22 +110,8 @@ def model_tokenizer(model: str) -> Any:
     """The tokenizer `load_model(model)` would return (or None), without loading the model: for a
     process that serves the text while other processes hold the parameters. ValueError for a
     name `load_model` would refuse."""
-    path = Path(model)
-    if path.is_dir():
-        return load_tokenizer(path)
-    if model.startswith(PRESET_PREFIX) and not path.exists():
-        name = model.removeprefix(PRESET_PREFIX)
-        if name not in presets.names():
-            raise ValueError(f"unknown preset {model!r}; built-in presets are {preset_names()}")
-        if name in presets.trained_names():
-            return load_tokenizer(presets.path(name))
-        return _byte_tokenizer()
-    if hub.is_hub_id(model) and not path.exists():
-        return load_tokenizer(hub.snapshot(model))
-    raise ValueError(
-        f"model={model!r} is neither a checkpoint directory nor a preset {preset_names()} nor "
-        "a Hugging Face hub id (org/name)"
-    )
+    directory = _resolved_directory(model)
+    return _byte_tokenizer() if directory is None else load_tokenizer(directory)
 
 
 def preset_names() -> list[str]:

@@ -30,7 +30,6 @@ def rank_info(llm: LLM) -> RankInfo:
         model_config=engine.model_config,
         num_params=llm.summary.num_params,
         dtype=llm.summary.dtype,
-        num_programs=engine.num_variants,
         snapshot=engine.snapshot(),
         checkpoint_seconds=llm.checkpoint_seconds,
         setup_seconds=engine.runner.setup_seconds,

@@ -16,21 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from runtime.core.schedule import RowSequence, StepSchedule
-
-
-class TokenGrammar(Protocol):
-    """What the builder asks of a request's grammar matcher."""
-
-    def fill(
-        self,
-        bitmask: np.ndarray,
-        row: int,
-        output_token_ids: Sequence[int],
-        drafts: Sequence[int] = (),
-    ) -> None:
-        """Write rows `row` .. `row + len(drafts)`: the tokens allowed after the outputs, then
-        after each draft in turn."""
-        ...
+from runtime.core.token_grammar import TokenGrammar
 
 
 class GrammarSequence(Protocol):

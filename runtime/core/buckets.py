@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
@@ -197,6 +198,12 @@ class BucketPolicy:
         `one_sampler_program`."""
         asked = (SamplingMode(), SamplingMode(sampled=True)) if sampled else (SamplingMode(),)
         return tuple(dict.fromkeys(map(self.widened, asked)))
+
+    @functools.cached_property
+    def num_serving_programs(self) -> int:
+        """`num_programs(True, sampled=True)`, counted once: what `--warmup all` makes ready
+        (read by every engine snapshot, so not enumerated again each time)."""
+        return self.num_programs(True, sampled=True)
 
     def num_programs(self, prefill: bool | Literal["alone"], sampled: bool) -> int:
         """The step programs `Engine.warmup(prefill=, sampled=)` makes ready. With

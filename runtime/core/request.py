@@ -14,7 +14,7 @@ from runtime.core.sampling_inputs import SamplingNeeds
 from runtime.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.core.allowed_tokens import TokenGrammar
+    from runtime.core.token_grammar import TokenGrammar
 
 
 class RequestStatus(enum.Enum):

@@ -18,7 +18,7 @@ from runtime.core.request import Request, SamplingRow
 from runtime.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.core.allowed_tokens import TokenGrammar
+    from runtime.core.token_grammar import TokenGrammar
 
 
 class RowSequence(Protocol):

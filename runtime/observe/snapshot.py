@@ -9,13 +9,34 @@ one process or one per rank serves.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+from runtime.core.buckets import BucketPolicy
+from runtime.core.scheduler import Scheduler
+from runtime.device.model_runner import ModelRunner
+from runtime.observe.step_stats import StepStats
 from runtime.prefix_cache import PrefixCacheStats
 from runtime.speculative.verify import SpeculationStats
 
-if TYPE_CHECKING:
-    from runtime.engine import Engine
+
+class Snapshotted(Protocol):
+    """What a snapshot reads of an engine (an `Engine`)."""
+
+    @property
+    def schedulers(self) -> Sequence[Scheduler]: ...
+
+    @property
+    def runner(self) -> ModelRunner: ...
+
+    @property
+    def stats(self) -> StepStats: ...
+
+    @property
+    def buckets(self) -> BucketPolicy: ...
+
+    @property
+    def total_compile_seconds(self) -> float: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +71,7 @@ class EngineSnapshot:
     warmup: dict[str, Any]
 
     @classmethod
-    def of(cls, engine: Engine) -> EngineSnapshot:
+    def of(cls, engine: Snapshotted) -> EngineSnapshot:
         schedulers, runner = engine.schedulers, engine.runner
         return cls(
             num_running=sum(len(s.running) for s in schedulers),
@@ -64,7 +85,7 @@ class EngineSnapshot:
             num_loaded=len(runner.load_seconds),
             num_compiled=len(runner.compile_seconds),
             compile_seconds=engine.total_compile_seconds,
-            programs_possible=engine.buckets.num_programs(True, sampled=True),
+            programs_possible=engine.buckets.num_serving_programs,
             warmup=runner.warmup_progress.snapshot(),
         )
 

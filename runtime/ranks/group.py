@@ -73,7 +73,7 @@ class RankGroup:
         self.failure: RankFailure | None = None
         self._streaming = False
         self._refused: list[ValueError] = []
-        self._stats: dict[int, StatsReply] = {}
+        self._stats: dict[int, StepStats] = {}
         self._pending: list[RequestOutput | StreamDelta] = []  # read while waiting for stats
         self._snapshots = {p.rank: info.snapshot for p in processes}  # the latest of each rank
         self._warmed: set[int] = set()
@@ -137,9 +137,6 @@ class RankGroup:
         self._send(rank, Abort(str(request_id)))
         return True
 
-    def rank_of(self, request_id: str | int) -> int:
-        return self.requests.rank_of(request_id)
-
     @property
     def has_unfinished(self) -> bool:
         return len(self.requests) > 0
@@ -181,15 +178,12 @@ class RankGroup:
         self._stats.clear()
         while len(self._stats) < len(self.ranks):
             self._pending += self._read()  # outputs that come meanwhile wait for the next step
-        return StepStats.of_processes([self._stats[r].stats for r in self.ranks])
+        return StepStats.of_processes([self._stats[r] for r in self.ranks])
 
     @property
     def num_variants(self) -> int:
-        """Step programs of the rank with the most (as of the latest `stats`; at start-up, rank
-        0's)."""
-        if not self._stats:
-            return self.info.num_programs
-        return max(reply.num_variants for reply in self._stats.values())
+        """Step programs of the rank with the most (as its latest snapshot says)."""
+        return self.snapshot().num_variants
 
     def snapshot(self) -> EngineSnapshot:
         """The ranks' latest snapshots as one (`EngineSnapshot.total`; safe from any thread)."""
@@ -254,7 +248,7 @@ class RankGroup:
             self.requests.remove(message.request_id)
             self._refused.append(message.error)
         elif isinstance(message, StatsReply):
-            self._stats[process.rank] = message
+            self._stats[process.rank] = message.stats
         elif isinstance(message, Snapshot):
             self._snapshots[process.rank] = message.snapshot
         elif isinstance(message, WarmedUp):

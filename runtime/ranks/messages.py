@@ -62,14 +62,13 @@ FrontMessage = Add | Abort | Streaming | StatsRequest | Warmup | Stop
 @dataclasses.dataclass(frozen=True)
 class RankInfo:
     """What the front needs to know of a rank's engine: its resolved config (the same on every
-    rank), its model's; for reprs and start-up lines the parameter count, dtype, compiled
-    programs, its snapshot and where its loading time went."""
+    rank), its model's; for reprs and start-up lines the parameter count, dtype, its snapshot
+    and where its loading time went."""
 
     config: EngineConfig
     model_config: ModelConfig
     num_params: int
     dtype: Any
-    num_programs: int
     snapshot: EngineSnapshot
     checkpoint_seconds: float
     setup_seconds: dict[str, float]
@@ -97,10 +96,7 @@ class Refused:
 
 @dataclasses.dataclass(frozen=True)
 class StatsReply:
-    """A rank's counters and how many step programs it has compiled or loaded."""
-
     stats: StepStats
-    num_variants: int
 
 
 @dataclasses.dataclass(frozen=True)

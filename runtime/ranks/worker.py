@@ -40,7 +40,6 @@ class RankLoop:
         self.conn = conn
         self.streaming = False
         self._sent_snapshot = 0.0
-        self._sending = threading.Lock()  # the warm-up's progress thread sends too
 
     def run(self) -> None:
         while self._receive(block=not self.engine.has_unfinished):
@@ -77,7 +76,7 @@ class RankLoop:
         elif isinstance(message, Streaming):
             self.streaming = message.on
         elif isinstance(message, StatsRequest):
-            self.conn.send(StatsReply(self.engine.stats, self.engine.num_variants))
+            self.conn.send(StatsReply(self.engine.stats))
         elif isinstance(message, Warmup):
             self._warm_up(message)
 
@@ -87,8 +86,7 @@ class RankLoop:
 
         def report() -> None:
             while not done.wait(SNAPSHOT_SECONDS):
-                with self._sending:
-                    self.conn.send(Snapshot(self.engine.snapshot()))
+                self.conn.send(Snapshot(self.engine.snapshot()))  # the one sender meanwhile
 
         reporter = threading.Thread(target=report, name="jmamba-warmup-progress", daemon=True)
         reporter.start()

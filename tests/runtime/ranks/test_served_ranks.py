@@ -6,7 +6,6 @@ bounded time, nothing hanging."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import signal
 import time
@@ -17,10 +16,10 @@ import httpx
 import openai
 import pytest
 
-from runtime import LLM, SamplingParams
+from runtime import LLM
 from tests.runtime.ranks.cache import shared_cache_env
 from tests.runtime.serve.live import LiveServer, ready_server
-from tests.runtime.serve.test_serve import metrics
+from tests.runtime.serve.test_serve import concurrent_and_alone, greedy, metrics
 
 MODEL = "tiny-stdlib"
 OPTIONS = ["--max-num-seqs", "8", "--max-model-len", "256", "--prefix-caching", "off"]
@@ -48,24 +47,8 @@ def client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
-def greedy(llm: LLM, prompt: str, max_tokens: int) -> str | None:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    return llm.generate([prompt], params, use_tqdm=False)[0].text
-
-
 def test_concurrent_clients_get_their_alone_tokens(client: openai.OpenAI, llm: LLM):
-    prompts = [("def " * (1 + i % 5)) + f"f{i}(" for i in range(32)]
-    lengths = [4 + (i * 7) % 20 for i in range(32)]
-
-    def ask(i: int) -> str:
-        done = client.completions.create(
-            model=MODEL, prompt=prompts[i], max_tokens=lengths[i], temperature=0
-        )
-        return done.choices[0].text
-
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        served = list(pool.map(ask, range(32)))
-    alone = [greedy(llm, prompt, n) for prompt, n in zip(prompts, lengths, strict=True)]
+    served, alone = concurrent_and_alone(client, llm)
     assert served == alone
     stream = client.completions.create(
         model=MODEL, prompt="import ", max_tokens=10, temperature=0, stream=True

@@ -98,6 +98,13 @@ def test_n_logprobs_and_seeds(client: openai.OpenAI, llm: LLM):
 
 @slow
 def test_concurrent_clients_get_their_alone_tokens(client: openai.OpenAI, llm: LLM):
+    served, alone = concurrent_and_alone(client, llm)
+    assert served == alone
+
+
+def concurrent_and_alone(client: openai.OpenAI, llm: LLM) -> tuple[list[str], list[str | None]]:
+    """32 clients of mixed prompt and answer lengths at once: (what the server gave each, what
+    `llm` gives each prompt alone)."""
     prompts = [("def " * (1 + i % 5)) + f"f{i}(" for i in range(32)]
     lengths = [4 + (i * 7) % 20 for i in range(32)]
 
@@ -109,8 +116,7 @@ def test_concurrent_clients_get_their_alone_tokens(client: openai.OpenAI, llm: L
 
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         served = list(pool.map(ask, range(32)))
-    alone = [greedy(llm, prompt, n) for prompt, n in zip(prompts, lengths, strict=True)]
-    assert served == alone
+    return served, [greedy(llm, prompt, n) for prompt, n in zip(prompts, lengths, strict=True)]
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks_and_slot(server: str):

@@ -105,11 +105,22 @@ def test_readme_tensor_parallel_command_gives_the_text_of_one_device():
     assert texts[0] and texts[0] == texts[1]
 
 
+@slow
+def test_readme_data_parallel_command_gives_the_text_of_one_engine():
+    """The README says requests over rank processes get the tokens one engine gives them: the
+    command's generated texts equal the same command's without the flag."""
+    (command,) = [c for c in shell_commands() if "--data-parallel-size" in c]
+    alone = command.replace(" --data-parallel-size 2", "")
+    outputs = [run_shell(c) for c in (command, alone)]
+    texts = [[line for line in out.splitlines() if "] output" in line] for out in outputs]
+    assert len(texts[0]) == 2 and texts[0] == texts[1]
+
+
 def test_every_readme_shell_command_is_run_by_a_test():
     for command in shell_commands():
         covered = "jmamba serve" in command or "curl " in command
         covered |= "jmamba generate" in command and any(word in command for word in PROMISES)
-        covered |= "--tensor-parallel-size" in command
+        covered |= "--tensor-parallel-size" in command or "--data-parallel-size" in command
         assert covered, f"no test runs the README command {command!r}"
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime.core.buckets import BucketPolicy
 from runtime.core.scheduler import Scheduler
-from runtime.device.model_runner import ModelRunner
 from runtime.observe.step_stats import StepStats
 from runtime.prefix_cache import PrefixCacheStats
 from runtime.speculative.verify import SpeculationStats
+
+if TYPE_CHECKING:  # a host module: the runner (jax) is only a type here
+    from runtime.device.model_runner import ModelRunner
 
 
 class Snapshotted(Protocol):

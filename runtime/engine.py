@@ -95,7 +95,7 @@ class Engine:
         )
         self.config.check_same_shapes(self.runner.config, "the shared runner")
         self.ranks = self.runner.local_ranks
-        self.schedulers = [self._scheduler() for _ in self.ranks]
+        self.schedulers = [self._scheduler(rank) for rank in self.ranks]
         self.router = router or LeastOutstandingWork()
         self.buckets = BucketPolicy(self.config)
         self.drafter = make_drafter(self.config, model, len(self.ranks), draft_model, draft_runner)
@@ -127,11 +127,11 @@ class Engine:
         self.outputs = OutputProcessor(tokenizer)
         self._freeze_gc()
 
-    def _scheduler(self) -> Scheduler:
+    def _scheduler(self, rank: int) -> Scheduler:
         """A rank's scheduler, with the slot planner its config asks for."""
         model = self.model_config
         slots = slot_planner(
-            self.config, uses_blocks=model.has_attention, uses_slots=model.has_recurrent_state
+            self.config, rank, uses_blocks=model.has_attention, uses_slots=model.has_recurrent_state
         )
         return Scheduler(self.config, slots)
 

@@ -14,6 +14,7 @@ from jmamba.cache_dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, STATE_DTYPES
 from runtime.core.bucket_tables import BUCKET_TABLES
 from runtime.core.config import DEFAULT_DECODE_STEPS, MAX_DECODE_STEPS, PREFIX_CACHING_MODES
 from runtime.core.engine_args import DEFAULT_PREFIX_CACHING
+from runtime.core.kv_events_config import KVEventsConfig
 from runtime.core.speculative_config import METHODS, SpeculativeConfig
 
 PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]
@@ -165,6 +166,22 @@ def _add_prefix_caching(parser: argparse.ArgumentParser) -> None:
         help="state slots the cache may hold beside the running requests' (default: "
         "max(max_num_seqs, 16))",
     )
+    cache.add_argument(
+        "--kv-events-config",
+        type=_kv_events_config,
+        default=None,
+        help="publish each rank's cache events for KV-aware routers, vLLM's JSON: "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv-events"}\' '
+        "(rank r on the port + r; needs the events extra) (default: no events)",
+    )
+
+
+def _kv_events_config(text: str) -> KVEventsConfig | None:
+    """--kv-events-config's JSON as a config (argparse reports a ValueError's message)."""
+    try:
+        return KVEventsConfig.of(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _add_speculative(parser: argparse.ArgumentParser) -> None:
@@ -248,6 +265,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         kv_cache_dtype=args.kv_cache_dtype,
         state_dtype=args.state_dtype,
         speculative=speculative_config(args),
+        kv_events_config=args.kv_events_config,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from jmamba.cache_dtypes import CacheDtypes
+from runtime.core.kv_events_config import KVEventsConfig
 from runtime.core.model_len import blocks_per_seq
 from runtime.core.speculative_config import SpeculativeConfig
 
@@ -88,6 +89,7 @@ class EngineConfig:
     state_dtype: str
     chunk_size: int
     vocab_size: int = 0
+    kv_events_config: KVEventsConfig | None = None
 
     def check_same_shapes(self, other: EngineConfig, whose: str) -> None:
         """ValueError unless `other` (`whose` config) has this config's pool sizes and bucket

@@ -20,6 +20,7 @@ from runtime.core import checks
 from runtime.core.bucket_tables import BUCKET_TABLES, BucketTables, default_tables
 from runtime.core.budgets import default_token_budget, min_token_budget
 from runtime.core.config import MAX_DECODE_STEPS, PREFIX_CACHING_MODES, EngineConfig
+from runtime.core.kv_events_config import KVEventsConfig
 from runtime.core.model_len import blocks_per_seq, default_num_blocks, resolve_max_model_len
 from runtime.core.pool_memory import PoolMemory
 from runtime.core.speculative_config import (
@@ -138,6 +139,9 @@ class EngineArgs:
         e4m3, half a bf16 block's bytes, scale 1.0 (`jmamba.cache_dtypes`).
       state_dtype: the Mamba2 SSM and Gated DeltaNet recurrent states', "float32" or "bfloat16"
         (half a slot's recurrent bytes; the kernels still accumulate in fp32).
+      kv_events_config: publish each rank's prefix cache events for KV-aware routers
+        (`KVEventsConfig`, a dict of its fields or their JSON: vLLM's `--kv-events-config`;
+        runtime/prefix_cache/events.py). None: no events. Events on need prefix caching.
     """
 
     max_num_seqs: int = 8
@@ -167,6 +171,7 @@ class EngineArgs:
     batch_invariant: bool = False
     kv_cache_dtype: str = "auto"
     state_dtype: str = "float32"
+    kv_events_config: KVEventsConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         checks.integer("max_num_seqs", self.max_num_seqs, low=1)
@@ -201,6 +206,7 @@ class EngineArgs:
             low = min_num_slots(self.max_num_seqs, speculative)
             checks.integer("num_slots", self.num_slots, low=low)
         self._check_prefix_caching()
+        KVEventsConfig.of(self.kv_events_config)  # a bad dict or JSON raises here
         checks.choice("bucket_table", self.bucket_table, BUCKET_TABLES)
         self._tables(self.max_num_batched_tokens or 1)  # a given table that reaches too little
 
@@ -251,6 +257,9 @@ class EngineArgs:
         length = resolve_max_model_len(self.max_model_len, max_position_embeddings)
         sbs = self._state_block_size(chunk_size)
         mode, cached = self._prefix_caching(sbs, length)
+        events = KVEventsConfig.of(self.kv_events_config)
+        if events is not None and events.publishes and mode == "off":
+            raise ValueError("kv_events_config needs prefix caching, which is off")
         speculative = self.speculative_config
         slots = self.num_slots
         if slots is None:
@@ -288,6 +297,7 @@ class EngineArgs:
             kv_cache_dtype=self.cache_dtypes.kv_cache,
             state_dtype=self.state_dtype,
             chunk_size=chunk_size,
+            kv_events_config=events,
         )
         blocks = self._num_blocks(config, memory)
         self._check_num_blocks(blocks, length)

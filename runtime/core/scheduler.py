@@ -227,6 +227,7 @@ class Scheduler:
             if reason is not None:
                 self._finish(request, reason)
                 finished.append(request)
+        self.slots.end_step()
         return finished
 
     def _retire_lanes(

@@ -164,6 +164,9 @@ class SlotPlanner(Protocol):
     def retired(self, item: ScheduledRequest) -> None:
         """The row's step has run and its tokens are appended: publish what it wrote."""
 
+    def end_step(self) -> None:
+        """Every row of the step has retired (the cache's events of the step go out)."""
+
     # What no step may write (`check_step_inputs`).
     @property
     def published_slots(self) -> np.ndarray: ...
@@ -289,6 +292,9 @@ class PlainSlots:
 
     def retired(self, item: ScheduledRequest) -> None:
         """Nothing to publish."""
+
+    def end_step(self) -> None:
+        """No events."""
 
     @property
     def published_slots(self) -> np.ndarray:

@@ -21,6 +21,10 @@ lookup. A published slot is only ever read (copy-on-write by construction: a req
 reads it and writes its own slot; vLLM #57253). KV blocks are published when full, after the step
 that filled them; a block whose digest is already cached stays its request's own.
 
+Events. Every publication and eviction is reported to `events`, the sink of
+runtime/prefix_cache/events.py (a no-op one when events are off), so a KV-aware router can mirror
+the published entries: KV blocks as group 0, states as group 1.
+
 Host side only: numpy and hashlib, no jax.
 """
 
@@ -37,6 +41,7 @@ import numpy as np
 from runtime.core.pools import NULL, Pool
 from runtime.core.request import Request
 from runtime.core.slots import NO_HIT, Hit, PrefixCacheStats
+from runtime.prefix_cache.events import KV_GROUP, STATE_GROUP, CacheEvents
 
 DIGEST_BYTES = 16
 
@@ -65,7 +70,9 @@ class PrefixCache:
         max_cached_states: int,
         uses_blocks: bool,
         uses_slots: bool,
+        events: CacheEvents | None = None,
     ) -> None:
+        """`events`: the sink publications and evictions are reported to (None: a no-op one)."""
         if state_block_size % block_size:
             raise ValueError(
                 f"state_block_size={state_block_size} must be a multiple of block_size={block_size}"
@@ -75,6 +82,7 @@ class PrefixCache:
         self.max_cached_states = max_cached_states
         self.uses_blocks, self.uses_slots = uses_blocks, uses_slots
         self.stats = PrefixCacheStats()
+        self.events = events or CacheEvents()
         # Least recently used first; a hit or a publication moves an entry to the end.
         self._blocks: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         # Which blocks `_blocks` holds, by id: counting the evictable ones is then one vectorised
@@ -166,9 +174,11 @@ class PrefixCache:
     def allocate_blocks(self, n: int) -> list[int]:
         """n blocks, evicting least recently used unused cached blocks while the pool is short."""
         while self.block_pool.num_free < n:
-            if not self._evict_block():
+            key = self._evict_block()
+            if key is None:
                 break  # Pool.allocate raises with the numbers
             self.stats.block_evictions += 1
+            self.events.removed(KV_GROUP, key)
         return self.block_pool.allocate(n)
 
     def publish_blocks(self, request: Request, num_offered: int) -> int:
@@ -185,13 +195,18 @@ class PrefixCache:
         if not self.uses_blocks or full <= num_offered:
             return max(full, num_offered)
         digests = self.digests(request, full)
+        run = num_offered  # the first block of the run of blocks stored in a row
         for i in range(num_offered, full):
-            if digests[i] not in self._blocks:  # else another request's copy is cached already
-                block = request.block_ids[i]
-                self.block_pool.share([block])
-                self._blocks[digests[i]] = block
-                self._cached_blocks[block] = True
-                self.stats.blocks_published += 1
+            if digests[i] in self._blocks:  # another request's copy is cached already
+                self._report_blocks(request, run, i)
+                run = i + 1
+                continue
+            block = request.block_ids[i]
+            self.block_pool.share([block])
+            self._blocks[digests[i]] = block
+            self._cached_blocks[block] = True
+            self.stats.blocks_published += 1
+        self._report_blocks(request, run, full)
         for digest in reversed(digests):
             if digest in self._blocks:
                 self._blocks.move_to_end(digest)
@@ -222,7 +237,7 @@ class PrefixCache:
             self._unkeyed.add(slot)
         return slot
 
-    def key_state(self, slot: int, key: bytes | None) -> None:
+    def key_state(self, slot: int, key: bytes | None, request: Request) -> None:
         """Publish the unkeyed `slot` under `key` (its step has run and its tokens are known);
         drop the cache's reference instead when `key` is None (the tokens never became known: an
         abort) or is cached already."""
@@ -232,8 +247,9 @@ class PrefixCache:
             return
         self._states[key] = slot
         self.stats.states_published += 1
+        self._report_state(request, key)
 
-    def adopt_state(self, key: bytes, slot: int) -> bool:
+    def adopt_state(self, key: bytes, slot: int, request: Request) -> bool:
         """Publish `slot`, which a step that has run wrote the state of `key` to (an accepted
         speculative lane), taking a reference on it; False (nothing taken) when the key is cached
         or reserved already, or every cached state is in use and the budget is spent."""
@@ -242,6 +258,7 @@ class PrefixCache:
         self.slot_pool.share([slot])
         self._states[key] = slot
         self.stats.states_published += 1
+        self._report_state(request, key)
         return True
 
     @property
@@ -256,16 +273,20 @@ class PrefixCache:
     def _make_state_room(self) -> bool:
         """Evict unused states, least recently used first, until one more fits the budget."""
         while self.num_states >= self.max_cached_states:
-            if self._evict(self._states, self.slot_pool) is None:
+            key = self._evict_state()
+            if key is None:
                 return False
             self.stats.state_evictions += 1
+            self.events.removed(STATE_GROUP, key)
         return True
 
-    def publish_state(self, key: bytes) -> int:
-        """Publish the reserved state of `key` (its step has run); returns its slot."""
+    def publish_state(self, key: bytes, request: Request) -> int:
+        """Publish the reserved state of `key`, a state of `request` (its step has run); returns
+        its slot."""
         slot = self._reserved.pop(key)
         self._states[key] = slot
         self.stats.states_published += 1
+        self._report_state(request, key)
         return slot
 
     @property
@@ -289,31 +310,67 @@ class PrefixCache:
         max_cached_states."""
         return len(self._states) + len(self._reserved) + len(self._unkeyed)
 
+    @property
+    def block_digests(self) -> collections.abc.KeysView[bytes]:
+        """The digests of every published KV block (a live view)."""
+        return self._blocks.keys()
+
     def reset(self) -> None:
         """Evict every entry no request uses (reserved and unkeyed slots stay: a step is
-        writing them)."""
-        while self._evict_block():
+        writing them). Reported as one AllBlocksCleared when nothing published is left, else as
+        the entries evicted."""
+        blocks, states = [], []
+        while (key := self._evict_block()) is not None:
             self.stats.block_evictions += 1
-        while self._evict(self._states, self.slot_pool) is not None:
+            blocks.append(key)
+        while (key := self._evict_state()) is not None:
             self.stats.state_evictions += 1
+            states.append(key)
+        if not self._blocks and not self._states:
+            self.events.cleared()
+            return
+        for group, keys in ((KV_GROUP, blocks), (STATE_GROUP, states)):
+            for key in keys:
+                self.events.removed(group, key)
+
+    # ----------------------------------------------------------------------------- events
+
+    def _report_blocks(self, request: Request, first: int, stop: int) -> None:
+        """Report the request's blocks first .. stop - 1 as stored (nothing when none)."""
+        if first < stop:
+            self.events.stored(KV_GROUP, self._digests[request], first, stop, request)
+
+    def _report_state(self, request: Request, key: bytes) -> None:
+        """Report the state of `key` as stored: the request's block ending where it is."""
+        self.events.state_stored(self._digests[request], key, request)
 
     # ----------------------------------------------------------------------------- eviction
 
-    def _evict_block(self) -> bool:
-        """Drop the least recently used block only the cache references; False if none."""
-        block = self._evict(self._blocks, self.block_pool)
-        if block is None:
-            return False
+    def _evict_block(self) -> bytes | None:
+        """Drop the least recently used block only the cache references; returns its digest,
+        None if every block is in use."""
+        evicted = self._evict(self._blocks, self.block_pool)
+        if evicted is None:
+            return None
+        key, block = evicted
         self._cached_blocks[block] = False
-        return True
+        return key
+
+    def _evict_state(self) -> bytes | None:
+        """Drop the least recently used state only the cache references; returns its key, None
+        if every state is in use."""
+        evicted = self._evict(self._states, self.slot_pool)
+        return None if evicted is None else evicted[0]
 
     @staticmethod
-    def _evict(entries: collections.OrderedDict[bytes, int], pool: Pool) -> int | None:
-        """Drop the least recently used entry only the cache references and free its id (which
-        it returns); None if every entry is in use."""
+    def _evict(
+        entries: collections.OrderedDict[bytes, int], pool: Pool
+    ) -> tuple[bytes, int] | None:
+        """Drop the least recently used entry only the cache references and free its id;
+        returns (its key, its id), None if every entry is in use."""
         for key, ident in entries.items():
             if pool.ref_counts[ident] == 1:
                 del entries[key]
                 pool.free([ident])
-                return ident
+                return key, ident
         return None

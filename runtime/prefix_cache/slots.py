@@ -25,13 +25,18 @@ from runtime.core.request import Request, RequestStatus
 from runtime.core.schedule import ScheduledRequest
 from runtime.core.slots import Hit, PlainSlots
 from runtime.prefix_cache.cache import PrefixCache
+from runtime.prefix_cache.events import cache_events
 
 
 class CachingSlots(PlainSlots):
     """Slots of rows and prefix-cache bookkeeping for one rank's pools ("align" or "all")."""
 
-    def __init__(self, config: EngineConfig, *, uses_blocks: bool, uses_slots: bool) -> None:
+    def __init__(
+        self, config: EngineConfig, *, uses_blocks: bool, uses_slots: bool, rank: int = 0
+    ) -> None:
+        """`rank`: the rank's id in the engine's mesh, which its cache events name."""
         super().__init__(config, uses_blocks=uses_blocks, uses_slots=uses_slots)
+        self.events = cache_events(config, rank)
         self.cache = PrefixCache(
             self.block_pool,
             self.slot_pool,
@@ -40,6 +45,7 @@ class CachingSlots(PlainSlots):
             max_cached_states=config.max_cached_states,
             uses_blocks=uses_blocks,
             uses_slots=uses_slots,
+            events=self.events,
         )
         self.stats = self.cache.stats
         self.state_block_size = config.state_block_size
@@ -178,7 +184,7 @@ class CachingSlots(PlainSlots):
             end = item.start + t + 1  # tokens summarised by lane t's state
             if end % self.state_block_size == 0 and end <= request.num_tokens:
                 key = self.cache.state_key(request, end)
-                kept_published = self.cache.adopt_state(key, lanes[t]) and t == lane
+                kept_published = self.cache.adopt_state(key, lanes[t], request) and t == lane
         if not kept_published:
             return super().keep_lane(item, lane)
         self._reads[request] = lanes[lane]
@@ -192,15 +198,20 @@ class CachingSlots(PlainSlots):
         request, end = item.request, item.start + item.num_tokens
         for key, slot in item.new_states:
             if key is not None:
-                self.cache.publish_state(key)
+                self.cache.publish_state(key, request)
             else:
                 known = request.num_tokens >= end
-                self.cache.key_state(slot, self.cache.state_key(request, end) if known else None)
+                key = self.cache.state_key(request, end) if known else None
+                self.cache.key_state(slot, key, request)
         offered = self._offered.get(request, 0)
         if request.status is RequestStatus.RUNNING and (
             request.num_computed // self.config.block_size > offered
         ):
             self._offered[request] = self.cache.publish_blocks(request, offered)
+
+    def end_step(self) -> None:
+        """The step's retirement is over: its cache events go out as one batch."""
+        self.events.end_step()
 
     @property
     def published_slots(self) -> np.ndarray:

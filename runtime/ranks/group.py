@@ -21,6 +21,7 @@ from multiprocessing.connection import wait
 from typing import Any, Literal
 
 from runtime.core.config import COMPILE_WORKERS, EngineConfig
+from runtime.core.kv_events_config import KVEventsConfig
 from runtime.core.request_table import RequestTable
 from runtime.core.sampling_params import SamplingParams
 from runtime.observe.snapshot import EngineSnapshot
@@ -93,7 +94,9 @@ class RankGroup:
         (all load at once); returns when every one is ready. RankFailure if one fails."""
         per_rank = int(options.get("tensor_parallel_size", 1))
         one_rank = dict(options, data_parallel_size=1)
-        specs = [RankSpec(r, model, dtype, warmup, one_rank) for r in range(num_ranks)]
+        specs = [
+            RankSpec(r, model, dtype, warmup, _rank_options(one_rank, r)) for r in range(num_ranks)
+        ]
         processes: list[RankProcess] = []
         try:
             processes += [start_rank(spec, per_rank) for spec in specs]
@@ -307,6 +310,15 @@ def _await_ready(process: RankProcess) -> RankInfo:
         return message.info
     assert isinstance(message, Failed), message
     raise RankFailure(f"data-parallel rank process failed to start: {message.message}")
+
+
+def _rank_options(options: dict[str, Any], rank: int) -> dict[str, Any]:
+    """A rank process's `LLM` options: its cache events name it as data-parallel rank `rank`
+    (and so publish on the endpoint's port + rank), as one engine's rank `rank` would."""
+    events = KVEventsConfig.of(options.get("kv_events_config"))
+    if events is None:
+        return options
+    return dict(options, kv_events_config=events.for_rank(rank))
 
 
 def _stop_all(processes: list[RankProcess]) -> None:

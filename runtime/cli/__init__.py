@@ -1,7 +1,8 @@
 """The `jmamba` command: `generate` (prompts from the command line), `serve` (an OpenAI-compatible
-HTTP server) and `bench` (a serving benchmark). Each command is a module here that registers its
-options (`add_command`) and runs (`run`); the engine options they share are in
-`engine_options.py`. Argument parsing loads no jax, so `--help` and argument errors answer at once.
+HTTP server), `bench` (a serving benchmark) and `lws` (a Kubernetes LeaderWorkerSet for one
+multi-host instance). Each command is a module here that registers its options (`add_command`)
+and runs (`run`); the engine options they share are in `engine_options.py`. Argument parsing
+loads no jax, so `--help` and argument errors answer at once.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ import logging
 import sys
 import time
 
-from runtime.cli import bench, generate, serve
+from runtime.cli import bench, generate, lws, serve
 
 
 def parser() -> argparse.ArgumentParser:
     """The `jmamba` argument parser, every command registered."""
     top = argparse.ArgumentParser(prog="jmamba")
     commands = top.add_subparsers(dest="command", required=True)
-    for command in (generate, serve, bench):
+    for command in (generate, serve, bench, lws):
         command.add_command(commands)
     return top
 

@@ -124,17 +124,28 @@ class Subscriber:
 
     def receive(self, timeout_ms: int = 2000) -> list[tuple[int, EventBatch]]:
         """The next message, preceded by the ones missed before it (asked of the replay
-        socket, as a router does when it sees a gap); [] when none comes in time."""
-        if not self.sub.poll(timeout_ms):
-            return []
-        topic, sequence_bytes, payload = self.sub.recv_multipart()
-        assert topic == self.topic
-        sequence = int.from_bytes(sequence_bytes, "big")
+        socket, as a router does when it sees a gap); [] when none comes in time. A message
+        already had from a replay is skipped."""
+        sequence = -1
+        while sequence < self.next_sequence:
+            if not self.sub.poll(timeout_ms):
+                return []
+            topic, sequence_bytes, payload = self.sub.recv_multipart()
+            assert topic == self.topic
+            sequence = int.from_bytes(sequence_bytes, "big")
         missed = self.replayed(self.next_sequence) if sequence > self.next_sequence else []
         missed = [(s, b) for s, b in missed if s < sequence]
         assert [s for s, _ in missed] == list(range(self.next_sequence, sequence))
         self.next_sequence = sequence + 1
         return [*missed, (sequence, DECODER.decode(payload))]
+
+    def receive_or_replay(self) -> list[tuple[int, EventBatch]]:
+        """The next message, or, when none comes (a subscriber joining late misses the first
+        ones and nothing follows them), what the replay socket has from the next one on."""
+        batches = self.receive() or self.replayed(self.next_sequence)
+        if batches:
+            self.next_sequence = batches[-1][0] + 1
+        return batches
 
     def replayed(self, first: int) -> list[tuple[int, EventBatch]]:
         """The batches from sequence number `first` on that the replay socket still has."""

@@ -89,7 +89,7 @@ def catch_up(subscriber: Subscriber, events: RecordedEvents, view: HeldBlocks) -
     """Apply every batch published so far to `view`; returns their events."""
     seen = []
     while subscriber.next_sequence < events.num_published:
-        batches = subscriber.receive()
+        batches = subscriber.receive_or_replay()
         assert batches, f"batch {subscriber.next_sequence} never came"
         for _, batch in batches:
             assert batch.data_parallel_rank == 0

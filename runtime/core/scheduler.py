@@ -110,6 +110,20 @@ class Scheduler:
     def add(self, request: Request) -> None:
         _insert_by_arrival(self.waiting, request)
 
+    def enter_computed(self, request: Request, num_blocks: int) -> bool:
+        """Enter a request whose first `request.num_computed` tokens were computed elsewhere (a
+        prefill instance's hand-over, `runtime.disagg`) as running, with its own state slot and
+        `num_blocks` fresh KV blocks for the caller to fill. False, taking nothing, when a row,
+        the slot or the blocks are short (the caller retries later)."""
+        free = len(self.running) < self.config.max_num_seqs and self.slots.can_start()
+        if not free or not self.slots.can_allocate_blocks(num_blocks):
+            return False
+        self.slots.start(request)
+        request.block_ids = self.slots.allocate_blocks(num_blocks)
+        request.status = RequestStatus.RUNNING
+        _insert_by_arrival(self.running, request)
+        return True
+
     def abort(self, request_id: str) -> Request | None:
         """Finish a waiting or running request now; returns it, or None if it is not here."""
         for request in [*self.waiting, *self.running]:

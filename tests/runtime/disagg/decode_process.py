@@ -1,0 +1,46 @@
+"""The decode instance of test_two_processes.py, in a process of its own: a model built as the
+parent builds it, its own runner and caches, hand-overs read from a pipe (the local transport),
+and what it made sent back to the parent."""
+
+from __future__ import annotations
+
+from multiprocessing.connection import Connection  # noqa: E402
+
+import tests.conftest  # noqa: F401  (first: the test run's JAX settings, before jax starts)
+from runtime.device.memory import resolve_config  # noqa: E402
+from runtime.device.model_runner import ModelRunner  # noqa: E402
+from runtime.disagg import ConnectionTransport, DecodeInstance  # noqa: E402
+from runtime.disagg.pool_rows import engine_pool_rows  # noqa: E402
+from runtime.engine import Engine  # noqa: E402
+from tests.runtime.disagg.pairs import (  # noqa: E402
+    DECODE_STEPS_COMPARED,
+    engine_args,
+    free_counts,
+    load,
+    request_rows,
+)
+
+
+def serve(name: str, handovers: Connection, results: Connection, num_requests: int) -> None:
+    """Admit `num_requests` hand-overs, decode them, and send back (free counts before, the
+    rows after admission and after `DECODE_STEPS_COMPARED` decode steps, the tokens, free
+    counts after)."""
+    model = load(name)
+    args = engine_args(model.config.chunk_size)
+    engine = Engine(model, args, runner=ModelRunner(model, resolve_config(model, args)))
+    decode = DecodeInstance(engine, ConnectionTransport(handovers))
+    start = free_counts(engine)
+    ids: list[str] = []
+    while len(ids) < num_requests:
+        arrivals = decode.receive(timeout=60.0)
+        assert not arrivals.failed, arrivals.failed
+        ids += arrivals.admitted
+    rows = engine_pool_rows(engine)
+    after_prompt = {i: request_rows(engine, rows, i) for i in ids}
+    for _ in range(DECODE_STEPS_COMPARED):
+        engine.step()
+    after_decodes = {i: request_rows(engine, rows, i) for i in ids}
+    tokens = {}
+    while engine.has_unfinished:
+        tokens |= {o.request_id: o.token_ids for o in engine.step()}
+    results.send((start, after_prompt, after_decodes, tokens, free_counts(engine)))

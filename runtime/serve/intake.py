@@ -147,6 +147,7 @@ class Intake:
             self.metrics,
             self.decoder,
             tool_parser or NoToolParser(),
+            n,
         )
 
 

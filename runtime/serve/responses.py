@@ -20,6 +20,7 @@ class Choice:
         self.token_ids: list[int] = []
         self.logprobs: list[Logprobs] = []
         self.finish_reason: str | None = None
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache gave it (once finished)
 
     def add(self, delta: StreamDelta) -> None:
         self.text += delta.text or ""
@@ -27,6 +28,7 @@ class Choice:
         self.logprobs += delta.logprobs or []
         if delta.output is not None:
             self.finish_reason = delta.output.finish_reason
+            self.num_cached_tokens = delta.output.num_cached_tokens
 
 
 class Decoder:
@@ -101,11 +103,14 @@ def _offsets(pieces: list[str], start: int) -> list[int]:
     return offsets
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` are the prompt tokens the
+    prefix cache supplied (as OpenAI's and vLLM's servers report them)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

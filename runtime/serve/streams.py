@@ -70,8 +70,9 @@ async def merged(
 
 
 class Completion:
-    """The choices of one request (n per prompt, in order) and their timing for the metrics;
-    `prompt_tokens` counts each prompt once, as OpenAI's usage does."""
+    """The choices of one request (`n` per prompt, in order) and their timing for the metrics;
+    `prompt_tokens` counts each prompt once, as OpenAI's usage does (and its cached tokens are
+    those of the prompt's first choice)."""
 
     def __init__(
         self,
@@ -84,9 +85,10 @@ class Completion:
         metrics: Metrics,
         decoder: Decoder,
         tool_parser: ToolParser,
+        n: int = 1,
     ) -> None:
         """`tool_parser`: how a chat answer is read (`NoToolParser`: all content)."""
-        self.response_id, self.model_name = response_id, model_name
+        self.response_id, self.model_name, self.n = response_id, model_name, n
         self.streams, self.prompt_tokens = streams, prompt_tokens
         self.include_usage, self.logprobs_k = include_usage, logprobs_k
         self.metrics, self.decoder = metrics, decoder
@@ -217,9 +219,10 @@ class Completion:
         chunk["choices"] = choices
         return chunk
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self) -> dict[str, Any]:
         generated = sum(len(choice.token_ids) for choice in self.choices)
-        return usage(self.prompt_tokens, generated)
+        cached = sum(choice.num_cached_tokens for choice in self.choices[:: self.n])
+        return usage(self.prompt_tokens, generated, cached)
 
 
 def _event(payload: dict[str, Any]) -> str:

@@ -23,7 +23,9 @@ from tests.compiled import per_module
 
 PRESETS = ("mamba2", "nemotron_h", "qwen3_next")  # Mamba2; Mamba2 + attention; GDN + attention
 FIXTURES = Path(__file__).parents[2] / "fixtures"
-FIXTURE_FAMILIES = ("falcon_h1", "zamba2", "bamba", "granite_h", "qwen3_5", "qwen3_5_moe")
+# One fixture per checkpoint adapter beyond the presets (Granite-4.0-H shares Bamba's, Qwen3.5 MoE
+# the dense Qwen3.5's cache layout): every kind of cache pytree the families make.
+FIXTURE_FAMILIES = ("falcon_h1", "zamba2", "bamba", "qwen3_5")
 # 5 tokens: one partial block; 16: two full blocks (the first decode takes a new one); 9: a
 # block and one token. 30 tokens fit one step's budget, so every prompt ends in the first step.
 PROMPTS = ([3, 7, 11, 5, 9], [(5 * i + 2) % 97 + 1 for i in range(16)], [8, 1, 6, 4, 2, 9, 3, 5, 7])

@@ -105,3 +105,19 @@ def test_a_corrupt_or_foreign_handover_is_refused_before_anything_is_taken():
     assert mismatched.request_id == "1" and "fingerprint" in mismatched.error
     assert not arrivals.admitted and free_counts(decode.engine) == start
     assert not decode.engine.has_unfinished
+
+
+def test_an_asynchronous_multi_step_decode_engine_gives_the_same_tokens():
+    """The decode engine's own scheduling (a step dispatched before the last one's tokens are
+    known, three decode steps a program) does not change what a hand-over continues into."""
+    want = reference(PRESETS[0])
+    prefill, decode, _ = instances(PRESETS[0], async_scheduling=True, decode_steps=3)
+    start = free_counts(decode.engine)
+    for prompt in PROMPTS:
+        prefill.add_request(prompt, PARAMS)
+    prefill.step()
+    tokens = {}
+    decode.receive()
+    while decode.engine.has_unfinished:
+        tokens |= {o.request_id: o.token_ids for o in decode.engine.step()}
+    assert tokens == want.tokens and free_counts(decode.engine) == start

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -17,7 +18,7 @@ from runtime.core.engine_args import EngineArgs
 from runtime.core.sampling_params import SamplingParams
 from runtime.device.memory import resolve_config
 from runtime.device.model_runner import ModelRunner
-from runtime.disagg.pool_rows import PoolRows, engine_pool_rows
+from runtime.disagg.pool_rows import BLOCK, PoolRows, engine_pool_rows
 from runtime.engine import Engine
 from tests.compiled import per_module
 
@@ -26,9 +27,14 @@ FIXTURES = Path(__file__).parents[2] / "fixtures"
 # One fixture per checkpoint adapter beyond the presets (Granite-4.0-H shares Bamba's, Qwen3.5 MoE
 # the dense Qwen3.5's cache layout): every kind of cache pytree the families make.
 FIXTURE_FAMILIES = ("falcon_h1", "zamba2", "bamba", "qwen3_5")
-# 5 tokens: one partial block; 16: two full blocks (the first decode takes a new one); 9: a
-# block and one token. 30 tokens fit one step's budget, so every prompt ends in the first step.
-PROMPTS = ([3, 7, 11, 5, 9], [(5 * i + 2) % 97 + 1 for i in range(16)], [8, 1, 6, 4, 2, 9, 3, 5, 7])
+# 5 tokens: one partial block; 16: two full blocks (the first decode takes a new one); 20: three
+# blocks, which a hand-over writes as four (`pool_rows.padded_count`: the fourth, out of range,
+# is dropped). 41 tokens fit one step's budget, so every prompt ends in the first step.
+PROMPTS = (
+    [3, 7, 11, 5, 9],
+    [(5 * i + 2) % 97 + 1 for i in range(16)],
+    [(3 * i) % 89 + 2 for i in range(20)],
+)
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 DECODE_STEPS_COMPARED = 2  # the state is compared again after this many decode steps
 
@@ -47,7 +53,7 @@ class Family:
 
 
 def engine_args(chunk_size: int) -> EngineArgs:
-    budget = max(32, min_token_budget(chunk_size, 4))
+    budget = max(48, min_token_budget(chunk_size, 4))
     return EngineArgs(
         max_num_seqs=4,
         max_num_batched_tokens=budget,
@@ -117,6 +123,19 @@ def reference(name: str) -> Reference:
     while engine.has_unfinished:
         tokens |= {o.request_id: o.token_ids for o in engine.step()}
     return Reference(tokens, after_prompt, after_decodes)
+
+
+def host_caches(engine: Engine) -> list[np.ndarray]:
+    """Every cache array of the engine's runner, copied to the host."""
+    return [np.array(leaf) for leaf in jax.tree.leaves(engine.runner.caches)]
+
+
+def rows_outside(caches: list[np.ndarray], rows: PoolRows, blocks: list[int], slots: list[int]):
+    """Each cache array without the rows of `blocks` (block leaves) or `slots` (slot leaves)."""
+    return [
+        np.delete(leaf, blocks if kind == BLOCK else slots, axis=0)
+        for leaf, kind in zip(caches, rows.kinds, strict=True)
+    ]
 
 
 def free_counts(engine: Engine) -> list[tuple[int, int]]:

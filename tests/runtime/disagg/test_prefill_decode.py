@@ -20,8 +20,10 @@ from tests.runtime.disagg.pairs import (
     assert_bitwise,
     family,
     free_counts,
+    host_caches,
     reference,
     request_rows,
+    rows_outside,
 )
 from tests.tiers import slow_cases
 
@@ -46,9 +48,14 @@ def test_decode_continues_bitwise_from_the_handover(name):
     step = prefill.step()
     assert [h.request_id for h in step.sent] == ids and not step.failed
     assert not prefill.has_unfinished and free_counts(prefill.engine) == start[0]
+    rows = engine_pool_rows(decode.engine)
+    before = host_caches(decode.engine)
     arrivals = decode.receive()
     assert arrivals.admitted == ids and not arrivals.failed
-    rows = engine_pool_rows(decode.engine)
+    taken = [decode.engine.request(i) for i in ids]
+    blocks, slots = [b for r in taken for b in r.block_ids], [r.state_slot for r in taken]
+    untouched = rows_outside(before, rows, blocks, slots)  # NULL, padding and the others' rows
+    assert_bitwise(rows_outside(host_caches(decode.engine), rows, blocks, slots), untouched)
     for i in ids:  # what the scatter wrote into the decode engine's own caches
         assert decode.engine.request(i).output_token_ids == want.tokens[i][:1]
         assert_bitwise(request_rows(decode.engine, rows, i), want.after_prompt[i])

@@ -7,18 +7,22 @@ makes ready the step programs `--warmup` names (by default decode steps and one 
 alone; `all`: every program of the serving bucket table; with a bar on stderr; the step store
 keeps them for the next start), 200 once they are ready.
 SIGTERM (or Ctrl-C) stops taking connections, lets the requests in flight finish for up to
-`--shutdown-timeout` seconds, and exits, at any stage.
+`--shutdown-timeout` seconds, and exits, at any stage. With `--ray-replicas N` the same app runs
+in N Ray Serve replicas behind one front, routed by prefix (`ray_serve.py`, runtime/ray_serve/).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from runtime.cli import ray_serve
 from runtime.cli.engine_options import (
     HelpFormatter,
     add_engine_options,
@@ -31,6 +35,8 @@ from runtime.core.config import COMPILE_WORKERS
 TOOL_CALL_PARSERS = ("hermes", "none")
 
 if TYPE_CHECKING:  # loads jax: the command imports it only once the port is bound
+    from fastapi import FastAPI
+
     from runtime.llm import LLM
 
 # --warmup -> Engine.warmup(prefill=)
@@ -78,6 +84,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         help="uvicorn's log level",
     )
     _add_http_options(serve)
+    ray_serve.add_options(serve)
     add_engine_options(serve, max_num_seqs=32, one_sampler_program=True, bucket_table="serving")
     serve.set_defaults(run=run)
 
@@ -145,23 +152,13 @@ def run(args: argparse.Namespace, started: float) -> int:
         raise ValueError(
             f"jmamba serve needs the serve extra (pip install jmamba[serve]): {error}"
         ) from None
+    if args.ray_replicas:  # Ray Serve's proxy binds the port; each replica builds this app
+        return ray_serve.run(args, functools.partial(served_app, args))
     listener = _listen(args.host, args.port)
-    from runtime.serve.app import build_app  # loads jax: after the port is bound
-    from runtime.serve.limits import Limits
-    from runtime.serve.tool_parsers import tool_parser
-
     name = args.served_model_name or args.model
     failures: list[BaseException] = []
-    limits = Limits(args.max_request_bytes, args.max_choices_per_request, args.max_queued_requests)
-    app = build_app(
-        lambda: _load(args, started),
-        name,
-        lambda llm: _compile(llm, WARMUPS[args.warmup], args.compile_workers),
-        limits=limits,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-        on_failure=lambda error: _stop(server, failures, error),  # `server` is made next
-        tool_parser=tool_parser(args.tool_call_parser),
-    )
+    # `server` is made next
+    app = served_app(args, started, on_failure=lambda error: _stop(server, failures, error))
     config = uvicorn.Config(
         app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout
     )
@@ -175,6 +172,30 @@ def run(args: argparse.Namespace, started: float) -> int:
     if failures:
         raise failures[0]  # the load's error (a ValueError: exit 2, said in one line)
     return 0
+
+
+def served_app(
+    args: argparse.Namespace,
+    started: float | None = None,
+    on_failure: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The server's app for the options (it loads and compiles once started); `started`: when
+    the command began (None: now)."""
+    from runtime.serve.app import build_app  # loads jax: after the port is bound
+    from runtime.serve.limits import Limits
+    from runtime.serve.tool_parsers import tool_parser
+
+    began = time.perf_counter() if started is None else started
+    limits = Limits(args.max_request_bytes, args.max_choices_per_request, args.max_queued_requests)
+    return build_app(
+        lambda: _load(args, began),
+        args.served_model_name or args.model,
+        lambda llm: _compile(llm, WARMUPS[args.warmup], args.compile_workers),
+        limits=limits,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        on_failure=on_failure,
+        tool_parser=tool_parser(args.tool_call_parser),
+    )
 
 
 def _listen(host: str, port: int) -> socket.socket:

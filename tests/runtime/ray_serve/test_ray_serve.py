@@ -217,31 +217,54 @@ def test_a_killed_replica_fails_its_requests_and_the_other_serves(client: openai
     prompt = prefix_of(SESSIONS) + "# failover\n"
     long = {"model": MODEL, "prompt": prompt, "max_tokens": 400, "temperature": 0}
     long["extra_body"] = {"ignore_eos": True}
-    # Long streams of one prefix: its replica takes them until it runs --max-num-seqs more
-    # than the other (the router's imbalance threshold), which then takes the rest.
-    streams = [client.completions.with_raw_response.create(**long, stream=True) for _ in range(4)]
-    victim = streams[0].headers[REPLICA]
-    on_victim = [s.headers[REPLICA] == victim for s in streams]
-    opened = [s.parse() for s in streams]
-    next(iter(opened[0]))  # the victim's tokens are coming
-    killed = time.monotonic()
-    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-    with concurrent.futures.ThreadPoolExecutor(len(opened) + 1) as pool:
+    # Long requests of one prefix: its replica (the victim) takes them until it runs more than
+    # --max-num-seqs (2, the router's imbalance threshold) beyond the other, which takes the
+    # rest. A whole (unstreamed) one among the victim's first three: it answers only at the end.
+    first = client.completions.with_raw_response.create(**long, stream=True)
+    victim = first.headers[REPLICA]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        whole = pool.submit(_whole_answer, client, long)
+        time.sleep(0.3)  # routed by now (to the victim, one request ahead of the other)
+        streams = [first]
+        streams += [client.completions.with_raw_response.create(**long, stream=True)]
+        streams += [client.completions.with_raw_response.create(**long, stream=True)]
+        on_victim = [s.headers[REPLICA] == victim for s in streams]
+        opened = [s.parse() for s in streams]
+        next(iter(opened[0]))  # the victim's tokens are coming
+        killed = time.monotonic()
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         answered = pool.submit(_first_answer_elsewhere, client, prompt, victim, killed)
         ended = list(pool.map(functools.partial(_end_of, since=killed), opened))
         served, recovered, refused = answered.result()
+        whole_error = whole.result()
     for lost, (end, _) in zip(on_victim, ended, strict=True):  # the victim's fail, others finish
-        assert isinstance(end, openai.APIError) if lost else end is None, (on_victim, ended)
+        if lost:  # the ingress's error event, not a connection cut short
+            assert isinstance(end, openai.APIError) and "replica serving this stream died" in str(
+                end
+            ), end
+        else:
+            assert end is None, end
+    assert isinstance(whole_error, openai.APIStatusError) and whole_error.status_code == 503
+    assert "replica serving this request died" in str(whole_error)
     failed = max(seconds for lost, (_, seconds) in zip(on_victim, ended, strict=True) if lost)
     assert served != victim
     print(
-        f"\nfailover: {sum(on_victim)} of {len(opened)} streams on the killed replica, all failed "
-        f"within {failed:.2f} s of the kill; the next request answered {recovered:.2f} s after it "
-        f"(after {refused} 503s)"
+        f"\nfailover: {sum(on_victim)} of {len(opened)} streams and a whole request on the "
+        f"killed replica, the streams failed within {failed:.2f} s of the kill; the next "
+        f"request answered {recovered:.2f} s after it (after {refused} 503s)"
     )
     assert failed < FAILOVER_SECONDS and recovered < FAILOVER_SECONDS
     again = client.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=2)
     assert again.headers[REPLICA] != victim
+
+
+def _whole_answer(client: openai.OpenAI, request: dict) -> BaseException | None:
+    """The error of an unstreamed request, or None if it was answered."""
+    try:
+        client.completions.create(**request, timeout=FAILOVER_SECONDS)
+    except Exception as error:
+        return error
+    return None
 
 
 def _end_of(stream: openai.Stream, since: float) -> tuple[BaseException | None, float]:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.runtime.cli.test_lws import check_schemas
+from tests.runtime.ray_serve.command import COMMAND as RAY_COMMAND
 from tests.runtime.serve.live import free_port, wait_ready
 from tests.tiers import slow, slow_cases
 
@@ -74,6 +76,22 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, capsys):
     assert "LLM('tiny-stdlib'" in out and "Request('0', waiting, prompt=4" in out
     assert "kv_cache_dtype=fp8, state_dtype=bfloat16)" in out  # the narrower caches' block
     assert namespace["outs"][0].finish_reason in ("length", "stop")
+    assert "[('BlockStored', 'full_attention'), ('BlockStored', 'mamba')]" in out  # KV events
+    assert_handed_over_tokens_are_one_engines(namespace, out)
+
+
+def assert_handed_over_tokens_are_one_engines(namespace: dict, out: str) -> None:
+    """The P/D block: the decode engine admitted the request and gave the 8 tokens one engine
+    gives the same prompt by itself."""
+    assert "['0']" in out
+    one = namespace["Engine"](namespace["model"], namespace["args"])  # prefills and decodes
+    one.add_request([1, 2, 3, 4, 5], namespace["SamplingParams"](max_tokens=8, ignore_eos=True))
+    outputs = []
+    while one.has_unfinished:
+        outputs += one.step()
+    (alone,) = outputs
+    assert len(alone.token_ids) == 8 and str(alone.token_ids) in out
+    assert namespace["handed_over"][0].token_ids == alone.token_ids
 
 
 # What each `jmamba generate` command of the README must print, by a word of the command.
@@ -121,12 +139,37 @@ def test_every_readme_shell_command_is_run_by_a_test():
         covered = "jmamba serve" in command or "curl " in command
         covered |= "jmamba generate" in command and any(word in command for word in PROMISES)
         covered |= "--tensor-parallel-size" in command or "--data-parallel-size" in command
+        covered |= "jmamba lws" in command  # test_readme_lws_command_prints_a_valid_manifest
         assert covered, f"no test runs the README command {command!r}"
+
+
+def server_command() -> str:
+    """The README's `jmamba serve` command for one server (the Ray Serve one has its test)."""
+    (serve,) = [c for c in shell_commands() if "jmamba serve" in c and "--ray-replicas" not in c]
+    return serve
+
+
+def test_readme_ray_serve_command_is_the_one_its_test_runs():
+    """tests/runtime/ray_serve/test_ray_serve.py starts exactly this command on a local Ray
+    cluster (two replicas, prefix-aware routing, a replica killed)."""
+    (ray,) = [c for c in shell_commands() if "--ray-replicas" in c]
+    assert ray == f".venv/bin/{RAY_COMMAND}"
+
+
+def test_readme_lws_command_prints_a_valid_manifest():
+    """The README's `jmamba lws ... | kubectl apply -f -`, up to the pipe (no cluster here): a
+    LeaderWorkerSet valid against its schema, pod templates valid against Kubernetes' own."""
+    (command,) = [c for c in shell_commands() if "jmamba lws" in c]
+    printed, kubectl = command.split(" | ")
+    assert kubectl == "kubectl apply -f -"
+    manifest = json.loads(run_shell(printed))
+    check_schemas(manifest)
+    assert manifest["spec"]["leaderWorkerTemplate"]["size"] == 2
 
 
 @slow
 def test_readme_server_blocks_answer():
-    (serve,) = [c for c in shell_commands() if "jmamba serve" in c]
+    serve = server_command()
     port = str(free_port())
     argv = serve.replace(".venv/bin/jmamba", f'"{sys.executable}" -m runtime.cli')
     argv = argv.replace(f"--port {README_PORT}", f"--port {port}")

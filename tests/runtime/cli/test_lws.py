@@ -59,6 +59,16 @@ def rendered(capsys, *options: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+def check_schemas(manifest: dict) -> None:
+    """`manifest` against the LWS schema above and its pod templates against Kubernetes' own."""
+    jsonschema.validate(manifest, LWS_SCHEMA)
+    group = manifest["spec"]["leaderWorkerTemplate"]
+    version = kubernetes_validate.latest_version()
+    for role in ("leaderTemplate", "workerTemplate"):
+        pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role}}
+        kubernetes_validate.validate({**pod, "template": group[role]}, version, strict=True)
+
+
 def expanded(args: list[str], env: dict[str, str]) -> list[str]:
     """`args` as Kubernetes expands `$(NAME)` references to the container's variables."""
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
@@ -70,13 +80,9 @@ def test_manifest_validates_and_runs_one_jax_distributed_group(capsys):
         *("--model", "/models/qwen3-next", "--num-hosts", "3", "--gpus-per-host", "8"),
         *("--tensor-parallel-size", "4", "--", "--gpu-memory-utilization", "0.9"),
     )
-    jsonschema.validate(manifest, LWS_SCHEMA)
+    check_schemas(manifest)
     group = manifest["spec"]["leaderWorkerTemplate"]
     assert group["size"] == 3
-    version = kubernetes_validate.latest_version()
-    for role in ("leaderTemplate", "workerTemplate"):
-        pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role}}
-        kubernetes_validate.validate({**pod, "template": group[role]}, version, strict=True)
     addresses = []
     for index, role in ((0, "leaderTemplate"), (1, "workerTemplate"), (2, "workerTemplate")):
         (container,) = group[role]["spec"]["containers"]

@@ -37,13 +37,9 @@ from runtime.cli import parser
 from runtime.cli import ray_serve as ray_options
 from runtime.cli.serve import served_app
 from runtime.ray_serve.application import start
+from tests.runtime.ray_serve.command import COMMAND  # the README's
 from tests.runtime.serve.live import ROOT, free_port, wait_ready
 
-# The README's command (port 8000 there; a free one here).
-COMMAND = (
-    "jmamba serve --model tiny-stdlib --ray-replicas 2 --max-num-seqs 2 --max-model-len 512 "
-    "--warmup decode --port 8000"
-)
 MODEL = "tiny-stdlib"
 SESSIONS, TURNS = 8, 3
 FAILOVER_SECONDS = 15.0  # from the kill to the in-flight errors and the first answer elsewhere

@@ -7,6 +7,7 @@ from benchmarks.harness.suite import run_suite
 
 BENCHES = (
     "data_parallel",
+    "disaggregation",
     "rank_processes",
     "tensor_parallel",
 )

@@ -51,6 +51,15 @@ def _use_compile_cache(path: str) -> None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # And the processes the tests start (servers, README and CLI commands, rank processes,
+    # multi-host workers, replicas), which read these at import: a server or command whose
+    # programs a test or an earlier process compiled loads them. A bench that must compile from
+    # nothing drops them from its child's environment (benchmarks/engine/compile_time.py).
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=path,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
 
 
 def _cache_dir() -> str | None:

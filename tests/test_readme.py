@@ -114,7 +114,7 @@ def test_readme_generate_commands_do_what_the_text_says(word: str):
 def test_readme_tensor_parallel_command_gives_the_text_of_one_device():
     """The README says tokens over tensor parallelism are those of one device: the command's
     generated text equals the same command's without the flag and the fake devices."""
-    (command,) = [c for c in shell_commands() if "--tensor-parallel-size" in c]
+    (command,) = [c for c in shell_commands() if "generate --tensor-parallel-size" in c]
     alone = command.replace(" --tensor-parallel-size 2", "").split(" ", 1)[1]
     outputs = [run_shell(c) for c in (command, alone)]
     texts = [

@@ -87,6 +87,7 @@ def child_env(setting: str) -> dict[str, str]:
     XLA_FLAGS."""
     names = setting.split("+")[1:]
     env = dict(os.environ, JMAMBA_COMPILE_CACHE="off", JMAMBA_STEP_STORE="off")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # a cache given to JAX itself would load programs
     if "cache" in names:
         env |= dict(JMAMBA_COMPILE_CACHE=tempfile.mkdtemp(prefix="compile_time_"))
         env.pop("JMAMBA_STEP_STORE")

@@ -1,5 +1,6 @@
 """Two processes on localhost (two CPU devices each, collectives through gloo) form one four-rank
-`dp` mesh through `jax.distributed`, and give the tokens of one process driving four devices."""
+`dp` mesh through `jax.distributed`, and give the tokens of one engine on one device (a request's
+tokens do not depend on its rank: DESIGN section 5, invariant 8)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def test_two_processes_give_the_tokens_of_one(tmp_path):
     got = {}
     for out in outs:
         got |= {int(i): tokens for i, tokens in json.loads(out.read_text()).items()}
-    one = LLM("tiny-nemotron_h", warmup=False, **OPTIONS)  # this process has four fake devices
+    # One device in this process (LLM would start four rank processes for data_parallel_size=4).
+    alone = {name: value for name, value in OPTIONS.items() if name != "data_parallel_size"}
+    one = LLM("tiny-nemotron_h", warmup=False, **alone)
     expected = one.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS), use_tqdm=False)
     assert got == {i: o.token_ids for i, o in enumerate(expected)}

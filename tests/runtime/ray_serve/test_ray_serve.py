@@ -40,6 +40,11 @@ from runtime.ray_serve.application import start
 from tests.runtime.ray_serve.command import COMMAND  # the README's
 from tests.runtime.serve.live import ROOT, free_port, wait_ready
 
+# Ray starts some of its processes with a preexec_fn, which runs JAX's at-fork hook; in a worker
+# whose JAX earlier modules initialised, the hook warns of a deadlock. The child execs at once and
+# never runs JAX, so the warning does not apply here.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+
 MODEL = "tiny-stdlib"
 SESSIONS, TURNS = 8, 3
 FAILOVER_SECONDS = 15.0  # from the kill to the in-flight errors and the first answer elsewhere

@@ -13,8 +13,8 @@ import jmamba.presets
 from jmamba.cache_dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, STATE_DTYPES
 from runtime.core.bucket_tables import BUCKET_TABLES
 from runtime.core.config import DEFAULT_DECODE_STEPS, MAX_DECODE_STEPS, PREFIX_CACHING_MODES
-from runtime.core.engine_args import DEFAULT_PREFIX_CACHING
 from runtime.core.kv_events_config import KVEventsConfig
+from runtime.core.prefix_caching_args import DEFAULT_PREFIX_CACHING
 from runtime.core.speculative_config import METHODS, SpeculativeConfig
 
 PRESETS = [f"tiny-{name}" for name in jmamba.presets.names()]

@@ -11,7 +11,6 @@ what needs the model is checked when they are resolved.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from jmamba.cache_dtypes import CacheDtypes
@@ -19,23 +18,22 @@ from jmamba.config import ModelConfig
 from runtime.core import checks
 from runtime.core.bucket_tables import BUCKET_TABLES, BucketTables, default_tables
 from runtime.core.budgets import default_token_budget, min_token_budget
-from runtime.core.config import MAX_DECODE_STEPS, PREFIX_CACHING_MODES, EngineConfig
+from runtime.core.config import MAX_DECODE_STEPS, EngineConfig
 from runtime.core.kv_events_config import KVEventsConfig
 from runtime.core.model_len import blocks_per_seq, default_num_blocks, resolve_max_model_len
 from runtime.core.pool_memory import PoolMemory
+from runtime.core.prefix_caching_args import (
+    check_prefix_caching,
+    kv_events,
+    prefix_caching,
+    state_block_size,
+)
 from runtime.core.speculative_config import (
     SpeculativeConfig,
     chained_lane_slots,
     default_num_slots,
     min_num_slots,
 )
-
-# The mode args that name none get, where they can cache (`EngineArgs.resolved`); why "all":
-# docs/architecture.md, "Prefix caching".
-DEFAULT_PREFIX_CACHING = "all"
-# The smallest derived state budget: "all" writes a state per state block of every prompt, and a
-# request's own deeper states would push a shared one out of a budget of one or two.
-DEFAULT_MIN_CACHED_STATES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +203,7 @@ class EngineArgs:
         if self.num_slots is not None:
             low = min_num_slots(self.max_num_seqs, speculative)
             checks.integer("num_slots", self.num_slots, low=low)
-        self._check_prefix_caching()
+        check_prefix_caching(self)
         KVEventsConfig.of(self.kv_events_config)  # a bad dict or JSON raises here
         checks.choice("bucket_table", self.bucket_table, BUCKET_TABLES)
         self._tables(self.max_num_batched_tokens or 1)  # a given table that reaches too little
@@ -255,11 +253,9 @@ class EngineArgs:
         `memory` is None or too small.
         """
         length = resolve_max_model_len(self.max_model_len, max_position_embeddings)
-        sbs = self._state_block_size(chunk_size)
-        mode, cached = self._prefix_caching(sbs, length)
-        events = KVEventsConfig.of(self.kv_events_config)
-        if events is not None and events.publishes and mode == "off":
-            raise ValueError("kv_events_config needs prefix caching, which is off")
+        sbs = state_block_size(self, chunk_size)
+        mode, cached = prefix_caching(self, sbs, length)
+        events = kv_events(self, mode)
         speculative = self.speculative_config
         slots = self.num_slots
         if slots is None:
@@ -356,75 +352,6 @@ class EngineArgs:
                 f"max_model_len={length} needs {needed} blocks of block_size={self.block_size} "
                 "+ NULL"
             )
-
-    def _state_block_size(self, chunk_size: int) -> int:
-        """state_block_size, or the finest possible: lcm(chunk_size, block_size)."""
-        unit = math.lcm(chunk_size, self.block_size)
-        sbs = self.state_block_size or unit
-        if sbs % chunk_size:
-            smaller = " (it is shorter than one chunk)" if sbs < chunk_size else ""
-            raise ValueError(
-                f"state_block_size={sbs} must be a multiple of the model's chunk_size="
-                f"{chunk_size} and of block_size={self.block_size}{smaller}: one of {unit}, "
-                f"{2 * unit}, {3 * unit}, ..."
-            )
-        return sbs
-
-    def _prefix_caching(self, sbs: int, length: int) -> tuple[str, int]:
-        """(the prefix caching mode in force, the state slots it may hold)."""
-        cached = self._cached_states_if_caching()
-        problem = self._why_caching_cannot_work(sbs, cached, length)
-        mode = self.prefix_caching
-        if mode is None:
-            mode = "off" if problem else DEFAULT_PREFIX_CACHING
-        elif mode != "off" and problem:
-            raise ValueError(f"prefix_caching={mode!r} cannot work: {problem}")
-        return mode, 0 if mode == "off" else cached
-
-    def _check_prefix_caching(self) -> None:
-        mode = self.prefix_caching
-        if mode is not None and mode not in PREFIX_CACHING_MODES:
-            raise ValueError(f"prefix_caching={mode!r} must be one of {PREFIX_CACHING_MODES}")
-        if self.state_block_size is not None:
-            sbs = checks.integer("state_block_size", self.state_block_size, low=1)
-            if sbs % self.block_size:
-                raise ValueError(
-                    f"state_block_size={sbs} must be a multiple of block_size={self.block_size}: "
-                    f"one of {self.block_size}, {2 * self.block_size}, ..."
-                )
-        if self.max_cached_states is not None:
-            checks.integer("max_cached_states", self.max_cached_states, low=0)
-
-    def _cached_states_if_caching(self) -> int:
-        """max_cached_states, else what an explicit num_slots leaves, else the default."""
-        if self.max_cached_states is not None:
-            return self.max_cached_states
-        if self.num_slots is not None:
-            running = default_num_slots(self.max_num_seqs, self.speculative_config)
-            return max(self.num_slots - running, 0)
-        return max(self.max_num_seqs, DEFAULT_MIN_CACHED_STATES)
-
-    def _why_caching_cannot_work(self, sbs: int, cached: int, length: int) -> str | None:
-        seqs, speculative = self.max_num_seqs, self.speculative_config
-        if cached < 1:
-            return (
-                f"max_cached_states={cached} leaves no state slot to cache in (num_slots="
-                f"{self.num_slots} holds only the max_num_seqs={seqs} running requests' "
-                "slots + NULL)"
-            )
-        running = default_num_slots(seqs, speculative)
-        if self.num_slots is not None and self.num_slots < running + cached:
-            return (
-                f"num_slots={self.num_slots} must be >= {running} (NULL and the running "
-                f"requests' slots{' and lanes' if speculative else ''}) + "
-                f"max_cached_states={cached} = {running + cached}"
-            )
-        if sbs > length - 2:
-            return (
-                f"state_block_size={sbs} > max_model_len - 2 = {length - 2}: a "
-                "hit leaves the last prompt token to compute, so none could hit"
-            )
-        return None
 
     def _tables(self, budget: int) -> BucketTables:
         """The bucket tables: those given, the others `bucket_table`'s for max_num_seqs and the

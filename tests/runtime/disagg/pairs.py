@@ -24,9 +24,9 @@ from tests.compiled import per_module
 
 PRESETS = ("mamba2", "nemotron_h", "qwen3_next")  # Mamba2; Mamba2 + attention; GDN + attention
 FIXTURES = Path(__file__).parents[2] / "fixtures"
-# One fixture per checkpoint adapter beyond the presets (Granite-4.0-H shares Bamba's, Qwen3.5 MoE
-# the dense Qwen3.5's cache layout): every kind of cache pytree the families make.
-FIXTURE_FAMILIES = ("falcon_h1", "zamba2", "bamba", "qwen3_5")
+# Every other family's transformers fixture (Granite-4.0-H shares Bamba's cache layout and
+# Qwen3.5 MoE the dense Qwen3.5's, but each has its own adapter and layer pattern).
+FIXTURE_FAMILIES = ("falcon_h1", "zamba2", "bamba", "granite_h", "qwen3_5", "qwen3_5_moe")
 # 5 tokens: one partial block; 16: two full blocks (the first decode takes a new one); 20: three
 # blocks, which a hand-over writes as four (`pool_rows.padded_count`: the fourth, out of range,
 # is dropped). 41 tokens fit one step's budget, so every prompt ends in the first step.

@@ -5,15 +5,34 @@ once; `EngineArgs.__post_init__` checks the fields that need no model)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from runtime.core import checks
 from runtime.core.config import PREFIX_CACHING_MODES
 from runtime.core.kv_events_config import KVEventsConfig
-from runtime.core.speculative_config import default_num_slots
+from runtime.core.speculative_config import SpeculativeConfig, default_num_slots
 
-if TYPE_CHECKING:
-    from runtime.core.engine_args import EngineArgs
+
+class CachingFields(Protocol):
+    """The fields of `runtime.core.engine_args.EngineArgs` that prefix caching reads."""
+
+    @property
+    def prefix_caching(self) -> str | None: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def state_block_size(self) -> int | None: ...
+    @property
+    def max_cached_states(self) -> int | None: ...
+    @property
+    def num_slots(self) -> int | None: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def speculative_config(self) -> SpeculativeConfig | None: ...
+    @property
+    def kv_events_config(self) -> KVEventsConfig | dict[str, Any] | str | None: ...
+
 
 # The mode args that name none get, where they can cache (`EngineArgs.resolved`); why "all":
 # docs/architecture.md, "Prefix caching".
@@ -23,7 +42,7 @@ DEFAULT_PREFIX_CACHING = "all"
 DEFAULT_MIN_CACHED_STATES = 16
 
 
-def state_block_size(args: EngineArgs, chunk_size: int) -> int:
+def state_block_size(args: CachingFields, chunk_size: int) -> int:
     """state_block_size, or the finest possible: lcm(chunk_size, block_size)."""
     unit = math.lcm(chunk_size, args.block_size)
     sbs = args.state_block_size or unit
@@ -37,7 +56,7 @@ def state_block_size(args: EngineArgs, chunk_size: int) -> int:
     return sbs
 
 
-def prefix_caching(args: EngineArgs, sbs: int, length: int) -> tuple[str, int]:
+def prefix_caching(args: CachingFields, sbs: int, length: int) -> tuple[str, int]:
     """(the prefix caching mode in force, the state slots it may hold)."""
     cached = _cached_states_if_caching(args)
     problem = _why_caching_cannot_work(args, sbs, cached, length)
@@ -49,7 +68,7 @@ def prefix_caching(args: EngineArgs, sbs: int, length: int) -> tuple[str, int]:
     return mode, 0 if mode == "off" else cached
 
 
-def check_prefix_caching(args: EngineArgs) -> None:
+def check_prefix_caching(args: CachingFields) -> None:
     """The prefix caching fields that need no model: the mode's name, state_block_size a multiple
     of block_size, max_cached_states >= 0 (ValueError naming the field)."""
     mode = args.prefix_caching
@@ -66,7 +85,7 @@ def check_prefix_caching(args: EngineArgs) -> None:
         checks.integer("max_cached_states", args.max_cached_states, low=0)
 
 
-def _cached_states_if_caching(args: EngineArgs) -> int:
+def _cached_states_if_caching(args: CachingFields) -> int:
     """max_cached_states, else what an explicit num_slots leaves, else the default."""
     if args.max_cached_states is not None:
         return args.max_cached_states
@@ -76,7 +95,7 @@ def _cached_states_if_caching(args: EngineArgs) -> int:
     return max(args.max_num_seqs, DEFAULT_MIN_CACHED_STATES)
 
 
-def _why_caching_cannot_work(args: EngineArgs, sbs: int, cached: int, length: int) -> str | None:
+def _why_caching_cannot_work(args: CachingFields, sbs: int, cached: int, length: int) -> str | None:
     seqs, speculative = args.max_num_seqs, args.speculative_config
     if cached < 1:
         return (
@@ -99,7 +118,7 @@ def _why_caching_cannot_work(args: EngineArgs, sbs: int, cached: int, length: in
     return None
 
 
-def kv_events(args: EngineArgs, mode: str) -> KVEventsConfig | None:
+def kv_events(args: CachingFields, mode: str) -> KVEventsConfig | None:
     """The cache events config of `args`; ValueError when it publishes and caching is `off`."""
     events = KVEventsConfig.of(args.kv_events_config)
     if events is not None and events.publishes and mode == "off":

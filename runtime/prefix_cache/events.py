@@ -55,7 +55,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from runtime.core.config import EngineConfig
 from runtime.core.request import Request
 
 MEDIUM = "GPU"  # vLLM's medium for blocks in device memory
@@ -218,18 +217,3 @@ def _last_index(chain: Sequence[bytes], key: bytes, hint: int) -> int:
         if chain[i] == key:
             return i
     return chain.index(key, hint + 1)  # above it: computed past what the host knows (async)
-
-
-def cache_events(config: EngineConfig, rank: int) -> CacheEvents:
-    """The sink of rank `rank` (its id in the engine's mesh: `Engine.ranks`, global in a
-    multi-host run) under `config.kv_events_config`:
-    `RecordedEvents` over a ZMQ publisher on the rank's endpoint when events are on (pyzmq and
-    msgspec imported then), else the no-op `CacheEvents`."""
-    events = config.kv_events_config
-    if events is None or not events.publishes:
-        return CacheEvents()
-    from runtime.prefix_cache.publisher import ZmqPublisher  # pyzmq: only when events are on
-
-    global_rank = events.data_parallel_rank + rank
-    publisher = ZmqPublisher(events, global_rank)
-    return RecordedEvents(publisher, block_size=config.block_size, rank=global_rank)

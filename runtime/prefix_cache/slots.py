@@ -25,7 +25,7 @@ from runtime.core.request import Request, RequestStatus
 from runtime.core.schedule import ScheduledRequest
 from runtime.core.slots import Hit, PlainSlots
 from runtime.prefix_cache.cache import PrefixCache
-from runtime.prefix_cache.events import cache_events
+from runtime.prefix_cache.events import CacheEvents, RecordedEvents
 
 
 class CachingSlots(PlainSlots):
@@ -220,3 +220,18 @@ class CachingSlots(PlainSlots):
     @property
     def published_blocks(self) -> np.ndarray:
         return self.cache.published_blocks
+
+
+def cache_events(config: EngineConfig, rank: int) -> CacheEvents:
+    """The sink of rank `rank` (its id in the engine's mesh: `Engine.ranks`, global in a
+    multi-host run) under `config.kv_events_config`:
+    `RecordedEvents` over a ZMQ publisher on the rank's endpoint when events are on (pyzmq and
+    msgspec imported then), else the no-op `CacheEvents`."""
+    events = config.kv_events_config
+    if events is None or not events.publishes:
+        return CacheEvents()
+    from runtime.prefix_cache.publisher import ZmqPublisher  # pyzmq: only when events are on
+
+    global_rank = events.data_parallel_rank + rank
+    publisher = ZmqPublisher(events, global_rank)
+    return RecordedEvents(publisher, block_size=config.block_size, rank=global_rank)

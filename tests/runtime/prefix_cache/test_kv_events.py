@@ -21,13 +21,8 @@ from runtime.core.pools import Pool
 from runtime.core.request import Request
 from runtime.core.sampling_params import SamplingParams
 from runtime.prefix_cache.cache import PrefixCache
-from runtime.prefix_cache.events import (
-    KV_GROUP,
-    STATE_GROUP,
-    EventBatch,
-    RecordedEvents,
-    cache_events,
-)
+from runtime.prefix_cache.events import KV_GROUP, STATE_GROUP, EventBatch, RecordedEvents
+from runtime.prefix_cache.slots import cache_events
 from tests.runtime.prefix_cache.kv_events_consumer import (
     DECODER,
     BlockRemoved,

@@ -13,11 +13,10 @@ from runtime.disagg import ConnectionTransport, DecodeInstance  # noqa: E402
 from runtime.disagg.pool_rows import engine_pool_rows  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 from tests.runtime.disagg.pairs import (  # noqa: E402
-    DECODE_STEPS_COMPARED,
     engine_args,
+    finished,
     free_counts,
     load,
-    request_rows,
 )
 
 
@@ -35,12 +34,5 @@ def serve(name: str, handovers: Connection, results: Connection, num_requests: i
         arrivals = decode.receive(timeout=60.0)
         assert not arrivals.failed, arrivals.failed
         ids += arrivals.admitted
-    rows = engine_pool_rows(engine)
-    after_prompt = {i: request_rows(engine, rows, i) for i in ids}
-    for _ in range(DECODE_STEPS_COMPARED):
-        engine.step()
-    after_decodes = {i: request_rows(engine, rows, i) for i in ids}
-    tokens = {}
-    while engine.has_unfinished:
-        tokens |= {o.request_id: o.token_ids for o in engine.step()}
-    results.send((start, after_prompt, after_decodes, tokens, free_counts(engine)))
+    done = finished(engine, engine_pool_rows(engine), ids)
+    results.send((start, done.after_prompt, done.after_decodes, done.tokens, free_counts(engine)))

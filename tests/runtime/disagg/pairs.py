@@ -115,6 +115,12 @@ def reference(name: str) -> Reference:
     rows = engine_pool_rows(engine)
     ids = [engine.add_request(p, PARAMS) for p in PROMPTS]
     engine.step()  # every prompt in one step, each with its first token
+    return finished(engine, rows, ids)
+
+
+def finished(engine: Engine, rows: PoolRows, ids: list[str]) -> Reference:
+    """Requests `ids`, their prompts computed, run to the end: their rows now and after
+    `DECODE_STEPS_COMPARED` decode steps, and their tokens."""
     after_prompt = {i: request_rows(engine, rows, i) for i in ids}
     for _ in range(DECODE_STEPS_COMPARED):
         engine.step()
